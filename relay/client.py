@@ -1,0 +1,169 @@
+"""One TCP client's state on this broker (nsqd clientV2)."""
+
+import random
+import socket
+import time
+from collections import OrderedDict
+
+import gevent
+from gevent.event import Event
+from gevent.lock import Semaphore
+from gevent.queue import Queue
+
+from relay.protocol import codec
+
+INIT, SUBSCRIBED, CLOSING = "init", "subscribed", "closing"
+DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024
+MAX_PENDING_REPLIES = 1024
+
+
+class Client:
+    """Settings from IDENTIFY, RDY credit, and the ids this connection holds in flight.
+
+    `in_flight` maps id -> local deadline (monotonic seconds), oldest first, so the
+    broker can free RDY credit when a message times out without asking Redis.
+    """
+
+    def __init__(self, number: int, sock: socket.socket, address, broker_id: str, options):
+        self.number = number
+        self.owner = f"{broker_id}:{number}"
+        self.sock = sock
+        self.remote_address = f"{address[0]}:{address[1]}"
+        self.state = INIT
+        self.client_id = self.hostname = str(address[0])
+        self.user_agent = ""
+        self.heartbeat_interval = options.heartbeat_interval
+        self.msg_timeout = options.msg_timeout
+        self.sample_rate = 0
+        self.output_buffer_size = DEFAULT_OUTPUT_BUFFER_SIZE
+        self.output_buffer_timeout = options.output_buffer_timeout
+        self.ready_count = 0
+        self.in_flight: OrderedDict[bytes, float] = OrderedDict()
+        self.channel = None
+        self.message_count = self.finish_count = self.requeue_count = 0
+        self.connect_ts = int(time.time())
+        self.closed = False
+        self.replies = Queue(MAX_PENDING_REPLIES)
+        self._outbox: list[bytes] = []
+        self._outbox_ready = Event()
+        self._write_lock = Semaphore()
+
+    def __repr__(self):
+        return f"Client({self.owner} {self.remote_address})"
+
+    # -- IDENTIFY --------------------------------------------------------------
+
+    def identify(self, data: dict, options) -> str | None:
+        """Apply IDENTIFY settings; the first invalid one is returned as nsqd words it."""
+        self.client_id = data.get("client_id", self.client_id)
+        self.hostname = data.get("hostname", self.hostname)
+        self.user_agent = data.get("user_agent", self.user_agent)
+
+        hb = data.get("heartbeat_interval", 0)
+        if hb == -1:
+            self.heartbeat_interval = 0
+        elif hb != 0:
+            if not 1000 <= hb <= options.max_heartbeat_interval:
+                return f"heartbeat interval ({hb}) is invalid"
+            self.heartbeat_interval = hb
+
+        timeout = data.get("output_buffer_timeout", 0)
+        if timeout == -1:
+            self.output_buffer_timeout = 0
+        elif timeout != 0:
+            if not (options.min_output_buffer_timeout <= timeout
+                    <= options.max_output_buffer_timeout):
+                return f"output buffer timeout ({timeout}) is invalid"
+            self.output_buffer_timeout = timeout
+
+        size = data.get("output_buffer_size", 0)
+        if size == -1:
+            self.output_buffer_size, self.output_buffer_timeout = 1, 0
+        elif size != 0:
+            if not 64 <= size <= options.max_output_buffer_size:
+                return f"output buffer size ({size}) is invalid"
+            self.output_buffer_size = size
+
+        rate = data.get("sample_rate", 0)
+        if not 0 <= rate <= 99:
+            return f"sample rate ({rate}) is invalid"
+        self.sample_rate = rate
+
+        msg_timeout = data.get("msg_timeout", 0)
+        if msg_timeout != 0:
+            if not 1000 <= msg_timeout <= options.max_msg_timeout:
+                return f"msg timeout ({msg_timeout}) is invalid"
+            self.msg_timeout = msg_timeout
+        return None
+
+    # -- delivery ----------------------------------------------------------------
+
+    def credit(self) -> int:
+        """How many more messages may go to this client now (RDY caps in-flight)."""
+        if self.state != SUBSCRIBED or self.closed:
+            return 0
+        return max(0, self.ready_count - len(self.in_flight))
+
+    def accept(self, records: list) -> tuple[list, list]:
+        """Take delivered records: returns (ids to give back, ids sampled out to finish)."""
+        if self.state != SUBSCRIBED or self.closed:
+            return [codec.record_id(r) for r in records], []
+        deadline = time.monotonic() + self.msg_timeout / 1000
+        sampled_out, frames = [], []
+        for r in records:
+            msg_id = codec.record_id(r)
+            if self.sample_rate and random.randint(1, 100) > self.sample_rate:
+                sampled_out.append(msg_id)
+                continue
+            self.in_flight[msg_id] = deadline
+            frames.append(r)
+        if frames:
+            self.message_count += len(frames)
+            self._outbox.append(codec.message_frames(frames))
+            self._outbox_ready.set()
+        return [], sampled_out
+
+    def expire(self, now: float) -> int:
+        """Forget in-flight ids past their deadline (the scanner requeues them)."""
+        n = 0
+        while self.in_flight:
+            msg_id, deadline = next(iter(self.in_flight.items()))
+            if deadline > now:
+                break
+            del self.in_flight[msg_id]
+            n += 1
+        return n
+
+    def touched(self, msg_id: bytes, timeout_ms: int) -> None:
+        if msg_id in self.in_flight:
+            self.in_flight[msg_id] = time.monotonic() + timeout_ms / 1000
+            self.in_flight.move_to_end(msg_id)
+
+    # -- writing -------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        """Write whole frames; one writer at a time so frames never interleave."""
+        with self._write_lock:
+            self.sock.sendall(data)
+
+    def pump(self) -> None:
+        """Write delivered messages, and a heartbeat each interval (nsqd messagePump)."""
+        while not self.closed:
+            interval = self.heartbeat_interval / 1000 if self.heartbeat_interval > 0 else None
+            if not self._outbox_ready.wait(interval):
+                self.send(codec.frame(codec.FRAME_RESPONSE, codec.HEARTBEAT))
+                continue
+            self._outbox_ready.clear()
+            data, self._outbox = b"".join(self._outbox), []
+            if data:
+                self.send(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._outbox_ready.set()
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            gevent.spawn_later(0, self.sock.close)

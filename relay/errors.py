@@ -1,0 +1,46 @@
+"""One error hierarchy; client errors carry their NSQ wire code (nsq internal/protocol/errors.go)."""
+
+
+class RelayError(Exception):
+    """Root of every error relay raises on purpose."""
+
+
+class ClientError(RelayError):
+    """An error reported to the client as an error frame; the connection stays open."""
+
+    fatal = False
+
+    def __init__(self, code: str, desc: str = ""):
+        super().__init__(code, desc)
+        self.code = code
+        self.desc = desc
+
+    def wire(self) -> bytes:
+        """The error frame payload: `CODE description`."""
+        text = f"{self.code} {self.desc}" if self.desc else self.code
+        return text.encode()
+
+    def __str__(self) -> str:
+        return self.wire().decode()
+
+
+class FatalClientError(ClientError):
+    """An error frame after which the connection is closed."""
+
+    fatal = True
+
+
+class StoreError(RelayError):
+    """Redis answered, but not as the scripts expect."""
+
+
+class StoreConnectionError(StoreError):
+    """Redis could not be reached in time."""
+
+
+class ConfigError(RelayError):
+    """Bad configuration; stops the process with one line."""
+
+
+class ShutDown(BaseException):
+    """Raised in workers to stop at once (not an Exception so handlers don't swallow it)."""

@@ -1,0 +1,170 @@
+"""One Options dataclass: nsqd's option names and defaults (nsqd/options.go).
+
+Durations are kept in milliseconds. Sources, lowest first: defaults, the config
+file (TOML, nsqd's names with underscores), `RELAY_<NAME>` environment variables
+(and `REDIS_URL`), command-line flags (nsqd's names with dashes).
+"""
+
+import dataclasses
+import os
+import re
+import socket
+import tomllib
+from dataclasses import dataclass, field
+
+from marshmallow import Schema, ValidationError, fields, post_load, validate
+
+from relay.errors import ConfigError
+
+DURATION = "duration"
+_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+
+
+def parse_duration(value) -> int:
+    """'60s', '15m', '1h30m', '250ms' or a number of milliseconds -> milliseconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, (int, float)):
+        return int(value)
+    text = str(value).strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"not a duration: {value!r} (use e.g. 250ms, 60s, 15m, 1h)")
+    return int(sum(float(n) * _UNITS[u] for n, u in parts))
+
+
+def _opt(default, help, kind=None, **meta):
+    return field(default=default, metadata={"help": help, "kind": kind, **meta})
+
+
+@dataclass(frozen=True)
+class Options:
+    tcp_address: str = _opt("0.0.0.0:4150", "<addr>:<port> to listen on for TCP clients")
+    http_address: str = _opt("0.0.0.0:4151", "<addr>:<port> for the HTTP API (not served yet)")
+    broadcast_address: str = _opt(socket.gethostname(), "address this broker is known by")
+    redis_url: str = _opt("redis://127.0.0.1:6379/0", "Redis holding all queue state")
+    msg_timeout: int = _opt(60_000, "default time to wait for a FIN before requeueing", DURATION)
+    max_msg_timeout: int = _opt(900_000, "largest msg_timeout a client may ask for", DURATION)
+    max_msg_size: int = _opt(1_048_576, "largest message body in bytes")
+    max_body_size: int = _opt(5_242_880, "largest command body in bytes (MPUB, IDENTIFY)")
+    max_rdy_count: int = _opt(2500, "largest RDY count a client may send")
+    max_req_timeout: int = _opt(3_600_000, "largest REQ delay and DPUB defer", DURATION)
+    client_timeout: int = _opt(60_000, "close a client silent this long (heartbeat = half)",
+                               DURATION)
+    max_heartbeat_interval: int = _opt(60_000, "largest heartbeat_interval in IDENTIFY",
+                                       DURATION)
+    output_buffer_timeout: int = _opt(250, "default output_buffer_timeout", DURATION)
+    min_output_buffer_timeout: int = _opt(25, "smallest output_buffer_timeout in IDENTIFY",
+                                          DURATION)
+    max_output_buffer_timeout: int = _opt(30_000, "largest output_buffer_timeout in IDENTIFY",
+                                          DURATION)
+    max_output_buffer_size: int = _opt(65_536, "largest output_buffer_size in IDENTIFY")
+    max_deflate_level: int = _opt(6, "largest deflate_level in IDENTIFY")
+    queue_scan_interval: int = _opt(100, "how often scanners look for due messages", DURATION)
+    queue_scan_limit: int = _opt(1000, "messages a scanner moves per channel per call")
+    redis_timeout: int = _opt(5000, "give up on a Redis call after this long", DURATION)
+    log_level: str = _opt("info", "debug, info, warning or error")
+
+    @property
+    def heartbeat_interval(self) -> int:
+        return self.client_timeout // 2
+
+
+def _address(value: str) -> None:
+    host, sep, port = value.rpartition(":")
+    if not (sep and port.isdigit() and int(port) <= 65535):
+        raise ValidationError(f"not a <host>:<port> address: {value!r}")
+
+
+class _Duration(fields.Field):
+    def _deserialize(self, value, attr, data, **kwargs):
+        try:
+            return parse_duration(value)
+        except ValueError as e:
+            raise ValidationError(str(e)) from None
+
+
+_positive = validate.Range(min=1)
+
+
+class OptionsSchema(Schema):
+    tcp_address = fields.String(validate=_address)
+    http_address = fields.String(validate=_address)
+    broadcast_address = fields.String(validate=validate.Length(min=1))
+    redis_url = fields.String(validate=validate.Regexp(r"^(redis|rediss|unix)://"))
+    msg_timeout = _Duration(validate=_positive)
+    max_msg_timeout = _Duration(validate=_positive)
+    max_msg_size = fields.Integer(strict=False, validate=_positive)
+    max_body_size = fields.Integer(strict=False, validate=_positive)
+    max_rdy_count = fields.Integer(strict=False, validate=_positive)
+    max_req_timeout = _Duration(validate=validate.Range(min=0))
+    client_timeout = _Duration(validate=validate.Range(min=2))
+    max_heartbeat_interval = _Duration(validate=_positive)
+    output_buffer_timeout = _Duration(validate=validate.Range(min=0))
+    min_output_buffer_timeout = _Duration(validate=validate.Range(min=0))
+    max_output_buffer_timeout = _Duration(validate=_positive)
+    max_output_buffer_size = fields.Integer(strict=False, validate=_positive)
+    max_deflate_level = fields.Integer(strict=False, validate=validate.Range(min=1, max=9))
+    queue_scan_interval = _Duration(validate=_positive)
+    queue_scan_limit = fields.Integer(strict=False, validate=_positive)
+    redis_timeout = _Duration(validate=_positive)
+    log_level = fields.String(validate=validate.OneOf(["debug", "info", "warning", "error"]))
+
+    @post_load
+    def make(self, data, **kwargs):
+        opts = Options(**data)
+        if opts.msg_timeout > opts.max_msg_timeout:
+            raise ValidationError("msg_timeout must not exceed max_msg_timeout", "msg_timeout")
+        if opts.max_msg_size > opts.max_body_size:
+            raise ValidationError("max_msg_size must not exceed max_body_size", "max_msg_size")
+        return opts
+
+
+OPTION_NAMES = [f.name for f in dataclasses.fields(Options)]
+
+
+def option_help(name: str) -> str:
+    return {f.name: f.metadata["help"] for f in dataclasses.fields(Options)}[name]
+
+
+def _read_file(path: str) -> dict:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    unknown = sorted(set(data) - set(OPTION_NAMES))
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown option {unknown[0]}")
+    return data
+
+
+def _read_env(environ) -> dict:
+    values = {name: environ[f"RELAY_{name.upper()}"] for name in OPTION_NAMES
+              if f"RELAY_{name.upper()}" in environ}
+    if "redis_url" not in values and environ.get("REDIS_URL"):
+        values["redis_url"] = environ["REDIS_URL"]
+    return values
+
+
+def load_options(flags: dict | None = None, config: str | None = None,
+                 environ=None) -> Options:
+    """Options from defaults < config file < environment < flags; ConfigError if bad."""
+    environ = os.environ if environ is None else environ
+    config = config or environ.get("RELAY_CONFIG")
+    merged = {}
+    if config:
+        merged.update(_read_file(config))
+    merged.update(_read_env(environ))
+    merged.update({k: v for k, v in (flags or {}).items() if v is not None})
+    try:
+        return OptionsSchema().load(merged)
+    except ValidationError as e:
+        name, problems = next(iter(e.normalized_messages().items()))
+        text = problems[0] if isinstance(problems, list) else problems
+        raise ConfigError(f"invalid {name}: {text}") from None

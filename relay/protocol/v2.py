@@ -1,0 +1,420 @@
+"""NSQ protocol V2: the connection loop and one handler per command (nsqd protocol_v2.go).
+
+Handlers validate in nsqd's order and word errors as nsqd does. A handler returns
+the reply to queue: bytes (a response frame), None (no reply), or a Pending that
+resolves once Redis has answered. The writer sends replies strictly in command
+order, so pipelined PUBs get their OKs in order while Redis work from all
+connections is batched by the group commit.
+"""
+
+import json
+import logging
+
+from marshmallow import ValidationError
+
+from relay.client import CLOSING, INIT, SUBSCRIBED, Client
+from relay.errors import ClientError, FatalClientError, StoreError
+from relay.protocol import codec
+from relay.schemas import IdentifySchema
+
+log = logging.getLogger("relay.protocol")
+
+MAX_LINE = 16 * 1024
+NSQD_VERSION = "1.3.0"
+_identify_schema = IdentifySchema()
+
+
+class Disconnect(Exception):
+    """The client went away or sent something unreadable: close without a frame."""
+
+
+class Pending:
+    """A reply that waits for Redis: `resolve()` gives bytes/None or raises ClientError."""
+
+    __slots__ = ("result", "finish")
+
+    def __init__(self, result, finish):
+        self.result = result
+        self.finish = finish
+
+    def resolve(self):
+        try:
+            value = self.result.get()
+        except StoreError as e:
+            return self.finish(None, e)
+        return self.finish(value, None)
+
+
+def go_quote(raw: bytes) -> str:
+    """Go's %q of a byte string (strconv.Quote), as nsqd echoes bad names."""
+    out = []
+    text = raw.decode("utf-8", "surrogateescape")
+    escapes = {'"': '\\"', "\\": "\\\\", "\a": "\\a", "\b": "\\b", "\f": "\\f",
+               "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
+    for ch in text:
+        if ch in escapes:
+            out.append(escapes[ch])
+        elif 0xDC80 <= ord(ch) <= 0xDCFF:
+            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
+        elif ch.isprintable():
+            out.append(ch)
+        elif ord(ch) < 0x10000:
+            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 0x80 else f"\\u{ord(ch):04x}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    return '"' + "".join(out) + '"'
+
+
+def base10(raw: bytes) -> int:
+    """nsq ByteToBase10: ASCII digits only, empty is 0."""
+    if raw and not raw.isdigit():
+        raise ValueError(raw)
+    return int(raw) if raw else 0
+
+
+class Reader:
+    """Reads lines and sized bodies from a socket without ever allocating an announced size
+    before it has been checked."""
+
+    def __init__(self, sock):
+        self.file = sock.makefile("rb", buffering=MAX_LINE)
+
+    def line(self) -> bytes:
+        line = self.file.readline(MAX_LINE + 1)
+        if not line.endswith(b"\n"):
+            raise Disconnect("command line too long" if len(line) > MAX_LINE else "eof")
+        line = line[:-1]
+        return line[:-1] if line.endswith(b"\r") else line
+
+    def exact(self, n: int) -> bytes:
+        data = self.file.read(n)
+        if len(data) != n:
+            raise EOFError
+        return data
+
+    def size(self) -> int:
+        return codec.read_size(self.exact(4))
+
+
+class ProtocolV2:
+    def __init__(self, broker):
+        self.broker = broker
+        self.options = broker.options
+        self.commands = {
+            b"IDENTIFY": self.identify, b"SUB": self.sub, b"RDY": self.rdy, b"FIN": self.fin,
+            b"REQ": self.req, b"TOUCH": self.touch, b"CLS": self.cls, b"NOP": self.nop,
+            b"PUB": self.pub, b"MPUB": self.mpub, b"DPUB": self.dpub,
+        }
+
+    # -- connection loop -------------------------------------------------------
+
+    def io_loop(self, client: Client, reader: Reader) -> None:
+        """Read commands until EOF, a read timeout or a fatal error; replies go to the writer."""
+        while not client.closed:
+            hb = client.heartbeat_interval
+            client.sock.settimeout(2 * hb / 1000 if hb > 0 else None)
+            try:
+                params = reader.line().split(b" ")
+                reply = self.exec(client, params, reader)
+            except ClientError as e:
+                log.debug("%r error %s", client, e)
+                client.replies.put(e)
+                if e.fatal:
+                    return
+                continue
+            except (Disconnect, OSError, EOFError) as e:
+                log.debug("%r closed: %s", client, e or "eof")
+                return
+            if reply is not None:
+                client.replies.put(reply)
+
+    def write_replies(self, client: Client) -> None:
+        """Send queued replies in order; a fatal error frame closes the connection."""
+        for reply in client.replies:
+            if reply is None:
+                break
+            try:
+                data = reply.resolve() if isinstance(reply, Pending) else reply
+                if isinstance(data, ClientError):
+                    raise data
+            except ClientError as e:
+                self._send(client, codec.FRAME_ERROR, e.wire())
+                if e.fatal:
+                    client.close()
+                    break
+                continue
+            if data is not None:
+                self._send(client, codec.FRAME_RESPONSE, data)
+
+    @staticmethod
+    def _send(client, frame_type, data):
+        try:
+            client.send(codec.frame(frame_type, data))
+        except OSError:
+            client.close()
+
+    def exec(self, client: Client, params: list, reader: Reader):
+        handler = self.commands.get(params[0])
+        if handler is None:
+            raise FatalClientError("E_INVALID", "invalid command " + _text(params[0]))
+        return handler(client, params, reader)
+
+    # -- commands ----------------------------------------------------------------
+
+    def nop(self, client, params, reader):
+        return None
+
+    def identify(self, client, params, reader):
+        if client.state != INIT:
+            raise FatalClientError("E_INVALID", "cannot IDENTIFY in current state")
+        body = self._read_body(reader, "IDENTIFY", "E_BAD_BODY", self.options.max_body_size,
+                               big_first=True)
+        try:
+            data = json.loads(body)
+            if data is None:
+                data = {}
+            data = _identify_schema.load(data)
+        except (ValueError, ValidationError, TypeError, RecursionError):
+            raise FatalClientError("E_BAD_BODY", "IDENTIFY failed to decode JSON body") from None
+        problem = client.identify(data, self.options)
+        if problem:
+            raise FatalClientError("E_BAD_BODY", "IDENTIFY " + problem)
+        self.broker.heartbeat_changed(client)
+        if not data.get("feature_negotiation"):
+            return codec.OK
+        return json.dumps({
+            "max_rdy_count": self.options.max_rdy_count,
+            "version": NSQD_VERSION,
+            "max_msg_timeout": self.options.max_msg_timeout,
+            "msg_timeout": client.msg_timeout,
+            "tls_v1": False,
+            "deflate": False,
+            "deflate_level": min(6, self.options.max_deflate_level),
+            "max_deflate_level": self.options.max_deflate_level,
+            "snappy": False,
+            "sample_rate": client.sample_rate,
+            "auth_required": False,
+            "output_buffer_size": client.output_buffer_size,
+            "output_buffer_timeout": client.output_buffer_timeout,
+        }, separators=(",", ":")).encode()
+
+    def sub(self, client, params, reader):
+        if client.state != INIT:
+            raise FatalClientError("E_INVALID", "cannot SUB in current state")
+        if client.heartbeat_interval <= 0:
+            raise FatalClientError("E_INVALID", "cannot SUB with heartbeats disabled")
+        if len(params) < 3:
+            raise FatalClientError("E_INVALID", "SUB insufficient number of parameters")
+        topic = self._name(params[1], "E_BAD_TOPIC", "SUB topic")
+        channel = self._name(params[2], "E_BAD_CHANNEL", "SUB channel")
+        try:
+            self.broker.subscribe(client, topic, channel)
+        except StoreError as e:
+            raise FatalClientError("E_SUB_FAILED", f"SUB failed {e}") from None
+        return codec.OK
+
+    def rdy(self, client, params, reader):
+        if client.state == CLOSING:
+            return None
+        if client.state != SUBSCRIBED:
+            raise FatalClientError("E_INVALID", "cannot RDY in current state")
+        count = 1
+        if len(params) > 1:
+            try:
+                count = base10(params[1])
+            except ValueError:
+                raise FatalClientError(
+                    "E_INVALID", "RDY could not parse count " + _text(params[1])) from None
+        if count > self.options.max_rdy_count:
+            raise FatalClientError(
+                "E_INVALID", f"RDY count {count} out of range 0-{self.options.max_rdy_count}")
+        client.ready_count = count
+        client.channel.wake()
+        return None
+
+    def _message_id(self, client, params, command, nparams):
+        if client.state not in (SUBSCRIBED, CLOSING):
+            raise FatalClientError("E_INVALID", f"cannot {command} in current state")
+        if len(params) < nparams:
+            raise FatalClientError("E_INVALID", f"{command} insufficient number of params")
+        if len(params[1]) != codec.MSG_ID_LENGTH:
+            raise FatalClientError("E_INVALID", "invalid message ID")
+        return params[1]
+
+    def fin(self, client, params, reader):
+        msg_id = self._message_id(client, params, "FIN", 2)
+        if client.in_flight.pop(msg_id, None) is not None:
+            client.channel.wake()
+        result = self.broker.commit.submit(self.broker.store.finish_op(
+            client.channel.topic, client.channel.name, [(client.owner, msg_id)]))
+        return Pending(result, lambda codes, err: self._owned(client, "FIN", msg_id, codes, err))
+
+    def req(self, client, params, reader):
+        msg_id = self._message_id(client, params, "REQ", 3)
+        try:
+            delay = base10(params[2])
+        except ValueError:
+            raise FatalClientError(
+                "E_INVALID", "REQ could not parse timeout " + _text(params[2])) from None
+        delay = min(delay, self.options.max_req_timeout)
+        if client.in_flight.pop(msg_id, None) is not None:
+            client.channel.wake()
+        result = self.broker.commit.submit(self.broker.store.requeue_op(
+            client.channel.topic, client.channel.name, [(client.owner, msg_id, delay)]))
+        return Pending(result, lambda codes, err: self._owned(client, "REQ", msg_id, codes, err))
+
+    def touch(self, client, params, reader):
+        msg_id = self._message_id(client, params, "TOUCH", 2)
+        timeout = client.msg_timeout
+        result = self.broker.commit.submit(self.broker.store.touch_op(
+            client.channel.topic, client.channel.name, self.options.max_msg_timeout,
+            [(client.owner, msg_id, timeout)]))
+
+        def done(codes, err):
+            reply = self._owned(client, "TOUCH", msg_id, codes, err)
+            if reply is None:
+                client.touched(msg_id, timeout)
+            return reply
+        return Pending(result, done)
+
+    @staticmethod
+    def _owned(client, command, msg_id, codes, err):
+        """Map a finish/requeue/touch result to nsqd's non-fatal errors."""
+        code = codes[0] if codes else None
+        if err is not None:
+            reason = "redis unavailable"
+        elif code == 0:
+            reason = "ID not in flight"
+        elif code == -1:
+            reason = "client does not own message"
+        else:
+            if command == "FIN":
+                client.finish_count += 1
+            elif command == "REQ":
+                client.requeue_count += 1
+            return None
+        return ClientError(f"E_{command}_FAILED", f"{command} {_text(msg_id)} failed {reason}")
+
+    def cls(self, client, params, reader):
+        if client.state != SUBSCRIBED:
+            raise FatalClientError("E_INVALID", "cannot CLS in current state")
+        client.state = CLOSING
+        client.ready_count = 0
+        return codec.CLOSE_WAIT
+
+    def pub(self, client, params, reader):
+        if len(params) < 2:
+            raise FatalClientError("E_INVALID", "PUB insufficient number of parameters")
+        topic = self._name(params[1], "E_BAD_TOPIC", "PUB topic")
+        body = self._read_message(reader, "PUB")
+        return self._publish(topic, [body], 0, "PUB")
+
+    def dpub(self, client, params, reader):
+        if len(params) < 3:
+            raise FatalClientError("E_INVALID", "DPUB insufficient number of parameters")
+        topic = self._name(params[1], "E_BAD_TOPIC", "DPUB topic")
+        try:
+            defer = base10(params[2])
+        except ValueError:
+            raise FatalClientError(
+                "E_INVALID", "DPUB could not parse timeout " + _text(params[2])) from None
+        if defer > self.options.max_req_timeout:
+            raise FatalClientError(
+                "E_INVALID",
+                f"DPUB timeout {defer} out of range 0-{self.options.max_req_timeout}")
+        body = self._read_message(reader, "DPUB")
+        return self._publish(topic, [body], defer, "DPUB")
+
+    def mpub(self, client, params, reader):
+        if len(params) < 2:
+            raise FatalClientError("E_INVALID", "MPUB insufficient number of parameters")
+        if not codec.is_valid_name(params[1].decode("latin-1")):
+            raise FatalClientError(
+                "E_BAD_TOPIC", f"E_BAD_TOPIC MPUB topic name {go_quote(params[1])} is not valid")
+        topic = params[1].decode()
+        body = self._read_body(reader, "MPUB", "E_BAD_BODY", self.options.max_body_size)
+        return self._publish(topic, self._split_mpub(body), 0, "MPUB")
+
+    def _split_mpub(self, body: bytes) -> list:
+        """The messages of an MPUB body; counts and sizes that lie are errors, not allocations."""
+        if len(body) < 4:
+            raise FatalClientError("E_BAD_BODY", "MPUB failed to read message count")
+        count = codec.read_size(body[:4])
+        if count <= 0 or count > (self.options.max_body_size - 4) // 5:
+            raise FatalClientError("E_BAD_BODY", f"MPUB invalid message count {count}")
+        messages, pos = [], 4
+        for i in range(count):
+            if pos + 4 > len(body):
+                raise FatalClientError("E_BAD_MESSAGE",
+                                       f"MPUB failed to read message({i}) body size")
+            size = codec.read_size(body[pos:pos + 4])
+            pos += 4
+            if size <= 0:
+                raise FatalClientError("E_BAD_MESSAGE",
+                                       f"MPUB invalid message({i}) body size {size}")
+            if size > self.options.max_msg_size:
+                raise FatalClientError(
+                    "E_BAD_MESSAGE", f"MPUB message too big {size} > {self.options.max_msg_size}")
+            if pos + size > len(body):
+                raise FatalClientError("E_BAD_MESSAGE", "MPUB failed to read message body")
+            messages.append(body[pos:pos + size])
+            pos += size
+        return messages
+
+    def _publish(self, topic: str, bodies: list, defer: int, command: str) -> Pending:
+        result = self.broker.commit.submit(self.broker.store.publish_op(topic, bodies, defer))
+
+        def done(value, err):
+            if err is not None:
+                return FatalClientError(f"E_{command}_FAILED", f"{command} failed {err}")
+            return codec.OK
+        return Pending(result, done)
+
+    # -- reading helpers -----------------------------------------------------------
+
+    @staticmethod
+    def _name(raw: bytes, code: str, what: str) -> str:
+        name = raw.decode("latin-1")
+        if not codec.is_valid_name(name):
+            raise FatalClientError(code, f"{what} name {go_quote(raw)} is not valid")
+        return name
+
+    def _read_message(self, reader: Reader, command: str) -> bytes:
+        try:
+            size = reader.size()
+        except (EOFError, OSError):
+            raise FatalClientError("E_BAD_MESSAGE",
+                                   f"{command} failed to read message body size") from None
+        if size <= 0:
+            raise FatalClientError("E_BAD_MESSAGE", f"{command} invalid message body size {size}")
+        if size > self.options.max_msg_size:
+            raise FatalClientError(
+                "E_BAD_MESSAGE", f"{command} message too big {size} > {self.options.max_msg_size}")
+        try:
+            return reader.exact(size)
+        except (EOFError, OSError):
+            raise FatalClientError("E_BAD_MESSAGE",
+                                   f"{command} failed to read message body") from None
+
+    @staticmethod
+    def _read_body(reader: Reader, command: str, code: str, limit: int,
+                   big_first: bool = False) -> bytes:
+        try:
+            size = reader.size()
+        except (EOFError, OSError):
+            raise FatalClientError(code, f"{command} failed to read body size") from None
+        checks = [(size > limit, f"{command} body too big {size} > {limit}"),
+                  (size <= 0, f"{command} invalid body size {size}")]
+        if not big_first:
+            checks.reverse()
+        for failed, text in checks:
+            if failed:
+                raise FatalClientError(code, text)
+        try:
+            return reader.exact(size)
+        except (EOFError, OSError):
+            raise FatalClientError(code, f"{command} failed to read body") from None
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")

@@ -1,0 +1,94 @@
+"""Group commit: the Redis work of every connection of a broker, in few round trips.
+
+Connections submit Ops and wait on their results; one greenlet sends whatever
+has queued up as one pipeline. While a pipeline is in flight the next batch
+builds up, so the batch grows with load. FIN, REQ and TOUCH calls on the same
+channel are merged into one script call (their args are lists of items).
+"""
+
+import logging
+from collections import deque
+
+import gevent
+from gevent.event import AsyncResult, Event
+
+from relay.errors import StoreConnectionError
+from relay.store.store import Op, Store
+
+log = logging.getLogger("relay.commit")
+
+# script -> (number of leading args shared by a call, args per item)
+MERGEABLE = {"finish": (0, 2), "requeue": (3, 3), "touch": (1, 3)}
+
+
+class GroupCommit:
+    def __init__(self, store: Store, max_batch: int = 2000):
+        self.store = store
+        self.max_batch = max_batch
+        self._queue: deque = deque()
+        self._ready = Event()
+        self._greenlet = gevent.spawn(self._loop)
+
+    def submit(self, op: Op) -> AsyncResult:
+        result = AsyncResult()
+        self._queue.append((op, result))
+        self._ready.set()
+        return result
+
+    def call(self, op: Op):
+        """Submit and wait; raises the op's error."""
+        return self.submit(op).get()
+
+    def stop(self) -> None:
+        self._greenlet.kill()
+
+    def _loop(self) -> None:
+        while True:
+            self._ready.wait()
+            self._ready.clear()
+            while self._queue:
+                n = min(len(self._queue), self.max_batch)
+                batch = [self._queue.popleft() for _ in range(n)]
+                self._run(batch)
+
+    def _run(self, batch: list) -> None:
+        ops, slices = _merge([op for op, _ in batch])
+        try:
+            results = self.store.run_many(ops)
+        except StoreConnectionError as e:
+            log.warning("redis unreachable: %s", e)
+            results = [e] * len(ops)
+        for (op_index, start, stop), (_, result) in zip(slices, batch):
+            value = results[op_index]
+            if isinstance(value, Exception):
+                result.set_exception(value)
+            elif start is None:
+                result.set(value)
+            else:
+                result.set(value[start:stop])
+
+
+def _merge(ops: list) -> tuple[list, list]:
+    """Merge mergeable ops on the same keys; slices map each input op to its results."""
+    merged: list[Op] = []
+    slices = []
+    open_calls: dict = {}
+    for op in ops:
+        shape = MERGEABLE.get(op.script)
+        if shape is None:
+            slices.append((len(merged), None, None))
+            merged.append(op)
+            continue
+        shared, stride = shape
+        key = (op.script, tuple(op.keys), tuple(op.args[:shared]))
+        items = list(op.args[shared:])
+        if key in open_calls:
+            index, count = open_calls[key]
+            merged[index].args.extend(items)
+        else:
+            index, count = len(merged), 0
+            merged.append(op._replace(args=list(op.args)))
+        n = len(items) // stride
+        slices.append((index, count, count + n))
+        open_calls[key] = (index, count + n)
+    return merged, slices

@@ -1,0 +1,93 @@
+"""Every Redis key relay uses, in one place.
+
+All keys of a topic carry the hash tag `{topic}`, so each script touches one
+Redis Cluster slot. Scripts that fan out to channels build channel keys in Lua
+from `channel_prefix(topic)` plus the suffixes listed in CHANNEL_SUFFIXES; keep
+the two in step.
+
+    relay:topics                      SET   topic names (registry, outside scripts)
+    relay:due                         ZSET  "topic/channel" -> earliest in-flight deadline
+                                            or deferred due time (ms); the scanners' index
+    relay:{T}:meta                    HASH  message_count, message_bytes
+    relay:{T}:ids                     STRING last message id handed out (never deleted)
+    relay:{T}:channels                SET   channel names
+    relay:{T}:backlog                 LIST  records published while the topic had no channel
+    relay:{T}:backlog:deferred        ZSET  record -> due time (ms), same situation, deferred
+    relay:{T}:wake                    pub/sub: "" = whole topic has news, "C" = one channel
+    relay:{T}:ch:C:queue              LIST  ready records
+    relay:{T}:ch:C:inflight           ZSET  id -> deadline (ms)
+    relay:{T}:ch:C:deferred           ZSET  id -> due time (ms)
+    relay:{T}:ch:C:msgs               HASH  id -> record, for in-flight and deferred ids
+    relay:{T}:ch:C:leases             HASH  id -> "<delivered ms> <owner>" for in-flight ids
+    relay:{T}:ch:C:meta               HASH  message_count, requeue_count, timeout_count
+    relay:{T}:ch:C:consumers          HASH  broker id -> number of its subscribed clients
+"""
+
+from dataclasses import dataclass
+
+PREFIX = "relay"
+TOPICS = f"{PREFIX}:topics"
+DUE = f"{PREFIX}:due"
+CHANNEL_SUFFIXES = ("queue", "inflight", "deferred", "msgs", "leases", "meta", "consumers")
+
+
+def topic_prefix(topic: str) -> str:
+    return f"{PREFIX}:{{{topic}}}:"
+
+
+def channel_prefix(topic: str) -> str:
+    """Prefix of a topic's channel keys: channel key = prefix + name + ":" + suffix."""
+    return topic_prefix(topic) + "ch:"
+
+
+def due_member(topic: str, channel: str) -> str:
+    """A channel's member in the scanners' index; '/' is not allowed in names."""
+    return f"{topic}/{channel}"
+
+
+def split_due_member(member: str):
+    topic, _, channel = member.partition("/")
+    return topic, channel
+
+
+@dataclass(frozen=True)
+class TopicKeys:
+    name: str
+    meta: str
+    ids: str
+    channels: str
+    backlog: str
+    backlog_deferred: str
+    wake: str
+
+    @classmethod
+    def of(cls, topic: str) -> "TopicKeys":
+        p = topic_prefix(topic)
+        return cls(topic, p + "meta", p + "ids", p + "channels", p + "backlog",
+                   p + "backlog:deferred", p + "wake")
+
+
+@dataclass(frozen=True)
+class ChannelKeys:
+    topic: str
+    name: str
+    queue: str
+    inflight: str
+    deferred: str
+    msgs: str
+    leases: str
+    meta: str
+    consumers: str
+
+    @classmethod
+    def of(cls, topic: str, channel: str) -> "ChannelKeys":
+        p = channel_prefix(topic) + channel + ":"
+        return cls(topic, channel, *(p + s for s in CHANNEL_SUFFIXES))
+
+    @property
+    def due_member(self) -> str:
+        return due_member(self.topic, self.name)
+
+    def all(self):
+        return [self.queue, self.inflight, self.deferred, self.msgs, self.leases,
+                self.meta, self.consumers]

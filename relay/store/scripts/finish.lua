@@ -1,0 +1,21 @@
+-- finish: forget messages their owner finished (FIN), for any number of owners.
+--
+-- KEYS[1] inflight   KEYS[2] msgs   KEYS[3] leases
+-- ARGV pairs: owner, id
+-- Returns per pair: 1 finished, 0 not in flight, -1 in flight for another client.
+local out = {}
+for i = 1, #ARGV, 2 do
+  local owner, id = ARGV[i], ARGV[i + 1]
+  local lease = redis.call('HGET', KEYS[3], id)
+  if not lease then
+    out[#out + 1] = 0
+  elseif string.sub(lease, string.find(lease, ' ', 1, true) + 1) ~= owner then
+    out[#out + 1] = -1
+  else
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('HDEL', KEYS[2], id)
+    redis.call('HDEL', KEYS[3], id)
+    out[#out + 1] = 1
+  end
+end
+return out

@@ -1,0 +1,41 @@
+-- requeue: put messages their owner gave back (REQ, or the connection closed)
+-- at the tail of the queue, or deferred for a while.
+--
+-- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] leases
+-- KEYS[5] deferred   KEYS[6] channel meta   KEYS[7] scanners' due index
+-- ARGV[1] due member   ARGV[2] wake pub/sub channel   ARGV[3] channel name
+-- then triples: owner, id, delay ms
+-- Returns per triple: 1 requeued, 0 not in flight, -1 in flight for another client.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {}
+local requeued, ready = 0, 0
+for i = 4, #ARGV, 3 do
+  local owner, id, delay = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  local lease = redis.call('HGET', KEYS[4], id)
+  if not lease then
+    out[#out + 1] = 0
+  elseif string.sub(lease, string.find(lease, ' ', 1, true) + 1) ~= owner then
+    out[#out + 1] = -1
+  else
+    redis.call('ZREM', KEYS[2], id)
+    redis.call('HDEL', KEYS[4], id)
+    if delay > 0 then
+      redis.call('ZADD', KEYS[5], now + delay, id)
+      redis.call('ZADD', KEYS[7], 'LT', now + delay, ARGV[1])
+    else
+      redis.call('RPUSH', KEYS[1], redis.call('HGET', KEYS[3], id))
+      redis.call('HDEL', KEYS[3], id)
+      ready = ready + 1
+    end
+    requeued = requeued + 1
+    out[#out + 1] = 1
+  end
+end
+if requeued > 0 then
+  redis.call('HINCRBY', KEYS[6], 'requeue_count', requeued)
+end
+if ready > 0 then
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+end
+return out

@@ -1,0 +1,55 @@
+-- scan: the scanner's move for one channel. In-flight messages past their
+-- deadline go back to the queue (a timeout, as nsqd's processInFlightQueue),
+-- deferred messages that are due join the queue (processDeferredQueue), and the
+-- channel's entry in the due index is set to its next deadline, or removed.
+-- Being one script, two scanners can never requeue the same message twice.
+--
+-- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] leases
+-- KEYS[5] deferred   KEYS[6] channel meta   KEYS[7] scanners' due index
+-- ARGV[1] due member   ARGV[2] wake pub/sub channel   ARGV[3] channel name
+-- ARGV[4] at most this many messages of each kind per call
+-- Returns {timed out, promoted, next due ms or -1}.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local limit = tonumber(ARGV[4])
+
+local function move(zset, release_lease)
+  local ids = redis.call('ZRANGEBYSCORE', zset, '-inf', now, 'LIMIT', 0, limit)
+  for _, id in ipairs(ids) do
+    local record = redis.call('HGET', KEYS[3], id)
+    if record then
+      redis.call('RPUSH', KEYS[1], record)
+    end
+    redis.call('HDEL', KEYS[3], id)
+    if release_lease then
+      redis.call('HDEL', KEYS[4], id)
+    end
+  end
+  if #ids > 0 then
+    redis.call('ZREM', zset, unpack(ids))
+  end
+  return #ids
+end
+
+local timed_out = move(KEYS[2], true)
+local promoted = move(KEYS[5], false)
+if timed_out > 0 then
+  redis.call('HINCRBY', KEYS[6], 'timeout_count', timed_out)
+end
+if timed_out + promoted > 0 then
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+end
+
+local next_due = -1
+for _, zset in ipairs({KEYS[2], KEYS[5]}) do
+  local first = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
+  if #first > 0 and (next_due == -1 or tonumber(first[2]) < next_due) then
+    next_due = tonumber(first[2])
+  end
+end
+if next_due == -1 then
+  redis.call('ZREM', KEYS[7], ARGV[1])
+else
+  redis.call('ZADD', KEYS[7], next_due, ARGV[1])
+end
+return {timed_out, promoted, next_due}

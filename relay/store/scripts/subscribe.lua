@@ -1,0 +1,38 @@
+-- subscribe: create the channel if needed and count one more consumer on this broker.
+-- The first channel of a topic takes over the topic backlog, deferred part included.
+--
+-- KEYS[1] topic channels   KEYS[2] backlog   KEYS[3] backlog deferred
+-- KEYS[4] channel queue    KEYS[5] channel deferred   KEYS[6] channel msgs
+-- KEYS[7] channel meta     KEYS[8] channel consumers  KEYS[9] scanners' due index
+-- ARGV[1] channel name     ARGV[2] due member   ARGV[3] broker id
+-- Returns 1 if the channel was created, 0 if it existed.
+local created = redis.call('SADD', KEYS[1], ARGV[1])
+redis.call('HINCRBY', KEYS[8], ARGV[3], 1)
+if created == 0 or redis.call('SCARD', KEYS[1]) > 1 then
+  return created
+end
+
+local n = redis.call('LLEN', KEYS[2])
+if n > 0 then
+  -- the queue of a channel created just now is normally absent: an O(1) move
+  if redis.call('EXISTS', KEYS[4]) == 0 then
+    redis.call('RENAME', KEYS[2], KEYS[4])
+  else
+    while redis.call('LMOVE', KEYS[2], KEYS[4], 'LEFT', 'RIGHT') do end
+  end
+  redis.call('HINCRBY', KEYS[7], 'message_count', n)
+end
+
+local deferred = redis.call('ZRANGE', KEYS[3], 0, -1, 'WITHSCORES')
+for i = 1, #deferred, 2 do
+  local record, due = deferred[i], deferred[i + 1]
+  local id = string.sub(record, 11, 26)
+  redis.call('HSET', KEYS[6], id, record)
+  redis.call('ZADD', KEYS[5], due, id)
+  redis.call('ZADD', KEYS[9], 'LT', due, ARGV[2])
+end
+if #deferred > 0 then
+  redis.call('HINCRBY', KEYS[7], 'message_count', #deferred / 2)
+  redis.call('DEL', KEYS[3])
+end
+return 1

@@ -1,0 +1,259 @@
+"""The Store: every change to queue state, as one Lua script call each.
+
+Methods come in pairs: `x_op(...)` builds an `Op` that the broker's group commit
+batches with the work of other connections into one pipeline; `x(...)` runs it
+alone. Scripts are loaded once and called by SHA; after a Redis restart
+(NOSCRIPT) they are loaded again and the failed calls retried.
+"""
+
+import hashlib
+import time
+from importlib import resources
+from typing import Callable, NamedTuple, Sequence
+
+import redis
+
+from relay.errors import StoreConnectionError, StoreError
+from relay.protocol.codec import make_record
+from relay.store import keys
+from relay.store.keys import ChannelKeys, TopicKeys
+
+SCRIPT_NAMES = ("publish", "subscribe", "unsubscribe", "deliver", "finish", "requeue",
+                "touch", "scan")
+
+
+def _same(value):
+    return value
+
+
+class Op(NamedTuple):
+    """One script call; `pre` are plain commands sent just before it (results ignored)."""
+
+    script: str
+    keys: Sequence[str]
+    args: Sequence
+    parse: Callable = _same
+    pre: tuple = ()
+
+
+class Script(NamedTuple):
+    name: str
+    source: bytes
+    sha: str
+
+
+def _load_scripts() -> dict:
+    folder = resources.files("relay.store") / "scripts"
+    scripts = {}
+    for name in SCRIPT_NAMES:
+        source = (folder / f"{name}.lua").read_bytes()
+        scripts[name] = Script(name, source, hashlib.sha1(source).hexdigest())
+    return scripts
+
+
+def connect_redis(options) -> redis.Redis:
+    """A client with bounded waits, so an unreachable Redis fails calls instead of hanging."""
+    timeout = options.redis_timeout / 1000
+    return redis.Redis.from_url(options.redis_url, socket_timeout=timeout,
+                                socket_connect_timeout=min(timeout, 2.0),
+                                health_check_interval=30)
+
+
+class Store:
+    """Typed access to relay's state in one Redis database."""
+
+    def __init__(self, client: redis.Redis):
+        self.redis = client
+        self.scripts = _load_scripts()
+        self._loaded = False
+
+    # -- running ops -------------------------------------------------------
+
+    def load_scripts(self) -> None:
+        for script in self.scripts.values():
+            self.redis.script_load(script.source)
+        self._loaded = True
+
+    def run(self, op: Op):
+        result = self.run_many([op])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def run_many(self, ops: Sequence[Op]) -> list:
+        """Run ops in one pipeline; each result is a value or the exception for that op."""
+        if not self._loaded:
+            self._guard(self.load_scripts)
+        results = self._guard(self._execute, ops)
+        retry = [i for i, r in enumerate(results) if isinstance(r, redis.exceptions.NoScriptError)]
+        if retry:
+            self._guard(self.load_scripts)
+            for i, r in zip(retry, self._guard(self._execute, [ops[i] for i in retry])):
+                results[i] = r
+        out = []
+        for op, r in zip(ops, results):
+            if isinstance(r, redis.exceptions.RedisError):
+                r = StoreError(f"{op.script}: {r}")
+            out.append(r if isinstance(r, Exception) else op.parse(r))
+        return out
+
+    def _execute(self, ops: Sequence[Op]) -> list:
+        pipe = self.redis.pipeline(transaction=False)
+        for op in ops:
+            for command in op.pre:
+                pipe.execute_command(*command)
+            pipe.evalsha(self.scripts[op.script].sha, len(op.keys), *op.keys, *op.args)
+        raw = pipe.execute(raise_on_error=False)
+        results, i = [], 0
+        for op in ops:
+            i += len(op.pre)
+            results.append(raw[i])
+            i += 1
+        return results
+
+    @staticmethod
+    def _guard(fn, *args):
+        try:
+            return fn(*args)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+            raise StoreConnectionError(str(e)) from e
+
+    # -- state transitions -------------------------------------------------
+
+    def publish_op(self, topic: str, bodies: Sequence[bytes], defer_ms: int = 0,
+                   timestamp_ns: int | None = None) -> Op:
+        """PUB/MPUB/DPUB: returns the number of the last message id."""
+        t = TopicKeys.of(topic)
+        ts = make_record(timestamp_ns or time.time_ns(), 0, b"", b"")[:8]
+        return Op("publish",
+                  [t.ids, t.meta, t.channels, t.backlog, t.backlog_deferred, keys.DUE],
+                  [keys.channel_prefix(topic), topic, t.wake, ts, defer_ms, *bodies],
+                  int, pre=(("SADD", keys.TOPICS, topic),))
+
+    def publish(self, topic, bodies, defer_ms=0):
+        return self.run(self.publish_op(topic, bodies, defer_ms))
+
+    def subscribe_op(self, topic: str, channel: str, broker_id: str) -> Op:
+        """SUB: creates topic and channel as needed; returns True if the channel is new."""
+        t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
+        return Op("subscribe",
+                  [t.channels, t.backlog, t.backlog_deferred, c.queue, c.deferred, c.msgs,
+                   c.meta, c.consumers, keys.DUE],
+                  [channel, c.due_member, broker_id], bool,
+                  pre=(("SADD", keys.TOPICS, topic),))
+
+    def subscribe(self, topic, channel, broker_id):
+        return self.run(self.subscribe_op(topic, channel, broker_id))
+
+    def unsubscribe_op(self, topic: str, channel: str, broker_id: str,
+                       channel_ephemeral: bool, topic_ephemeral: bool) -> Op:
+        """A consumer left: 0 kept, 1 ephemeral channel deleted, 2 topic deleted too."""
+        t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
+        others = [k for k in c.all() if k != c.consumers]
+        return Op("unsubscribe", [t.channels, t.meta, c.consumers, keys.DUE, *others],
+                  [channel, c.due_member, broker_id, int(channel_ephemeral),
+                   int(topic_ephemeral)], int)
+
+    def forget_topic(self, topic: str) -> None:
+        self.redis.srem(keys.TOPICS, topic)
+
+    def deliver_op(self, topic: str, channel: str, groups: Sequence[tuple]) -> Op:
+        """Pop for each (owner, timeout ms, count): one list of records per group."""
+        c = ChannelKeys.of(topic, channel)
+        args = [c.due_member]
+        for owner, timeout_ms, count in groups:
+            args += [owner, timeout_ms, count]
+        return Op("deliver", [c.queue, c.inflight, c.msgs, c.leases, keys.DUE], args)
+
+    def deliver(self, topic, channel, groups):
+        return self.run(self.deliver_op(topic, channel, groups))
+
+    def finish_op(self, topic: str, channel: str, pairs: Sequence[tuple]) -> Op:
+        """FIN each (owner, id): per pair 1 done, 0 not in flight, -1 owned by another."""
+        c = ChannelKeys.of(topic, channel)
+        return Op("finish", [c.inflight, c.msgs, c.leases], [x for p in pairs for x in p])
+
+    def finish(self, topic, channel, pairs):
+        return self.run(self.finish_op(topic, channel, pairs))
+
+    def requeue_op(self, topic: str, channel: str, triples: Sequence[tuple]) -> Op:
+        """REQ each (owner, id, delay ms): per triple 1 done, 0 / -1 as finish."""
+        t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
+        return Op("requeue",
+                  [c.queue, c.inflight, c.msgs, c.leases, c.deferred, c.meta, keys.DUE],
+                  [c.due_member, t.wake, channel, *(x for tr in triples for x in tr)])
+
+    def requeue(self, topic, channel, triples):
+        return self.run(self.requeue_op(topic, channel, triples))
+
+    def touch_op(self, topic: str, channel: str, max_msg_timeout_ms: int,
+                 triples: Sequence[tuple]) -> Op:
+        """TOUCH each (owner, id, timeout ms): per triple the new deadline ms, or 0 / -1."""
+        c = ChannelKeys.of(topic, channel)
+        return Op("touch", [c.inflight, c.leases],
+                  [max_msg_timeout_ms, *(x for tr in triples for x in tr)])
+
+    def touch(self, topic, channel, max_msg_timeout_ms, triples):
+        return self.run(self.touch_op(topic, channel, max_msg_timeout_ms, triples))
+
+    def scan_op(self, topic: str, channel: str, limit: int) -> Op:
+        """Requeue expired and due messages: (timed out, promoted, next due ms or -1)."""
+        t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
+        return Op("scan",
+                  [c.queue, c.inflight, c.msgs, c.leases, c.deferred, c.meta, keys.DUE],
+                  [c.due_member, t.wake, channel, limit], tuple)
+
+    def scan(self, topic, channel, limit=1000):
+        return self.run(self.scan_op(topic, channel, limit))
+
+    # -- reads ---------------------------------------------------------------
+
+    def due_channels(self, limit: int) -> tuple[int, list]:
+        """Redis time in ms and the (topic, channel, due ms) entries due by then."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.time()
+        pipe.zrange(keys.DUE, 0, limit - 1, withscores=True)
+        (sec, usec), entries = self._guard(pipe.execute)
+        now = sec * 1000 + usec // 1000
+        due = [(*keys.split_due_member(m.decode()), int(s)) for m, s in entries if s <= now]
+        return now, due
+
+    def next_due(self) -> int | None:
+        """The earliest due time in the index (ms), if any."""
+        first = self._guard(self.redis.zrange, keys.DUE, 0, 0, withscores=True)
+        return int(first[0][1]) if first else None
+
+    def topic_names(self) -> list[str]:
+        return sorted(n.decode() for n in self._guard(self.redis.smembers, keys.TOPICS))
+
+    def channel_names(self, topic: str) -> list[str]:
+        names = self._guard(self.redis.smembers, TopicKeys.of(topic).channels)
+        return sorted(n.decode() for n in names)
+
+    def read_topic(self, topic: str) -> dict:
+        """Depth and counters of a topic as stored."""
+        t = TopicKeys.of(topic)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(t.meta)
+        pipe.llen(t.backlog)
+        pipe.zcard(t.backlog_deferred)
+        meta, backlog, deferred = self._guard(pipe.execute)
+        return {"message_count": int(meta.get(b"message_count", 0)),
+                "message_bytes": int(meta.get(b"message_bytes", 0)),
+                "depth": backlog, "deferred_count": deferred}
+
+    def read_channel(self, topic: str, channel: str) -> dict:
+        """Depth, in-flight, deferred, counters and consumers of a channel as stored."""
+        c = ChannelKeys.of(topic, channel)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.llen(c.queue)
+        pipe.zcard(c.inflight)
+        pipe.zcard(c.deferred)
+        pipe.hgetall(c.meta)
+        pipe.hvals(c.consumers)
+        depth, inflight, deferred, meta, consumers = self._guard(pipe.execute)
+        return {"depth": depth, "in_flight_count": inflight, "deferred_count": deferred,
+                "message_count": int(meta.get(b"message_count", 0)),
+                "requeue_count": int(meta.get(b"requeue_count", 0)),
+                "timeout_count": int(meta.get(b"timeout_count", 0)),
+                "client_count": sum(int(v) for v in consumers)}

@@ -1,0 +1,81 @@
+"""The scanner: requeues in-flight messages past their deadline and deferred messages
+that are due (nsqd's queueScanLoop, moved out of the broker).
+
+Every script that puts a message in flight or defers it lowers the channel's
+score in the due index (`relay:due`) to that deadline. The scanner reads the
+entries whose score has passed (Redis time), runs scan.lua on each of those
+channels in one pipeline, and each call resets the channel's score to its next
+deadline. Idle channels cost nothing, so it stays prompt with any number of
+channels. When a call could not move everything that was due, the channel is
+still due and the scanner loops again at once (nsqd's dirty-percent rule,
+without sampling). Any number of scanners may run: scan.lua is atomic, so a
+message is requeued once.
+"""
+
+import logging
+import random
+import signal
+import time
+
+from relay.errors import StoreConnectionError
+from relay.store import Store, connect_redis
+
+log = logging.getLogger("relay.scanner")
+
+CHANNELS_PER_PASS = 500
+
+
+class Scanner:
+    def __init__(self, store: Store, interval_ms: int = 100, limit: int = 1000,
+                 sleep=time.sleep):
+        self.store = store
+        self.interval = interval_ms / 1000
+        self.limit = limit
+        self.sleep = sleep
+        self.running = True
+        self.timed_out = self.promoted = 0
+
+    def scan_once(self) -> bool:
+        """One pass over the due channels; True if some are still due (loop again)."""
+        now, due = self.store.due_channels(CHANNELS_PER_PASS)
+        if not due:
+            return False
+        random.shuffle(due)
+        results = self.store.run_many([self.store.scan_op(t, c, self.limit) for t, c, _ in due])
+        busy = len(due) == CHANNELS_PER_PASS
+        for (topic, channel, _), result in zip(due, results):
+            if isinstance(result, Exception):
+                log.error("scan %s/%s failed: %s", topic, channel, result)
+                continue
+            timed_out, promoted, next_due = result
+            self.timed_out += timed_out
+            self.promoted += promoted
+            if timed_out or promoted:
+                log.debug("%s/%s: %d timed out, %d deferred due", topic, channel,
+                          timed_out, promoted)
+            busy = busy or (next_due != -1 and next_due <= now)
+        return busy
+
+    def run(self) -> None:
+        log.info("scanner started interval=%dms limit=%d", self.interval * 1000, self.limit)
+        while self.running:
+            try:
+                busy = self.scan_once()
+            except StoreConnectionError as e:
+                log.warning("redis unreachable: %s; retrying", e)
+                self.sleep(1.0)
+                continue
+            if not busy:
+                self.sleep(self.interval)
+        log.info("scanner stopped timed_out=%d promoted=%d", self.timed_out, self.promoted)
+
+    def stop(self, *_) -> None:
+        self.running = False
+
+
+def main(options) -> None:
+    scanner = Scanner(Store(connect_redis(options)), options.queue_scan_interval,
+                      options.queue_scan_limit)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, scanner.stop)
+    scanner.run()
