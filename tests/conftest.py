@@ -1,6 +1,8 @@
 """Fixtures: the store on both backends (fakeredis and the embedded real server)."""
 
 import os
+import subprocess
+import sys
 import shutil
 import tempfile
 
@@ -42,3 +44,76 @@ def backend(request):
 @pytest.fixture
 def store(backend):
     return Store(backend)
+
+
+# -- real processes ------------------------------------------------------------
+
+class Processes:
+    """Broker and scanner processes for one test, on the shared real Redis (flushed)."""
+
+    def __init__(self, redis_url, tmpdir):
+        self.redis_url = redis_url
+        self.tmpdir = tmpdir
+        self.procs = []
+
+    def _start(self, command, args, env=None):
+        log = open(os.path.join(self.tmpdir, f"{command}-{len(self.procs)}.log"), "w")
+        full_env = {**os.environ, "REDIS_URL": self.redis_url, **(env or {})}
+        proc = subprocess.Popen([sys.executable, "-m", "relay", command, *args],
+                                stdout=log, stderr=subprocess.STDOUT, env=full_env,
+                                cwd=self.tmpdir)
+        self.procs.append(proc)
+        return proc
+
+    def broker(self, *args, port=None, env=None):
+        """Start a broker; returns (proc, port) once it accepts connections."""
+        port = port or embedded.free_port()
+        proc = self._start("broker", ["--tcp-address", f"127.0.0.1:{port}", *args], env)
+        embedded.wait_for_port("127.0.0.1", port, proc)
+        return proc, port
+
+    def scanner(self, *args):
+        return self._start("scanner", list(args))
+
+    def stop_all(self):
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    def logs(self):
+        out = []
+        for name in sorted(os.listdir(self.tmpdir)):
+            if name.endswith(".log"):
+                with open(os.path.join(self.tmpdir, name)) as f:
+                    out.append(f"--- {name}\n{f.read()}")
+        return "\n".join(out)
+
+
+@pytest.fixture
+def processes(redis_url, tmp_path, request):
+    redis.Redis.from_url(redis_url).flushdb()
+    procs = Processes(redis_url, str(tmp_path))
+    yield procs
+    procs.stop_all()
+    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+        print(procs.logs())
+
+
+@pytest.fixture
+def broker(processes):
+    """One broker and one scanner; the broker's TCP port."""
+    _, port = processes.broker()
+    processes.scanner()
+    return port
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, "rep_" + report.when, report)
