@@ -1,0 +1,61 @@
+"""Drive the real pynsq (tornado) client in its own process; prints one JSON line per event.
+
+    python tests/pynsq_client.py publish PORT TOPIC BODY...
+    python tests/pynsq_client.py consume PORT TOPIC CHANNEL COUNT [--requeue-first DELAY_MS]
+"""
+
+import json
+import sys
+
+import nsq
+from tornado.ioloop import IOLoop
+
+
+def publish(port, topic, bodies):
+    writer = nsq.Writer([f"127.0.0.1:{port}"])
+    results = []
+
+    def done(conn, data):
+        results.append(data.decode() if isinstance(data, bytes) else str(data))
+        if len(results) == len(bodies):
+            print(json.dumps({"published": results}), flush=True)
+            IOLoop.current().stop()
+
+    def start():
+        for body in bodies:
+            writer.pub(topic, body.encode(), callback=done)
+
+    IOLoop.current().call_later(1.0, start)
+    IOLoop.current().call_later(20, IOLoop.current().stop)
+    nsq.run()
+
+
+def consume(port, topic, channel, count, requeue_first=None):
+    finished = []
+
+    def handler(message):
+        print(json.dumps({"id": message.id.decode(), "body": message.body.decode(),
+                          "attempts": message.attempts}), flush=True)
+        if requeue_first is not None and message.attempts == 1:
+            message.requeue(time_ms=requeue_first, backoff=False)
+            return None
+        message.finish()
+        finished.append(message.id)
+        if len(finished) >= count:
+            IOLoop.current().call_later(0.3, IOLoop.current().stop)
+        return None
+
+    nsq.Reader(topic=topic, channel=channel, message_handler=handler,
+               nsqd_tcp_addresses=[f"127.0.0.1:{port}"], max_in_flight=10)
+    IOLoop.current().call_later(30, IOLoop.current().stop)
+    nsq.run()
+
+
+if __name__ == "__main__":
+    mode, port, topic = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    if mode == "publish":
+        publish(port, topic, sys.argv[4:])
+    else:
+        extra = sys.argv[6:]
+        delay = int(extra[1]) if extra[:1] == ["--requeue-first"] else None
+        consume(port, topic, sys.argv[4], int(sys.argv[5]), delay)
