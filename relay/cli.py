@@ -103,7 +103,9 @@ def up(procfile, concurrency):
     processes = ["broker", "scanner", "jobs"]
     if not (os.environ.get("REDIS_URL") or os.environ.get("RELAY_REDIS_URL")):
         processes.insert(0, "redis")
-    honcho = shutil.which("honcho") or os.path.join(os.path.dirname(sys.executable), "honcho")
+    bin_dir = os.path.dirname(sys.executable)
+    os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    honcho = os.path.join(bin_dir, "honcho")
     args = [honcho, "-f", procfile, "start"]
     if concurrency:
         args += ["-c", concurrency]
