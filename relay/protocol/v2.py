@@ -125,6 +125,9 @@ class ProtocolV2:
             except (Disconnect, OSError, EOFError) as e:
                 log.debug("%r closed: %s", client, e or "eof")
                 return
+            except Exception:
+                log.exception("%r: unexpected error; closing this connection", client)
+                return
             if reply is not None:
                 client.replies.put(reply)
 
