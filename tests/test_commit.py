@@ -1,0 +1,281 @@
+"""Group commit: merging FIN/REQ/TOUCH calls, and GroupCommit answering each submit."""
+
+import fakeredis
+import gevent
+import pytest
+import redis
+
+from relay.errors import StoreConnectionError, StoreError
+from relay.protocol.codec import parse_record
+from relay.store import Store
+from relay.store.commit import MERGEABLE, GroupCommit, _merge
+from relay.store.keys import ChannelKeys
+
+
+def mid(n: int) -> bytes:
+    return b"%016x" % n
+
+
+@pytest.fixture
+def fake_store():
+    return Store(fakeredis.FakeRedis())
+
+
+def answer(merged, slices, results):
+    """What each input op gets back, as GroupCommit._run hands it out."""
+    out = []
+    for index, start, stop in slices:
+        value = results[index]
+        out.append(value if start is None else value[start:stop])
+    return out
+
+
+# -- _merge ----------------------------------------------------------------------
+
+def test_mergeable_scripts_and_their_shapes():
+    assert MERGEABLE == {"finish": (0, 2), "requeue": (3, 3), "touch": (1, 3)}
+
+
+def test_finish_ops_on_one_channel_become_one_call(fake_store):
+    s = fake_store
+    ops = [s.finish_op("t", "c", [("a", "1")]),
+           s.finish_op("t", "c", [("b", "2"), ("b", "3")]),
+           s.finish_op("t", "c", [("c", "4")])]
+    original_args = [list(op.args) for op in ops]
+    merged, slices = _merge(ops)
+    assert len(merged) == 1
+    assert merged[0].script == "finish"
+    assert list(merged[0].keys) == list(ops[0].keys)
+    assert list(merged[0].args) == ["a", "1", "b", "2", "b", "3", "c", "4"]
+    assert slices == [(0, 0, 1), (0, 1, 3), (0, 3, 4)]
+    # the submitted ops are not changed
+    assert [list(op.args) for op in ops] == original_args
+    assert answer(merged, slices, [[1, 0, -1, 1]]) == [[1], [0, -1], [1]]
+
+
+def test_requeue_ops_share_their_three_leading_args(fake_store):
+    s = fake_store
+    ops = [s.requeue_op("t", "c", [("a", "1", 0)]),
+           s.requeue_op("t", "c", [("b", "2", 100), ("b", "3", 0)])]
+    merged, slices = _merge(ops)
+    assert len(merged) == 1
+    leading = list(ops[0].args[:3])
+    assert leading == list(ops[1].args[:3])
+    assert list(merged[0].args) == leading + ["a", "1", 0, "b", "2", 100, "b", "3", 0]
+    assert slices == [(0, 0, 1), (0, 1, 3)]
+    assert answer(merged, slices, [[1, 1, 0]]) == [[1], [1, 0]]
+
+
+def test_touch_ops_merge_only_with_the_same_max_msg_timeout(fake_store):
+    s = fake_store
+    ops = [s.touch_op("t", "c", 900_000, [("a", "1", 60_000)]),
+           s.touch_op("t", "c", 5_000, [("b", "2", 60_000)]),
+           s.touch_op("t", "c", 900_000, [("c", "3", 1_000), ("c", "4", 2_000)])]
+    merged, slices = _merge(ops)
+    assert len(merged) == 2
+    assert list(merged[0].args) == [900_000, "a", "1", 60_000, "c", "3", 1_000, "c", "4", 2_000]
+    assert list(merged[1].args) == [5_000, "b", "2", 60_000]
+    assert slices == [(0, 0, 1), (1, 0, 1), (0, 1, 3)]
+    assert answer(merged, slices, [[11, 13, 14], [12]]) == [[11], [12], [13, 14]]
+
+
+def test_different_keys_are_not_merged(fake_store):
+    s = fake_store
+    ops = [s.finish_op("t", "c1", [("a", "1")]),
+           s.finish_op("t", "c2", [("a", "1")]),
+           s.finish_op("u", "c1", [("a", "1")]),
+           s.requeue_op("t", "c1", [("a", "1", 0)]),
+           s.finish_op("t", "c1", [("a", "2")])]
+    merged, slices = _merge(ops)
+    assert [op.script for op in merged] == ["finish", "finish", "finish", "requeue"]
+    assert [list(op.args) for op in merged] == [["a", "1", "a", "2"], ["a", "1"], ["a", "1"],
+                                                list(ops[3].args)]
+    assert slices == [(0, 0, 1), (1, 0, 1), (2, 0, 1), (3, 0, 1), (0, 1, 2)]
+    assert answer(merged, slices, [[1, -1], [0], [1], [1]]) == [[1], [0], [1], [1], [-1]]
+
+
+def test_non_mergeable_ops_are_untouched(fake_store):
+    s = fake_store
+    ops = [s.publish_op("t", [b"x"], timestamp_ns=1),
+           s.finish_op("t", "c", [("a", "1")]),
+           s.publish_op("t", [b"y"], timestamp_ns=1),
+           s.deliver_op("t", "c", [("a", 1_000, 5)]),
+           s.deliver_op("t", "c", [("b", 1_000, 5)]),
+           s.subscribe_op("t", "c", "b1"),
+           s.scan_op("t", "c", 10),
+           s.finish_op("t", "c", [("b", "2")])]
+    merged, slices = _merge(ops)
+    assert merged[0] == ops[0]
+    assert [merged[i] for i in (2, 3, 4, 5, 6)] == [ops[2], ops[3], ops[4], ops[5], ops[6]]
+    assert merged[1].script == "finish" and list(merged[1].args) == ["a", "1", "b", "2"]
+    assert len(merged) == 7
+    assert slices == [(0, None, None), (1, 0, 1), (2, None, None), (3, None, None),
+                      (4, None, None), (5, None, None), (6, None, None), (1, 1, 2)]
+    results = [7, [1, 0], 8, [[b"r"]], [[]], True, (0, 0, -1)]
+    assert answer(merged, slices, results) == [7, [1], 8, [[b"r"]], [[]], True, (0, 0, -1),
+                                               [0]]
+
+
+def test_merge_of_nothing():
+    assert _merge([]) == ([], [])
+
+
+def test_merged_call_runs_as_the_separate_calls_would(fake_store):
+    """The merged script call, on Redis, gives each op the results it would get alone."""
+    s = fake_store
+    s.subscribe("t", "c", "b1")
+    s.publish("t", [b"1", b"2", b"3", b"4"])
+    s.deliver("t", "c", [("a", 60_000, 2), ("b", 60_000, 2)])
+    ops = [s.finish_op("t", "c", [("a", mid(1))]),
+           s.finish_op("t", "c", [("a", mid(3)), ("b", mid(3))]),
+           s.requeue_op("t", "c", [("b", mid(4), 0)]),
+           s.requeue_op("t", "c", [("a", mid(2), 0), ("a", mid(9), 0)])]
+    merged, slices = _merge(ops)
+    assert len(merged) == 2
+    assert answer(merged, slices, s.run_many(merged)) == [[1], [-1, 1], [1], [1, 0]]
+    state = s.read_channel("t", "c")
+    assert (state["depth"], state["in_flight_count"], state["requeue_count"]) == (2, 0, 2)
+
+
+# -- GroupCommit under gevent ------------------------------------------------------
+
+class Recorder:
+    """Wraps Store.run_many to record how many ops each pipeline carried."""
+
+    def __init__(self, store):
+        self.batches = []
+        self._run_many = store.run_many
+        store.run_many = self
+
+    def __call__(self, ops):
+        self.batches.append([op.script for op in ops])
+        return self._run_many(ops)
+
+
+@pytest.fixture
+def commit(fake_store):
+    gc = GroupCommit(fake_store)
+    yield gc
+    gc.stop()
+
+
+def test_concurrent_submits_are_merged_and_answered(fake_store, commit):
+    s = fake_store
+    n = 40
+    s.subscribe("t", "c", "b1")
+    s.publish("t", [b"%d" % i for i in range(n)])
+    # client i owns message i + 1
+    for i in range(n):
+        assert len(s.deliver("t", "c", [(f"client{i}", 60_000, 1)])[0]) == 1
+    recorder = Recorder(s)
+    sec, usec = s.redis.time()
+    before = sec * 1000 + usec // 1000
+
+    def fin(i):
+        return commit.call(s.finish_op("t", "c", [(f"client{i}", mid(i + 1))]))
+
+    def fin_wrong_owner(i):
+        return commit.call(s.finish_op("t", "c", [("intruder", mid(i + 1))]))
+
+    def touch(i):
+        return commit.call(s.touch_op("t", "c", 900_000, [(f"client{i}", mid(i + 1), 1_000)]))
+
+    def pub():
+        return commit.call(s.publish_op("t", [b"new"]))
+
+    jobs = []
+    for i in range(n):
+        if i % 4 == 0:
+            jobs.append((i, "req", gevent.spawn(
+                commit.call, s.requeue_op("t", "c", [(f"client{i}", mid(i + 1), 0)]))))
+        elif i % 4 == 1:
+            jobs.append((i, "touch", gevent.spawn(touch, i)))
+        elif i % 4 == 2:
+            jobs.append((i, "wrong", gevent.spawn(fin_wrong_owner, i)))
+        else:
+            jobs.append((i, "fin", gevent.spawn(fin, i)))
+    jobs.append((None, "pub", gevent.spawn(pub)))
+    jobs.append((None, "unknown", gevent.spawn(
+        commit.call, s.finish_op("t", "c", [("client0", mid(999))]))))
+    gevent.joinall([g for _, _, g in jobs], timeout=10, raise_error=True)
+    sec, usec = s.redis.time()
+    after = sec * 1000 + usec // 1000
+
+    for i, kind, g in jobs:
+        assert g.successful(), (i, kind, g.exception)
+        value = g.value
+        if kind == "req" or kind == "fin":
+            assert value == [1], (i, kind)
+        elif kind == "wrong":
+            assert value == [-1], i
+        elif kind == "touch":
+            assert len(value) == 1 and before + 1_000 <= value[0] <= after + 1_000, i
+        elif kind == "pub":
+            assert value == n + 1
+        else:
+            assert value == [0]
+    # every submit went out in one pipeline, FIN/REQ/TOUCH merged per channel and shape
+    assert len(recorder.batches) == 1
+    assert sorted(recorder.batches[0]) == ["finish", "publish", "requeue", "touch"]
+
+    state = s.read_channel("t", "c")
+    assert state["depth"] == n // 4 + 1          # the requeued ones and the new message
+    assert state["in_flight_count"] == n // 2    # touched and wrongly finished
+    assert state["requeue_count"] == n // 4
+
+
+def test_each_submit_gets_its_own_result_and_errors(fake_store, commit):
+    s = fake_store
+    s.subscribe("t", "c", "b1")
+    s.redis.set(ChannelKeys.of("t", "broken").queue, b"not a list")
+    s.publish("t", [b"x"])
+    good = commit.submit(s.deliver_op("t", "c", [("a", 1_000, 1)]))
+    bad = commit.submit(s.deliver_op("t", "broken", [("a", 1_000, 1)]))
+    other = commit.submit(s.publish_op("u", [b"y"]))
+    (records,) = good.get(timeout=5)
+    assert parse_record(records[0])[3] == b"x"
+    with pytest.raises(StoreError, match="^deliver: "):
+        bad.get(timeout=5)
+    assert other.get(timeout=5) == 1
+
+
+def test_batches_are_bounded(fake_store):
+    s = fake_store
+    commit = GroupCommit(s, max_batch=4)
+    try:
+        recorder = Recorder(s)
+        results = [commit.submit(s.publish_op(f"t{i}", [b"x"])) for i in range(10)]
+        assert [r.get(timeout=5) for r in results] == [1] * 10
+        assert [len(b) for b in recorder.batches] == [4, 4, 2]
+    finally:
+        commit.stop()
+
+
+def test_later_submits_form_the_next_batch(fake_store, commit):
+    s = fake_store
+    recorder = Recorder(s)
+    assert commit.call(s.publish_op("t", [b"1"])) == 1
+    assert commit.call(s.publish_op("t", [b"2"])) == 2
+    assert len(recorder.batches) == 2
+
+
+def test_unreachable_redis_fails_every_submit(fake_store):
+    store = fake_store
+    store.load_scripts()
+
+    def refused(ops):
+        raise redis.exceptions.ConnectionError("Connection refused")
+    store._execute = refused
+    commit = GroupCommit(store)
+    try:
+        results = [commit.submit(store.publish_op("t", [b"x"])),
+                   commit.submit(store.finish_op("t", "c", [("a", "1")])),
+                   commit.submit(store.finish_op("t", "c", [("b", "2")]))]
+        for r in results:
+            with pytest.raises(StoreConnectionError):
+                r.get(timeout=5)
+        # the loop survives: later submits are answered too
+        with pytest.raises(StoreConnectionError):
+            commit.call(store.publish_op("t", [b"y"]))
+    finally:
+        commit.stop()
