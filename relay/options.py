@@ -87,6 +87,15 @@ class _Duration(fields.Field):
             raise ValidationError(str(e)) from None
 
 
+class _Count(fields.Integer):
+    """A whole number, from TOML or a flag/env string; 2.5 is an error, not 2."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if isinstance(value, float) or isinstance(value, bool):
+            raise ValidationError(f"not a whole number: {value!r}")
+        return super()._deserialize(value, attr, data, **kwargs)
+
+
 _positive = validate.Range(min=1)
 
 
@@ -97,19 +106,19 @@ class OptionsSchema(Schema):
     redis_url = fields.String(validate=validate.Regexp(r"^(redis|rediss|unix)://"))
     msg_timeout = _Duration(validate=_positive)
     max_msg_timeout = _Duration(validate=_positive)
-    max_msg_size = fields.Integer(strict=False, validate=_positive)
-    max_body_size = fields.Integer(strict=False, validate=_positive)
-    max_rdy_count = fields.Integer(strict=False, validate=_positive)
+    max_msg_size = _Count(validate=_positive)
+    max_body_size = _Count(validate=_positive)
+    max_rdy_count = _Count(validate=_positive)
     max_req_timeout = _Duration(validate=validate.Range(min=0))
     client_timeout = _Duration(validate=validate.Range(min=2))
     max_heartbeat_interval = _Duration(validate=_positive)
     output_buffer_timeout = _Duration(validate=validate.Range(min=0))
     min_output_buffer_timeout = _Duration(validate=validate.Range(min=0))
     max_output_buffer_timeout = _Duration(validate=_positive)
-    max_output_buffer_size = fields.Integer(strict=False, validate=_positive)
-    max_deflate_level = fields.Integer(strict=False, validate=validate.Range(min=1, max=9))
+    max_output_buffer_size = _Count(validate=_positive)
+    max_deflate_level = _Count(validate=validate.Range(min=1, max=9))
     queue_scan_interval = _Duration(validate=_positive)
-    queue_scan_limit = fields.Integer(strict=False, validate=_positive)
+    queue_scan_limit = _Count(validate=_positive)
     redis_timeout = _Duration(validate=_positive)
     log_level = fields.String(validate=validate.OneOf(["debug", "info", "warning", "error"]))
 

@@ -63,9 +63,6 @@ def test_invalid_names(name):
     assert not is_valid_name(name)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "codec._NAME ends in '$', which in Python also matches before a final newline; "
-    "Go's '$' (nsqd) only matches at the end of the text"))
 @pytest.mark.parametrize("name", ["a\n", "a#ephemeral\n"])
 def test_trailing_newline_is_not_a_valid_name(name):
     assert not is_valid_name(name)

@@ -178,9 +178,6 @@ def test_bad_env_and_file_values_name_the_option(tmp_path):
         "invalid max_rdy_count: ")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "marshmallow Integer(strict=False) truncates a TOML float: max_rdy_count = 2.5 "
-    "loads as 2 instead of being rejected"))
 def test_fractional_count_in_file_is_an_error(tmp_path):
     path = write(tmp_path, "max_rdy_count = 2.5\n")
     assert config_error(flags={}, config=path, environ={}).startswith(

@@ -63,7 +63,7 @@ def record_id(record: bytes) -> bytes:
 
 def is_valid_name(name: str) -> bool:
     """nsqd's rule for topic and channel names: 1-64 of [.a-zA-Z0-9_-], optional #ephemeral."""
-    return 1 <= len(name) <= 64 and _NAME.match(name) is not None
+    return 1 <= len(name) <= 64 and _NAME.fullmatch(name) is not None
 
 
 def is_ephemeral(name: str) -> bool:

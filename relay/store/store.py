@@ -218,11 +218,6 @@ class Store:
         due = [(*keys.split_due_member(m.decode()), int(s)) for m, s in entries if s <= now]
         return now, due
 
-    def next_due(self) -> int | None:
-        """The earliest due time in the index (ms), if any."""
-        first = self._guard(self.redis.zrange, keys.DUE, 0, 0, withscores=True)
-        return int(first[0][1]) if first else None
-
     def topic_names(self) -> list[str]:
         return sorted(n.decode() for n in self._guard(self.redis.smembers, keys.TOPICS))
 

@@ -6,6 +6,13 @@
 -- KEYS[5] scanners' due index
 -- ARGV[1] due member, then groups of 3: owner, timeout ms, count
 -- Returns one list of records per group, in ARGV order.
+-- Commands with many arguments go in chunks: Lua's unpack() has a stack limit.
+local function call_chunked(cmd, key, args)
+  for i = 1, #args, 1000 do
+    redis.call(cmd, key, unpack(args, i, math.min(i + 999, #args)))
+  end
+end
+
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
@@ -26,9 +33,9 @@ for g = 2, #ARGV, 3 do
     leases[2 * i - 1], leases[2 * i] = id, lease
   end
   if #records > 0 then
-    redis.call('HSET', KEYS[3], unpack(msgs))
-    redis.call('ZADD', KEYS[2], unpack(inflight))
-    redis.call('HSET', KEYS[4], unpack(leases))
+    call_chunked('HSET', KEYS[3], msgs)
+    call_chunked('ZADD', KEYS[2], inflight)
+    call_chunked('HSET', KEYS[4], leases)
     if not earliest or deadline < earliest then earliest = deadline end
   end
   out[#out + 1] = records

@@ -25,8 +25,8 @@ local function move(zset, release_lease)
       redis.call('HDEL', KEYS[4], id)
     end
   end
-  if #ids > 0 then
-    redis.call('ZREM', zset, unpack(ids))
+  for i = 1, #ids, 1000 do
+    redis.call('ZREM', zset, unpack(ids, i, math.min(i + 999, #ids)))
   end
   return #ids
 end
