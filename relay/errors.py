@@ -18,10 +18,10 @@ class ClientError(RelayError):
     def wire(self) -> bytes:
         """The error frame payload: `CODE description`."""
         text = f"{self.code} {self.desc}" if self.desc else self.code
-        return text.encode()
+        return text.encode("utf-8", "surrogateescape")
 
     def __str__(self) -> str:
-        return self.wire().decode()
+        return self.wire().decode("utf-8", "replace")
 
 
 class FatalClientError(ClientError):

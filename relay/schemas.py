@@ -1,13 +1,21 @@
 """marshmallow schemas for what clients send as JSON (IDENTIFY)."""
 
-from marshmallow import EXCLUDE, Schema, fields
+from marshmallow import EXCLUDE, Schema, ValidationError, fields, pre_load, validate
 
 
 class _StrictBool(fields.Boolean):
-    """JSON true/false only, as Go's encoding/json decodes into a bool."""
+    """JSON true/false only, as Go's encoding/json decodes into a bool (1 is an error)."""
 
-    truthy = {True}
-    falsy = {False}
+    def _deserialize(self, value, attr, data, **kwargs):
+        if not isinstance(value, bool):
+            raise ValidationError("not a boolean")
+        return value
+
+
+def _int(bits: int):
+    """An integer that fits Go's intN, else decoding fails as in encoding/json."""
+    limit = 2 ** (bits - 1)
+    return fields.Integer(strict=True, validate=validate.Range(min=-limit, max=limit - 1))
 
 
 class IdentifySchema(Schema):
@@ -23,12 +31,19 @@ class IdentifySchema(Schema):
     hostname = fields.String()
     user_agent = fields.String()
     feature_negotiation = _StrictBool()
-    heartbeat_interval = fields.Integer(strict=True)
-    output_buffer_size = fields.Integer(strict=True)
-    output_buffer_timeout = fields.Integer(strict=True)
+    heartbeat_interval = _int(64)
+    output_buffer_size = _int(64)
+    output_buffer_timeout = _int(64)
     tls_v1 = _StrictBool()
     snappy = _StrictBool()
     deflate = _StrictBool()
-    deflate_level = fields.Integer(strict=True)
-    sample_rate = fields.Integer(strict=True)
-    msg_timeout = fields.Integer(strict=True)
+    deflate_level = _int(64)
+    sample_rate = _int(32)
+    msg_timeout = _int(64)
+
+    @pre_load
+    def like_go(self, data, **kwargs):
+        """Go matches keys case-insensitively and leaves a field unset for null."""
+        if not isinstance(data, dict):
+            raise ValidationError("not an object")
+        return {k.lower(): v for k, v in data.items() if v is not None}

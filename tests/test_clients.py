@@ -289,3 +289,15 @@ def test_pynsq_requeue_with_delay(broker):
     publish(broker, "pyreq", [b"retry me"])
     events = _pynsq("consume", broker, "pyreq", "c", 1, "--requeue-first", 500)
     assert [(e["body"], e["attempts"]) for e in events] == [("retry me", 1), ("retry me", 2)]
+
+
+def test_brokers_share_one_port_with_so_reuseport(processes):
+    first, port = processes.broker()
+    second, _ = processes.broker(port=port)
+    processes.scanner()
+    assert first.poll() is None and second.poll() is None
+    publish(port, "shared-port", [b"%d" % i for i in range(20)])
+    got = []
+    c = consumer(port, "shared-port", "c", lambda m: (got.append(m.body), m.finish()))
+    assert wait_for(lambda: len(got) == 20)
+    stop(c)

@@ -174,9 +174,7 @@ class ProtocolV2:
                                big_first=True)
         try:
             data = json.loads(body)
-            if data is None:
-                data = {}
-            data = _identify_schema.load(data)
+            data = _identify_schema.load({} if data is None else data)
         except (ValueError, ValidationError, TypeError, RecursionError):
             raise FatalClientError("E_BAD_BODY", "IDENTIFY failed to decode JSON body") from None
         problem = client.identify(data, self.options)
@@ -420,4 +418,5 @@ class ProtocolV2:
 
 
 def _text(raw: bytes) -> str:
-    return raw.decode("utf-8", "replace")
+    """Raw client bytes inside an error text; they go back on the wire unchanged."""
+    return raw.decode("utf-8", "surrogateescape")
