@@ -72,6 +72,12 @@ def base10(raw: bytes) -> int:
     return int(raw) if raw else 0
 
 
+def _int64(n: int) -> int:
+    """Go's int64(uint64) of a number that wrapped at 2^64, as nsqd parses RDY."""
+    n %= 2 ** 64
+    return n - 2 ** 64 if n >= 2 ** 63 else n
+
+
 class Reader:
     """Reads lines and sized bodies from a socket without ever allocating an announced size
     before it has been checked."""
@@ -222,11 +228,11 @@ class ProtocolV2:
         count = 1
         if len(params) > 1:
             try:
-                count = base10(params[1])
+                count = _int64(base10(params[1]))
             except ValueError:
                 raise FatalClientError(
                     "E_INVALID", "RDY could not parse count " + _text(params[1])) from None
-        if count > self.options.max_rdy_count:
+        if count < 0 or count > self.options.max_rdy_count:
             raise FatalClientError(
                 "E_INVALID", f"RDY count {count} out of range 0-{self.options.max_rdy_count}")
         client.ready_count = count
