@@ -132,9 +132,6 @@ class Broker:
             del self.clients[client.number]
             log.debug("%r disconnected", client)
 
-    def heartbeat_changed(self, client: Client) -> None:
-        client._outbox_ready.set()
-
     def subscribe(self, client: Client, topic: str, channel_name: str) -> None:
         """SUB: register the consumer in Redis, then join the local delivery loop."""
         self.commit.call(self.store.subscribe_op(topic, channel_name, self.id))

@@ -158,6 +158,10 @@ class Client:
             if data:
                 self.send(data)
 
+    def heartbeat_changed(self) -> None:
+        """Let the pump pick up a new heartbeat interval now."""
+        self._outbox_ready.set()
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True

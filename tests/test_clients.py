@@ -301,3 +301,18 @@ def test_brokers_share_one_port_with_so_reuseport(processes):
     c = consumer(port, "shared-port", "c", lambda m: (got.append(m.body), m.finish()))
     assert wait_for(lambda: len(got) == 20)
     stop(c)
+
+
+def test_identify_msg_timeout_applies_to_that_client(broker):
+    """A raw client asks for msg_timeout 1000 ms (the broker default is 60 s)."""
+    from tests.wire import Wire
+    c = Wire(broker)
+    frame_type, reply = c.identify(feature_negotiation=True, msg_timeout=1000)
+    assert json.loads(reply)["msg_timeout"] == 1000
+    c.sub("own-timeout", "c", rdy=1)
+    Wire(broker).pub("own-timeout", b"x")
+    first = c.message()
+    start = time.monotonic()
+    second = c.message()
+    assert (first[1], second[1], first[2] == second[2]) == (1, 2, True)
+    assert 0.9 <= time.monotonic() - start < 5

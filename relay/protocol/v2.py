@@ -186,7 +186,7 @@ class ProtocolV2:
         problem = client.identify(data, self.options)
         if problem:
             raise FatalClientError("E_BAD_BODY", "IDENTIFY " + problem)
-        self.broker.heartbeat_changed(client)
+        client.heartbeat_changed()
         if not data.get("feature_negotiation"):
             return codec.OK
         return json.dumps({
