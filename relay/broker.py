@@ -56,7 +56,7 @@ class Broker:
         self.options = options
         self.id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.redis = client or connect_redis(options)
-        self.store = Store(self.redis)
+        self.store = Store(self.redis, dedicated=True)
         self.commit = GroupCommit(self.store)
         self.protocol = ProtocolV2(self)
         self.channels: dict[tuple, Channel] = {}

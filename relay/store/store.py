@@ -62,8 +62,12 @@ def connect_redis(options) -> redis.Redis:
 class Store:
     """Typed access to relay's state in one Redis database."""
 
-    def __init__(self, client: redis.Redis):
+    def __init__(self, client: redis.Redis, dedicated: bool = False):
+        """`dedicated`: pipelines go over one connection of their own; only for a
+        single caller at a time, as the broker's group commit."""
         self.redis = client
+        self.dedicated = dedicated
+        self._connection = None
         self.scripts = _load_scripts()
         self._loaded = False
 
@@ -98,18 +102,43 @@ class Store:
         return out
 
     def _execute(self, ops: Sequence[Op]) -> list:
-        pipe = self.redis.pipeline(transaction=False)
+        commands = []
         for op in ops:
-            for command in op.pre:
-                pipe.execute_command(*command)
-            pipe.evalsha(self.scripts[op.script].sha, len(op.keys), *op.keys, *op.args)
-        raw = pipe.execute(raise_on_error=False)
+            commands.extend(op.pre)
+            commands.append(("EVALSHA", self.scripts[op.script].sha, len(op.keys),
+                             *op.keys, *op.args))
+        raw = self._send(commands) if self.dedicated else self._pipeline(commands)
         results, i = [], 0
         for op in ops:
             i += len(op.pre)
             results.append(raw[i])
             i += 1
         return results
+
+    def _pipeline(self, commands: list) -> list:
+        pipe = self.redis.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return pipe.execute(raise_on_error=False)
+
+    def _send(self, commands: list) -> list:
+        """A pipeline on this Store's own connection, without redis-py's per-pipeline
+        pool checkout and health checks (the broker's group commit is its only user)."""
+        conn = self._connection
+        if conn is None:
+            conn = self._connection = self.redis.connection_pool.make_connection()
+        try:
+            conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+            raw = []
+            for _ in commands:
+                try:
+                    raw.append(conn.read_response())
+                except redis.exceptions.ResponseError as e:
+                    raw.append(e)
+            return raw
+        except BaseException:
+            conn.disconnect()
+            raise
 
     @staticmethod
     def _guard(fn, *args):
