@@ -148,15 +148,18 @@ class Client:
 
     def pump(self) -> None:
         """Write delivered messages, and a heartbeat each interval (nsqd messagePump)."""
-        while not self.closed:
-            interval = self.heartbeat_interval / 1000 if self.heartbeat_interval > 0 else None
-            if not self._outbox_ready.wait(interval):
-                self.send(codec.frame(codec.FRAME_RESPONSE, codec.HEARTBEAT))
-                continue
-            self._outbox_ready.clear()
-            data, self._outbox = b"".join(self._outbox), []
-            if data:
-                self.send(data)
+        try:
+            while not self.closed:
+                interval = self.heartbeat_interval / 1000 if self.heartbeat_interval > 0 else None
+                if not self._outbox_ready.wait(interval):
+                    self.send(codec.frame(codec.FRAME_RESPONSE, codec.HEARTBEAT))
+                    continue
+                self._outbox_ready.clear()
+                data, self._outbox = b"".join(self._outbox), []
+                if data:
+                    self.send(data)
+        except OSError:
+            self.close()  # the peer is gone; what it held in flight is requeued
 
     def heartbeat_changed(self) -> None:
         """Let the pump pick up a new heartbeat interval now."""

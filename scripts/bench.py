@@ -13,6 +13,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from relay import embedded  # noqa: E402
 from scripts import ceiling  # noqa: E402
 
 LOADGEN = os.path.join(HERE, "loadgen.py")
+NOTES_MARKER = "<!-- everything below is written by hand and kept by scripts/bench.py -->"
 TICK = os.sysconf("SC_CLK_TCK")
 
 # (title, loadgen args, brokers)
@@ -92,12 +94,16 @@ def run_workload(args: list, brokers: int, seconds: float) -> dict:
     try:
         pids = {"broker": [p.pid for p in stack.brokers], "redis": [stack.redis.pid]}
         before = {k: sum(cpu_seconds(p) for p in v) for k, v in pids.items()}
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.monotonic()
         out = subprocess.run([sys.executable, LOADGEN, *args, "--port", str(stack.tcp_port),
                               "--seconds", str(seconds)], capture_output=True, text=True,
                              timeout=300, check=True)
         elapsed = time.monotonic() - start
         result = json.loads(out.stdout.strip().splitlines()[-1])
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        result["loadgen_cpu_pct"] = round(100 * (after.ru_utime + after.ru_stime -
+                                                 children.ru_utime - children.ru_stime) / elapsed)
         for k, v in pids.items():
             result[f"{k}_cpu_pct"] = round(
                 100 * (sum(cpu_seconds(p) for p in v) - before[k]) / elapsed)
@@ -164,8 +170,8 @@ def render(results, ceil, memory, idle, runs, seconds) -> str:
         f"Medians of {runs} runs of {seconds:g} s each (`scripts/loadgen.py`), with min and max; "
         "ratios are median / ceiling; CPU is percent of one core during the run.", "",
         "| workload | median msgs/s | min | max | x scripts ceiling | x plain | p99 ms "
-        "| broker CPU % | Redis CPU % | loadgen args |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| broker CPU % | Redis CPU % | loadgen CPU % | loadgen args |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for title, args, brokers, runs_out in results:
         rates = [r["msgs_per_s"] for r in runs_out]
@@ -174,10 +180,11 @@ def render(results, ceil, memory, idle, runs, seconds) -> str:
             else ""
         bcpu = statistics.median(r["broker_cpu_pct"] for r in runs_out)
         rcpu = statistics.median(r["redis_cpu_pct"] for r in runs_out)
+        lcpu = statistics.median(r["loadgen_cpu_pct"] for r in runs_out)
         lines.append(
             f"| {title} | {med:,.0f} | {min(rates):,} | {max(rates):,} | "
             f"{med / ceil['scripts']:.2f} | {med / ceil['plain']:.2f} | {p99} | {bcpu:.0f} | "
-            f"{rcpu:.0f} | `{' '.join(args)}`{' (2 brokers)' if brokers == 2 else ''} |")
+            f"{rcpu:.0f} | {lcpu:.0f} | `{' '.join(args)}`{' (2 brokers)' if brokers == 2 else ''} |")
     lines += [
         "", "## Memory", "",
         f"{memory['messages']:,} queued messages of {memory['size']} B in one channel: "
@@ -198,6 +205,8 @@ def main():
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"))
     parser.add_argument("--only", default=None, help="run workloads whose title contains this")
+    parser.add_argument("--memory-messages", type=int, default=1_000_000)
+    parser.add_argument("--idle-samples", type=int, default=200)
     args = parser.parse_args()
     ceil = ceilings(args.seconds)
     print(json.dumps({"ceilings": ceil}), flush=True)
@@ -210,13 +219,19 @@ def main():
             runs.append(run_workload(wargs, brokers, args.seconds))
             print(json.dumps({"workload": title, **runs[-1]}), flush=True)
         results.append((title, wargs, brokers, runs))
-    memory = memory_per_message()
+    memory = memory_per_message(args.memory_messages)
     print(json.dumps({"memory": memory}), flush=True)
-    idle = json.loads(subprocess.run([sys.executable, os.path.join(HERE, "idle_latency.py")],
+    idle = json.loads(subprocess.run([sys.executable, os.path.join(HERE, "idle_latency.py"),
+                                      "--samples", str(args.idle_samples)],
                                      capture_output=True, text=True, check=True,
                                      timeout=300).stdout.strip().splitlines()[-1])
+    notes = ""
+    if os.path.exists(args.out):
+        with open(args.out) as f:
+            notes = f.read().partition(NOTES_MARKER)[2]
     with open(args.out, "w") as f:
         f.write(render(results, ceil, memory, idle, args.runs, args.seconds))
+        f.write("\n" + NOTES_MARKER + notes)
     print(f"wrote {args.out}")
 
 

@@ -29,3 +29,18 @@ def test_loadgen_modes(broker, mode, args, count_key):
     if mode == "e2e":
         assert result["received"] == result["sent"]
         assert result["p50_ms"] is not None
+
+
+def test_bench_script_writes_benchmarks_md(tmp_path):
+    out = tmp_path / "BENCHMARKS.md"
+    script = os.path.join(os.path.dirname(SCRIPT), "bench.py")
+    run = subprocess.run([sys.executable, script, "--runs", "1", "--seconds", "1",
+                          "--only", "e2e fixed", "--memory-messages", "10000",
+                          "--idle-samples", "10", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    text = out.read_text()
+    assert "| relay scripts |" in text and "| plain Redis |" in text
+    assert "| e2e fixed 10,000 msgs/s, 200 B |" in text
+    assert "10,000 queued messages of 200 B" in text
+    assert "over 10 samples" in text

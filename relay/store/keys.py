@@ -24,6 +24,7 @@ the two in step.
 """
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 PREFIX = "relay"
 TOPICS = f"{PREFIX}:topics"
@@ -61,6 +62,7 @@ class TopicKeys:
     wake: str
 
     @classmethod
+    @lru_cache(maxsize=16384)
     def of(cls, topic: str) -> "TopicKeys":
         p = topic_prefix(topic)
         return cls(topic, p + "meta", p + "ids", p + "channels", p + "backlog",
@@ -80,7 +82,9 @@ class ChannelKeys:
     consumers: str
 
     @classmethod
+    @lru_cache(maxsize=65536)
     def of(cls, topic: str, channel: str) -> "ChannelKeys":
+        """Cached: the broker builds keys for every FIN."""
         p = channel_prefix(topic) + channel + ":"
         return cls(topic, channel, *(p + s for s in CHANNEL_SUFFIXES))
 
