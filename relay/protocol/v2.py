@@ -138,10 +138,13 @@ class ProtocolV2:
                 client.replies.put(reply)
 
     def write_replies(self, client: Client) -> None:
-        """Send queued replies in order; a fatal error frame closes the connection."""
+        """Send queued replies in order; a fatal error frame closes the connection.
+        Once closed, replies are drained unsent until the reader's final None."""
         for reply in client.replies:
             if reply is None:
                 break
+            if client.closed:
+                continue
             try:
                 data = reply.resolve() if isinstance(reply, Pending) else reply
                 if isinstance(data, ClientError):
@@ -150,7 +153,6 @@ class ProtocolV2:
                 self._send(client, codec.FRAME_ERROR, e.wire())
                 if e.fatal:
                     client.close()
-                    break
                 continue
             if data is not None:
                 self._send(client, codec.FRAME_RESPONSE, data)
