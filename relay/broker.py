@@ -57,7 +57,7 @@ class Broker:
         self.id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.redis = client or connect_redis(options)
         self.store = Store(self.redis, dedicated=True)
-        self.commit = GroupCommit(self.store)
+        self.commit = GroupCommit(self.store, options.commit_lanes)
         self.protocol = ProtocolV2(self)
         self.channels: dict[tuple, Channel] = {}
         self.clients: dict[int, Client] = {}
@@ -134,7 +134,7 @@ class Broker:
 
     def subscribe(self, client: Client, topic: str, channel_name: str) -> None:
         """SUB: register the consumer in Redis, then join the local delivery loop."""
-        self.commit.call(self.store.subscribe_op(topic, channel_name, self.id))
+        self.commit.call(self.store.subscribe_op(topic, channel_name, self.id), client.number)
         channel = self.channels.get((topic, channel_name))
         if channel is None:
             channel = self.channels[(topic, channel_name)] = Channel(self, topic, channel_name)
@@ -159,10 +159,11 @@ class Broker:
         try:
             if held:
                 self.commit.call(store.requeue_op(channel.topic, channel.name,
-                                                  [(client.owner, i, 0) for i in held]))
+                                                  [(client.owner, i, 0) for i in held]),
+                                 client.number)
             gone = self.commit.call(store.unsubscribe_op(
                 channel.topic, channel.name, self.id, codec.is_ephemeral(channel.name),
-                codec.is_ephemeral(channel.topic)))
+                codec.is_ephemeral(channel.topic)), client.number)
             if gone == 2:
                 store.forget_topic(channel.topic)
         except StoreError as e:

@@ -28,6 +28,7 @@ class Channel:
         self.clients: list = []
         self.maybe_ready = True
         self.news = 0
+        self.order = hash((topic, name))
         self._wake = Event()
         self._greenlet = gevent.spawn(self._loop)
 
@@ -74,7 +75,7 @@ class Channel:
         op = store.deliver_op(self.topic, self.name,
                               [(c.owner, c.msg_timeout, n) for c, n in groups])
         try:
-            batches = commit.call(op)
+            batches = commit.call(op, self.order)
         except StoreError as e:
             log.warning("deliver %s/%s failed: %s", self.topic, self.name, e)
             gevent.sleep(RETRY_DELAY)
@@ -86,9 +87,11 @@ class Channel:
             give_back, sampled_out = client.accept(records)
             if give_back:
                 commit.submit(store.requeue_op(self.topic, self.name,
-                                               [(client.owner, i, 0) for i in give_back]))
+                                               [(client.owner, i, 0) for i in give_back]),
+                              client.number)
             if sampled_out:
                 commit.submit(store.finish_op(self.topic, self.name,
-                                              [(client.owner, i) for i in sampled_out]))
+                                              [(client.owner, i) for i in sampled_out]),
+                              client.number)
         if got < wanted and self.news == seen:
             self.maybe_ready = False

@@ -65,6 +65,7 @@ class Options:
     max_deflate_level: int = _opt(6, "largest deflate_level in IDENTIFY")
     queue_scan_interval: int = _opt(100, "how often scanners look for due messages", DURATION)
     queue_scan_limit: int = _opt(1000, "messages a scanner moves per channel per call")
+    commit_lanes: int = _opt(4, "Redis pipelines a broker keeps in flight at once")
     redis_timeout: int = _opt(5000, "give up on a Redis call after this long", DURATION)
     log_level: str = _opt("info", "debug, info, warning or error")
 
@@ -119,6 +120,7 @@ class OptionsSchema(Schema):
     max_deflate_level = _Count(validate=validate.Range(min=1, max=9))
     queue_scan_interval = _Duration(validate=_positive)
     queue_scan_limit = _Count(validate=_positive)
+    commit_lanes = _Count(validate=validate.Range(min=1, max=64))
     redis_timeout = _Duration(validate=_positive)
     log_level = fields.String(validate=validate.OneOf(["debug", "info", "warning", "error"]))
 

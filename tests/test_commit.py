@@ -279,3 +279,16 @@ def test_unreachable_redis_fails_every_submit(fake_store):
             commit.call(store.publish_op("t", [b"y"]))
     finally:
         commit.stop()
+
+
+def test_lanes_keep_the_order_of_each_key(fake_store):
+    """Ops with the same order key share a lane, so they run in submit order."""
+    commit = GroupCommit(fake_store, lanes=3)
+    try:
+        assert len({id(lane.store) for lane in commit.lanes}) == 3
+        results = {key: [commit.submit(fake_store.publish_op(f"t{key}", [b"x"]), key)
+                         for _ in range(30)] for key in range(6)}
+        for key, pending in results.items():
+            assert [r.get(timeout=5) for r in pending] == list(range(1, 31))
+    finally:
+        commit.stop()

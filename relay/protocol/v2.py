@@ -255,7 +255,8 @@ class ProtocolV2:
         if client.in_flight.pop(msg_id, None) is not None:
             client.channel.wake()
         result = self.broker.commit.submit(self.broker.store.finish_op(
-            client.channel.topic, client.channel.name, [(client.owner, msg_id)]))
+            client.channel.topic, client.channel.name, [(client.owner, msg_id)]),
+            client.number)
         return Pending(result, lambda codes, err: self._owned(client, "FIN", msg_id, codes, err))
 
     def req(self, client, params, reader):
@@ -269,7 +270,8 @@ class ProtocolV2:
         if client.in_flight.pop(msg_id, None) is not None:
             client.channel.wake()
         result = self.broker.commit.submit(self.broker.store.requeue_op(
-            client.channel.topic, client.channel.name, [(client.owner, msg_id, delay)]))
+            client.channel.topic, client.channel.name, [(client.owner, msg_id, delay)]),
+            client.number)
         return Pending(result, lambda codes, err: self._owned(client, "REQ", msg_id, codes, err))
 
     def touch(self, client, params, reader):
@@ -277,7 +279,7 @@ class ProtocolV2:
         timeout = client.msg_timeout
         result = self.broker.commit.submit(self.broker.store.touch_op(
             client.channel.topic, client.channel.name, self.options.max_msg_timeout,
-            [(client.owner, msg_id, timeout)]))
+            [(client.owner, msg_id, timeout)]), client.number)
 
         def done(codes, err):
             reply = self._owned(client, "TOUCH", msg_id, codes, err)
@@ -316,7 +318,7 @@ class ProtocolV2:
             raise FatalClientError("E_INVALID", "PUB insufficient number of parameters")
         topic = self._name(params[1], "E_BAD_TOPIC", "PUB topic")
         body = self._read_message(reader, "PUB")
-        return self._publish(topic, [body], 0, "PUB")
+        return self._publish(client, topic, [body], 0, "PUB")
 
     def dpub(self, client, params, reader):
         if len(params) < 3:
@@ -332,7 +334,7 @@ class ProtocolV2:
                 "E_INVALID",
                 f"DPUB timeout {defer} out of range 0-{self.options.max_req_timeout}")
         body = self._read_message(reader, "DPUB")
-        return self._publish(topic, [body], defer, "DPUB")
+        return self._publish(client, topic, [body], defer, "DPUB")
 
     def mpub(self, client, params, reader):
         if len(params) < 2:
@@ -342,7 +344,7 @@ class ProtocolV2:
                 "E_BAD_TOPIC", f"E_BAD_TOPIC MPUB topic name {go_quote(params[1])} is not valid")
         topic = params[1].decode()
         body = self._read_body(reader, "MPUB", "E_BAD_BODY", self.options.max_body_size)
-        return self._publish(topic, self._split_mpub(body), 0, "MPUB")
+        return self._publish(client, topic, self._split_mpub(body), 0, "MPUB")
 
     def _split_mpub(self, body: bytes) -> list:
         """The messages of an MPUB body; counts and sizes that lie are errors, not allocations."""
@@ -370,8 +372,9 @@ class ProtocolV2:
             pos += size
         return messages
 
-    def _publish(self, topic: str, bodies: list, defer: int, command: str) -> Pending:
-        result = self.broker.commit.submit(self.broker.store.publish_op(topic, bodies, defer))
+    def _publish(self, client, topic: str, bodies: list, defer: int, command: str) -> Pending:
+        result = self.broker.commit.submit(self.broker.store.publish_op(topic, bodies, defer),
+                                           client.number)
 
         def done(value, err):
             if err is not None:

@@ -22,25 +22,40 @@ MERGEABLE = {"finish": (0, 2), "requeue": (3, 3), "touch": (1, 3)}
 
 
 class GroupCommit:
-    def __init__(self, store: Store, max_batch: int = 2000):
+    """`lanes` pipelines may be in flight at once, each on its own connection. An op's
+    `order` key picks its lane, so the ops of one connection (or one channel) stay in
+    the order they were submitted."""
+
+    def __init__(self, store: Store, lanes: int = 1, max_batch: int = 2000):
+        stores = [store] + [Store(store.redis, dedicated=store.dedicated)
+                            for _ in range(lanes - 1)]
+        self.lanes = [_Lane(s, max_batch) for s in stores]
+
+    def submit(self, op: Op, order: int = 0) -> AsyncResult:
+        return self.lanes[order % len(self.lanes)].submit(op)
+
+    def call(self, op: Op, order: int = 0):
+        """Submit and wait; raises the op's error."""
+        return self.submit(op, order).get()
+
+    def stop(self) -> None:
+        for lane in self.lanes:
+            lane.greenlet.kill()
+
+
+class _Lane:
+    def __init__(self, store: Store, max_batch: int):
         self.store = store
         self.max_batch = max_batch
         self._queue: deque = deque()
         self._ready = Event()
-        self._greenlet = gevent.spawn(self._loop)
+        self.greenlet = gevent.spawn(self._loop)
 
     def submit(self, op: Op) -> AsyncResult:
         result = AsyncResult()
         self._queue.append((op, result))
         self._ready.set()
         return result
-
-    def call(self, op: Op):
-        """Submit and wait; raises the op's error."""
-        return self.submit(op).get()
-
-    def stop(self) -> None:
-        self._greenlet.kill()
 
     def _loop(self) -> None:
         while True:
