@@ -100,7 +100,7 @@ def producer(args, index, start_at, results):
     results.put({"role": "producer", "sent": sent, "round_trips": trips})
 
 
-def consumer(args, index, start_at, results, stop_at=None):
+def consumer(args, index, start_at, results):
     """Consume and FIN; in e2e mode record publish-to-receive latencies (ms)."""
     conn = Conn(args.host, args.port)
     conn.sock.sendall(b"SUB " + args.topic.encode() + b" " + args.channel.encode() +
@@ -185,7 +185,6 @@ def run(args) -> dict:
         out.update(msgs_per_s=round(sent / args.seconds), round_trips_per_s=round(
             trips / args.seconds), messages=sent)
     elif args.mode == "sub":
-        firsts = [r["first"] for r in reports if r["first"]]
         lasts = [r["last"] for r in reports if r["last"]]
         elapsed = max(lasts) - start_at if lasts else None
         out.update(messages=received,

@@ -10,7 +10,6 @@ import time
 
 import gevent
 import gnsq
-import pytest
 
 from relay.store import Store
 import redis
