@@ -11,6 +11,7 @@ from gevent.lock import Semaphore
 from gevent.queue import Queue
 
 from relay.protocol import codec
+from relay.sockio import send_all
 
 INIT, SUBSCRIBED, CLOSING = "init", "subscribed", "closing"
 DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024
@@ -144,7 +145,7 @@ class Client:
     def send(self, data: bytes) -> None:
         """Write whole frames; one writer at a time so frames never interleave."""
         with self._write_lock:
-            self.sock.sendall(data)
+            send_all(self.sock, data)
 
     def pump(self) -> None:
         """Write delivered messages, and a heartbeat each interval (nsqd messagePump)."""

@@ -15,6 +15,7 @@ import redis
 
 from relay.errors import StoreConnectionError, StoreError
 from relay.protocol.codec import make_record
+from relay.sockio import send_all
 from relay.store import keys
 from relay.store.keys import ChannelKeys, TopicKeys
 
@@ -123,12 +124,18 @@ class Store:
 
     def _send(self, commands: list) -> list:
         """A pipeline on this Store's own connection, without redis-py's per-pipeline
-        pool checkout and health checks (the broker's group commit is its only user)."""
+        pool checkout and health checks, written in one send (the broker's group commit
+        is its only user)."""
         conn = self._connection
         if conn is None:
             conn = self._connection = self.redis.connection_pool.make_connection()
         try:
-            conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+            if conn._sock is None:
+                conn.connect()
+            try:
+                send_all(conn._sock, b"".join(conn.pack_commands(commands)))
+            except OSError as e:
+                raise redis.exceptions.ConnectionError(f"Error writing to socket: {e}") from e
             raw = []
             for _ in commands:
                 try:
