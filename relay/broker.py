@@ -26,8 +26,10 @@ from gevent.server import StreamServer
 from relay.channel import Channel
 from relay.client import SUBSCRIBED, Client
 from relay.errors import StoreError
+from relay.http import HttpApi
 from relay.protocol import codec
 from relay.protocol.v2 import ProtocolV2, Reader
+from relay.sockio import listen
 from relay.store import Store, connect_redis
 from relay.store.commit import GroupCommit
 from relay.store.keys import TopicKeys
@@ -36,19 +38,6 @@ log = logging.getLogger("relay.broker")
 
 EXPIRY_TICK = 0.1
 SHUTDOWN_GRACE = 5.0
-
-
-def listen(address: str) -> socket.socket:
-    """A listening socket that other broker processes may share (SO_REUSEPORT)."""
-    host, _, port = address.rpartition(":")
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if hasattr(socket, "SO_REUSEPORT"):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host.strip("[]"), int(port)))
-    sock.listen(1024)
-    sock.setblocking(False)
-    return sock
 
 
 class Broker:
@@ -62,6 +51,8 @@ class Broker:
         self.channels: dict[tuple, Channel] = {}
         self.clients: dict[int, Client] = {}
         self.wake = WakeListener(self)
+        self.http = HttpApi(self)
+        self.tcp_port = 0
         self._numbers = itertools.count(1)
         self._server = None
         self._greenlets = []
@@ -74,7 +65,9 @@ class Broker:
         self._server.start()
         self._greenlets = [gevent.spawn(self._expire_loop), gevent.spawn(self.wake.run)]
         address = self._server.socket.getsockname()[:2]
-        log.info("broker %s listening tcp=%s:%s redis=%s", self.id, *address,
+        self.tcp_port = address[1]
+        http = self.http.start() if self.options.http_address else ("-", "-")
+        log.info("broker %s listening tcp=%s:%s http=%s:%s redis=%s", self.id, *address, *http,
                  _redacted(self.options.redis_url))
         return address
 
@@ -90,6 +83,7 @@ class Broker:
     def stop(self) -> None:
         """Stop accepting, close every client (their in-flight messages are requeued)."""
         self._server.close()
+        self.http.stop()
         for client in list(self.clients.values()):
             client.close()
         deadline = time.monotonic() + SHUTDOWN_GRACE

@@ -43,9 +43,10 @@ def _opt(default, help, kind=None, **meta):
 @dataclass(frozen=True)
 class Options:
     tcp_address: str = _opt("0.0.0.0:4150", "<addr>:<port> to listen on for TCP clients")
-    http_address: str = _opt("0.0.0.0:4151", "<addr>:<port> for the HTTP API (not served yet)")
+    http_address: str = _opt("0.0.0.0:4151", "<addr>:<port> for the HTTP API (empty: none)")
     broadcast_address: str = _opt(socket.gethostname(), "address this broker is known by")
-    redis_url: str = _opt("redis://127.0.0.1:6379/0", "Redis holding all queue state")
+    redis_url: str = _opt("redis://127.0.0.1:6379/0", "Redis holding all queue state",
+                          secret=True)
     msg_timeout: int = _opt(60_000, "default time to wait for a FIN before requeueing", DURATION)
     max_msg_timeout: int = _opt(900_000, "largest msg_timeout a client may ask for", DURATION)
     max_msg_size: int = _opt(1_048_576, "largest message body in bytes")
@@ -102,7 +103,7 @@ _positive = validate.Range(min=1)
 
 class OptionsSchema(Schema):
     tcp_address = fields.String(validate=_address)
-    http_address = fields.String(validate=_address)
+    http_address = fields.String(validate=lambda v: v == "" or _address(v))
     broadcast_address = fields.String(validate=validate.Length(min=1))
     redis_url = fields.String(validate=validate.Regexp(r"^(redis|rediss|unix)://"))
     msg_timeout = _Duration(validate=_positive)

@@ -1,4 +1,7 @@
-"""Socket writes without gevent's per-call overhead."""
+"""Listening sockets brokers can share, and socket writes without gevent's per-call
+overhead."""
+
+import socket
 
 
 def send_all(sock, data: bytes) -> None:
@@ -8,3 +11,16 @@ def send_all(sock, data: bytes) -> None:
     sent = sock.send(data)
     if sent < len(data):
         sock.sendall(memoryview(data)[sent:])
+
+
+def listen(address: str) -> socket.socket:
+    """A listening socket that other broker processes may share (SO_REUSEPORT)."""
+    host, _, port = address.rpartition(":")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if hasattr(socket, "SO_REUSEPORT"):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host.strip("[]"), int(port)))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock

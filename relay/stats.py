@@ -1,22 +1,72 @@
-"""Stats read from Redis, in nsqd's /stats field names (topics -> channels)."""
+"""Stats read from Redis, in nsqd's /stats field names (topics -> channels).
+
+Every message of relay is in Redis, so `backend_depth` equals `depth`. Pause is not
+built yet, so `paused` is false; e2e_processing_latency is what nsqd reports when
+--e2e-processing-latency-percentile is unset.
+"""
+
+import datetime
+import time
 
 from relay.protocol.codec import is_ephemeral
 from relay.store import Store
 
+NO_LATENCY = {"count": 0, "percentiles": None}
+
 
 def collect(store: Store, topic: str | None = None, channel: str | None = None) -> dict:
-    """{"topics": [...]} for every topic, or one topic / one channel of it."""
-    names = [topic] if topic else store.topic_names()
+    """{"topics": [...]} for every topic, or the one topic / channel asked for (if it exists)."""
+    names = store.topic_names()
+    if topic:
+        names = [n for n in names if n == topic]
     topics = []
     for name in names:
         t = store.read_topic(name)
         channels = []
-        for ch in ([channel] if channel else store.channel_names(name)):
-            channels.append({"channel_name": ch, "paused": False,
-                             "ephemeral": is_ephemeral(ch), **store.read_channel(name, ch)})
-        topics.append({"topic_name": name, "depth": t["depth"],
-                       "deferred_count": t["deferred_count"],
+        for ch in store.channel_names(name):
+            if channel and ch != channel:
+                continue
+            c = store.read_channel(name, ch)
+            channels.append({"channel_name": ch, "depth": c["depth"],
+                             "backend_depth": c["depth"], **c, "paused": False,
+                             "ephemeral": is_ephemeral(ch),
+                             "e2e_processing_latency": NO_LATENCY})
+        topics.append({"topic_name": name, "channels": channels, "depth": t["depth"],
+                       "backend_depth": t["depth"], "deferred_count": t["deferred_count"],
                        "message_count": t["message_count"],
                        "message_bytes": t["message_bytes"], "paused": False,
-                       "channels": channels})
+                       "e2e_processing_latency": NO_LATENCY})
     return {"topics": topics}
+
+
+def text(data: dict, health: str, start_time: int) -> str:
+    """nsqd's plain-text /stats (httpServer.printStats)."""
+    started = datetime.datetime.fromtimestamp(start_time, datetime.timezone.utc)
+    lines = ["nsqd v1.3.0 (relay)", f"start_time {started.isoformat()}",
+             f"uptime {int(time.time()) - start_time}s", "", f"Health: {health}"]
+    if not data["topics"]:
+        lines += ["", "Topics: None"]
+    else:
+        lines += ["", "Topics:"]
+    for t in data["topics"]:
+        prefix = "*P " if t["paused"] else "   "
+        lines.append(f"{prefix}[{t['topic_name']:<15}] depth: {t['depth']:<5} "
+                     f"be-depth: {t['backend_depth']:<5} msgs: {t['message_count']:<8} e2e%: ")
+        for c in t["channels"]:
+            prefix = "   *P " if c["paused"] else "      "
+            lines.append(
+                f"{prefix}[{c['channel_name']:<25}] depth: {c['depth']:<5} "
+                f"be-depth: {c['backend_depth']:<5} inflt: {c['in_flight_count']:<4} "
+                f"def: {c['deferred_count']:<4} re-q: {c['requeue_count']:<5} "
+                f"timeout: {c['timeout_count']:<5} msgs: {c['message_count']:<8} e2e%: ")
+            for client in c.get("clients", []):
+                port = client["remote_address"].rpartition(":")[2]
+                ident = f"{client['hostname']}:{port} {client['user_agent']}"
+                lines.append(
+                    f"        [V2 {ident:<21}] state: {client['state']} "
+                    f"inflt: {client['in_flight_count']:<4} rdy: {client['ready_count']:<4} "
+                    f"fin: {client['finish_count']:<8} re-q: {client['requeue_count']:<8} "
+                    f"msgs: {client['message_count']:<8} "
+                    f"connected: {int(time.time()) - client['connect_ts']}s")
+    lines += ["", "Producers: None"]
+    return "\n".join(lines) + "\n"

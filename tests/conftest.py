@@ -55,6 +55,7 @@ class Processes:
         self.redis_url = redis_url
         self.tmpdir = tmpdir
         self.procs = []
+        self.http_ports: dict[int, int] = {}
 
     def _start(self, command, args, env=None):
         log = open(os.path.join(self.tmpdir, f"{command}-{len(self.procs)}.log"), "w")
@@ -66,10 +67,14 @@ class Processes:
         return proc
 
     def broker(self, *args, port=None, env=None):
-        """Start a broker; returns (proc, port) once it accepts connections."""
+        """Start a broker; returns (proc, port) once it accepts connections. Its HTTP
+        port is `http_ports[port]`."""
         port = port or embedded.free_port()
-        proc = self._start("broker", ["--tcp-address", f"127.0.0.1:{port}", *args], env)
+        http_port = self.http_ports.setdefault(port, embedded.free_port())
+        proc = self._start("broker", ["--tcp-address", f"127.0.0.1:{port}",
+                                      "--http-address", f"127.0.0.1:{http_port}", *args], env)
         embedded.wait_for_port("127.0.0.1", port, proc)
+        embedded.wait_for_port("127.0.0.1", http_port, proc)
         return proc, port
 
     def scanner(self, *args):

@@ -36,7 +36,8 @@ def test_stats_table_and_json(store, backend):
     assert channel == {"channel_name": "billing", "paused": False, "ephemeral": False,
                        "depth": 2, "in_flight_count": 1, "deferred_count": 1,
                        "message_count": 4, "requeue_count": 0, "timeout_count": 0,
-                       "client_count": 1}
+                       "client_count": 1, "backend_depth": 2,
+                       "e2e_processing_latency": {"count": 0, "percentiles": None}}
 
 
 def test_stats_errors_exit_1_with_one_line(store, backend):

@@ -78,6 +78,33 @@ def _int64(n: int) -> int:
     return n - 2 ** 64 if n >= 2 ** 63 else n
 
 
+def split_mpub(body: bytes, max_body_size: int, max_msg_size: int) -> list:
+    """The messages of an MPUB body; counts and sizes that lie are errors, not allocations."""
+    if len(body) < 4:
+        raise FatalClientError("E_BAD_BODY", "MPUB failed to read message count")
+    count = codec.read_size(body[:4])
+    if count <= 0 or count > (max_body_size - 4) // 5:
+        raise FatalClientError("E_BAD_BODY", f"MPUB invalid message count {count}")
+    messages, pos = [], 4
+    for i in range(count):
+        if pos + 4 > len(body):
+            raise FatalClientError("E_BAD_MESSAGE",
+                                   f"MPUB failed to read message({i}) body size")
+        size = codec.read_size(body[pos:pos + 4])
+        pos += 4
+        if size <= 0:
+            raise FatalClientError("E_BAD_MESSAGE",
+                                   f"MPUB invalid message({i}) body size {size}")
+        if size > max_msg_size:
+            raise FatalClientError(
+                "E_BAD_MESSAGE", f"MPUB message too big {size} > {max_msg_size}")
+        if pos + size > len(body):
+            raise FatalClientError("E_BAD_MESSAGE", "MPUB failed to read message body")
+        messages.append(body[pos:pos + size])
+        pos += size
+    return messages
+
+
 class Reader:
     """Reads lines and sized bodies from a socket without ever allocating an announced size
     before it has been checked."""
@@ -344,33 +371,8 @@ class ProtocolV2:
                 "E_BAD_TOPIC", f"E_BAD_TOPIC MPUB topic name {go_quote(params[1])} is not valid")
         topic = params[1].decode()
         body = self._read_body(reader, "MPUB", "E_BAD_BODY", self.options.max_body_size)
-        return self._publish(client, topic, self._split_mpub(body), 0, "MPUB")
-
-    def _split_mpub(self, body: bytes) -> list:
-        """The messages of an MPUB body; counts and sizes that lie are errors, not allocations."""
-        if len(body) < 4:
-            raise FatalClientError("E_BAD_BODY", "MPUB failed to read message count")
-        count = codec.read_size(body[:4])
-        if count <= 0 or count > (self.options.max_body_size - 4) // 5:
-            raise FatalClientError("E_BAD_BODY", f"MPUB invalid message count {count}")
-        messages, pos = [], 4
-        for i in range(count):
-            if pos + 4 > len(body):
-                raise FatalClientError("E_BAD_MESSAGE",
-                                       f"MPUB failed to read message({i}) body size")
-            size = codec.read_size(body[pos:pos + 4])
-            pos += 4
-            if size <= 0:
-                raise FatalClientError("E_BAD_MESSAGE",
-                                       f"MPUB invalid message({i}) body size {size}")
-            if size > self.options.max_msg_size:
-                raise FatalClientError(
-                    "E_BAD_MESSAGE", f"MPUB message too big {size} > {self.options.max_msg_size}")
-            if pos + size > len(body):
-                raise FatalClientError("E_BAD_MESSAGE", "MPUB failed to read message body")
-            messages.append(body[pos:pos + size])
-            pos += size
-        return messages
+        messages = split_mpub(body, self.options.max_body_size, self.options.max_msg_size)
+        return self._publish(client, topic, messages, 0, "MPUB")
 
     def _publish(self, client, topic: str, bodies: list, defer: int, command: str) -> Pending:
         result = self.broker.commit.submit(self.broker.store.publish_op(topic, bodies, defer),

@@ -190,6 +190,14 @@ class Store:
                   [channel, c.due_member, broker_id, int(channel_ephemeral),
                    int(topic_ephemeral)], int)
 
+    def create_topic(self, topic: str) -> None:
+        """/topic/create: a topic is its name in the registry until something is published."""
+        self._guard(self.redis.sadd, keys.TOPICS, topic)
+
+    def create_channel(self, topic: str, channel: str) -> bool:
+        """/channel/create: subscribe without a consumer."""
+        return self.run(self.subscribe_op(topic, channel, ""))
+
     def forget_topic(self, topic: str) -> None:
         self.redis.srem(keys.TOPICS, topic)
 

@@ -1,4 +1,5 @@
--- subscribe: create the channel if needed and count one more consumer on this broker.
+-- subscribe: create the channel if needed and count one more consumer on this broker
+-- (none when the broker id is empty: /channel/create).
 -- The first channel of a topic takes over the topic backlog, deferred part included.
 --
 -- KEYS[1] topic channels   KEYS[2] backlog   KEYS[3] backlog deferred
@@ -7,7 +8,9 @@
 -- ARGV[1] channel name     ARGV[2] due member   ARGV[3] broker id
 -- Returns 1 if the channel was created, 0 if it existed.
 local created = redis.call('SADD', KEYS[1], ARGV[1])
-redis.call('HINCRBY', KEYS[8], ARGV[3], 1)
+if ARGV[3] ~= '' then
+  redis.call('HINCRBY', KEYS[8], ARGV[3], 1)
+end
 if created == 0 or redis.call('SCARD', KEYS[1]) > 1 then
   return created
 end

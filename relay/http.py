@@ -1,0 +1,281 @@
+"""nsqd's HTTP API (nsqd/http.go, internal/http_api), served by gevent's WSGI server.
+
+Responses follow http_api.V1: 200 with the text or JSON, errors as
+`{"message":"CODE"}`, 404 NOT_FOUND for unknown paths and 405 METHOD_NOT_ALLOWED
+for a known path with the wrong method. Bodies are bounded by max-msg-size /
+max-body-size: a declared Content-Length over the limit is refused before
+reading, and a chunked body is read only up to the limit plus one byte.
+"""
+
+import dataclasses
+import json
+import logging
+import socket
+import time
+from urllib.parse import parse_qs
+
+from gevent.pywsgi import WSGIServer
+
+from relay import stats
+from relay.client import SUBSCRIBED
+from relay.errors import ClientError, StoreError
+from relay.options import DURATION
+from relay.protocol import codec
+from relay.protocol.v2 import NSQD_VERSION, split_mpub
+from relay.sockio import listen
+
+log = logging.getLogger("relay.http")
+
+BOOLS = {"true": True, "1": True, "false": False, "0": False}
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+           413: "Request Entity Too Large", 500: "Internal Server Error",
+           503: "Service Unavailable"}
+
+
+class HttpError(Exception):
+    """An error reply: `{"message": text}`, or the bare text for plain-text endpoints."""
+
+    def __init__(self, code: int, text: str, plain: bool = False):
+        super().__init__(text)
+        self.code = code
+        self.text = text
+        self.plain = plain
+
+
+class Request:
+    def __init__(self, environ):
+        self.environ = environ
+        self.method = environ["REQUEST_METHOD"]
+        self.path = environ.get("PATH_INFO", "/")
+        self.query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+
+    def arg(self, name: str) -> str | None:
+        values = self.query.get(name)
+        return values[0] if values else None
+
+    def body(self, limit: int, too_big: str) -> bytes:
+        """The body, or 413 too_big past `limit` bytes, without reading more than limit+1."""
+        declared = self.environ.get("CONTENT_LENGTH")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise HttpError(413, too_big)
+        data = self.environ["wsgi.input"].read(limit + 1)
+        if len(data) > limit:
+            raise HttpError(413, too_big)
+        return data
+
+
+class HttpApi:
+    """The nsqd endpoints of one broker."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self.options = broker.options
+        self.start_time = int(time.time())
+        self.routes = {
+            "/ping": {"GET": self.ping},
+            "/info": {"GET": self.info},
+            "/pub": {"POST": self.pub},
+            "/mpub": {"POST": self.mpub},
+            "/stats": {"GET": self.stats},
+            "/topic/create": {"POST": self.topic_create},
+            "/channel/create": {"POST": self.channel_create},
+        }
+        self.prefixes = {"/config/": {"GET": self.config}}
+        self.server = None
+
+    def start(self) -> tuple:
+        self.server = WSGIServer(listen(self.options.http_address), self.app, log=None,
+                                 error_log=log)
+        self.server.start()
+        return self.server.socket.getsockname()[:2]
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop(timeout=1)
+
+    # -- WSGI --------------------------------------------------------------------
+
+    def app(self, environ, start_response):
+        request = Request(environ)
+        methods = self.routes.get(request.path.rstrip("/") or "/")
+        for prefix, by_method in self.prefixes.items():
+            if request.path.startswith(prefix) and len(request.path) > len(prefix):
+                methods = by_method
+        try:
+            if methods is None:
+                raise HttpError(404, "NOT_FOUND")
+            handler = methods.get(request.method)
+            if handler is None:
+                raise HttpError(405, "METHOD_NOT_ALLOWED")
+            code, data = 200, handler(request)
+        except HttpError as e:
+            code, data = e.code, e.text if e.plain else {"message": e.text}
+        except Exception:
+            log.exception("http %s %s failed", request.method, request.path)
+            code, data = 500, {"message": "INTERNAL_ERROR"}
+        headers = [("X-NSQ-Content-Type", "nsq; version=1.0")]
+        if isinstance(data, str):
+            body = data.encode()
+        elif data is None:
+            body = b""
+        elif isinstance(data, bytes):
+            body = data
+        else:
+            body = json.dumps(data, separators=(",", ":")).encode()
+            headers.append(("Content-Type", "application/json; charset=utf-8"))
+        headers.append(("Content-Length", str(len(body))))
+        start_response(f"{code} {REASONS.get(code, '')}", headers)
+        return [body]
+
+    # -- endpoints -----------------------------------------------------------------
+
+    def health(self) -> str | None:
+        """None when Redis answers, else the reason."""
+        try:
+            self.broker.redis.ping()
+        except Exception as e:  # noqa: BLE001 - any failure is reported as unhealthy
+            return f"NOK - {e}"
+        return None
+
+    def ping(self, request):
+        problem = self.health()
+        if problem:
+            raise HttpError(500, problem, plain=True)
+        return "OK"
+
+    def info(self, request):
+        o = self.options
+        return {"version": NSQD_VERSION, "broadcast_address": o.broadcast_address,
+                "hostname": socket.gethostname(),
+                "http_port": self.server.socket.getsockname()[1],
+                "tcp_port": self.broker.tcp_port, "start_time": self.start_time,
+                "max_heartbeat_interval": o.max_heartbeat_interval * 1_000_000,
+                "max_output_buffer_size": o.max_output_buffer_size,
+                "max_output_buffer_timeout": o.max_output_buffer_timeout * 1_000_000,
+                "max_deflate_level": o.max_deflate_level}
+
+    def _topic(self, request) -> str:
+        name = request.arg("topic")
+        if name is None:
+            raise HttpError(400, "MISSING_ARG_TOPIC")
+        if not codec.is_valid_name(name):
+            raise HttpError(400, "INVALID_TOPIC")
+        return name
+
+    def _topic_channel(self, request) -> tuple[str, str]:
+        topic = request.arg("topic")
+        if topic is None:
+            raise HttpError(400, "MISSING_ARG_TOPIC")
+        if not codec.is_valid_name(topic):
+            raise HttpError(400, "INVALID_ARG_TOPIC")
+        channel = request.arg("channel")
+        if channel is None:
+            raise HttpError(400, "MISSING_ARG_CHANNEL")
+        if not codec.is_valid_name(channel):
+            raise HttpError(400, "INVALID_ARG_CHANNEL")
+        return topic, channel
+
+    def _publish(self, topic: str, bodies: list, defer: int = 0) -> str:
+        broker = self.broker
+        try:
+            broker.commit.call(broker.store.publish_op(topic, bodies, defer))
+        except StoreError as e:
+            log.warning("http publish to %s failed: %s", topic, e)
+            raise HttpError(503, "EXITING") from None
+        return "OK"
+
+    def pub(self, request):
+        body = request.body(self.options.max_msg_size, "MSG_TOO_BIG")
+        if not body:
+            raise HttpError(400, "MSG_EMPTY")
+        topic = self._topic(request)
+        defer = 0
+        raw = request.arg("defer")
+        if raw is not None:
+            try:
+                defer = int(raw)
+            except ValueError:
+                raise HttpError(400, "INVALID_DEFER") from None
+            if not 0 <= defer <= self.options.max_req_timeout:
+                raise HttpError(400, "INVALID_DEFER")
+        return self._publish(topic, [body], defer)
+
+    def mpub(self, request):
+        declared = request.environ.get("CONTENT_LENGTH")
+        if declared and declared.isdigit() and int(declared) > self.options.max_body_size:
+            raise HttpError(413, "BODY_TOO_BIG")
+        topic = self._topic(request)
+        raw = request.arg("binary")
+        binary = raw is not None and BOOLS.get(raw, True)
+        body = request.body(self.options.max_body_size, "BODY_TOO_BIG")
+        if binary:
+            try:
+                bodies = split_mpub(body, self.options.max_body_size, self.options.max_msg_size)
+            except ClientError as e:
+                raise HttpError(413, e.code[2:]) from None
+        else:
+            bodies = [line for line in body.split(b"\n") if line]
+            if any(len(b) > self.options.max_msg_size for b in bodies):
+                raise HttpError(413, "MSG_TOO_BIG")
+        if not bodies:
+            return "OK"
+        return self._publish(topic, bodies)
+
+    def topic_create(self, request):
+        topic = self._topic(request)
+        self._store(lambda s: s.create_topic(topic))
+
+    def channel_create(self, request):
+        topic, channel = self._topic_channel(request)
+        if topic not in self._store(lambda s: s.topic_names()):
+            raise HttpError(404, "TOPIC_NOT_FOUND")
+        self._store(lambda s: s.create_channel(topic, channel))
+
+    def config(self, request):
+        """GET /config/:opt: an option by its config name; durations in ns as nsqd's JSON."""
+        name = request.path[len("/config/"):]
+        spec = {f.name: f for f in dataclasses.fields(self.options)}.get(name)
+        if spec is None or spec.metadata.get("secret"):
+            raise HttpError(400, "INVALID_OPTION")
+        value = getattr(self.options, name)
+        return value * 1_000_000 if spec.metadata.get("kind") == DURATION else value
+
+    def _store(self, fn):
+        try:
+            return fn(self.broker.store)
+        except StoreError as e:
+            log.warning("http: %s", e)
+            raise HttpError(500, "INTERNAL_ERROR") from None
+
+    def stats(self, request):
+        topic, channel = request.arg("topic"), request.arg("channel")
+        include_clients = BOOLS.get(request.arg("include_clients") or "", True)
+        data = self._store(lambda s: stats.collect(s, topic, channel))
+        clients = self._clients() if include_clients else {}
+        for t in data["topics"]:
+            for c in t["channels"]:
+                c["clients"] = clients.get((t["topic_name"], c["channel_name"]), [])
+        health = self.health() or "OK"
+        if request.arg("format") != "json":
+            return stats.text(data, health, self.start_time)
+        return {"version": NSQD_VERSION, "health": health, "start_time": self.start_time,
+                "topics": data["topics"], "producers": []}
+
+    def _clients(self) -> dict:
+        """This broker's consumers, by (topic, channel), in nsqd's ClientStats shape."""
+        out: dict = {}
+        for client in self.broker.clients.values():
+            channel = client.channel
+            if client.state != SUBSCRIBED or channel is None:
+                continue
+            out.setdefault((channel.topic, channel.name), []).append({
+                "client_id": client.client_id, "hostname": client.hostname, "version": "V2",
+                "remote_address": client.remote_address, "state": 3,
+                "ready_count": client.ready_count, "in_flight_count": len(client.in_flight),
+                "message_count": client.message_count, "finish_count": client.finish_count,
+                "requeue_count": client.requeue_count, "connect_ts": client.connect_ts,
+                "sample_rate": client.sample_rate, "deflate": False, "snappy": False,
+                "user_agent": client.user_agent, "tls": False, "tls_cipher_suite": "",
+                "tls_version": "", "tls_negotiated_protocol": "",
+                "tls_negotiated_protocol_is_mutual": False})
+        return out

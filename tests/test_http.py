@@ -1,0 +1,190 @@
+"""nsqd's HTTP API against a real broker process, with a real HTTP client (http.client)."""
+
+import http.client
+import json
+import socket
+import struct
+
+import pytest
+
+from tests.wire import FRAME_RESPONSE, Wire
+
+
+@pytest.fixture
+def api(processes):
+    _, port = processes.broker("--max-msg-size", "100", "--max-body-size", "1000")
+    processes.scanner()
+    return Api(port, processes.http_ports[port])
+
+
+class Api:
+    def __init__(self, tcp_port, http_port):
+        self.tcp_port = tcp_port
+        self.http_port = http_port
+
+    def request(self, method, path, body=None, headers=None):
+        """(status, body bytes, headers dict)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=5)
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        data = resp.read()
+        conn.close()
+        return resp.status, data, dict(resp.getheaders())
+
+    def json(self, method, path, body=None):
+        status, data, headers = self.request(method, path, body)
+        assert headers["Content-Type"] == "application/json; charset=utf-8"
+        return status, json.loads(data)
+
+    def consume(self, topic, n):
+        wire = Wire(self.tcp_port)
+        wire.identify()
+        assert wire.sub(topic, "c", rdy=100) == (FRAME_RESPONSE, b"OK")
+        bodies = [wire.message()[3] for _ in range(n)]
+        assert wire.nothing()
+        wire.close()
+        return bodies
+
+
+def test_ping_and_info(api):
+    status, body, headers = api.request("GET", "/ping")
+    assert (status, body) == (200, b"OK")
+    status, info = api.json("GET", "/info")
+    assert status == 200
+    assert info["version"] == "1.3.0"
+    assert info["tcp_port"] == api.tcp_port
+    assert info["http_port"] == api.http_port
+    assert info["hostname"] == socket.gethostname()
+    assert set(info) == {"version", "broadcast_address", "hostname", "http_port", "tcp_port",
+                         "start_time", "max_heartbeat_interval", "max_output_buffer_size",
+                         "max_output_buffer_timeout", "max_deflate_level"}
+
+
+def test_pub_and_mpub_reach_consumers(api):
+    api.request("POST", "/channel/create?topic=t&channel=c")
+    assert api.request("POST", "/topic/create?topic=t")[:2] == (200, b"")
+    assert api.request("POST", "/channel/create?topic=t&channel=c")[:2] == (200, b"")
+    assert api.request("POST", "/pub?topic=t", b"one")[:2] == (200, b"OK")
+    assert api.request("POST", "/mpub?topic=t", b"two\nthree\n\nfour")[:2] == (200, b"OK")
+    binary = struct.pack(">i", 2) + struct.pack(">i", 4) + b"five" + struct.pack(">i", 3) + b"six"
+    assert api.request("POST", "/mpub?topic=t&binary=true", binary)[:2] == (200, b"OK")
+    assert sorted(api.consume("t", 6)) == sorted(
+        [b"one", b"two", b"three", b"four", b"five", b"six"])
+
+
+def test_deferred_pub_is_deferred(api):
+    api.request("POST", "/channel/create?topic=t&channel=c")
+    api.request("POST", "/topic/create?topic=t")
+    api.request("POST", "/channel/create?topic=t&channel=c")
+    assert api.request("POST", "/pub?topic=t&defer=60000", b"later")[:2] == (200, b"OK")
+    status, stats = api.json("GET", "/stats?format=json&topic=t")
+    assert stats["topics"][0]["channels"][0]["deferred_count"] == 1
+    assert stats["topics"][0]["channels"][0]["depth"] == 0
+
+
+@pytest.mark.parametrize("method,path,body,code,message", [
+    ("POST", "/pub", b"x", 400, "MISSING_ARG_TOPIC"),
+    ("POST", "/pub?topic=bad!name", b"x", 400, "INVALID_TOPIC"),
+    ("POST", "/pub?topic=t", b"", 400, "MSG_EMPTY"),
+    ("POST", "/pub?topic=t", b"x" * 101, 413, "MSG_TOO_BIG"),
+    ("POST", "/pub?topic=t&defer=soon", b"x", 400, "INVALID_DEFER"),
+    ("POST", "/pub?topic=t&defer=-1", b"x", 400, "INVALID_DEFER"),
+    ("POST", "/mpub?topic=t", b"x" * 1001, 413, "BODY_TOO_BIG"),
+    ("POST", "/mpub?topic=t", b"ok\n" + b"x" * 101, 413, "MSG_TOO_BIG"),
+    ("POST", "/mpub?topic=t&binary=1", struct.pack(">i", 0), 413, "BAD_BODY"),
+    ("POST", "/mpub?topic=t&binary=1", struct.pack(">ii", 1, 101) + b"x" * 101, 413,
+     "BAD_MESSAGE"),
+    ("POST", "/channel/create?topic=t", None, 400, "MISSING_ARG_CHANNEL"),
+    ("POST", "/channel/create?topic=t&channel=a%20b", None, 400, "INVALID_ARG_CHANNEL"),
+    ("POST", "/channel/create?topic=nope&channel=c", None, 404, "TOPIC_NOT_FOUND"),
+    ("POST", "/topic/create?topic=", None, 400, "INVALID_TOPIC"),
+    ("GET", "/pub?topic=t", None, 405, "METHOD_NOT_ALLOWED"),
+    ("POST", "/stats", None, 405, "METHOD_NOT_ALLOWED"),
+    ("GET", "/nothing/here", None, 404, "NOT_FOUND"),
+])
+def test_errors_as_nsqd(api, method, path, body, code, message):
+    status, data = api.json(method, path, body)
+    assert (status, data) == (code, {"message": message})
+
+
+def test_error_publishes_nothing(api):
+    api.request("POST", "/topic/create?topic=t")
+    api.request("POST", "/channel/create?topic=t&channel=c")
+    api.request("POST", "/mpub?topic=t", b"ok\n" + b"x" * 101)
+    status, stats = api.json("GET", "/stats?format=json&topic=t")
+    assert stats["topics"][0]["message_count"] == 0
+
+
+def test_oversized_declared_body_is_refused_before_it_is_sent(api):
+    conn = http.client.HTTPConnection("127.0.0.1", api.http_port, timeout=5)
+    conn.putrequest("POST", "/pub?topic=t")
+    conn.putheader("Content-Length", str(4 * 1024 ** 3))
+    conn.endheaders()
+    resp = conn.getresponse()
+    assert (resp.status, json.loads(resp.read())) == (413, {"message": "MSG_TOO_BIG"})
+    conn.close()
+
+
+def test_stats_json_has_nsqd_fields_and_this_brokers_clients(api):
+    api.request("POST", "/mpub?topic=t", b"a\nb\nc")
+    wire = Wire(api.tcp_port)
+    wire.identify(client_id="worker-1", hostname="h1", user_agent="test/1.0")
+    wire.sub("t", "c", rdy=1)
+    wire.message()
+    status, stats = api.json("GET", "/stats?format=json")
+    assert status == 200
+    assert set(stats) == {"version", "health", "start_time", "topics", "producers"}
+    assert stats["health"] == "OK"
+    [topic] = stats["topics"]
+    assert set(topic) >= {"topic_name", "channels", "depth", "backend_depth", "message_count",
+                          "message_bytes", "paused", "e2e_processing_latency"}
+    [channel] = topic["channels"]
+    assert set(channel) >= {"channel_name", "depth", "backend_depth", "in_flight_count",
+                            "deferred_count", "message_count", "requeue_count",
+                            "timeout_count", "client_count", "clients", "paused",
+                            "e2e_processing_latency"}
+    assert (channel["depth"], channel["in_flight_count"], channel["message_count"]) == (2, 1, 3)
+    [client] = channel["clients"]
+    assert (client["client_id"], client["hostname"], client["user_agent"]) == (
+        "worker-1", "h1", "test/1.0")
+    assert (client["ready_count"], client["in_flight_count"], client["state"]) == (1, 1, 3)
+    status, stats = api.json("GET", "/stats?format=json&include_clients=false")
+    assert stats["topics"][0]["channels"][0]["clients"] == []
+    status, stats = api.json("GET", "/stats?format=json&topic=other")
+    assert stats["topics"] == []
+    status, stats = api.json("GET", "/stats?format=json&topic=t&channel=zzz")
+    assert stats["topics"][0]["channels"] == []
+    status, text, _ = api.request("GET", "/stats")
+    assert status == 200
+    assert b"Health: OK" in text
+    assert b"[t              ] depth: 0     be-depth: 0     msgs: 3" in text
+    wire.close()
+
+
+def test_ping_reports_unhealthy_when_redis_is_unreachable(processes):
+    _, port = processes.broker(env={"REDIS_URL": "redis://127.0.0.1:1/0"})
+    api = Api(port, processes.http_ports[port])
+    status, data, _ = api.request("GET", "/ping")
+    assert status == 500
+    assert data.startswith(b"NOK - ")
+    status, data = api.json("POST", "/pub?topic=t", b"x")
+    assert (status, data) == (503, {"message": "EXITING"})
+
+
+@pytest.mark.parametrize("path,value", [
+    ("/config/msg_timeout", 60_000_000_000),
+    ("/config/max_msg_size", 100),
+    ("/config/max_rdy_count", 2500),
+])
+def test_config_get_as_nsqd(api, path, value):
+    status, data, _ = api.request("GET", path)
+    assert (status, json.loads(data)) == (200, value)
+
+
+@pytest.mark.parametrize("method,path,code,message", [
+    ("GET", "/config/no_such_option", 400, "INVALID_OPTION"),
+    ("GET", "/config/redis_url", 400, "INVALID_OPTION"),
+    ("POST", "/config/msg_timeout", 405, "METHOD_NOT_ALLOWED"),
+])
+def test_config_errors(api, method, path, code, message):
+    assert api.json(method, path) == (code, {"message": message})
