@@ -78,7 +78,11 @@ class HttpApi:
             "/mpub": {"POST": self.mpub},
             "/stats": {"GET": self.stats},
             "/topic/create": {"POST": self.topic_create},
+            "/topic/delete": {"POST": self.topic_delete},
+            "/topic/empty": {"POST": self.topic_empty},
             "/channel/create": {"POST": self.channel_create},
+            "/channel/delete": {"POST": self.channel_delete},
+            "/channel/empty": {"POST": self.channel_empty},
         }
         self.prefixes = {"/config/": {"GET": self.config}}
         self.server = None
@@ -225,11 +229,39 @@ class HttpApi:
         topic = self._topic(request)
         self._store(lambda s: s.create_topic(topic))
 
+    def topic_delete(self, request):
+        topic = request.arg("topic")
+        if topic is None:
+            raise HttpError(400, "MISSING_ARG_TOPIC")
+        if not self._store(lambda s: s.delete_topic(topic)):
+            raise HttpError(404, "TOPIC_NOT_FOUND")
+
+    def topic_empty(self, request):
+        topic = self._existing_topic(self._topic(request))
+        self._store(lambda s: s.empty_topic(topic))
+
     def channel_create(self, request):
         topic, channel = self._topic_channel(request)
+        self._existing_topic(topic)
+        self._store(lambda s: s.create_channel(topic, channel))
+
+    def channel_delete(self, request):
+        topic, channel = self._topic_channel(request)
+        self._existing_topic(topic)
+        if not self._store(lambda s: s.delete_channel(topic, channel)):
+            raise HttpError(404, "CHANNEL_NOT_FOUND")
+
+    def channel_empty(self, request):
+        topic, channel = self._topic_channel(request)
+        self._existing_topic(topic)
+        if channel not in self._store(lambda s: s.channel_names(topic)):
+            raise HttpError(404, "CHANNEL_NOT_FOUND")
+        self._store(lambda s: s.empty_channel(topic, channel))
+
+    def _existing_topic(self, topic: str) -> str:
         if topic not in self._store(lambda s: s.topic_names()):
             raise HttpError(404, "TOPIC_NOT_FOUND")
-        self._store(lambda s: s.create_channel(topic, channel))
+        return topic
 
     def config(self, request):
         """GET /config/:opt: an option by its config name; durations in ns as nsqd's JSON."""

@@ -188,3 +188,69 @@ def test_config_get_as_nsqd(api, path, value):
 ])
 def test_config_errors(api, method, path, code, message):
     assert api.json(method, path) == (code, {"message": message})
+
+
+def _stats(api, topic):
+    status, stats = api.json("GET", f"/stats?format=json&topic={topic}")
+    return stats["topics"]
+
+
+def test_channel_empty_drops_ready_in_flight_and_deferred(api):
+    api.request("POST", "/topic/create?topic=t")
+    api.request("POST", "/channel/create?topic=t&channel=c")
+    api.request("POST", "/channel/create?topic=t&channel=other")
+    api.request("POST", "/mpub?topic=t", b"a\nb\nc")
+    api.request("POST", "/pub?topic=t&defer=60000", b"d")
+    wire = Wire(api.tcp_port)
+    wire.identify()
+    wire.sub("t", "c", rdy=1)
+    msg_id = wire.message()[2]
+    assert api.request("POST", "/channel/empty?topic=t&channel=c")[:2] == (200, b"")
+    [topic] = _stats(api, "t")
+    by_name = {c["channel_name"]: c for c in topic["channels"]}
+    assert [by_name["c"][k] for k in ("depth", "in_flight_count", "deferred_count")] == [0, 0, 0]
+    assert [by_name["other"][k] for k in ("depth", "deferred_count")] == [3, 1]
+    wire.command(b"FIN " + msg_id)
+    assert wire.frame()[1].startswith(b"E_FIN_FAILED")
+    assert api.request("POST", "/pub?topic=t", b"after")[:2] == (200, b"OK")
+    wire.command("RDY 1")
+    assert wire.message()[3] == b"after"
+    wire.close()
+
+
+def test_topic_empty_drops_only_the_backlog(api):
+    api.request("POST", "/mpub?topic=t", b"a\nb")
+    assert _stats(api, "t")[0]["depth"] == 2
+    assert api.request("POST", "/topic/empty?topic=t")[:2] == (200, b"")
+    assert _stats(api, "t")[0]["depth"] == 0
+
+
+def test_channel_and_topic_delete(api):
+    api.request("POST", "/topic/create?topic=t")
+    api.request("POST", "/channel/create?topic=t&channel=c")
+    api.request("POST", "/channel/create?topic=t&channel=d")
+    api.request("POST", "/mpub?topic=t", b"a\nb")
+    assert api.request("POST", "/channel/delete?topic=t&channel=c")[:2] == (200, b"")
+    assert [c["channel_name"] for c in _stats(api, "t")[0]["channels"]] == ["d"]
+    assert api.json("POST", "/channel/delete?topic=t&channel=c") == (
+        404, {"message": "CHANNEL_NOT_FOUND"})
+    assert api.request("POST", "/topic/delete?topic=t")[:2] == (200, b"")
+    assert _stats(api, "t") == []
+    assert api.json("POST", "/topic/delete?topic=t") == (404, {"message": "TOPIC_NOT_FOUND"})
+    api.request("POST", "/channel/create?topic=t&channel=c")
+    api.request("POST", "/topic/create?topic=t")
+    api.request("POST", "/channel/create?topic=t&channel=c")
+    [topic] = _stats(api, "t")
+    assert (topic["message_count"], topic["channels"][0]["depth"]) == (0, 0)
+
+
+@pytest.mark.parametrize("path,code,message", [
+    ("/topic/delete", 400, "MISSING_ARG_TOPIC"),
+    ("/topic/empty?topic=nope", 404, "TOPIC_NOT_FOUND"),
+    ("/topic/empty?topic=b@d", 400, "INVALID_TOPIC"),
+    ("/channel/empty?topic=nope&channel=c", 404, "TOPIC_NOT_FOUND"),
+    ("/channel/delete?topic=t", 400, "MISSING_ARG_CHANNEL"),
+    ("/channel/delete?channel=c", 400, "MISSING_ARG_TOPIC"),
+])
+def test_delete_and_empty_errors(api, path, code, message):
+    assert api.json("POST", path) == (code, {"message": message})

@@ -834,3 +834,30 @@ def test_reads_of_unknown_topic_and_channel(store):
     assert store.channel_names("nope") == []
     assert store.topic_names() == []
     assert store.due_channels(10)[1] == []
+
+
+def test_empty_and_delete(store):
+    store.subscribe("t", "c", "b1")
+    store.subscribe("t", "d", "b1")
+    store.publish("t", [b"a", b"b"])
+    store.publish("t", [b"later"], defer_ms=60000)
+    store.deliver("t", "c", [("b1:1", 60000, 1)])
+    store.empty_channel("t", "c")
+    c = store.read_channel("t", "c")
+    assert (c["depth"], c["in_flight_count"], c["deferred_count"], c["message_count"]) == (
+        0, 0, 0, 3)
+    assert store.redis.zscore("relay:due", "t/c") is None
+    assert store.redis.zscore("relay:due", "t/d") is not None
+    assert store.read_channel("t", "d")["depth"] == 2
+    assert store.delete_channel("t", "c") is True
+    assert store.delete_channel("t", "c") is False
+    assert store.channel_names("t") == ["d"]
+    assert store.delete_topic("t") is True
+    assert store.delete_topic("t") is False
+    assert store.topic_names() == []
+    assert store.redis.keys("relay:{t}:ch:*") == []
+    store.create_topic("t")
+    store.publish("t", [b"x"])
+    assert store.read_topic("t")["depth"] == 1
+    store.empty_topic("t")
+    assert store.read_topic("t")["depth"] == 0

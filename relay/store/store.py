@@ -20,7 +20,8 @@ from relay.store import keys
 from relay.store.keys import ChannelKeys, TopicKeys
 
 SCRIPT_NAMES = ("publish", "subscribe", "unsubscribe", "deliver", "finish", "requeue",
-                "touch", "scan")
+                "touch", "scan", "empty_channel", "empty_topic", "delete_channel",
+                "delete_topic")
 
 
 def _same(value):
@@ -197,6 +198,32 @@ class Store:
     def create_channel(self, topic: str, channel: str) -> bool:
         """/channel/create: subscribe without a consumer."""
         return self.run(self.subscribe_op(topic, channel, ""))
+
+    def empty_channel(self, topic: str, channel: str) -> None:
+        c = ChannelKeys.of(topic, channel)
+        self.run(Op("empty_channel", [c.queue, c.inflight, c.deferred, c.msgs, c.leases,
+                                      keys.DUE], [c.due_member]))
+
+    def empty_topic(self, topic: str) -> None:
+        t = TopicKeys.of(topic)
+        self.run(Op("empty_topic", [t.backlog, t.backlog_deferred], []))
+
+    def delete_channel(self, topic: str, channel: str) -> bool:
+        """False if the channel did not exist."""
+        t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
+        return bool(self.run(Op("delete_channel", [t.channels, keys.DUE, *c.all()],
+                                [channel, c.due_member])))
+
+    def delete_topic(self, topic: str) -> bool:
+        """False if the topic did not exist; its channels go with it."""
+        if not self._guard(self.redis.sismember, keys.TOPICS, topic):
+            return False
+        t = TopicKeys.of(topic)
+        self.run(Op("delete_topic",
+                    [t.meta, t.channels, t.backlog, t.backlog_deferred, keys.DUE],
+                    [keys.channel_prefix(topic), topic, *keys.CHANNEL_SUFFIXES]))
+        self.forget_topic(topic)
+        return True
 
     def forget_topic(self, topic: str) -> None:
         self.redis.srem(keys.TOPICS, topic)
