@@ -83,6 +83,8 @@ class HttpApi:
             "/channel/create": {"POST": self.channel_create},
             "/channel/delete": {"POST": self.channel_delete},
             "/channel/empty": {"POST": self.channel_empty},
+            "/channel/pause": {"POST": self.channel_pause},
+            "/channel/unpause": {"POST": self.channel_pause},
         }
         self.prefixes = {"/config/": {"GET": self.config}}
         self.server = None
@@ -252,11 +254,20 @@ class HttpApi:
             raise HttpError(404, "CHANNEL_NOT_FOUND")
 
     def channel_empty(self, request):
+        topic, channel = self._existing_channel(request)
+        self._store(lambda s: s.empty_channel(topic, channel))
+
+    def channel_pause(self, request):
+        topic, channel = self._existing_channel(request)
+        paused = not request.path.rstrip("/").endswith("unpause")
+        self._store(lambda s: s.pause_channel(topic, channel, paused))
+
+    def _existing_channel(self, request) -> tuple[str, str]:
         topic, channel = self._topic_channel(request)
         self._existing_topic(topic)
         if channel not in self._store(lambda s: s.channel_names(topic)):
             raise HttpError(404, "CHANNEL_NOT_FOUND")
-        self._store(lambda s: s.empty_channel(topic, channel))
+        return topic, channel
 
     def _existing_topic(self, topic: str) -> str:
         if topic not in self._store(lambda s: s.topic_names()):

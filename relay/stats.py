@@ -1,7 +1,7 @@
 """Stats read from Redis, in nsqd's /stats field names (topics -> channels).
 
-Every message of relay is in Redis, so `backend_depth` equals `depth`. Pause is not
-built yet, so `paused` is false; e2e_processing_latency is what nsqd reports when
+Every message of relay is in Redis, so `backend_depth` equals `depth`. Topic pause is
+not built yet, so a topic's `paused` is false; e2e_processing_latency is what nsqd reports when
 --e2e-processing-latency-percentile is unset.
 """
 
@@ -28,7 +28,7 @@ def collect(store: Store, topic: str | None = None, channel: str | None = None) 
                 continue
             c = store.read_channel(name, ch)
             channels.append({"channel_name": ch, "depth": c["depth"],
-                             "backend_depth": c["depth"], **c, "paused": False,
+                             "backend_depth": c["depth"], **c,
                              "ephemeral": is_ephemeral(ch),
                              "e2e_processing_latency": NO_LATENCY})
         topics.append({"topic_name": name, "channels": channels, "depth": t["depth"],

@@ -254,3 +254,22 @@ def test_channel_and_topic_delete(api):
 ])
 def test_delete_and_empty_errors(api, path, code, message):
     assert api.json("POST", path) == (code, {"message": message})
+
+
+def test_channel_pause_holds_delivery_for_a_real_consumer(api):
+    api.request("POST", "/topic/create?topic=t")
+    api.request("POST", "/channel/create?topic=t&channel=c")
+    assert api.request("POST", "/channel/pause?topic=t&channel=c")[:2] == (200, b"")
+    wire = Wire(api.tcp_port)
+    wire.identify()
+    wire.sub("t", "c", rdy=10)
+    api.request("POST", "/pub?topic=t", b"held")
+    assert wire.nothing(wait=0.5)
+    channel = _stats(api, "t")[0]["channels"][0]
+    assert (channel["paused"], channel["depth"]) == (True, 1)
+    assert api.request("POST", "/channel/unpause?topic=t&channel=c")[:2] == (200, b"")
+    assert wire.message()[3] == b"held"
+    assert _stats(api, "t")[0]["channels"][0]["paused"] is False
+    assert api.json("POST", "/channel/pause?topic=t&channel=zz") == (
+        404, {"message": "CHANNEL_NOT_FOUND"})
+    wire.close()

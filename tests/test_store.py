@@ -69,7 +69,7 @@ def inflight_score(store, topic, channel, msg_id: bytes):
 
 def empty_channel(**overrides) -> dict:
     base = {"depth": 0, "in_flight_count": 0, "deferred_count": 0, "message_count": 0,
-            "requeue_count": 0, "timeout_count": 0, "client_count": 0}
+            "requeue_count": 0, "timeout_count": 0, "client_count": 0, "paused": False}
     return {**base, **overrides}
 
 
@@ -861,3 +861,17 @@ def test_empty_and_delete(store):
     assert store.read_topic("t")["depth"] == 1
     store.empty_topic("t")
     assert store.read_topic("t")["depth"] == 0
+
+
+def test_paused_channel_delivers_nothing_until_unpaused(store):
+    store.subscribe("t", "c", "b1")
+    store.subscribe("t", "d", "b1")
+    store.pause_channel("t", "c", True)
+    store.publish("t", [b"a", b"b"])
+    assert store.deliver("t", "c", [("b1:1", 60000, 5), ("b1:2", 60000, 5)]) == [[], []]
+    assert store.read_channel("t", "c")["paused"] is True
+    assert store.read_channel("t", "c")["depth"] == 2
+    assert [r[26:] for r in store.deliver("t", "d", [("b1:1", 60000, 5)])[0]] == [b"a", b"b"]
+    store.pause_channel("t", "c", False)
+    assert store.read_channel("t", "c")["paused"] is False
+    assert [r[26:] for r in store.deliver("t", "c", [("b1:1", 60000, 5)])[0]] == [b"a", b"b"]

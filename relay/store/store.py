@@ -20,7 +20,7 @@ from relay.store import keys
 from relay.store.keys import ChannelKeys, TopicKeys
 
 SCRIPT_NAMES = ("publish", "subscribe", "unsubscribe", "deliver", "finish", "requeue",
-                "touch", "scan", "empty_channel", "empty_topic", "delete_channel",
+                "touch", "scan", "pause_channel", "empty_channel", "empty_topic", "delete_channel",
                 "delete_topic")
 
 
@@ -199,6 +199,11 @@ class Store:
         """/channel/create: subscribe without a consumer."""
         return self.run(self.subscribe_op(topic, channel, ""))
 
+    def pause_channel(self, topic: str, channel: str, paused: bool) -> None:
+        c = ChannelKeys.of(topic, channel)
+        self.run(Op("pause_channel", [c.meta],
+                    ["1" if paused else "0", TopicKeys.of(topic).wake, channel]))
+
     def empty_channel(self, topic: str, channel: str) -> None:
         c = ChannelKeys.of(topic, channel)
         self.run(Op("empty_channel", [c.queue, c.inflight, c.deferred, c.msgs, c.leases,
@@ -234,7 +239,7 @@ class Store:
         args = [c.due_member]
         for owner, timeout_ms, count in groups:
             args += [owner, timeout_ms, count]
-        return Op("deliver", [c.queue, c.inflight, c.msgs, c.leases, keys.DUE], args)
+        return Op("deliver", [c.queue, c.inflight, c.msgs, c.leases, keys.DUE, c.meta], args)
 
     def deliver(self, topic, channel, groups):
         return self.run(self.deliver_op(topic, channel, groups))
@@ -322,4 +327,4 @@ class Store:
                 "message_count": int(meta.get(b"message_count", 0)),
                 "requeue_count": int(meta.get(b"requeue_count", 0)),
                 "timeout_count": int(meta.get(b"timeout_count", 0)),
-                "client_count": sum(int(v) for v in consumers)}
+                "client_count": sum(int(v) for v in consumers), "paused": b"paused" in meta}

@@ -3,7 +3,7 @@
 -- own msg_timeout; attempts are incremented in the record (bytes 9-10).
 --
 -- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] leases
--- KEYS[5] scanners' due index
+-- KEYS[5] scanners' due index   KEYS[6] channel meta (a paused channel delivers nothing)
 -- ARGV[1] due member, then groups of 3: owner, timeout ms, count
 -- Returns one list of records per group, in ARGV order.
 -- Commands with many arguments go in chunks: Lua's unpack() has a stack limit.
@@ -13,9 +13,14 @@ local function call_chunked(cmd, key, args)
   end
 end
 
+local out = {}
+if redis.call('HEXISTS', KEYS[6], 'paused') == 1 then
+  for g = 2, #ARGV, 3 do out[#out + 1] = {} end
+  return out
+end
+
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = {}
 local earliest = nil
 for g = 2, #ARGV, 3 do
   local deadline = now + tonumber(ARGV[g + 1])
