@@ -80,6 +80,8 @@ class HttpApi:
             "/topic/create": {"POST": self.topic_create},
             "/topic/delete": {"POST": self.topic_delete},
             "/topic/empty": {"POST": self.topic_empty},
+            "/topic/pause": {"POST": self.topic_pause},
+            "/topic/unpause": {"POST": self.topic_pause},
             "/channel/create": {"POST": self.channel_create},
             "/channel/delete": {"POST": self.channel_delete},
             "/channel/empty": {"POST": self.channel_empty},
@@ -242,6 +244,13 @@ class HttpApi:
         topic = self._existing_topic(self._topic(request))
         self._store(lambda s: s.empty_topic(topic))
 
+    def topic_pause(self, request):
+        topic = request.arg("topic")
+        if topic is None:
+            raise HttpError(400, "MISSING_ARG_TOPIC")
+        self._existing_topic(topic)
+        self._store(lambda s: s.pause_topic(topic, _pausing(request)))
+
     def channel_create(self, request):
         topic, channel = self._topic_channel(request)
         self._existing_topic(topic)
@@ -259,8 +268,7 @@ class HttpApi:
 
     def channel_pause(self, request):
         topic, channel = self._existing_channel(request)
-        paused = not request.path.rstrip("/").endswith("unpause")
-        self._store(lambda s: s.pause_channel(topic, channel, paused))
+        self._store(lambda s: s.pause_channel(topic, channel, _pausing(request)))
 
     def _existing_channel(self, request) -> tuple[str, str]:
         topic, channel = self._topic_channel(request)
@@ -322,3 +330,8 @@ class HttpApi:
                 "tls_version": "", "tls_negotiated_protocol": "",
                 "tls_negotiated_protocol_is_mutual": False})
         return out
+
+
+def _pausing(request) -> bool:
+    """/pause or /unpause (nsqd tells them apart the same way)."""
+    return not request.path.rstrip("/").endswith("unpause")

@@ -1,7 +1,7 @@
 """Stats read from Redis, in nsqd's /stats field names (topics -> channels).
 
-Every message of relay is in Redis, so `backend_depth` equals `depth`. Topic pause is
-not built yet, so a topic's `paused` is false; e2e_processing_latency is what nsqd reports when
+Every message of relay is in Redis, so `backend_depth` equals `depth`;
+e2e_processing_latency is what nsqd reports when
 --e2e-processing-latency-percentile is unset.
 """
 
@@ -34,7 +34,7 @@ def collect(store: Store, topic: str | None = None, channel: str | None = None) 
         topics.append({"topic_name": name, "channels": channels, "depth": t["depth"],
                        "backend_depth": t["depth"], "deferred_count": t["deferred_count"],
                        "message_count": t["message_count"],
-                       "message_bytes": t["message_bytes"], "paused": False,
+                       "message_bytes": t["message_bytes"], "paused": t["paused"],
                        "e2e_processing_latency": NO_LATENCY})
     return {"topics": topics}
 

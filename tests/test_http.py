@@ -273,3 +273,22 @@ def test_channel_pause_holds_delivery_for_a_real_consumer(api):
     assert api.json("POST", "/channel/pause?topic=t&channel=zz") == (
         404, {"message": "CHANNEL_NOT_FOUND"})
     wire.close()
+
+
+def test_topic_pause_holds_fan_out_for_a_real_consumer(api):
+    api.request("POST", "/topic/create?topic=t")
+    api.request("POST", "/channel/create?topic=t&channel=c")
+    assert api.request("POST", "/topic/pause?topic=t")[:2] == (200, b"")
+    wire = Wire(api.tcp_port)
+    wire.identify()
+    wire.sub("t", "c", rdy=10)
+    api.request("POST", "/mpub?topic=t", b"one\ntwo")
+    assert wire.nothing(wait=0.5)
+    [topic] = _stats(api, "t")
+    assert (topic["paused"], topic["depth"], topic["channels"][0]["depth"]) == (True, 2, 0)
+    assert api.request("POST", "/topic/unpause?topic=t")[:2] == (200, b"")
+    assert sorted([wire.message()[3], wire.message()[3]]) == [b"one", b"two"]
+    assert _stats(api, "t")[0]["paused"] is False
+    assert api.json("POST", "/topic/pause?topic=nope") == (404, {"message": "TOPIC_NOT_FOUND"})
+    assert api.json("POST", "/topic/pause") == (400, {"message": "MISSING_ARG_TOPIC"})
+    wire.close()

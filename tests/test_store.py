@@ -86,7 +86,7 @@ def test_publish_without_channel_goes_to_backlog(store):
     after_ns = time.time_ns()
 
     assert store.read_topic("t") == {"message_count": 2, "message_bytes": 3, "depth": 2,
-                                     "deferred_count": 0}
+                                     "deferred_count": 0, "paused": False}
     assert store.channel_names("t") == []
     assert store.topic_names() == ["t"]
     backlog = store.redis.lrange(TopicKeys.of("t").backlog, 0, -1)
@@ -107,14 +107,14 @@ def test_first_channel_takes_the_whole_backlog_in_order(store):
     t1 = now_ms(store)
     store.publish("t", [b"m4"])
     assert store.read_topic("t") == {"message_count": 4, "message_bytes": 11, "depth": 3,
-                                     "deferred_count": 1}
+                                     "deferred_count": 1, "paused": False}
     assert store.redis.zcard(keys.DUE) == 0
 
     assert store.subscribe("t", "c1", "b1") is True
 
     # the backlog is gone from the topic ...
     assert store.read_topic("t") == {"message_count": 4, "message_bytes": 11, "depth": 0,
-                                     "deferred_count": 0}
+                                     "deferred_count": 0, "paused": False}
     assert not store.redis.exists(TopicKeys.of("t").backlog)
     assert not store.redis.exists(TopicKeys.of("t").backlog_deferred)
     # ... and all of it is in the channel, the deferred message still deferred
@@ -186,7 +186,7 @@ def test_fan_out_to_every_channel(store):
     assert store.publish("t", [b"x"]) == 3
 
     assert store.read_topic("t") == {"message_count": 3, "message_bytes": 12, "depth": 0,
-                                     "deferred_count": 0}
+                                     "deferred_count": 0, "paused": False}
     for ch in ("c1", "c2"):
         assert store.read_channel("t", ch) == empty_channel(
             depth=3, message_count=3, client_count=1)
@@ -209,7 +209,7 @@ def test_deferred_publish_fans_out_deferred(store):
     assert store.publish("t", [b"d1", b"d2"], defer_ms=30_000) == 2
     t1 = now_ms(store)
     assert store.read_topic("t") == {"message_count": 2, "message_bytes": 4, "depth": 0,
-                                     "deferred_count": 0}
+                                     "deferred_count": 0, "paused": False}
     for ch in ("c1", "c2"):
         assert store.read_channel("t", ch) == empty_channel(
             deferred_count=2, message_count=2, client_count=1)
@@ -646,6 +646,21 @@ def test_two_scanners_in_threads_requeue_each_message_once(store):
     _assert_requeued_once(store)
 
 
+def test_scanner_passes_start_every_interval():
+    """The time a pass takes is not added to the wait before the next one."""
+    now, naps = [0.0], []
+    scanner = Scanner(None, interval_ms=100, clock=lambda: now[0],
+                      sleep=lambda s: (naps.append(s), scanner.stop()))
+
+    def slow_pass():
+        now[0] += 0.03
+        return False
+
+    scanner.scan_once = slow_pass
+    scanner.run()
+    assert naps == [pytest.approx(0.07)]
+
+
 # -- unsubscribe ---------------------------------------------------------------
 
 def test_consumer_counts_per_broker(store):
@@ -723,7 +738,7 @@ def test_ephemeral_topic_deleted_with_its_last_ephemeral_channel(store):
     assert not store.redis.exists(t.channels)
     assert store.redis.zcard(keys.DUE) == 0
     assert store.read_topic(topic) == {"message_count": 0, "message_bytes": 0, "depth": 0,
-                                       "deferred_count": 0}
+                                       "deferred_count": 0, "paused": False}
     # the registry is the caller's to update; ids are never reused
     assert store.topic_names() == [topic]
     store.forget_topic(topic)
@@ -829,7 +844,7 @@ def test_script_error_is_a_store_error_for_that_op_only(store):
 
 def test_reads_of_unknown_topic_and_channel(store):
     assert store.read_topic("nope") == {"message_count": 0, "message_bytes": 0, "depth": 0,
-                                        "deferred_count": 0}
+                                        "deferred_count": 0, "paused": False}
     assert store.read_channel("nope", "nope") == empty_channel()
     assert store.channel_names("nope") == []
     assert store.topic_names() == []
@@ -874,4 +889,24 @@ def test_paused_channel_delivers_nothing_until_unpaused(store):
     assert [r[26:] for r in store.deliver("t", "d", [("b1:1", 60000, 5)])[0]] == [b"a", b"b"]
     store.pause_channel("t", "c", False)
     assert store.read_channel("t", "c")["paused"] is False
+    assert [r[26:] for r in store.deliver("t", "c", [("b1:1", 60000, 5)])[0]] == [b"a", b"b"]
+
+
+def test_paused_topic_keeps_messages_until_unpaused(store):
+    store.subscribe("t", "c", "b1")
+    store.subscribe("t", "d", "b1")
+    store.pause_topic("t", True)
+    store.publish("t", [b"a", b"b"])
+    store.publish("t", [b"later"], defer_ms=60000)
+    assert store.read_topic("t")["paused"] is True
+    assert (store.read_topic("t")["depth"], store.read_topic("t")["deferred_count"]) == (2, 1)
+    assert store.read_channel("t", "c")["depth"] == 0
+    assert store.subscribe("t", "e", "b1") is True
+    assert store.read_topic("t")["depth"] == 2
+    store.pause_topic("t", False)
+    assert store.read_topic("t") == {"message_count": 3, "message_bytes": 7, "depth": 0,
+                                     "deferred_count": 0, "paused": False}
+    for channel in ("c", "d", "e"):
+        c = store.read_channel("t", channel)
+        assert (c["depth"], c["deferred_count"], c["message_count"]) == (2, 1, 3)
     assert [r[26:] for r in store.deliver("t", "c", [("b1:1", 60000, 5)])[0]] == [b"a", b"b"]

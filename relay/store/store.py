@@ -20,7 +20,7 @@ from relay.store import keys
 from relay.store.keys import ChannelKeys, TopicKeys
 
 SCRIPT_NAMES = ("publish", "subscribe", "unsubscribe", "deliver", "finish", "requeue",
-                "touch", "scan", "pause_channel", "empty_channel", "empty_topic", "delete_channel",
+                "touch", "scan", "pause_topic", "pause_channel", "empty_channel", "empty_topic", "delete_channel",
                 "delete_topic")
 
 
@@ -175,7 +175,7 @@ class Store:
         t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
         return Op("subscribe",
                   [t.channels, t.backlog, t.backlog_deferred, c.queue, c.deferred, c.msgs,
-                   c.meta, c.consumers, keys.DUE],
+                   c.meta, c.consumers, keys.DUE, t.meta],
                   [channel, c.due_member, broker_id], bool,
                   pre=(("SADD", keys.TOPICS, topic),))
 
@@ -198,6 +198,11 @@ class Store:
     def create_channel(self, topic: str, channel: str) -> bool:
         """/channel/create: subscribe without a consumer."""
         return self.run(self.subscribe_op(topic, channel, ""))
+
+    def pause_topic(self, topic: str, paused: bool) -> None:
+        t = TopicKeys.of(topic)
+        self.run(Op("pause_topic", [t.meta, t.channels, t.backlog, t.backlog_deferred, keys.DUE],
+                    ["1" if paused else "0", keys.channel_prefix(topic), topic, t.wake]))
 
     def pause_channel(self, topic: str, channel: str, paused: bool) -> None:
         c = ChannelKeys.of(topic, channel)
@@ -311,7 +316,7 @@ class Store:
         meta, backlog, deferred = self._guard(pipe.execute)
         return {"message_count": int(meta.get(b"message_count", 0)),
                 "message_bytes": int(meta.get(b"message_bytes", 0)),
-                "depth": backlog, "deferred_count": deferred}
+                "depth": backlog, "deferred_count": deferred, "paused": b"paused" in meta}
 
     def read_channel(self, topic: str, channel: str) -> dict:
         """Depth, in-flight, deferred, counters and consumers of a channel as stored."""

@@ -40,6 +40,9 @@ local function interleave(first, second)
 end
 
 local channels = redis.call('SMEMBERS', KEYS[3])
+if redis.call('HEXISTS', KEYS[2], 'paused') == 1 then
+  channels = {}  -- a paused topic keeps everything in its backlog (pause_topic.lua)
+end
 if defer == 0 then
   if #channels == 0 then
     call_chunked('RPUSH', KEYS[4], records, 1000)
