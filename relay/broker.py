@@ -28,7 +28,8 @@ from relay.client import SUBSCRIBED, Client
 from relay.errors import StoreError
 from relay.http import HttpApi
 from relay.protocol import codec
-from relay.protocol.v2 import ProtocolV2, Reader
+from relay.protocol.v2 import NSQD_VERSION, ProtocolV2, Reader
+from relay.registry import Registry
 from relay.sockio import listen
 from relay.store import Store, connect_redis
 from relay.store.commit import GroupCommit
@@ -52,6 +53,7 @@ class Broker:
         self.clients: dict[int, Client] = {}
         self.wake = WakeListener(self)
         self.http = HttpApi(self)
+        self.registry = Registry(self.redis, self.id)
         self.tcp_port = 0
         self._numbers = itertools.count(1)
         self._server = None
@@ -66,7 +68,11 @@ class Broker:
         self._greenlets = [gevent.spawn(self._expire_loop), gevent.spawn(self.wake.run)]
         address = self._server.socket.getsockname()[:2]
         self.tcp_port = address[1]
-        http = self.http.start() if self.options.http_address else ("-", "-")
+        http = self.http.start() if self.options.http_address else ("-", 0)
+        self._greenlets.append(gevent.spawn(self.registry.register, {
+            "hostname": socket.gethostname(), "broadcast_address": self.options.broadcast_address,
+            "remote_address": f"{self.options.broadcast_address}:{self.tcp_port}",
+            "tcp_port": self.tcp_port, "http_port": http[1], "version": NSQD_VERSION}))
         log.info("broker %s listening tcp=%s:%s http=%s:%s redis=%s", self.id, *address, *http,
                  _redacted(self.options.redis_url))
         return address
@@ -90,6 +96,7 @@ class Broker:
         while self.clients and time.monotonic() < deadline:
             gevent.sleep(0.02)
         gevent.killall(self._greenlets)
+        self.registry.leave()
         self.commit.stop()
 
     # -- connections ----------------------------------------------------------

@@ -14,6 +14,7 @@ import socket
 import time
 from urllib.parse import parse_qs
 
+import redis
 from gevent.pywsgi import WSGIServer
 
 from relay import stats
@@ -22,6 +23,7 @@ from relay.errors import ClientError, StoreError
 from relay.options import DURATION
 from relay.protocol import codec
 from relay.protocol.v2 import NSQD_VERSION, split_mpub
+from relay.registry import live_brokers
 from relay.sockio import listen
 
 log = logging.getLogger("relay.http")
@@ -85,6 +87,10 @@ class HttpApi:
             "/channel/create": {"POST": self.channel_create},
             "/channel/delete": {"POST": self.channel_delete},
             "/channel/empty": {"POST": self.channel_empty},
+            "/lookup": {"GET": self.lookup},
+            "/topics": {"GET": self.topics},
+            "/channels": {"GET": self.channels},
+            "/nodes": {"GET": self.nodes},
             "/channel/pause": {"POST": self.channel_pause},
             "/channel/unpause": {"POST": self.channel_pause},
         }
@@ -291,6 +297,37 @@ class HttpApi:
         value = getattr(self.options, name)
         return value * 1_000_000 if spec.metadata.get("kind") == DURATION else value
 
+    # -- nsqlookupd's questions, answered from the broker registry ----------------
+
+    def lookup(self, request):
+        topic = request.arg("topic")
+        if topic is None:
+            raise HttpError(400, "MISSING_ARG_TOPIC")
+        self._existing_topic(topic)
+        return {"channels": self._store(lambda s: s.channel_names(topic)),
+                "producers": [_peer(b) for b in self._brokers()]}
+
+    def topics(self, request):
+        return {"topics": self._store(lambda s: s.topic_names())}
+
+    def channels(self, request):
+        topic = request.arg("topic")
+        if topic is None:
+            raise HttpError(400, "MISSING_ARG_TOPIC")
+        return {"channels": self._store(lambda s: s.channel_names(topic))}
+
+    def nodes(self, request):
+        topics = self._store(lambda s: s.topic_names())
+        return {"producers": [{**_peer(b), "tombstones": [False] * len(topics), "topics": topics}
+                              for b in self._brokers()]}
+
+    def _brokers(self) -> list:
+        try:
+            return live_brokers(self.broker.redis)
+        except redis.exceptions.RedisError as e:
+            log.warning("http: %s", e)
+            raise HttpError(500, "INTERNAL_ERROR") from None
+
     def _store(self, fn):
         try:
             return fn(self.broker.store)
@@ -330,6 +367,14 @@ class HttpApi:
                 "tls_version": "", "tls_negotiated_protocol": "",
                 "tls_negotiated_protocol_is_mutual": False})
         return out
+
+
+def _peer(broker: dict) -> dict:
+    """nsqlookupd's PeerInfo of a registered broker."""
+    return {"remote_address": broker["remote_address"], "hostname": broker["hostname"],
+            "broadcast_address": broker["broadcast_address"],
+            "tcp_port": int(broker["tcp_port"]), "http_port": int(broker["http_port"]),
+            "version": broker["version"]}
 
 
 def _pausing(request) -> bool:

@@ -2,6 +2,7 @@
 
     python tests/pynsq_client.py publish PORT TOPIC BODY...
     python tests/pynsq_client.py consume PORT TOPIC CHANNEL COUNT [--requeue-first DELAY_MS]
+    python tests/pynsq_client.py lookup HTTP_PORT TOPIC CHANNEL COUNT
 """
 
 import json
@@ -51,10 +52,34 @@ def consume(port, topic, channel, count, requeue_first=None):
     nsq.run()
 
 
+def lookup(http_port, topic, channel, count):
+    """A Reader that knows only a lookupd address; prints the brokers it connected to."""
+    bodies = []
+
+    def handler(message):
+        bodies.append(message.body.decode())
+        if len(bodies) >= count:
+            IOLoop.current().call_later(0.3, report)
+        return True
+
+    def report():
+        print(json.dumps({"bodies": sorted(bodies), "connections": sorted(reader.conns)}),
+              flush=True)
+        IOLoop.current().stop()
+
+    reader = nsq.Reader(topic=topic, channel=channel, message_handler=handler,
+                        lookupd_http_addresses=[f"http://127.0.0.1:{http_port}"],
+                        max_in_flight=10)
+    IOLoop.current().call_later(30, report)
+    nsq.run()
+
+
 if __name__ == "__main__":
     mode, port, topic = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     if mode == "publish":
         publish(port, topic, sys.argv[4:])
+    elif mode == "lookup":
+        lookup(port, topic, sys.argv[4], int(sys.argv[5]))
     else:
         extra = sys.argv[6:]
         delay = int(extra[1]) if extra[:1] == ["--requeue-first"] else None

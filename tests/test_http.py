@@ -2,12 +2,17 @@
 
 import http.client
 import json
+import os
 import socket
 import struct
+import subprocess
+import sys
 
 import pytest
 
 from tests.wire import FRAME_RESPONSE, Wire
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture
@@ -292,3 +297,52 @@ def test_topic_pause_holds_fan_out_for_a_real_consumer(api):
     assert api.json("POST", "/topic/pause?topic=nope") == (404, {"message": "TOPIC_NOT_FOUND"})
     assert api.json("POST", "/topic/pause") == (400, {"message": "MISSING_ARG_TOPIC"})
     wire.close()
+
+
+def test_lookup_endpoints_list_live_brokers(processes):
+    _, port1 = processes.broker("--broadcast-address", "127.0.0.1")
+    _, port2 = processes.broker("--broadcast-address", "127.0.0.1")
+    api = Api(port1, processes.http_ports[port1])
+    api.request("POST", "/topic/create?topic=t")
+    api.request("POST", "/channel/create?topic=t&channel=c")
+    assert api.json("GET", "/topics") == (200, {"topics": ["t"]})
+    assert api.json("GET", "/channels?topic=t") == (200, {"channels": ["c"]})
+    status, data = api.json("GET", "/lookup?topic=t")
+    assert status == 200
+    assert data["channels"] == ["c"]
+    assert sorted((p["tcp_port"], p["http_port"]) for p in data["producers"]) == sorted(
+        [(port1, processes.http_ports[port1]), (port2, processes.http_ports[port2])])
+    assert {p["broadcast_address"] for p in data["producers"]} == {"127.0.0.1"}
+    assert set(data["producers"][0]) == {"remote_address", "hostname", "broadcast_address",
+                                         "tcp_port", "http_port", "version"}
+    status, nodes = api.json("GET", "/nodes")
+    assert [n["topics"] for n in nodes["producers"]] == [["t"], ["t"]]
+    assert [n["tombstones"] for n in nodes["producers"]] == [[False], [False]]
+    assert api.json("GET", "/lookup?topic=nope") == (404, {"message": "TOPIC_NOT_FOUND"})
+    assert api.json("GET", "/lookup") == (400, {"message": "MISSING_ARG_TOPIC"})
+
+
+def test_stopped_broker_leaves_the_registry(processes):
+    proc, port1 = processes.broker("--broadcast-address", "127.0.0.1")
+    _, port2 = processes.broker("--broadcast-address", "127.0.0.1")
+    api = Api(port2, processes.http_ports[port2])
+    api.request("POST", "/topic/create?topic=t")
+    assert len(api.json("GET", "/lookup?topic=t")[1]["producers"]) == 2
+    proc.terminate()
+    proc.wait(10)
+    assert [p["tcp_port"] for p in api.json("GET", "/lookup?topic=t")[1]["producers"]] == [port2]
+
+
+def test_pynsq_reader_with_only_a_lookupd_address_finds_both_brokers(processes):
+    _, port1 = processes.broker("--broadcast-address", "127.0.0.1")
+    _, port2 = processes.broker("--broadcast-address", "127.0.0.1")
+    processes.scanner()
+    api = Api(port1, processes.http_ports[port1])
+    bodies = [f"m{i}" for i in range(20)]
+    assert api.request("POST", "/mpub?topic=t", "\n".join(bodies).encode())[:2] == (200, b"OK")
+    out = subprocess.run([sys.executable, os.path.join(HERE, "pynsq_client.py"), "lookup",
+                          str(processes.http_ports[port1]), "t", "c", "20"],
+                         capture_output=True, text=True, timeout=40)
+    [result] = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert result["bodies"] == sorted(bodies)
+    assert result["connections"] == sorted([f"127.0.0.1:{port1}", f"127.0.0.1:{port2}"])

@@ -6,6 +6,8 @@ from `channel_prefix(topic)` plus the suffixes listed in CHANNEL_SUFFIXES; keep
 the two in step.
 
     relay:topics                      SET   topic names (registry, outside scripts)
+    relay:brokers                     ZSET  broker id -> expiry (ms) of its registration
+    relay:broker:ID                   HASH  a live broker's addresses, ports, version (TTL)
     relay:due                         ZSET  "topic/channel" -> earliest in-flight deadline
                                             or deferred due time (ms); the scanners' index
     relay:{T}:meta                    HASH  message_count, message_bytes
@@ -29,6 +31,11 @@ from functools import lru_cache
 PREFIX = "relay"
 TOPICS = f"{PREFIX}:topics"
 DUE = f"{PREFIX}:due"
+BROKERS = f"{PREFIX}:brokers"
+
+
+def broker_key(broker_id: str) -> str:
+    return f"{PREFIX}:broker:{broker_id}"
 CHANNEL_SUFFIXES = ("queue", "inflight", "deferred", "msgs", "leases", "meta", "consumers")
 
 
