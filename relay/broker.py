@@ -27,6 +27,7 @@ from relay.channel import Channel
 from relay.client import SUBSCRIBED, Client
 from relay.errors import StoreError
 from relay.http import HttpApi
+from relay.metrics import Metrics
 from relay.protocol import codec
 from relay.protocol.v2 import NSQD_VERSION, ProtocolV2, Reader
 from relay.registry import Registry
@@ -47,7 +48,9 @@ class Broker:
         self.id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.redis = client or connect_redis(options)
         self.store = Store(self.redis, dedicated=True)
-        self.commit = GroupCommit(self.store, options.commit_lanes)
+        self.metrics = Metrics(self)
+        self.commit = GroupCommit(self.store, options.commit_lanes,
+                                  observe=self.metrics.redis_round_trip.observe)
         self.protocol = ProtocolV2(self)
         self.channels: dict[tuple, Channel] = {}
         self.clients: dict[int, Client] = {}

@@ -81,6 +81,7 @@ class Channel:
             gevent.sleep(RETRY_DELAY)
             return
         wanted = got = 0
+        self.broker.metrics.delivered.inc(sum(len(records) for records in batches))
         for (client, n), records in zip(groups, batches):
             wanted += n
             got += len(records)

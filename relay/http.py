@@ -12,6 +12,7 @@ import json
 import logging
 import socket
 import time
+from typing import NamedTuple
 from urllib.parse import parse_qs
 
 import redis
@@ -20,6 +21,7 @@ from gevent.pywsgi import WSGIServer
 from relay import stats
 from relay.client import SUBSCRIBED
 from relay.errors import ClientError, StoreError
+from relay.metrics import CONTENT_TYPE
 from relay.options import DURATION
 from relay.protocol import codec
 from relay.protocol.v2 import NSQD_VERSION, split_mpub
@@ -42,6 +44,12 @@ class HttpError(Exception):
         self.code = code
         self.text = text
         self.plain = plain
+
+
+class Typed(NamedTuple):
+    """A body with its own content type."""
+    body: bytes
+    content_type: str
 
 
 class Request:
@@ -91,6 +99,7 @@ class HttpApi:
             "/topics": {"GET": self.topics},
             "/channels": {"GET": self.channels},
             "/nodes": {"GET": self.nodes},
+            "/metrics": {"GET": self.metrics},
             "/channel/pause": {"POST": self.channel_pause},
             "/channel/unpause": {"POST": self.channel_pause},
         }
@@ -128,6 +137,9 @@ class HttpApi:
             log.exception("http %s %s failed", request.method, request.path)
             code, data = 500, {"message": "INTERNAL_ERROR"}
         headers = [("X-NSQ-Content-Type", "nsq; version=1.0")]
+        if isinstance(data, Typed):
+            headers.append(("Content-Type", data.content_type))
+            data = data.body
         if isinstance(data, str):
             body = data.encode()
         elif data is None:
@@ -196,6 +208,7 @@ class HttpApi:
         except StoreError as e:
             log.warning("http publish to %s failed: %s", topic, e)
             raise HttpError(503, "EXITING") from None
+        broker.metrics.published.inc(len(bodies))
         return "OK"
 
     def pub(self, request):
@@ -296,6 +309,9 @@ class HttpApi:
             raise HttpError(400, "INVALID_OPTION")
         value = getattr(self.options, name)
         return value * 1_000_000 if spec.metadata.get("kind") == DURATION else value
+
+    def metrics(self, request):
+        return Typed(self._store(lambda s: self.broker.metrics.render()), CONTENT_TYPE)
 
     # -- nsqlookupd's questions, answered from the broker registry ----------------
 

@@ -346,3 +346,32 @@ def test_pynsq_reader_with_only_a_lookupd_address_finds_both_brokers(processes):
     [result] = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert result["bodies"] == sorted(bodies)
     assert result["connections"] == sorted([f"127.0.0.1:{port1}", f"127.0.0.1:{port2}"])
+
+
+def test_metrics_parse_with_prometheus_client(api):
+    from prometheus_client.parser import text_string_to_metric_families
+    api.request("POST", "/topic/create?topic=t")
+    api.request("POST", "/channel/create?topic=t&channel=c")
+    api.request("POST", "/mpub?topic=t", b"a\nb\nc")
+    wire = Wire(api.tcp_port)
+    wire.identify()
+    wire.sub("t", "c", rdy=1)
+    wire.message()
+    status, body, headers = api.request("GET", "/metrics")
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(body.decode())
+               for s in family.samples}
+    tc = (("channel", "c"), ("topic", "t"))
+    assert samples[("relay_channel_depth", tc)] == 2
+    assert samples[("relay_channel_in_flight", tc)] == 1
+    assert samples[("relay_channel_messages_total", tc)] == 3
+    assert samples[("relay_channel_consumers", tc)] == 1
+    assert samples[("relay_topic_messages_total", (("topic", "t"),))] == 3
+    assert samples[("relay_published_messages_total", ())] == 3
+    assert samples[("relay_delivered_messages_total", ())] == 1
+    assert samples[("relay_clients", ())] == 1
+    assert samples[("relay_redis_round_trip_seconds_count", ())] > 0
+    assert samples[("relay_uptime_seconds", ())] > 0
+    wire.close()

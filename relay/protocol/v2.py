@@ -381,6 +381,7 @@ class ProtocolV2:
         def done(value, err):
             if err is not None:
                 return FatalClientError(f"E_{command}_FAILED", f"{command} failed {err}")
+            self.broker.metrics.published.inc(len(bodies))
             return codec.OK
         return Pending(result, done)
 

@@ -7,6 +7,7 @@ channel are merged into one script call (their args are lists of items).
 """
 
 import logging
+import time
 from collections import deque
 
 import gevent
@@ -26,10 +27,11 @@ class GroupCommit:
     `order` key picks its lane, so the ops of one connection (or one channel) stay in
     the order they were submitted."""
 
-    def __init__(self, store: Store, lanes: int = 1, max_batch: int = 2000):
+    def __init__(self, store: Store, lanes: int = 1, max_batch: int = 2000, observe=None):
+        """`observe(seconds)` is told the time of each pipeline round trip."""
         stores = [store] + [Store(store.redis, dedicated=store.dedicated)
                             for _ in range(lanes - 1)]
-        self.lanes = [_Lane(s, max_batch) for s in stores]
+        self.lanes = [_Lane(s, max_batch, observe) for s in stores]
 
     def submit(self, op: Op, order: int = 0) -> AsyncResult:
         return self.lanes[order % len(self.lanes)].submit(op)
@@ -44,9 +46,10 @@ class GroupCommit:
 
 
 class _Lane:
-    def __init__(self, store: Store, max_batch: int):
+    def __init__(self, store: Store, max_batch: int, observe=None):
         self.store = store
         self.max_batch = max_batch
+        self.observe = observe
         self._queue: deque = deque()
         self._ready = Event()
         self.greenlet = gevent.spawn(self._loop)
@@ -68,8 +71,11 @@ class _Lane:
 
     def _run(self, batch: list) -> None:
         ops, slices = _merge([op for op, _ in batch])
+        started = time.perf_counter()
         try:
             results = self.store.run_many(ops)
+            if self.observe is not None:
+                self.observe(time.perf_counter() - started)
         except StoreConnectionError as e:
             log.warning("redis unreachable: %s", e)
             results = [e] * len(ops)

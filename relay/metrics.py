@@ -1,0 +1,83 @@
+"""/metrics in the Prometheus text format (prometheus-client).
+
+Queue figures are read from Redis at scrape time, so every broker reports the same
+topic and channel values; counters of this broker (publishes, deliveries, Redis
+round trips) are its own, so sum them across brokers.
+"""
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from relay import stats
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Metrics:
+    def __init__(self, broker):
+        self.registry = CollectorRegistry()
+        self.published = Counter("relay_published_messages", "Messages published through "
+                                 "this broker (PUB, MPUB, DPUB, HTTP)", registry=self.registry)
+        self.delivered = Counter("relay_delivered_messages", "Messages this broker sent "
+                                 "to its consumers", registry=self.registry)
+        self.redis_round_trip = Histogram(
+            "relay_redis_round_trip_seconds", "Time of one group-commit pipeline to Redis",
+            buckets=(.0005, .001, .002, .005, .01, .02, .05, .1, .5, 1),
+            registry=self.registry)
+        self.registry.register(_QueueCollector(broker))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _QueueCollector:
+    """Topic and channel figures from Redis, clients and uptime of this broker."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self.started = time.time()
+
+    def collect(self):
+        data = stats.collect(self.broker.store)
+        gauges = {name: GaugeMetricFamily(f"relay_{name}", help, labels=labels) for
+                  name, help, labels in [
+                      ("topic_depth", "Messages waiting in the topic backlog", ["topic"]),
+                      ("topic_paused", "1 if the topic is paused", ["topic"]),
+                      ("channel_depth", "Ready messages", ["topic", "channel"]),
+                      ("channel_in_flight", "Messages in flight", ["topic", "channel"]),
+                      ("channel_deferred", "Deferred messages", ["topic", "channel"]),
+                      ("channel_paused", "1 if the channel is paused", ["topic", "channel"]),
+                      ("channel_consumers", "Consumers on all brokers", ["topic", "channel"])]}
+        counters = {name: CounterMetricFamily(f"relay_{name}", help, labels=labels) for
+                    name, help, labels in [
+                        ("topic_messages", "Messages published to the topic", ["topic"]),
+                        ("channel_messages", "Messages put in the channel",
+                         ["topic", "channel"]),
+                        ("channel_requeued", "REQs", ["topic", "channel"]),
+                        ("channel_timed_out", "Messages requeued after their timeout",
+                         ["topic", "channel"])]}
+        for t in data["topics"]:
+            name = [t["topic_name"]]
+            gauges["topic_depth"].add_metric(name, t["depth"])
+            gauges["topic_paused"].add_metric(name, int(t["paused"]))
+            counters["topic_messages"].add_metric(name, t["message_count"])
+            for c in t["channels"]:
+                labels = name + [c["channel_name"]]
+                for metric, field in [("channel_depth", "depth"),
+                                      ("channel_in_flight", "in_flight_count"),
+                                      ("channel_deferred", "deferred_count"),
+                                      ("channel_paused", "paused"),
+                                      ("channel_consumers", "client_count")]:
+                    gauges[metric].add_metric(labels, int(c[field]))
+                for metric, field in [("channel_messages", "message_count"),
+                                      ("channel_requeued", "requeue_count"),
+                                      ("channel_timed_out", "timeout_count")]:
+                    counters[metric].add_metric(labels, c[field])
+        yield from gauges.values()
+        yield from counters.values()
+        yield GaugeMetricFamily("relay_clients", "TCP clients connected to this broker",
+                                value=len(self.broker.clients))
+        yield GaugeMetricFamily("relay_uptime_seconds", "Seconds since this broker started",
+                                value=time.time() - self.started)
