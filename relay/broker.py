@@ -26,7 +26,7 @@ from gevent.server import StreamServer
 from relay.channel import Channel
 from relay.client import SUBSCRIBED, Client
 from relay.errors import StoreError
-from relay.http import HttpApi
+from relay.http import HttpApi, LookupdApi
 from relay.metrics import Metrics
 from relay.protocol import codec
 from relay.protocol.v2 import NSQD_VERSION, ProtocolV2, Reader
@@ -56,6 +56,7 @@ class Broker:
         self.clients: dict[int, Client] = {}
         self.wake = WakeListener(self)
         self.http = HttpApi(self)
+        self.lookupd = LookupdApi(self)
         self.registry = Registry(self.redis, self.id)
         self.tcp_port = 0
         self._numbers = itertools.count(1)
@@ -71,7 +72,10 @@ class Broker:
         self._greenlets = [gevent.spawn(self._expire_loop), gevent.spawn(self.wake.run)]
         address = self._server.socket.getsockname()[:2]
         self.tcp_port = address[1]
-        http = self.http.start() if self.options.http_address else ("-", 0)
+        http = self.http.start(self.options.http_address) if self.options.http_address \
+            else ("-", 0)
+        if self.options.lookupd_http_address:
+            self.lookupd.start(self.options.lookupd_http_address)
         self._greenlets.append(gevent.spawn(self.registry.register, {
             "hostname": socket.gethostname(), "broadcast_address": self.options.broadcast_address,
             "remote_address": f"{self.options.broadcast_address}:{self.tcp_port}",
@@ -93,6 +97,7 @@ class Broker:
         """Stop accepting, close every client (their in-flight messages are requeued)."""
         self._server.close()
         self.http.stop()
+        self.lookupd.stop()
         for client in list(self.clients.values()):
             client.close()
         deadline = time.monotonic() + SHUTDOWN_GRACE

@@ -106,9 +106,8 @@ class HttpApi:
         self.prefixes = {"/config/": {"GET": self.config}}
         self.server = None
 
-    def start(self) -> tuple:
-        self.server = WSGIServer(listen(self.options.http_address), self.app, log=None,
-                                 error_log=log)
+    def start(self, address: str) -> tuple:
+        self.server = WSGIServer(listen(address), self.app, log=None, error_log=log)
         self.server.start()
         return self.server.socket.getsockname()[:2]
 
@@ -396,3 +395,37 @@ def _peer(broker: dict) -> dict:
 def _pausing(request) -> bool:
     """/pause or /unpause (nsqd tells them apart the same way)."""
     return not request.path.rstrip("/").endswith("unpause")
+
+
+class LookupdApi(HttpApi):
+    """nsqlookupd's HTTP API alone (nsqlookupd/http.go), for --lookupd-http-address."""
+
+    def __init__(self, broker):
+        super().__init__(broker)
+        self.routes = {
+            "/ping": {"GET": lambda request: "OK"},
+            "/info": {"GET": lambda request: {"version": NSQD_VERSION}},
+            "/lookup": {"GET": self.lookup}, "/topics": {"GET": self.topics},
+            "/channels": {"GET": self.channels}, "/nodes": {"GET": self.nodes},
+            "/topic/create": {"POST": self.topic_create},
+            "/topic/delete": {"POST": self.lookupd_topic_delete},
+            "/channel/create": {"POST": self.lookupd_channel_create},
+            "/channel/delete": {"POST": self.lookupd_channel_delete},
+        }
+        self.prefixes = {}
+
+    def lookupd_topic_delete(self, request):
+        """nsqlookupd answers 200 whether or not the topic was registered."""
+        topic = request.arg("topic")
+        if topic is None:
+            raise HttpError(400, "MISSING_ARG_TOPIC")
+        self._store(lambda s: s.delete_topic(topic))
+
+    def lookupd_channel_create(self, request):
+        topic, channel = self._topic_channel(request)
+        self._store(lambda s: (s.create_topic(topic), s.create_channel(topic, channel)))
+
+    def lookupd_channel_delete(self, request):
+        topic, channel = self._topic_channel(request)
+        if not self._store(lambda s: s.delete_channel(topic, channel)):
+            raise HttpError(404, "CHANNEL_NOT_FOUND")

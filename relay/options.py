@@ -44,6 +44,8 @@ def _opt(default, help, kind=None, **meta):
 class Options:
     tcp_address: str = _opt("0.0.0.0:4150", "<addr>:<port> to listen on for TCP clients")
     http_address: str = _opt("0.0.0.0:4151", "<addr>:<port> for the HTTP API (empty: none)")
+    lookupd_http_address: str = _opt("0.0.0.0:4161", "<addr>:<port> for nsqlookupd's HTTP "
+                                     "API alone (empty: none; it is on --http-address too)")
     broadcast_address: str = _opt(socket.gethostname(), "address this broker is known by")
     redis_url: str = _opt("redis://127.0.0.1:6379/0", "Redis holding all queue state",
                           secret=True)
@@ -104,6 +106,7 @@ _positive = validate.Range(min=1)
 class OptionsSchema(Schema):
     tcp_address = fields.String(validate=_address)
     http_address = fields.String(validate=lambda v: v == "" or _address(v))
+    lookupd_http_address = fields.String(validate=lambda v: v == "" or _address(v))
     broadcast_address = fields.String(validate=validate.Length(min=1))
     redis_url = fields.String(validate=validate.Regexp(r"^(redis|rediss|unix)://"))
     msg_timeout = _Duration(validate=_positive)

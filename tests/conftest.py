@@ -56,6 +56,7 @@ class Processes:
         self.tmpdir = tmpdir
         self.procs = []
         self.http_ports: dict[int, int] = {}
+        self.lookupd_ports: dict[int, int] = {}
 
     def _start(self, command, args, env=None):
         log = open(os.path.join(self.tmpdir, f"{command}-{len(self.procs)}.log"), "w")
@@ -68,11 +69,14 @@ class Processes:
 
     def broker(self, *args, port=None, env=None):
         """Start a broker; returns (proc, port) once it accepts connections. Its HTTP
-        port is `http_ports[port]`."""
+        port is `http_ports[port]`, its lookupd port `lookupd_ports[port]`."""
         port = port or embedded.free_port()
         http_port = self.http_ports.setdefault(port, embedded.free_port())
+        lookupd_port = self.lookupd_ports.setdefault(port, embedded.free_port())
         proc = self._start("broker", ["--tcp-address", f"127.0.0.1:{port}",
-                                      "--http-address", f"127.0.0.1:{http_port}", *args], env)
+                                      "--http-address", f"127.0.0.1:{http_port}",
+                                      "--lookupd-http-address", f"127.0.0.1:{lookupd_port}",
+                                      *args], env)
         embedded.wait_for_port("127.0.0.1", port, proc)
         embedded.wait_for_port("127.0.0.1", http_port, proc)
         return proc, port

@@ -375,3 +375,19 @@ def test_metrics_parse_with_prometheus_client(api):
     assert samples[("relay_redis_round_trip_seconds_count", ())] > 0
     assert samples[("relay_uptime_seconds", ())] > 0
     wire.close()
+
+
+def test_separate_lookupd_port_answers_as_nsqlookupd(processes):
+    _, port = processes.broker("--broadcast-address", "127.0.0.1")
+    lookupd = Api(port, processes.lookupd_ports[port])
+    assert lookupd.request("GET", "/ping")[:2] == (200, b"OK")
+    assert lookupd.json("GET", "/info") == (200, {"version": "1.3.0"})
+    assert lookupd.request("POST", "/channel/create?topic=t&channel=c")[:2] == (200, b"")
+    status, data = lookupd.json("GET", "/lookup?topic=t")
+    assert (data["channels"], [p["tcp_port"] for p in data["producers"]]) == (["c"], [port])
+    assert lookupd.json("POST", "/channel/delete?topic=t&channel=zz") == (
+        404, {"message": "CHANNEL_NOT_FOUND"})
+    assert lookupd.request("POST", "/topic/delete?topic=t")[:2] == (200, b"")
+    assert lookupd.request("POST", "/topic/delete?topic=t")[:2] == (200, b"")
+    assert lookupd.json("GET", "/topics") == (200, {"topics": []})
+    assert lookupd.json("POST", "/pub?topic=t", b"x") == (404, {"message": "NOT_FOUND"})
