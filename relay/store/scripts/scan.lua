@@ -13,20 +13,23 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local limit = tonumber(ARGV[4])
 
+-- One command per 1000 ids rather than per id: fewer calls and AOF entries.
 local function move(zset, release_lease)
   local ids = redis.call('ZRANGEBYSCORE', zset, '-inf', now, 'LIMIT', 0, limit)
-  for _, id in ipairs(ids) do
-    local record = redis.call('HGET', KEYS[3], id)
-    if record then
-      redis.call('RPUSH', KEYS[1], record)
-    end
-    redis.call('HDEL', KEYS[3], id)
-    if release_lease then
-      redis.call('HDEL', KEYS[4], id)
-    end
-  end
   for i = 1, #ids, 1000 do
-    redis.call('ZREM', zset, unpack(ids, i, math.min(i + 999, #ids)))
+    local chunk = {unpack(ids, i, math.min(i + 999, #ids))}
+    local records = {}
+    for _, record in ipairs(redis.call('HMGET', KEYS[3], unpack(chunk))) do
+      if record then records[#records + 1] = record end
+    end
+    if #records > 0 then
+      redis.call('RPUSH', KEYS[1], unpack(records))
+    end
+    redis.call('HDEL', KEYS[3], unpack(chunk))
+    if release_lease then
+      redis.call('HDEL', KEYS[4], unpack(chunk))
+    end
+    redis.call('ZREM', zset, unpack(chunk))
   end
   return #ids
 end
