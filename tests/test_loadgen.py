@@ -36,7 +36,9 @@ def test_bench_script_writes_benchmarks_md(tmp_path):
     script = os.path.join(os.path.dirname(SCRIPT), "bench.py")
     run = subprocess.run([sys.executable, script, "--runs", "1", "--seconds", "1",
                           "--only", "e2e fixed", "--memory-messages", "10000",
-                          "--idle-samples", "10", "--out", str(out)],
+                          "--idle-samples", "10", "--out", str(out),
+                          "--scanner-args=--topics 2 --channels 5 --messages 1000 --window 1 "
+                          "--lead 2 --idle-seconds 1"],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     text = out.read_text()
@@ -44,3 +46,5 @@ def test_bench_script_writes_benchmarks_md(tmp_path):
     assert "| e2e fixed 10,000 msgs/s, 200 B |" in text
     assert "10,000 queued messages of 200 B" in text
     assert "over 10 samples" in text
+    assert "`.venv/bin/python scripts/scanner_scale.py --topics 2" in text
+    assert "| requeued (timeout_count) | 1,000 of 1,000, 0 left in flight |" in text
