@@ -79,6 +79,7 @@ class Processes:
                                       *args], env)
         embedded.wait_for_port("127.0.0.1", port, proc)
         embedded.wait_for_port("127.0.0.1", http_port, proc)
+        embedded.wait_for_port("127.0.0.1", lookupd_port, proc)
         return proc, port
 
     def scanner(self, *args):
