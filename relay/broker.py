@@ -27,6 +27,7 @@ from relay.channel import Channel
 from relay.client import SUBSCRIBED, Client
 from relay.errors import StoreError
 from relay.http import HttpApi, LookupdApi
+from relay.latency import E2eLatency
 from relay.metrics import Metrics
 from relay.protocol import codec
 from relay.protocol.v2 import NSQD_VERSION, ProtocolV2, Reader
@@ -40,6 +41,7 @@ log = logging.getLogger("relay.broker")
 
 EXPIRY_TICK = 0.1
 SHUTDOWN_GRACE = 5.0
+LATENCY_FLUSH_INTERVAL = 1.0
 
 
 class Broker:
@@ -58,6 +60,8 @@ class Broker:
         self.http = HttpApi(self)
         self.lookupd = LookupdApi(self)
         self.registry = Registry(self.redis, self.id)
+        self.e2e = E2eLatency(options.e2e_processing_latency_percentiles,
+                              options.e2e_processing_latency_window_time)
         self.tcp_port = 0
         self._numbers = itertools.count(1)
         self._server = None
@@ -70,6 +74,8 @@ class Broker:
         self._server = StreamServer(listen(self.options.tcp_address), self.handle)
         self._server.start()
         self._greenlets = [gevent.spawn(self._expire_loop), gevent.spawn(self.wake.run)]
+        if self.e2e.enabled:
+            self._greenlets.append(gevent.spawn(self._flush_latency_loop))
         address = self._server.socket.getsockname()[:2]
         self.tcp_port = address[1]
         http = self.http.start(self.options.http_address) if self.options.http_address \
@@ -104,6 +110,7 @@ class Broker:
         while self.clients and time.monotonic() < deadline:
             gevent.sleep(0.02)
         gevent.killall(self._greenlets)
+        self.flush_latency()
         self.registry.leave()
         self.commit.stop()
 
@@ -187,6 +194,19 @@ class Broker:
             for client in list(self.clients.values()):
                 if client.in_flight and client.expire(now) and client.channel:
                     client.channel.wake()
+
+
+    def flush_latency(self) -> None:
+        """Hand this broker's FIN latencies to Redis, where /stats of any broker reads them."""
+        try:
+            self.e2e.flush(self.store)
+        except StoreError as e:
+            log.warning("could not record e2e latencies (%s)", e)
+
+    def _flush_latency_loop(self) -> None:
+        while True:
+            gevent.sleep(LATENCY_FLUSH_INTERVAL)
+            self.flush_latency()
 
 
 class WakeListener:

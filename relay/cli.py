@@ -9,7 +9,7 @@ from urllib.parse import urlparse
 import click
 
 from relay.errors import ConfigError
-from relay.options import OPTION_NAMES, Options, load_options, option_help
+from relay.options import OPTION_NAMES, Options, load_options, option_flag, option_help
 
 DEFAULT_CONFIG = "conf/relay.toml"
 JOBS_QUEUE = "relay"
@@ -18,7 +18,7 @@ JOBS_QUEUE = "relay"
 def option_flags(command):
     """Every Options field as a flag with nsqd's name (--msg-timeout ...), plus --config."""
     for name in reversed(OPTION_NAMES):
-        command = click.option(f"--{name.replace('_', '-')}", name, default=None,
+        command = click.option(f"--{option_flag(name)}", name, default=None,
                                metavar="VALUE", help=option_help(name))(command)
     return click.option("--config", type=click.Path(dir_okay=False), default=None,
                         help=f"TOML file with options (default {DEFAULT_CONFIG} if present; "

@@ -21,8 +21,9 @@ MAX_PENDING_REPLIES = 1024
 class Client:
     """Settings from IDENTIFY, RDY credit, and the ids this connection holds in flight.
 
-    `in_flight` maps id -> local deadline (monotonic seconds), oldest first, so the
-    broker can free RDY credit when a message times out without asking Redis.
+    `in_flight` maps id -> (local deadline in monotonic seconds, publish time in ns),
+    oldest first, so the broker can free RDY credit when a message times out without
+    asking Redis, and time publish-to-FIN.
     """
 
     def __init__(self, number: int, sock: socket.socket, address, broker_id: str, options):
@@ -39,7 +40,7 @@ class Client:
         self.output_buffer_size = DEFAULT_OUTPUT_BUFFER_SIZE
         self.output_buffer_timeout = options.output_buffer_timeout
         self.ready_count = 0
-        self.in_flight: OrderedDict[bytes, float] = OrderedDict()
+        self.in_flight: OrderedDict[bytes, tuple] = OrderedDict()
         self.channel = None
         self.message_count = self.finish_count = self.requeue_count = 0
         self.connect_ts = int(time.time())
@@ -116,7 +117,7 @@ class Client:
             if self.sample_rate and random.randint(1, 100) > self.sample_rate:
                 sampled_out.append(msg_id)
                 continue
-            self.in_flight[msg_id] = deadline
+            self.in_flight[msg_id] = (deadline, codec.record_timestamp(r))
             frames.append(r)
         if frames:
             self.message_count += len(frames)
@@ -128,7 +129,7 @@ class Client:
         """Forget in-flight ids past their deadline (the scanner requeues them)."""
         n = 0
         while self.in_flight:
-            msg_id, deadline = next(iter(self.in_flight.items()))
+            msg_id, (deadline, _) = next(iter(self.in_flight.items()))
             if deadline > now:
                 break
             del self.in_flight[msg_id]
@@ -137,7 +138,8 @@ class Client:
 
     def touched(self, msg_id: bytes, timeout_ms: int) -> None:
         if msg_id in self.in_flight:
-            self.in_flight[msg_id] = time.monotonic() + timeout_ms / 1000
+            published_ns = self.in_flight[msg_id][1]
+            self.in_flight[msg_id] = (time.monotonic() + timeout_ms / 1000, published_ns)
             self.in_flight.move_to_end(msg_id)
 
     # -- writing -------------------------------------------------------------------

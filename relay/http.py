@@ -353,7 +353,8 @@ class HttpApi:
     def stats(self, request):
         topic, channel = request.arg("topic"), request.arg("channel")
         include_clients = BOOLS.get(request.arg("include_clients") or "", True)
-        data = self._store(lambda s: stats.collect(s, topic, channel))
+        self.broker.flush_latency()
+        data = self._store(lambda s: stats.collect(s, topic, channel, self.broker.e2e))
         clients = self._clients() if include_clients else {}
         for t in data["topics"]:
             for c in t["channels"]:

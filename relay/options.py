@@ -70,6 +70,11 @@ class Options:
     queue_scan_limit: int = _opt(1000, "messages a scanner moves per channel per call")
     commit_lanes: int = _opt(4, "Redis pipelines a broker keeps in flight at once")
     redis_timeout: int = _opt(5000, "give up on a Redis call after this long", DURATION)
+    e2e_processing_latency_percentiles: tuple = _opt(
+        (), "quantiles of publish-to-FIN time shown in /stats, e.g. 0.99,0.95 (empty: off)",
+        flag="e2e-processing-latency-percentile")
+    e2e_processing_latency_window_time: int = _opt(
+        600_000, "time window over which those quantiles are computed", DURATION)
     log_level: str = _opt("info", "debug, info, warning or error")
 
     @property
@@ -100,6 +105,21 @@ class _Count(fields.Integer):
         return super()._deserialize(value, attr, data, **kwargs)
 
 
+class _Quantiles(fields.Field):
+    """0.99,0.95 (flag, env) or [0.99, 0.95] (TOML): each in (0, 1], as nsqd checks."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        items = value.split(",") if isinstance(value, str) else value
+        try:
+            quantiles = tuple(float(v) for v in items if str(v).strip())
+        except (TypeError, ValueError):
+            raise ValidationError(f"not a list of quantiles: {value!r}") from None
+        for q in quantiles:
+            if not 0 < q <= 1:
+                raise ValidationError(f"quantile {q} is not in (0, 1]")
+        return quantiles
+
+
 _positive = validate.Range(min=1)
 
 
@@ -126,6 +146,8 @@ class OptionsSchema(Schema):
     queue_scan_limit = _Count(validate=_positive)
     commit_lanes = _Count(validate=validate.Range(min=1, max=64))
     redis_timeout = _Duration(validate=_positive)
+    e2e_processing_latency_percentiles = _Quantiles()
+    e2e_processing_latency_window_time = _Duration(validate=_positive)
     log_level = fields.String(validate=validate.OneOf(["debug", "info", "warning", "error"]))
 
     @post_load
@@ -143,6 +165,12 @@ OPTION_NAMES = [f.name for f in dataclasses.fields(Options)]
 
 def option_help(name: str) -> str:
     return {f.name: f.metadata["help"] for f in dataclasses.fields(Options)}[name]
+
+
+def option_flag(name: str) -> str:
+    """nsqd's flag name; a few differ from the config name (e2e percentiles)."""
+    spec = {f.name: f for f in dataclasses.fields(Options)}[name]
+    return spec.metadata.get("flag") or name.replace("_", "-")
 
 
 def _read_file(path: str) -> dict:

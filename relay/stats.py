@@ -1,20 +1,20 @@
 """Stats read from Redis, in nsqd's /stats field names (topics -> channels).
 
 Every message of relay is in Redis, so `backend_depth` equals `depth`;
-e2e_processing_latency is what nsqd reports when
---e2e-processing-latency-percentile is unset.
+e2e_processing_latency comes from relay/latency.py.
 """
 
 import datetime
 import time
+from collections import Counter
 
+from relay.latency import NO_LATENCY, E2eLatency, describe, percentiles
 from relay.protocol.codec import is_ephemeral
 from relay.store import Store
 
-NO_LATENCY = {"count": 0, "percentiles": None}
 
-
-def collect(store: Store, topic: str | None = None, channel: str | None = None) -> dict:
+def collect(store: Store, topic: str | None = None, channel: str | None = None,
+            latency: E2eLatency | None = None) -> dict:
     """{"topics": [...]} for every topic, or the one topic / channel asked for (if it exists)."""
     names = store.topic_names()
     if topic:
@@ -36,7 +36,23 @@ def collect(store: Store, topic: str | None = None, channel: str | None = None) 
                        "message_count": t["message_count"],
                        "message_bytes": t["message_bytes"], "paused": t["paused"],
                        "e2e_processing_latency": NO_LATENCY})
+    if latency is not None and latency.enabled:
+        _add_latency(store, topics, latency)
     return {"topics": topics}
+
+
+def _add_latency(store: Store, topics: list, latency: E2eLatency) -> None:
+    """Per channel, and per topic over its channels (nsqd merges the channels' streams)."""
+    pairs = [(t["topic_name"], c["channel_name"]) for t in topics for c in t["channels"]]
+    counts = iter(latency.read(store, pairs))
+    for t in topics:
+        merged: Counter = Counter()
+        for c in t["channels"]:
+            buckets = next(counts)
+            merged.update(buckets)
+            c["e2e_processing_latency"] = percentiles(buckets, latency.quantiles)
+        if t["channels"]:
+            t["e2e_processing_latency"] = percentiles(merged, latency.quantiles)
 
 
 def text(data: dict, health: str, start_time: int) -> str:
@@ -51,14 +67,16 @@ def text(data: dict, health: str, start_time: int) -> str:
     for t in data["topics"]:
         prefix = "*P " if t["paused"] else "   "
         lines.append(f"{prefix}[{t['topic_name']:<15}] depth: {t['depth']:<5} "
-                     f"be-depth: {t['backend_depth']:<5} msgs: {t['message_count']:<8} e2e%: ")
+                     f"be-depth: {t['backend_depth']:<5} msgs: {t['message_count']:<8} "
+                     f"e2e%: {describe(t['e2e_processing_latency'])}")
         for c in t["channels"]:
             prefix = "   *P " if c["paused"] else "      "
             lines.append(
                 f"{prefix}[{c['channel_name']:<25}] depth: {c['depth']:<5} "
                 f"be-depth: {c['backend_depth']:<5} inflt: {c['in_flight_count']:<4} "
                 f"def: {c['deferred_count']:<4} re-q: {c['requeue_count']:<5} "
-                f"timeout: {c['timeout_count']:<5} msgs: {c['message_count']:<8} e2e%: ")
+                f"timeout: {c['timeout_count']:<5} msgs: {c['message_count']:<8} "
+                f"e2e%: {describe(c['e2e_processing_latency'])}")
             for client in c.get("clients", []):
                 port = client["remote_address"].rpartition(":")[2]
                 ident = f"{client['hostname']}:{port} {client['user_agent']}"

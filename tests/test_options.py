@@ -154,6 +154,10 @@ def test_process_environment_is_the_default(monkeypatch):
     ("queue_scan_limit", "0"),
     ("broadcast_address", ""),
     ("max_req_timeout", "-1s"),
+    ("e2e_processing_latency_percentiles", "0.99,1.5"),
+    ("e2e_processing_latency_percentiles", "0"),
+    ("e2e_processing_latency_percentiles", "p99"),
+    ("e2e_processing_latency_window_time", "0s"),
 ])
 def test_bad_flag_values(name, value):
     message = config_error(flags={name: value}, config=None, environ={})
@@ -268,6 +272,23 @@ def test_cli_bad_flag_exits_2_with_one_line(runner):
     assert result.stderr == ("relay: invalid msg_timeout: not a duration: 'nonsense' "
                              "(use e.g. 250ms, 60s, 15m, 1h)\n")
     assert result.stdout == ""
+
+
+def test_e2e_quantiles_from_flag_env_and_file(runner, tmp_path):
+    from relay.cli import main
+    assert load_options({"e2e_processing_latency_percentiles": "0.99, 0.95"}, None,
+                        environ={}).e2e_processing_latency_percentiles == (0.99, 0.95)
+    assert load_options({}, None, environ={"RELAY_E2E_PROCESSING_LATENCY_PERCENTILES": "1.0"}
+                        ).e2e_processing_latency_percentiles == (1.0,)
+    config = tmp_path / "relay.toml"
+    config.write_text("e2e_processing_latency_percentiles = [0.5]\n"
+                      'e2e_processing_latency_window_time = "1m"\n')
+    opts = load_options({}, str(config), environ={})
+    assert (opts.e2e_processing_latency_percentiles,
+            opts.e2e_processing_latency_window_time) == ((0.5,), 60_000)
+    result = runner.invoke(main, ["broker", "--e2e-processing-latency-percentile", "2"])
+    assert (result.exit_code, result.stderr) == (
+        2, "relay: invalid e2e_processing_latency_percentiles: quantile 2.0 is not in (0, 1]\n")
 
 
 def test_cli_bad_env_and_config(runner, tmp_path):

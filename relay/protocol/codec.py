@@ -24,6 +24,7 @@ CLOSE_WAIT = b"CLOSE_WAIT"
 _frame_header = struct.Struct(">ii")
 _record_header = struct.Struct(">qH16s")
 _size = struct.Struct(">i")
+_timestamp = struct.Struct(">q")
 _NAME = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
 
 
@@ -55,6 +56,10 @@ def parse_record(record: bytes):
     """(timestamp_ns, attempts, id, body) of a record or message frame payload."""
     ts, attempts, msg_id = _record_header.unpack_from(record)
     return ts, attempts, msg_id, record[RECORD_HEADER:]
+
+
+def record_timestamp(record: bytes) -> int:
+    return _timestamp.unpack_from(record)[0]
 
 
 def record_id(record: bytes) -> bytes:

@@ -279,12 +279,19 @@ class ProtocolV2:
 
     def fin(self, client, params, reader):
         msg_id = self._message_id(client, params, "FIN", 2)
-        if client.in_flight.pop(msg_id, None) is not None:
+        held = client.in_flight.pop(msg_id, None)
+        if held is not None:
             client.channel.wake()
+        channel = client.channel
         result = self.broker.commit.submit(self.broker.store.finish_op(
-            client.channel.topic, client.channel.name, [(client.owner, msg_id)]),
-            client.number)
-        return Pending(result, lambda codes, err: self._owned(client, "FIN", msg_id, codes, err))
+            channel.topic, channel.name, [(client.owner, msg_id)]), client.number)
+
+        def done(codes, err):
+            reply = self._owned(client, "FIN", msg_id, codes, err)
+            if reply is None and held is not None:
+                self.broker.e2e.record(channel.topic, channel.name, held[1])
+            return reply
+        return Pending(result, done)
 
     def req(self, client, params, reader):
         msg_id = self._message_id(client, params, "REQ", 3)

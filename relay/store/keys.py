@@ -23,6 +23,8 @@ the two in step.
     relay:{T}:ch:C:leases             HASH  id -> "<delivered ms> <owner>" for in-flight ids
     relay:{T}:ch:C:meta               HASH  message_count, requeue_count, timeout_count
     relay:{T}:ch:C:consumers          HASH  broker id -> number of its subscribed clients
+    relay:{T}:ch:C:e2e:N              HASH  latency bucket -> FINs in half-window N of
+                                            --e2e-processing-latency-window-time (expires)
 """
 
 from dataclasses import dataclass
@@ -98,6 +100,10 @@ class ChannelKeys:
     @property
     def due_member(self) -> str:
         return due_member(self.topic, self.name)
+
+    def e2e(self, slot: int) -> str:
+        """FIN latency buckets of one half-window (relay/latency.py)."""
+        return f"{channel_prefix(self.topic)}{self.name}:e2e:{slot}"
 
     def all(self):
         return [self.queue, self.inflight, self.deferred, self.msgs, self.leases,

@@ -318,6 +318,32 @@ class Store:
                 "message_bytes": int(meta.get(b"message_bytes", 0)),
                 "depth": backlog, "deferred_count": deferred, "paused": b"paused" in meta}
 
+    def add_e2e_buckets(self, slot: int, counts: dict, expire_at_ms: int) -> None:
+        """Add {(topic, channel): {bucket: FINs}} to half-window `slot` (relay/latency.py)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for (topic, channel), buckets in counts.items():
+            key = ChannelKeys.of(topic, channel).e2e(slot)
+            for index, n in buckets.items():
+                pipe.hincrby(key, index, n)
+            pipe.pexpireat(key, expire_at_ms)
+        self._guard(pipe.execute)
+
+    def e2e_buckets(self, pairs: Sequence[tuple], slots: Sequence[int]) -> list[dict]:
+        """{bucket: FINs} of each (topic, channel), summed over `slots`."""
+        pipe = self.redis.pipeline(transaction=False)
+        for topic, channel in pairs:
+            for slot in slots:
+                pipe.hgetall(ChannelKeys.of(topic, channel).e2e(slot))
+        replies = iter(self._guard(pipe.execute))
+        out = []
+        for _ in pairs:
+            counts: dict = {}
+            for _ in slots:
+                for k, v in next(replies).items():
+                    counts[int(k)] = counts.get(int(k), 0) + int(v)
+            out.append(counts)
+        return out
+
     def read_channel(self, topic: str, channel: str) -> dict:
         """Depth, in-flight, deferred, counters and consumers of a channel as stored."""
         c = ChannelKeys.of(topic, channel)
