@@ -73,7 +73,8 @@ class Channel:
         store, commit = self.broker.store, self.broker.commit
         seen = self.news
         op = store.deliver_op(self.topic, self.name,
-                              [(c.owner, c.msg_timeout, n) for c, n in groups])
+                              [(c.owner, c.msg_timeout, n) for c, n in groups],
+                              self.broker.options.max_attempts)
         try:
             batches = commit.call(op, self.order)
         except StoreError as e:

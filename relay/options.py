@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from marshmallow import Schema, ValidationError, fields, post_load, validate
 
 from relay.errors import ConfigError
+from relay.protocol.codec import is_valid_name
 
 DURATION = "duration"
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
@@ -68,6 +69,11 @@ class Options:
     max_deflate_level: int = _opt(6, "largest deflate_level in IDENTIFY")
     queue_scan_interval: int = _opt(100, "how often scanners look for due messages", DURATION)
     queue_scan_limit: int = _opt(1000, "messages a scanner moves per channel per call")
+    max_attempts: int = _opt(0, "deliveries of a message before it goes to the dead-letter "
+                             "topic (0: unlimited, as nsqd); relay-admin config sets it "
+                             "per channel")
+    dead_letter_topic: str = _opt("{topic}.dead", "where dead letters go ({topic} is the "
+                                  "topic's name); relay-admin config sets it per channel")
     commit_lanes: int = _opt(4, "Redis pipelines a broker keeps in flight at once")
     redis_timeout: int = _opt(5000, "give up on a Redis call after this long", DURATION)
     e2e_processing_latency_percentiles: tuple = _opt(
@@ -123,6 +129,15 @@ class _Quantiles(fields.Field):
 _positive = validate.Range(min=1)
 
 
+def _dead_letter_topic(value: str) -> None:
+    try:
+        name = value.format(topic="t")
+    except (KeyError, IndexError, ValueError):
+        raise ValidationError(f"only {{topic}} may appear in braces: {value!r}") from None
+    if not is_valid_name(name):
+        raise ValidationError(f"not a topic name: {value!r}")
+
+
 class OptionsSchema(Schema):
     tcp_address = fields.String(validate=_address)
     http_address = fields.String(validate=lambda v: v == "" or _address(v))
@@ -144,6 +159,8 @@ class OptionsSchema(Schema):
     max_deflate_level = _Count(validate=validate.Range(min=1, max=9))
     queue_scan_interval = _Duration(validate=_positive)
     queue_scan_limit = _Count(validate=_positive)
+    max_attempts = _Count(validate=validate.Range(min=0, max=65535))
+    dead_letter_topic = fields.String(validate=_dead_letter_topic)
     commit_lanes = _Count(validate=validate.Range(min=1, max=64))
     redis_timeout = _Duration(validate=_positive)
     e2e_processing_latency_percentiles = _Quantiles()

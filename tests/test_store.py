@@ -69,7 +69,8 @@ def inflight_score(store, topic, channel, msg_id: bytes):
 
 def empty_channel(**overrides) -> dict:
     base = {"depth": 0, "in_flight_count": 0, "deferred_count": 0, "message_count": 0,
-            "requeue_count": 0, "timeout_count": 0, "client_count": 0, "paused": False}
+            "requeue_count": 0, "timeout_count": 0, "dead_count": 0, "client_count": 0,
+            "paused": False}
     return {**base, **overrides}
 
 
@@ -160,7 +161,7 @@ def test_deferred_backlog_message_promoted_when_due(store):
     due = due_score(store, "t", "c")
     assert store.deliver("t", "c", [("o", 60_000, 1)]) == [[]]
     wait_past(store, due)
-    assert store.scan("t", "c") == (0, 1, -1)
+    assert store.scan("t", "c") == (0, 1, -1, 0)
     assert due_score(store, "t", "c") is None
     (got,) = store.deliver("t", "c", [("o", 60_000, 1)])
     assert [(a, i, b) for _, a, i, b in map(parse_record, got)] == [(1, mid(1), b"soon")]
@@ -431,7 +432,7 @@ def test_requeue_with_delay_defers_until_scanned_after_due(store):
     assert store.deliver("t", "c", [("a", 60_000, 10)]) == [[]]
 
     wait_past(store, due)
-    timed_out, promoted, next_due = store.scan("t", "c")
+    timed_out, promoted, next_due, _ = store.scan("t", "c")
     assert (timed_out, promoted) == (0, 1)
     assert next_due == inflight_score(store, "t", "c", mid(2))
     (got,) = store.deliver("t", "c", [("a", 60_000, 10)])
@@ -488,7 +489,7 @@ def test_scan_requeues_expired_in_flight_messages(store):
     long_deadline = inflight_score(store, "t", "c", mid(3))
     c = ChannelKeys.of("t", "c")
 
-    assert store.scan("t", "c") == (2, 0, long_deadline)
+    assert store.scan("t", "c") == (2, 0, long_deadline, 0)
     assert bodies(queue(store, "t", "c")) == [b"1", b"2"]
     assert store.read_channel("t", "c") == empty_channel(
         depth=2, in_flight_count=1, timeout_count=2, message_count=3, client_count=1)
@@ -508,9 +509,9 @@ def test_scan_with_nothing_left_removes_the_due_entry(store):
     store.deliver("t", "c", [("a", 1, 1)])
     assert due_score(store, "t", "c") is not None
     wait_past(store, due_score(store, "t", "c"))
-    assert store.scan("t", "c") == (1, 0, -1)
+    assert store.scan("t", "c") == (1, 0, -1, 0)
     assert due_score(store, "t", "c") is None
-    assert store.scan("t", "c") == (0, 0, -1)
+    assert store.scan("t", "c") == (0, 0, -1, 0)
     assert store.read_channel("t", "c") == empty_channel(
         depth=1, timeout_count=1, message_count=1, client_count=1)
 
@@ -523,7 +524,7 @@ def test_scan_before_any_deadline_sets_the_next_one(store):
     deferred_due = int(store.redis.zscore(ChannelKeys.of("t", "c").deferred, mid(2)))
     # a stale, too early entry is corrected to the real next deadline
     store.redis.zadd(keys.DUE, {keys.due_member("t", "c"): 1})
-    assert store.scan("t", "c") == (0, 0, deferred_due)
+    assert store.scan("t", "c") == (0, 0, deferred_due, 0)
     assert due_score(store, "t", "c") == deferred_due
 
 
@@ -538,7 +539,7 @@ def test_scan_respects_its_limit(store):
     moved_out, moved_in = 0, 0
     calls = 0
     while True:
-        timed_out, promoted, next_due = store.scan("t", "c", 2)
+        timed_out, promoted, next_due, _ = store.scan("t", "c", 2)
         calls += 1
         assert timed_out <= 2 and promoted <= 2
         moved_out += timed_out
@@ -570,7 +571,7 @@ def test_scan_with_a_large_limit(store):
     state = store.read_channel("t", "c")
     # never both queued and in flight
     assert state["depth"] + state["in_flight_count"] == n
-    assert result == (n, 0, -1)
+    assert result == (n, 0, -1, 0)
 
 
 def test_due_channels_lists_only_passed_entries(store):
@@ -705,6 +706,8 @@ def test_ephemeral_channel_deleted_when_last_consumer_leaves(store):
     store.requeue("t", ch, [("a", mid(1), 60_000)])
     store.deliver("t", ch, [("a", 60_000, 1)])
     c = ChannelKeys.of("t", ch)
+    store.redis.rpush(c.dead, b"a dead letter not forwarded yet")
+    store.redis.set(c.dead_lock, "a scanner")
     assert all(store.redis.exists(k) for k in c.all())
     assert due_score(store, "t", ch) is not None
 

@@ -23,6 +23,9 @@ the two in step.
     relay:{T}:ch:C:leases             HASH  id -> "<delivered ms> <owner>" for in-flight ids
     relay:{T}:ch:C:meta               HASH  message_count, requeue_count, timeout_count
     relay:{T}:ch:C:consumers          HASH  broker id -> number of its subscribed clients
+    relay:{T}:ch:C:dead               LIST  records past max attempts, until a scanner has
+                                            published them to the dead-letter topic
+    relay:{T}:ch:C:dead:lock          STRING the scanner forwarding them (short TTL)
     relay:{T}:ch:C:e2e:N              HASH  latency bucket -> FINs in half-window N of
                                             --e2e-processing-latency-window-time (expires)
 """
@@ -38,7 +41,8 @@ BROKERS = f"{PREFIX}:brokers"
 
 def broker_key(broker_id: str) -> str:
     return f"{PREFIX}:broker:{broker_id}"
-CHANNEL_SUFFIXES = ("queue", "inflight", "deferred", "msgs", "leases", "meta", "consumers")
+CHANNEL_SUFFIXES = ("queue", "inflight", "deferred", "msgs", "leases", "meta", "consumers",
+                    "dead", "dead:lock")
 
 
 def topic_prefix(topic: str) -> str:
@@ -89,6 +93,8 @@ class ChannelKeys:
     leases: str
     meta: str
     consumers: str
+    dead: str
+    dead_lock: str
 
     @classmethod
     @lru_cache(maxsize=65536)
@@ -107,4 +113,4 @@ class ChannelKeys:
 
     def all(self):
         return [self.queue, self.inflight, self.deferred, self.msgs, self.leases,
-                self.meta, self.consumers]
+                self.meta, self.consumers, self.dead, self.dead_lock]

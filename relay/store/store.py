@@ -20,8 +20,8 @@ from relay.store import keys
 from relay.store.keys import ChannelKeys, TopicKeys
 
 SCRIPT_NAMES = ("publish", "subscribe", "unsubscribe", "deliver", "finish", "requeue",
-                "touch", "scan", "pause_topic", "pause_channel", "empty_channel", "empty_topic", "delete_channel",
-                "delete_topic")
+                "touch", "scan", "pause_topic", "pause_channel", "empty_channel", "empty_topic",
+                "delete_channel", "delete_topic", "redrive")
 
 
 def _same(value):
@@ -238,16 +238,20 @@ class Store:
     def forget_topic(self, topic: str) -> None:
         self.redis.srem(keys.TOPICS, topic)
 
-    def deliver_op(self, topic: str, channel: str, groups: Sequence[tuple]) -> Op:
-        """Pop for each (owner, timeout ms, count): one list of records per group."""
+    def deliver_op(self, topic: str, channel: str, groups: Sequence[tuple],
+                   max_attempts: int = 0) -> Op:
+        """Pop for each (owner, timeout ms, count): one list of records per group.
+        Messages delivered `max_attempts` times already (0: no limit; the channel's
+        own setting wins) go to its dead-letter outbox instead."""
         c = ChannelKeys.of(topic, channel)
-        args = [c.due_member]
+        args = [c.due_member, max_attempts]
         for owner, timeout_ms, count in groups:
             args += [owner, timeout_ms, count]
-        return Op("deliver", [c.queue, c.inflight, c.msgs, c.leases, keys.DUE, c.meta], args)
+        return Op("deliver", [c.queue, c.inflight, c.msgs, c.leases, keys.DUE, c.meta, c.dead],
+                  args)
 
-    def deliver(self, topic, channel, groups):
-        return self.run(self.deliver_op(topic, channel, groups))
+    def deliver(self, topic, channel, groups, max_attempts=0):
+        return self.run(self.deliver_op(topic, channel, groups, max_attempts))
 
     def finish_op(self, topic: str, channel: str, pairs: Sequence[tuple]) -> Op:
         """FIN each (owner, id): per pair 1 done, 0 not in flight, -1 owned by another."""
@@ -278,14 +282,62 @@ class Store:
         return self.run(self.touch_op(topic, channel, max_msg_timeout_ms, triples))
 
     def scan_op(self, topic: str, channel: str, limit: int) -> Op:
-        """Requeue expired and due messages: (timed out, promoted, next due ms or -1)."""
+        """Requeue expired and due messages: (timed out, promoted, next due ms or -1,
+        messages waiting in the dead-letter outbox)."""
         t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
         return Op("scan",
-                  [c.queue, c.inflight, c.msgs, c.leases, c.deferred, c.meta, keys.DUE],
+                  [c.queue, c.inflight, c.msgs, c.leases, c.deferred, c.meta, keys.DUE, c.dead],
                   [c.due_member, t.wake, channel, limit], tuple)
 
     def scan(self, topic, channel, limit=1000):
         return self.run(self.scan_op(topic, channel, limit))
+
+    # -- dead letters (relay/deadletter.py) ----------------------------------
+
+    def claim_dead(self, topic: str, channel: str, token: str, ms: int, count: int) -> list:
+        """Up to `count` records of the dead-letter outbox, if no other scanner holds it."""
+        c = ChannelKeys.of(topic, channel)
+        if not self._guard(lambda: self.redis.set(c.dead_lock, token, nx=True, px=ms)):
+            return []
+        records = self._guard(self.redis.lrange, c.dead, 0, count - 1)
+        if not records:
+            self._guard(self.redis.delete, c.dead_lock)
+        return records
+
+    def drop_dead(self, topic: str, channel: str, count: int) -> None:
+        """Forget the first `count` outbox records (published) and release the claim."""
+        c = ChannelKeys.of(topic, channel)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.ltrim(c.dead, count, -1)
+        pipe.delete(c.dead_lock)
+        self._guard(pipe.execute)
+
+    def redrive_op(self, topic: str, channel: str, records: Sequence[bytes]) -> Op:
+        """Queue records on one channel again: how many, or -1 if there is no such channel."""
+        t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
+        return Op("redrive", [t.channels, c.queue], [channel, t.wake, *records])
+
+    def configure_channel(self, topic: str, channel: str, name: str, value) -> None:
+        """Set (or with None, clear) a channel setting kept in its meta hash."""
+        meta = ChannelKeys.of(topic, channel).meta
+        if value is None:
+            self._guard(self.redis.hdel, meta, name)
+        else:
+            self._guard(self.redis.hset, meta, name, value)
+
+    def channel_setting(self, topic: str, channel: str, name: str) -> str | None:
+        value = self._guard(self.redis.hget, ChannelKeys.of(topic, channel).meta, name)
+        return value.decode() if value is not None else None
+
+    def list_chunk(self, key: str, start: int, count: int) -> list:
+        return self._guard(self.redis.lrange, key, start, start + count - 1)
+
+    def remove_from_list(self, key: str, values: Sequence[bytes]) -> int:
+        """LREM each value once; how many were there."""
+        pipe = self.redis.pipeline(transaction=False)
+        for value in values:
+            pipe.lrem(key, 1, value)
+        return sum(self._guard(pipe.execute))
 
     # -- reads ---------------------------------------------------------------
 
@@ -358,4 +410,5 @@ class Store:
                 "message_count": int(meta.get(b"message_count", 0)),
                 "requeue_count": int(meta.get(b"requeue_count", 0)),
                 "timeout_count": int(meta.get(b"timeout_count", 0)),
+                "dead_count": int(meta.get(b"dead_count", 0)),
                 "client_count": sum(int(v) for v in consumers), "paused": b"paused" in meta}

@@ -1,10 +1,15 @@
 -- deliver: pop ready messages of one channel for this broker's clients and put
 -- them in flight, in one call for all of them. Each group is one client with its
 -- own msg_timeout; attempts are incremented in the record (bytes 9-10).
+-- A message already delivered max-attempts times goes to the channel's dead-letter
+-- outbox instead (the scanner forwards it to the dead-letter topic), and the
+-- group gets the next one.
 --
 -- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] leases
--- KEYS[5] scanners' due index   KEYS[6] channel meta (a paused channel delivers nothing)
--- ARGV[1] due member, then groups of 3: owner, timeout ms, count
+-- KEYS[5] scanners' due index   KEYS[6] channel meta (a paused channel delivers nothing;
+-- its max_attempts field overrides ARGV[2])   KEYS[7] dead-letter outbox
+-- ARGV[1] due member   ARGV[2] max attempts (0: unlimited)
+-- then groups of 3: owner, timeout ms, count
 -- Returns one list of records per group, in ARGV order.
 -- Commands with many arguments go in chunks: Lua's unpack() has a stack limit.
 local function call_chunked(cmd, key, args)
@@ -15,17 +20,38 @@ end
 
 local out = {}
 if redis.call('HEXISTS', KEYS[6], 'paused') == 1 then
-  for g = 2, #ARGV, 3 do out[#out + 1] = {} end
+  for g = 3, #ARGV, 3 do out[#out + 1] = {} end
   return out
 end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local max_attempts = tonumber(redis.call('HGET', KEYS[6], 'max_attempts') or ARGV[2])
+local dead = {}
+
+-- Up to `count` records that may still be delivered, oldest first.
+local function pop(count)
+  local records = {}
+  while count > 0 do
+    local popped = redis.call('LPOP', KEYS[1], count)
+    if not popped then break end
+    for _, r in ipairs(popped) do
+      if max_attempts > 0 and string.byte(r, 9) * 256 + string.byte(r, 10) >= max_attempts then
+        dead[#dead + 1] = r
+      else
+        records[#records + 1] = r
+        count = count - 1
+      end
+    end
+  end
+  return records
+end
+
 local earliest = nil
-for g = 2, #ARGV, 3 do
+for g = 3, #ARGV, 3 do
   local deadline = now + tonumber(ARGV[g + 1])
   local lease = string.format('%d %s', now, ARGV[g])
-  local records = redis.call('LPOP', KEYS[1], tonumber(ARGV[g + 2])) or {}
+  local records = pop(tonumber(ARGV[g + 2]))
   local msgs, inflight, leases = {}, {}, {}
   for i, r in ipairs(records) do
     local attempts = math.min(string.byte(r, 9) * 256 + string.byte(r, 10) + 1, 65535)
@@ -44,6 +70,11 @@ for g = 2, #ARGV, 3 do
     if not earliest or deadline < earliest then earliest = deadline end
   end
   out[#out + 1] = records
+end
+if #dead > 0 then
+  call_chunked('RPUSH', KEYS[7], dead)
+  redis.call('HINCRBY', KEYS[6], 'dead_count', #dead)
+  earliest = now
 end
 if earliest then
   redis.call('ZADD', KEYS[5], 'LT', earliest, ARGV[1])

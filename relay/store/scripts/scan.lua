@@ -6,9 +6,11 @@
 --
 -- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] leases
 -- KEYS[5] deferred   KEYS[6] channel meta   KEYS[7] scanners' due index
+-- KEYS[8] dead-letter outbox (while it holds messages the channel is due every second,
+-- so a scanner forwards them even after a failed attempt)
 -- ARGV[1] due member   ARGV[2] wake pub/sub channel   ARGV[3] channel name
 -- ARGV[4] at most this many messages of each kind per call
--- Returns {timed out, promoted, next due ms or -1}.
+-- Returns {timed out, promoted, next due ms or -1, messages in the dead-letter outbox}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local limit = tonumber(ARGV[4])
@@ -50,9 +52,13 @@ for _, zset in ipairs({KEYS[2], KEYS[5]}) do
     next_due = tonumber(first[2])
   end
 end
+local dead = redis.call('LLEN', KEYS[8])
+if dead > 0 and (next_due == -1 or next_due > now + 1000) then
+  next_due = now + 1000
+end
 if next_due == -1 then
   redis.call('ZREM', KEYS[7], ARGV[1])
 else
   redis.call('ZADD', KEYS[7], next_due, ARGV[1])
 end
-return {timed_out, promoted, next_due}
+return {timed_out, promoted, next_due, dead}

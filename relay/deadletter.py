@@ -1,0 +1,128 @@
+"""Dead letters: messages that reached max attempts, kept readable in a dead-letter topic.
+
+deliver.lua moves a message that was already delivered max-attempts times into
+its channel's outbox (same hash slot, so one atomic step); a scanner publishes the
+outbox to the dead-letter topic through publish.lua and then drops what it
+published. A scanner killed in between publishes those again: dead letters are
+at least once, like every relay delivery.
+
+A dead letter's body is a JSON envelope with the original topic, channel, id,
+attempts, first-publish timestamp (ns), reason and body (text, or base64 in
+`body_base64` when not UTF-8), so an NSQ consumer or `relay-admin dlq` can read
+it and `redrive` can queue the original message again.
+"""
+
+import base64
+import binascii
+import json
+import secrets
+
+from relay.errors import StoreError
+from relay.protocol import codec
+from relay.store import Store
+from relay.store.keys import ChannelKeys, TopicKeys
+
+FORWARD_BATCH = 500
+CLAIM_MS = 10_000
+REASON = "max_attempts"
+
+
+def topic_for(store: Store, topic: str, channel: str, template: str) -> str:
+    """The channel's own dead-letter topic, else the template ('{topic}.dead')."""
+    return (store.channel_setting(topic, channel, "dead_letter_topic")
+            or template.format(topic=topic))
+
+
+def envelope(topic: str, channel: str, record: bytes) -> bytes:
+    ts, attempts, msg_id, body = codec.parse_record(record)
+    letter = {"topic": topic, "channel": channel, "id": msg_id.decode(), "attempts": attempts,
+              "timestamp": ts, "reason": REASON}
+    try:
+        letter["body"] = body.decode()
+    except UnicodeDecodeError:
+        letter["body_base64"] = base64.b64encode(body).decode()
+    return json.dumps(letter, separators=(",", ":")).encode()
+
+
+def read_envelope(body: bytes) -> dict | None:
+    """The letter in a dead-letter message body, or None if it is not one."""
+    try:
+        letter = json.loads(body)
+        if "body_base64" in letter:
+            letter["body_bytes"] = base64.b64decode(letter["body_base64"], validate=True)
+        else:
+            letter["body_bytes"] = letter["body"].encode()
+        if len(letter["id"]) != codec.MSG_ID_LENGTH or letter.get("reason") != REASON:
+            return None
+        return letter
+    except (ValueError, KeyError, TypeError, AttributeError, binascii.Error):
+        return None
+
+
+def forward(store: Store, topic: str, channel: str, template: str) -> int:
+    """Publish a channel's outbox to its dead-letter topic; how many were published."""
+    token, done = secrets.token_hex(8), 0
+    while True:
+        records = store.claim_dead(topic, channel, token, CLAIM_MS, FORWARD_BATCH)
+        if not records:
+            return done
+        target = topic_for(store, topic, channel, template)
+        if not codec.is_valid_name(target):
+            store.drop_dead(topic, channel, 0)
+            raise StoreError(f"dead-letter topic {target!r} of {topic}/{channel} is not a "
+                             "valid topic name; set one with relay-admin config")
+        store.publish(target, [envelope(topic, channel, r) for r in records])
+        store.drop_dead(topic, channel, len(records))
+        done += len(records)
+
+
+def _sources(store: Store, dead_topic: str) -> list[str]:
+    """Where a dead-letter topic's messages wait: its backlog and its channels' queues."""
+    return [TopicKeys.of(dead_topic).backlog] + [
+        ChannelKeys.of(dead_topic, ch).queue for ch in store.channel_names(dead_topic)]
+
+
+def letters(store: Store, topic: str, channel: str, template: str, chunk: int = 1000):
+    """(list key, raw record, letter) for each waiting dead letter of topic/channel."""
+    dead_topic = topic_for(store, topic, channel, template)
+    for key in _sources(store, dead_topic):
+        start = 0
+        while True:
+            records = store.list_chunk(key, start, chunk)
+            for record in records:
+                letter = read_envelope(codec.parse_record(record)[3])
+                if letter and (letter["topic"], letter["channel"]) == (topic, channel):
+                    yield key, record, letter
+            if len(records) < chunk:
+                break
+            start += chunk
+
+
+def redrive(store: Store, topic: str, channel: str, template: str, chunk: int = 1000,
+            progress=None) -> int:
+    """Queue a channel's dead letters on it again (original id and timestamp, attempts 0)
+    and remove them from the dead-letter topic; how many. At least once: each chunk is
+    queued before it is removed. `progress(n)` is called after each chunk."""
+    seen, done = set(), 0
+    while True:
+        batch = []
+        for key, record, letter in letters(store, topic, channel, template, chunk):
+            batch.append((key, record, letter))
+            if len(batch) == chunk:
+                break
+        if not batch:
+            return done
+        fresh = {}
+        for _, _, letter in batch:
+            if letter["id"] not in seen:
+                fresh[letter["id"]] = codec.make_record(letter["timestamp"], 0,
+                                                        letter["id"].encode(),
+                                                        letter["body_bytes"])
+        if fresh and store.run(store.redrive_op(topic, channel, list(fresh.values()))) < 0:
+            raise StoreError(f"channel {topic}/{channel} does not exist")
+        seen.update(fresh)
+        for key in {key for key, _, _ in batch}:
+            store.remove_from_list(key, [record for k, record, _ in batch if k == key])
+        done += len(fresh)
+        if progress:
+            progress(done)
