@@ -1,0 +1,83 @@
+"""A Redis outage under a running broker and scanner: bounded errors, then recovery
+with no manual step. The Redis here is the test's own, so it can be stopped and killed."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from relay import embedded
+from tests.test_http import Api
+from relay.protocol.codec import FRAME_ERROR
+from tests.wire import FRAME_RESPONSE, Wire
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    port = embedded.free_port()
+    conf = os.path.join(os.path.dirname(os.path.dirname(__file__)), "conf", "redis.conf")
+    data = str(tmp_path / "redis")
+    server = {"proc": embedded.start(port, data, conf)}
+
+    def restart():
+        server["proc"] = embedded.start(port, data, conf)
+    yield port, server, restart
+    server["proc"].kill()
+    server["proc"].wait()
+
+
+def publish_until_ok(port, topic, body, timeout=15.0):
+    """What a client with retries does: PUB again (new connection) until OK."""
+    deadline = time.monotonic() + timeout
+    while True:
+        w = Wire(port)
+        reply = w.pub(topic, body)
+        w.close()
+        if reply == (FRAME_RESPONSE, b"OK") or time.monotonic() > deadline:
+            return reply
+        time.sleep(0.2)
+
+
+def test_redis_hang_and_crash_fail_fast_then_recover_by_themselves(processes, own_redis):
+    redis_port, server, restart = own_redis
+    url = f"redis://127.0.0.1:{redis_port}/0"
+    _, port = processes.broker("--redis-url", url, "--redis-timeout", "1s")
+    scanner = processes.scanner("--redis-url", url, "--redis-timeout", "1s")
+    api = Api(port, processes.http_ports[port])
+
+    consumer = Wire(port)
+    consumer.identify(msg_timeout=1000)
+    assert consumer.sub("t", "c", rdy=5) == (FRAME_RESPONSE, b"OK")
+    assert publish_until_ok(port, "t", b"held") == (FRAME_RESPONSE, b"OK")
+    _, attempts, _, body = consumer.message()
+    assert (attempts, body) == (1, b"held")       # not FINed: times out during the outage
+
+    server["proc"].send_signal(signal.SIGSTOP)      # Redis hangs
+    try:
+        producer = Wire(port, timeout=10)
+        started = time.monotonic()
+        frame_type, data = producer.pub("t", b"during")
+        assert frame_type == FRAME_ERROR and data.startswith(b"E_PUB_FAILED PUB failed ")
+        assert time.monotonic() - started < 3.0
+        assert producer.closed()
+        started = time.monotonic()
+        status, text, _ = api.request("GET", "/ping")
+        assert (status, text[:6]) == (500, b"NOK - ")
+        assert time.monotonic() - started < 3.0
+        assert api.json("POST", "/pub?topic=t", b"x") == (503, {"message": "EXITING"})
+    finally:
+        server["proc"].send_signal(signal.SIGCONT)
+
+    server["proc"].send_signal(signal.SIGKILL)      # and then crashes
+    server["proc"].wait()
+    assert Wire(port).pub("t", b"down")[0] == FRAME_ERROR
+    time.sleep(1.5)
+    restart()
+
+    assert publish_until_ok(port, "t", b"after") == (FRAME_RESPONSE, b"OK")
+    got = sorted((consumer.message()[1:4:2]) for _ in range(2))
+    assert got == [(1, b"after"), (2, b"held")]
+    assert api.request("GET", "/ping")[:2] == (200, b"OK")
+    assert not consumer.closed(timeout=0.5)
+    assert scanner.poll() is None
