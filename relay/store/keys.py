@@ -8,6 +8,7 @@ the two in step.
     relay:topics                      SET   topic names (registry, outside scripts)
     relay:brokers                     ZSET  broker id -> expiry (ms) of its registration
     relay:broker:ID                   HASH  a live broker's addresses, ports, version (TTL)
+    relay:broker:ID:clients           STRING JSON list of that broker's subscribed clients (TTL)
     relay:due                         ZSET  "topic/channel" -> earliest in-flight deadline
                                             or deferred due time (ms); the scanners' index
     relay:{T}:meta                    HASH  message_count, message_bytes
@@ -15,6 +16,8 @@ the two in step.
     relay:{T}:channels                SET   channel names
     relay:{T}:backlog                 LIST  records published while the topic had no channel
     relay:{T}:backlog:deferred        ZSET  record -> due time (ms), same situation, deferred
+    relay:{T}:trash:X:N               any   what an empty or delete took out (drop.lua), until
+                                            freed (relay/jobs.py); X is one drop's token
     relay:{T}:wake                    pub/sub: "" = whole topic has news, "C" = one channel
     relay:{T}:ch:C:queue              LIST  ready records
     relay:{T}:ch:C:inflight           ZSET  id -> deadline (ms)
@@ -41,12 +44,24 @@ BROKERS = f"{PREFIX}:brokers"
 
 def broker_key(broker_id: str) -> str:
     return f"{PREFIX}:broker:{broker_id}"
-CHANNEL_SUFFIXES = ("queue", "inflight", "deferred", "msgs", "leases", "meta", "consumers",
-                    "dead", "dead:lock")
+
+
+def broker_clients_key(broker_id: str) -> str:
+    return f"{PREFIX}:broker:{broker_id}:clients"
+
+
+# The keys that hold a channel's messages (an empty drops them), then the rest.
+MESSAGE_SUFFIXES = ("queue", "inflight", "deferred", "msgs", "leases")
+CHANNEL_SUFFIXES = MESSAGE_SUFFIXES + ("meta", "consumers", "dead", "dead:lock")
 
 
 def topic_prefix(topic: str) -> str:
     return f"{PREFIX}:{{{topic}}}:"
+
+
+def trash_prefix(topic: str, token: str) -> str:
+    """Prefix of the trash keys of one drop: trash key = prefix + number."""
+    return topic_prefix(topic) + f"trash:{token}:"
 
 
 def channel_prefix(topic: str) -> str:

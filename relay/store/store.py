@@ -7,21 +7,22 @@ alone. Scripts are loaded once and called by SHA; after a Redis restart
 """
 
 import hashlib
+import secrets
 import time
 from importlib import resources
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import redis
 
 from relay.errors import StoreConnectionError, StoreError
-from relay.protocol.codec import make_record
+from relay.protocol.codec import make_record, parse_record
 from relay.sockio import send_all
 from relay.store import keys
 from relay.store.keys import ChannelKeys, TopicKeys
 
 SCRIPT_NAMES = ("publish", "subscribe", "unsubscribe", "deliver", "finish", "requeue",
-                "touch", "scan", "pause_topic", "pause_channel", "empty_channel", "empty_topic",
-                "delete_channel", "delete_topic", "redrive")
+                "touch", "scan", "pause_topic", "pause_channel", "drop", "redrive")
+SIZE_COMMANDS = {b"list": "LLEN", b"zset": "ZCARD", b"hash": "HLEN", b"none": "EXISTS"}
 
 
 def _same(value):
@@ -36,6 +37,18 @@ class Op(NamedTuple):
     args: Sequence
     parse: Callable = _same
     pre: tuple = ()
+
+
+class Dropped(NamedTuple):
+    """What drop.lua took out: the topic's last message id at that moment (the cut:
+    everything published later stays) and the trash keys that now hold it."""
+
+    last_id: int
+    trash: list
+
+    @classmethod
+    def parse(cls, reply) -> "Dropped | None":
+        return None if reply is None else cls(reply[0], [k.decode() for k in reply[1:]])
 
 
 class Script(NamedTuple):
@@ -191,9 +204,10 @@ class Store:
                   [channel, c.due_member, broker_id, int(channel_ephemeral),
                    int(topic_ephemeral)], int)
 
-    def create_topic(self, topic: str) -> None:
-        """/topic/create: a topic is its name in the registry until something is published."""
-        self._guard(self.redis.sadd, keys.TOPICS, topic)
+    def create_topic(self, topic: str) -> bool:
+        """/topic/create: a topic is its name in the registry until something is published.
+        True if it is new."""
+        return bool(self._guard(self.redis.sadd, keys.TOPICS, topic))
 
     def create_channel(self, topic: str, channel: str) -> bool:
         """/channel/create: subscribe without a consumer."""
@@ -209,31 +223,88 @@ class Store:
         self.run(Op("pause_channel", [c.meta],
                     ["1" if paused else "0", TopicKeys.of(topic).wake, channel]))
 
+    def drop_op(self, topic: str, channel: str = "", delete: bool = False) -> Op:
+        """Empty or delete a channel, or with channel "" the topic (drop.lua): its
+        messages move to new trash keys in this one call. Returns a Dropped, or None
+        when the channel to delete does not exist."""
+        t = TopicKeys.of(topic)
+        trash = keys.trash_prefix(topic, secrets.token_hex(8))
+        return Op("drop", [t.ids, t.channels, t.meta, t.backlog, t.backlog_deferred, keys.DUE],
+                  [trash, keys.channel_prefix(topic), topic, channel, int(delete),
+                   len(keys.MESSAGE_SUFFIXES), *keys.CHANNEL_SUFFIXES], Dropped.parse)
+
+    def detach(self, topic: str, channel: str = "", delete: bool = False) -> "Dropped | None":
+        """drop_op, and a deleted topic leaves the topic registry; None if not found."""
+        if delete and not channel and not self._guard(self.redis.sismember, keys.TOPICS, topic):
+            return None
+        dropped = self.run(self.drop_op(topic, channel, delete))
+        if delete and not channel:
+            self.forget_topic(topic)
+        return dropped
+
+    def drop(self, topic: str, channel: str = "", delete: bool = False) -> "Dropped | None":
+        """detach, then free the trash at once: UNLINK frees it off Redis' main thread."""
+        dropped = self.detach(topic, channel, delete)
+        if dropped is not None and dropped.trash:
+            self._guard(self.redis.unlink, *dropped.trash)
+        return dropped
+
     def empty_channel(self, topic: str, channel: str) -> None:
-        c = ChannelKeys.of(topic, channel)
-        self.run(Op("empty_channel", [c.queue, c.inflight, c.deferred, c.msgs, c.leases,
-                                      keys.DUE], [c.due_member]))
+        self.drop(topic, channel)
 
     def empty_topic(self, topic: str) -> None:
-        t = TopicKeys.of(topic)
-        self.run(Op("empty_topic", [t.backlog, t.backlog_deferred], []))
+        """Drop the topic backlog; channels keep their messages (nsqd's Topic.Empty)."""
+        self.drop(topic)
 
     def delete_channel(self, topic: str, channel: str) -> bool:
         """False if the channel did not exist."""
-        t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
-        return bool(self.run(Op("delete_channel", [t.channels, keys.DUE, *c.all()],
-                                [channel, c.due_member])))
+        return self.drop(topic, channel, delete=True) is not None
 
     def delete_topic(self, topic: str) -> bool:
         """False if the topic did not exist; its channels go with it."""
-        if not self._guard(self.redis.sismember, keys.TOPICS, topic):
-            return False
-        t = TopicKeys.of(topic)
-        self.run(Op("delete_topic",
-                    [t.meta, t.channels, t.backlog, t.backlog_deferred, keys.DUE],
-                    [keys.channel_prefix(topic), topic, *keys.CHANNEL_SUFFIXES]))
-        self.forget_topic(topic)
-        return True
+        return self.drop(topic, delete=True) is not None
+
+    def trash_sizes(self, trash: Sequence[str]) -> list[tuple[bytes, int]]:
+        """(Redis type, entries) of each trash key."""
+        pipe = self.redis.pipeline(transaction=False)
+        for key in trash:
+            pipe.type(key)
+        kinds = self._guard(pipe.execute)
+        for key, kind in zip(trash, kinds):
+            pipe.execute_command(SIZE_COMMANDS[kind], key)
+        return list(zip(kinds, self._guard(pipe.execute)))
+
+    def free_trash(self, key: str, count: int) -> Iterator[int]:
+        """Free a trash key `count` entries per Redis call, so each call stays short;
+        yields how many each call freed."""
+        kind = self._guard(self.redis.type, key)
+        if kind == b"list":
+            return self._free_list(key, count)
+        if kind == b"zset":
+            return self._free_zset(key, count)
+        return self._free_hash(key, count)
+
+    def _free_list(self, key, count):
+        while True:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.llen(key)
+            pipe.ltrim(key, count, -1)
+            length, _ = self._guard(pipe.execute)
+            if not length:
+                return
+            yield min(length, count)
+
+    def _free_zset(self, key, count):
+        while n := self._guard(self.redis.zremrangebyrank, key, 0, count - 1):
+            yield n
+
+    def _free_hash(self, key, count):
+        """HSCAN goes on from its cursor: nothing else writes a trash key."""
+        cursor = None
+        while cursor != 0:
+            cursor, fields = self._guard(lambda: self.redis.hscan(key, cursor or 0, count=count))
+            if fields:
+                yield self._guard(self.redis.hdel, key, *fields)
 
     def forget_topic(self, topic: str) -> None:
         self.redis.srem(keys.TOPICS, topic)
@@ -270,6 +341,23 @@ class Store:
 
     def requeue(self, topic, channel, triples):
         return self.run(self.requeue_op(topic, channel, triples))
+
+    def requeue_in_flight(self, topic: str, channel: str, ids: Sequence[bytes],
+                          delivered_by_ms: int | None = None) -> list[int]:
+        """Admin requeue: in-flight messages go back to the queue whoever holds them
+        (their holder's FIN then fails, as after a timeout). With `delivered_by_ms`,
+        only those delivered by then. Per id: 1 requeued, else 0."""
+        leases = self._guard(self.redis.hmget, ChannelKeys.of(topic, channel).leases, ids)
+        triples = []
+        for msg_id, lease in zip(ids, leases):
+            if lease is None:
+                continue
+            delivered, _, owner = lease.partition(b" ")
+            if delivered_by_ms is None or int(delivered) <= delivered_by_ms:
+                triples.append((owner, msg_id, 0))
+        done = self.requeue(topic, channel, triples) if triples else []
+        requeued = {msg_id for (_, msg_id, _), r in zip(triples, done) if r == 1}
+        return [int(msg_id in requeued) for msg_id in ids]
 
     def touch_op(self, topic: str, channel: str, max_msg_timeout_ms: int,
                  triples: Sequence[tuple]) -> Op:
@@ -350,6 +438,43 @@ class Store:
         now = sec * 1000 + usec // 1000
         due = [(*keys.split_due_member(m.decode()), int(s)) for m, s in entries if s <= now]
         return now, due
+
+    def now_ms(self) -> int:
+        """Redis' clock, the one every script uses."""
+        sec, usec = self._guard(self.redis.time)
+        return sec * 1000 + usec // 1000
+
+    def in_flight(self, topic: str, channel: str, limit: int) -> list[dict]:
+        """The `limit` in-flight messages of a channel due first: id, deadline and
+        delivery time (ms), owner, attempts."""
+        c = ChannelKeys.of(topic, channel)
+        entries = self._guard(
+            lambda: self.redis.zrange(c.inflight, 0, limit - 1, withscores=True))
+        if not entries:
+            return []
+        ids = [msg_id for msg_id, _ in entries]
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hmget(c.leases, ids)
+        pipe.hmget(c.msgs, ids)
+        leases, records = self._guard(pipe.execute)
+        out = []
+        for (msg_id, deadline), lease, record in zip(entries, leases, records):
+            if lease is None or record is None:
+                continue  # finished meanwhile
+            delivered, _, owner = lease.decode().partition(" ")
+            out.append({"id": msg_id.decode(), "deadline_ms": int(deadline),
+                        "delivered_ms": int(delivered), "owner": owner,
+                        "attempts": parse_record(record)[1]})
+        return out
+
+    def in_flight_ids(self, topic: str, channel: str, count: int) -> Iterator[list[bytes]]:
+        """Every id in flight for the whole iteration, about `count` per Redis call
+        (ZSCAN: ids may repeat, and ids that come or go meanwhile may be missed)."""
+        key, cursor = ChannelKeys.of(topic, channel).inflight, None
+        while cursor != 0:
+            cursor, entries = self._guard(lambda: self.redis.zscan(key, cursor or 0, count=count))
+            if entries:
+                yield [msg_id for msg_id, _ in entries]
 
     def topic_names(self) -> list[str]:
         return sorted(n.decode() for n in self._guard(self.redis.smembers, keys.TOPICS))
