@@ -23,8 +23,9 @@ import redis
 from gevent.event import Event
 from gevent.server import StreamServer
 
+from relay import stats
 from relay.channel import Channel
-from relay.client import SUBSCRIBED, Client
+from relay.client import CLOSING, SUBSCRIBED, Client
 from relay.errors import StoreError
 from relay.http import HttpApi, LookupdApi
 from relay.latency import E2eLatency
@@ -41,6 +42,7 @@ log = logging.getLogger("relay.broker")
 
 EXPIRY_TICK = 0.1
 SHUTDOWN_GRACE = 5.0
+DRAIN_GRACE = 5.0
 LATENCY_FLUSH_INTERVAL = 1.0
 
 
@@ -85,7 +87,8 @@ class Broker:
         self._greenlets.append(gevent.spawn(self.registry.register, {
             "hostname": socket.gethostname(), "broadcast_address": self.options.broadcast_address,
             "remote_address": f"{self.options.broadcast_address}:{self.tcp_port}",
-            "tcp_port": self.tcp_port, "http_port": http[1], "version": NSQD_VERSION}))
+            "tcp_port": self.tcp_port, "http_port": http[1], "version": NSQD_VERSION},
+            self.announced_clients))
         log.info("broker %s listening tcp=%s:%s http=%s:%s redis=%s", self.id, *address, *http,
                  _redacted(self.options.redis_url))
         return address
@@ -100,10 +103,12 @@ class Broker:
         self.stop()
 
     def stop(self) -> None:
-        """Stop accepting, close every client (their in-flight messages are requeued)."""
+        """Stop accepting, let consumers finish what they hold, then close every client
+        (what is still in flight is requeued at once)."""
         self._server.close()
         self.http.stop()
         self.lookupd.stop()
+        self._drain(DRAIN_GRACE)
         for client in list(self.clients.values()):
             client.close()
         deadline = time.monotonic() + SHUTDOWN_GRACE
@@ -113,6 +118,27 @@ class Broker:
         self.flush_latency()
         self.registry.leave()
         self.commit.stop()
+
+    def _drain(self, grace: float) -> None:
+        """A CLS for every consumer: no more deliveries, and CLOSE_WAIT, on which go-nsq
+        closes once its in-flight messages are done. FIN/REQ still work meanwhile; a
+        consumer is closed as soon as it holds nothing, the rest after `grace`."""
+        for client in list(self.clients.values()):
+            if client.state == SUBSCRIBED:
+                client.state = CLOSING
+                client.ready_count = 0
+                client.respond(codec.CLOSE_WAIT)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            holding = False
+            for client in list(self.clients.values()):
+                if client.in_flight:
+                    holding = True
+                elif client.state == CLOSING:
+                    client.close()
+            if not holding:
+                return
+            gevent.sleep(0.02)
 
     # -- connections ----------------------------------------------------------
 
@@ -157,6 +183,17 @@ class Broker:
             self.wake.watch(topic)
         client.state = SUBSCRIBED
         channel.add(client)
+        self.registry.clients_changed()
+
+    def subscribed_clients(self) -> list[Client]:
+        return [c for c in self.clients.values()
+                if c.state == SUBSCRIBED and c.channel is not None]
+
+    def announced_clients(self) -> list[dict]:
+        """What the registry announces: each subscribed client's stats, channel and owner
+        id (as in-flight leases name it)."""
+        return [{"topic": c.channel.topic, "channel": c.channel.name, "owner": c.owner,
+                 **stats.client_stats(c)} for c in self.subscribed_clients()]
 
     def _disconnect(self, client: Client) -> None:
         """Give back what the client held in flight and leave its channel."""
@@ -166,6 +203,7 @@ class Broker:
         held = list(client.in_flight)
         client.in_flight.clear()
         channel.remove(client)
+        self.registry.clients_changed()
         if not channel.clients:
             channel.stop()
             del self.channels[(channel.topic, channel.name)]

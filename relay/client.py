@@ -149,6 +149,13 @@ class Client:
         with self._write_lock:
             send_all(self.sock, data)
 
+    def respond(self, data: bytes) -> None:
+        """A response frame the client did not ask for (CLOSE_WAIT at shutdown)."""
+        try:
+            self.send(codec.frame(codec.FRAME_RESPONSE, data))
+        except OSError:
+            self.close()
+
     def pump(self) -> None:
         """Write delivered messages, and a heartbeat each interval (nsqd messagePump)."""
         try:

@@ -1,0 +1,57 @@
+"""SIGTERM: the broker drains its consumers, requeues what they keep, leaves the
+registry and exits in bounded time; the scanner stops between passes."""
+
+import signal
+import time
+
+from relay.protocol.codec import CLOSE_WAIT
+from tests.test_http import Api
+from tests.wire import FRAME_RESPONSE, Wire
+
+
+def test_sigterm_drains_consumers_then_requeues_what_they_keep(processes):
+    leaving, port1 = processes.broker("--broadcast-address", "127.0.0.1")
+    _, port2 = processes.broker("--broadcast-address", "127.0.0.1")
+    api = Api(port2, processes.http_ports[port2])
+    assert api.request("POST", "/topic/create?topic=t")[0] == 200
+    assert api.request("POST", "/channel/create?topic=t&channel=c")[0] == 200
+    assert api.request("POST", "/mpub?topic=t", b"finished\nkept")[0] == 200
+
+    finisher, keeper = Wire(port1), Wire(port1)
+    for wire in (finisher, keeper):
+        wire.identify()
+        assert wire.sub("t", "c", rdy=1) == (FRAME_RESPONSE, b"OK")
+    held = {wire: wire.message() for wire in (finisher, keeper)}
+    assert sorted(m[3] for m in held.values()) == [b"finished", b"kept"]
+
+    started = time.monotonic()
+    leaving.send_signal(signal.SIGTERM)
+    for wire in (finisher, keeper):
+        assert wire.frame() == (FRAME_RESPONSE, CLOSE_WAIT)
+    finisher.command(b"FIN " + held[finisher][2])
+    assert finisher.closed(timeout=2)      # as soon as it holds nothing
+    assert not keeper.closed(timeout=1)
+    assert keeper.closed(timeout=10)       # after the grace period (5 s)
+    assert leaving.wait(15) == 0
+    assert time.monotonic() - started < 12
+
+    assert [p["tcp_port"] for p in api.json("GET", "/lookup?topic=t")[1]["producers"]] \
+        == [port2]
+    other = Wire(port2)
+    other.identify()
+    assert other.sub("t", "c", rdy=5) == (FRAME_RESPONSE, b"OK")
+    _, attempts, _, body = other.message()       # at once, not after msg_timeout (60 s)
+    assert (attempts, body) == (2, held[keeper][3])
+    assert other.nothing(0.5)
+    _, stats = api.json("GET", "/stats?format=json")
+    channel = stats["topics"][0]["channels"][0]
+    assert (channel["requeue_count"], channel["in_flight_count"], channel["depth"]) == (1, 1, 0)
+
+
+def test_sigterm_stops_the_scanner(processes):
+    scanner = processes.scanner()
+    time.sleep(0.5)
+    started = time.monotonic()
+    scanner.send_signal(signal.SIGTERM)
+    assert scanner.wait(5) == 0
+    assert time.monotonic() - started < 2
