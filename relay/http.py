@@ -19,7 +19,6 @@ import redis
 from gevent.pywsgi import WSGIServer
 
 from relay import stats
-from relay.client import SUBSCRIBED
 from relay.errors import ClientError, StoreError
 from relay.metrics import CONTENT_TYPE
 from relay.options import DURATION
@@ -368,20 +367,9 @@ class HttpApi:
     def _clients(self) -> dict:
         """This broker's consumers, by (topic, channel), in nsqd's ClientStats shape."""
         out: dict = {}
-        for client in self.broker.clients.values():
+        for client in self.broker.subscribed_clients():
             channel = client.channel
-            if client.state != SUBSCRIBED or channel is None:
-                continue
-            out.setdefault((channel.topic, channel.name), []).append({
-                "client_id": client.client_id, "hostname": client.hostname, "version": "V2",
-                "remote_address": client.remote_address, "state": 3,
-                "ready_count": client.ready_count, "in_flight_count": len(client.in_flight),
-                "message_count": client.message_count, "finish_count": client.finish_count,
-                "requeue_count": client.requeue_count, "connect_ts": client.connect_ts,
-                "sample_rate": client.sample_rate, "deflate": False, "snappy": False,
-                "user_agent": client.user_agent, "tls": False, "tls_cipher_suite": "",
-                "tls_version": "", "tls_negotiated_protocol": "",
-                "tls_negotiated_protocol_is_mutual": False})
+            out.setdefault((channel.topic, channel.name), []).append(stats.client_stats(client))
         return out
 
 

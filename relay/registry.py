@@ -1,14 +1,20 @@
 """The broker registry: each broker announces itself in Redis with a TTL heartbeat, so
-any broker can answer nsqlookupd's questions (/lookup, /nodes) for all of them.
+any broker can answer nsqlookupd's questions (/lookup, /nodes) for all of them, and
+`relay-admin` can show every broker's clients.
 
-A broker killed with -9 drops out when its registration expires (3 heartbeats).
+A broker killed with -9 drops out when its registration expires (3 heartbeats), and
+its clients with it. The clients are announced at each heartbeat and soon after one
+subscribes or leaves, so their counters are up to a heartbeat old.
 """
 
+import json
 import logging
 import time
+from typing import Callable
 
 import gevent
 import redis
+from gevent.event import Event
 
 from relay.store import keys
 
@@ -16,6 +22,7 @@ log = logging.getLogger("relay.registry")
 
 HEARTBEAT = 5.0
 TTL_MS = 15_000
+MIN_INTERVAL = 0.5
 
 
 class Registry:
@@ -23,29 +30,38 @@ class Registry:
         self.redis = client
         self.id = broker_id
         self.info: dict = {}
+        self.clients: Callable[[], list] = list
+        self._changed = Event()
 
-    def register(self, info: dict) -> None:
-        """Announce now, then every HEARTBEAT seconds (call in a greenlet)."""
-        self.info = info
+    def register(self, info: dict, clients: Callable[[], list] = list) -> None:
+        """Announce now, then every HEARTBEAT seconds or sooner when the clients
+        changed, at most every MIN_INTERVAL (call in a greenlet)."""
+        self.info, self.clients = info, clients
         while True:
             try:
-                self._announce()
+                self.announce()
             except redis.exceptions.RedisError as e:
                 log.warning("could not announce broker %s: %s", self.id, e)
-            gevent.sleep(HEARTBEAT)
+            gevent.sleep(MIN_INTERVAL)
+            self._changed.wait(HEARTBEAT - MIN_INTERVAL)
+            self._changed.clear()
 
-    def _announce(self) -> None:
+    def clients_changed(self) -> None:
+        self._changed.set()
+
+    def announce(self) -> None:
         key = keys.broker_key(self.id)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(key, mapping=self.info)
         pipe.pexpire(key, TTL_MS)
+        pipe.set(keys.broker_clients_key(self.id), json.dumps(self.clients()), px=TTL_MS)
         pipe.zadd(keys.BROKERS, {self.id: int(time.time() * 1000) + TTL_MS})
         pipe.execute()
 
     def leave(self) -> None:
         try:
             self.redis.pipeline(transaction=False).zrem(keys.BROKERS, self.id).delete(
-                keys.broker_key(self.id)).execute()
+                keys.broker_key(self.id), keys.broker_clients_key(self.id)).execute()
         except redis.exceptions.RedisError as e:
             log.warning("could not deregister broker %s: %s", self.id, e)
 
@@ -64,3 +80,12 @@ def live_brokers(client: redis.Redis) -> list[dict]:
             out.append({"id": broker_id.decode(),
                         **{k.decode(): v.decode() for k, v in info.items()}})
     return sorted(out, key=lambda b: b["id"])
+
+
+def live_clients(client: redis.Redis, brokers: list[dict]) -> list[dict]:
+    """The clients the given brokers announced, each with its "broker" id."""
+    if not brokers:
+        return []
+    announced = client.mget([keys.broker_clients_key(b["id"]) for b in brokers])
+    return [{"broker": b["id"], **c}
+            for b, data in zip(brokers, announced) for c in json.loads(data or "[]")]

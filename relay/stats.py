@@ -55,6 +55,20 @@ def _add_latency(store: Store, topics: list, latency: E2eLatency) -> None:
             t["e2e_processing_latency"] = percentiles(merged, latency.quantiles)
 
 
+def client_stats(client) -> dict:
+    """nsqd's ClientStats of a subscribed connection: in /stats, and announced to the
+    broker registry for relay-admin."""
+    return {"client_id": client.client_id, "hostname": client.hostname, "version": "V2",
+            "remote_address": client.remote_address, "state": 3,
+            "ready_count": client.ready_count, "in_flight_count": len(client.in_flight),
+            "message_count": client.message_count, "finish_count": client.finish_count,
+            "requeue_count": client.requeue_count, "connect_ts": client.connect_ts,
+            "sample_rate": client.sample_rate, "deflate": False, "snappy": False,
+            "user_agent": client.user_agent, "tls": False, "tls_cipher_suite": "",
+            "tls_version": "", "tls_negotiated_protocol": "",
+            "tls_negotiated_protocol_is_mutual": False}
+
+
 def text(data: dict, health: str, start_time: int) -> str:
     """nsqd's plain-text /stats (httpServer.printStats)."""
     started = datetime.datetime.fromtimestamp(start_time, datetime.timezone.utc)
