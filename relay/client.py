@@ -16,6 +16,10 @@ from relay.sockio import send_all
 INIT, SUBSCRIBED, CLOSING = "init", "subscribed", "closing"
 DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024
 MAX_PENDING_REPLIES = 1024
+# Bytes of delivered messages not yet written to a consumer's socket before it gets
+# no more: a consumer that stops reading costs this much memory, not RDY x msg size.
+# One that stays stuck longer than --client-timeout is closed by the socket timeout.
+MAX_UNSENT_BYTES = 4 * 1024 * 1024
 
 
 class Client:
@@ -47,6 +51,7 @@ class Client:
         self.closed = False
         self.replies = Queue(MAX_PENDING_REPLIES)
         self._outbox: list[bytes] = []
+        self._unsent = 0
         self._outbox_ready = Event()
         self._write_lock = Semaphore()
 
@@ -102,7 +107,7 @@ class Client:
 
     def credit(self) -> int:
         """How many more messages may go to this client now (RDY caps in-flight)."""
-        if self.state != SUBSCRIBED or self.closed:
+        if self.state != SUBSCRIBED or self.closed or self._unsent >= MAX_UNSENT_BYTES:
             return 0
         return max(0, self.ready_count - len(self.in_flight))
 
@@ -121,7 +126,9 @@ class Client:
             frames.append(r)
         if frames:
             self.message_count += len(frames)
-            self._outbox.append(codec.message_frames(frames))
+            data = codec.message_frames(frames)
+            self._unsent += len(data)
+            self._outbox.append(data)
             self._outbox_ready.set()
         return [], sampled_out
 
@@ -168,8 +175,16 @@ class Client:
                 data, self._outbox = b"".join(self._outbox), []
                 if data:
                     self.send(data)
+                    self._sent(len(data))
         except OSError:
             self.close()  # the peer is gone; what it held in flight is requeued
+
+    def _sent(self, n: int) -> None:
+        """Written to the socket: a client held back by MAX_UNSENT_BYTES may take more."""
+        held_back = self._unsent >= MAX_UNSENT_BYTES
+        self._unsent -= n
+        if held_back and self._unsent < MAX_UNSENT_BYTES and self.channel is not None:
+            self.channel.wake()
 
     def heartbeat_changed(self) -> None:
         """Let the pump pick up a new heartbeat interval now."""
