@@ -33,7 +33,7 @@ from relay.metrics import Metrics
 from relay.protocol import codec
 from relay.protocol.v2 import NSQD_VERSION, ProtocolV2, Reader
 from relay.registry import Registry
-from relay.sockio import listen
+from relay.sockio import listen, raise_open_file_limit
 from relay.store import Store, connect_redis
 from relay.store.commit import GroupCommit
 from relay.store.keys import TopicKeys
@@ -43,6 +43,7 @@ log = logging.getLogger("relay.broker")
 EXPIRY_TICK = 0.1
 SHUTDOWN_GRACE = 5.0
 DRAIN_GRACE = 5.0
+FILES_RESERVED = 64     # for Redis connections, listeners and logs
 LATENCY_FLUSH_INTERVAL = 1.0
 
 
@@ -68,11 +69,14 @@ class Broker:
         self._numbers = itertools.count(1)
         self._server = None
         self._greenlets = []
+        self.max_clients = 0
+        self._last_refusal_log = float("-inf")
 
     # -- lifecycle ------------------------------------------------------------
 
     def start(self) -> tuple:
         """Listen and start the background loops; returns the TCP address bound."""
+        self.max_clients = max(raise_open_file_limit() - FILES_RESERVED, 1)
         self._server = StreamServer(listen(self.options.tcp_address), self.handle)
         self._server.start()
         self._greenlets = [gevent.spawn(self._expire_loop), gevent.spawn(self.wake.run)]
@@ -143,6 +147,9 @@ class Broker:
     # -- connections ----------------------------------------------------------
 
     def handle(self, sock: socket.socket, address) -> None:
+        if len(self.clients) >= self.max_clients:
+            self._refuse(sock, address)
+            return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(self.options.client_timeout / 1000)
         try:
@@ -173,6 +180,16 @@ class Broker:
             self._disconnect(client)
             del self.clients[client.number]
             log.debug("%r disconnected", client)
+
+    def _refuse(self, sock: socket.socket, address) -> None:
+        """Close a connection past the open-file limit at once, rather than letting
+        accept() fail with EMFILE for everyone (Redis connections included)."""
+        sock.close()
+        now = time.monotonic()
+        if now - self._last_refusal_log > 10:
+            self._last_refusal_log = now
+            log.warning("refusing connections (e.g. from %s:%s): %d clients, the open-file "
+                        "limit allows %d", *address[:2], len(self.clients), self.max_clients)
 
     def subscribe(self, client: Client, topic: str, channel_name: str) -> None:
         """SUB: register the consumer in Redis, then join the local delivery loop."""

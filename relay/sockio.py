@@ -1,6 +1,7 @@
 """Listening sockets brokers can share, and socket writes without gevent's per-call
 overhead."""
 
+import resource
 import socket
 
 
@@ -24,3 +25,15 @@ def listen(address: str) -> socket.socket:
     sock.listen(1024)
     sock.setblocking(False)
     return sock
+
+
+def raise_open_file_limit() -> int:
+    """Lift the soft limit on open files to the hard one (as far as we may); the limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft

@@ -1,0 +1,120 @@
+"""Many connections on one broker: 2,000 idle ones with heartbeats while others work,
+and clean refusals past the open-file limit."""
+
+import json
+import os
+import resource
+import selectors
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+from relay import embedded
+from tests.test_http import Api
+from tests.wire import FRAME_RESPONSE, Wire
+
+HEARTBEAT = b"\x00\x00\x00\x0f\x00\x00\x00\x00_heartbeat_"
+
+
+def idle_connection(port, heartbeat_ms=1000):
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    body = json.dumps({"heartbeat_interval": heartbeat_ms}).encode()
+    sock.sendall(b"  V2IDENTIFY\n" + struct.pack(">i", len(body)) + body)
+    assert sock.recv(10) == b"\x00\x00\x00\x06\x00\x00\x00\x00OK"
+    sock.setblocking(False)
+    return sock
+
+
+class HeartbeatAnswerer(threading.Thread):
+    """Answers every heartbeat with NOP, as a client library does; counts them."""
+
+    def __init__(self, socks):
+        super().__init__(daemon=True)
+        self.selector = selectors.DefaultSelector()
+        self.beats = {s: 0 for s in socks}
+        self.closed = set()
+        self.stop = threading.Event()
+        for s in socks:
+            self.selector.register(s, selectors.EVENT_READ)
+
+    def run(self):
+        while not self.stop.is_set():
+            for key, _ in self.selector.select(0.1):
+                sock = key.fileobj
+                data = sock.recv(4096)
+                if not data:
+                    self.selector.unregister(sock)
+                    self.closed.add(sock)
+                    continue
+                n = data.count(HEARTBEAT)
+                self.beats[sock] += n
+                sock.sendall(b"NOP\n" * n)
+
+
+def test_two_thousand_idle_connections_while_others_work(processes):
+    proc, port = processes.broker()
+    processes.scanner()
+    idle = [idle_connection(port) for _ in range(2000)]
+    answerer = HeartbeatAnswerer(idle)
+    answerer.start()
+
+    api = Api(port, processes.http_ports[port])
+    consumer = Wire(port)
+    consumer.identify()
+    assert consumer.sub("t", "c", rdy=100) == (FRAME_RESPONSE, b"OK")
+    producer = Wire(port)
+    started = time.monotonic()
+    for i in range(50):
+        assert producer.mpub("t", [b"%d-%d" % (i, j) for j in range(100)]) == (
+            FRAME_RESPONSE, b"OK")
+    got = set()
+    while len(got) < 5000:
+        msg_id, body = consumer.message()[2:]
+        got.add(body)
+        consumer.command(b"FIN " + msg_id)
+    time.sleep(max(0.0, 3.5 - (time.monotonic() - started)))
+    answerer.stop.set()
+    answerer.join()
+    assert len(got) == 5000
+    assert answerer.closed == set()
+    assert min(answerer.beats.values()) >= 2
+    assert api.json("GET", "/stats?format=json")[1]["health"] == "OK"
+    for sock in idle:
+        sock.close()
+    assert proc.poll() is None
+
+
+def test_connections_past_the_open_file_limit_are_refused_cleanly(processes, tmp_path):
+    port = embedded.free_port()
+
+    def low_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))
+    log = open(tmp_path / "broker.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relay", "broker", "--tcp-address", f"127.0.0.1:{port}",
+         "--http-address", "", "--lookupd-http-address", ""],
+        env={**os.environ, "REDIS_URL": processes.redis_url}, preexec_fn=low_limit,
+        stdout=log, stderr=subprocess.STDOUT)
+    try:
+        embedded.wait_for_port("127.0.0.1", port, proc)
+        served = [idle_connection(port, 60_000) for _ in range(200 - 64 - 1)]
+        producer = Wire(port)                   # the last place (64 files are reserved)
+        assert producer.pub("t", b"still serving") == (FRAME_RESPONSE, b"OK")
+        refused = Wire(port)
+        assert refused.closed(timeout=2)        # closed at once
+        assert producer.pub("t", b"and still") == (FRAME_RESPONSE, b"OK")
+        served[0].close()
+        time.sleep(0.3)
+        again = Wire(port)                      # a freed place is usable again
+        assert again.pub("t", b"again") == (FRAME_RESPONSE, b"OK")
+        for sock in served[1:]:
+            sock.close()
+        assert proc.poll() is None
+        log.flush()
+        assert "refusing connections" in (tmp_path / "broker.log").read_text()
+    finally:
+        proc.terminate()
+        proc.wait(15)
