@@ -12,7 +12,6 @@ from relay.errors import ConfigError
 from relay.options import OPTION_NAMES, Options, load_options, option_flag, option_help
 
 DEFAULT_CONFIG = "conf/relay.toml"
-JOBS_QUEUE = "relay"
 
 
 def option_flags(command):
@@ -74,8 +73,9 @@ def jobs(config, **flags):
     """Run the rq worker for long admin jobs, once Redis answers."""
     options = load(config, flags)
     _wait_for_redis(options)
+    from relay.jobs import QUEUE
     rq = shutil.which("rq") or os.path.join(os.path.dirname(sys.executable), "rq")
-    os.execv(rq, [rq, "worker", "--url", options.redis_url, JOBS_QUEUE])
+    os.execv(rq, [rq, "worker", "--url", options.redis_url, QUEUE])
 
 
 @main.command()

@@ -1,7 +1,15 @@
 """Long admin operations: drop.lua's cut, freeing trash in chunks, admin requeue, and
 the rq jobs that run them (rq's SimpleWorker in burst mode, on both backends)."""
 
+import threading
+import time
+
+import fakeredis
+from rq import Queue, SimpleWorker
+
+from relay import jobs
 from relay.protocol.codec import parse_record
+from relay.store import Store
 from relay.store.keys import ChannelKeys
 
 
@@ -77,3 +85,122 @@ def test_requeue_in_flight_takes_messages_from_any_holder(store):
     cut = store.redis.hget(ChannelKeys.of("t", "c").leases, b"0000000000000002").split()[0]
     assert store.requeue_in_flight("t", "c", [b"0000000000000002"], int(cut) - 1) == [0]
     assert store.requeue_in_flight("t", "c", [b"0000000000000002"], int(cut)) == [1]
+
+
+def work(backend):
+    """Run every queued job with a real rq worker, in this process (burst mode)."""
+    SimpleWorker([Queue(jobs.QUEUE, connection=backend)], connection=backend).work(burst=True)
+
+
+class Producer(threading.Thread):
+    """Publishes 10 messages at a time until stopped; remembers each id's body and the
+    slowest publish."""
+
+    def __init__(self, store, topic):
+        super().__init__(daemon=True)
+        self.store, self.topic = store, topic
+        self.bodies: dict[int, bytes] = {}
+        self.times: list[float] = []
+        self.slowest = 0.0
+        self.stopped = threading.Event()
+
+    def run(self):
+        n = 0
+        while not self.stopped.is_set():
+            batch = [b"new%d" % i for i in range(n, n + 10)]
+            started = time.monotonic()
+            last = self.store.publish(self.topic, batch)
+            self.slowest = max(self.slowest, time.monotonic() - started)
+            self.times.append(time.time())
+            self.bodies.update(zip(range(last - 9, last + 1), batch))
+            n += 10
+            time.sleep(0.001)
+
+    def stop(self):
+        self.stopped.set()
+        self.join(10)
+
+
+def test_empty_job_of_a_million_messages_keeps_what_is_published_meanwhile(store, backend):
+    """The cut is exact: what the channel held when the job started goes, every message
+    published after it stays, in order."""
+    size = 50_000 if isinstance(backend, fakeredis.FakeRedis) else 1_000_000
+    store.subscribe("t", "c", "b1")
+    fill(store, "t", size)
+    store.deliver("t", "c", [("b1:1", 60000, 100)])
+    producer = Producer(Store(backend), "t")
+    producer.start()
+    while len(producer.bodies) < 100:
+        time.sleep(0.001)
+    job = jobs.enqueue(backend, "empty", "t", "c")
+    work(backend)
+    time.sleep(0.05)
+    producer.stop()
+
+    job.refresh()
+    result = job.return_value()
+    cut = int(result["cut_id"], 16)
+    before = sum(1 for i in producer.bodies if i <= cut)
+    after = [body for i, body in sorted(producer.bodies.items()) if i > cut]
+    assert before >= 100 and after
+    during = [t for t in producer.times
+              if job.started_at.timestamp() <= t <= job.ended_at.timestamp()]
+    assert during and producer.slowest < 1.0
+    assert queued_bodies(store, "t", "c") == after
+    c = store.read_channel("t", "c")
+    assert (c["in_flight_count"], c["message_count"]) == (0, size + len(producer.bodies))
+    total = (size + before) + 100 * 2  # queue and in flight, plus their msgs and leases
+    assert result == {"operation": "empty", "target": "t/c", "cut_id": f"{cut:016x}",
+                      "messages": size + before, "done": total, "total": total}
+    assert job.get_meta()["progress"] == result
+    assert store.redis.keys("relay:{t}:trash:*") == []
+
+
+def test_empty_cut_is_the_first_step(store):
+    store.subscribe("t", "c", "b1")
+    fill(store, "t", 2500)
+    store.deliver("t", "c", [("b1:1", 60000, 10)])
+    steps = jobs.empty(store, "t", "c")
+    progress = next(steps)
+    assert progress == {"cut_id": f"{2500:016x}", "done": 0, "total": 2490 + 10 * 3,
+                        "messages": 2500}
+    store.publish("t", [b"new1", b"new2"])
+    assert [p["done"] for p in steps] == [1000, 2000, 2490, 2500, 2510, 2520]
+    assert queued_bodies(store, "t", "c") == [b"new1", b"new2"]
+
+
+def test_requeue_all_leaves_later_deliveries_alone(store):
+    store.subscribe("t", "c", "b1")
+    fill(store, "t", 2600)
+    store.deliver("t", "c", [("b1:1", 60000, 1200), ("b2:1", 60000, 1200)])
+    time.sleep(0.002)
+    steps = jobs.requeue_all(store, "t", "c")
+    progress = next(steps)
+    assert (progress["done"], progress["total"], progress["requeued"]) == (0, 2400, 0)
+    time.sleep(0.002)
+    [later] = store.deliver("t", "c", [("b3:1", 60000, 200)])
+    for progress in steps:
+        pass
+    assert (progress["done"], progress["total"], progress["requeued"]) == (2400, 2400, 2400)
+    assert sorted(m["owner"] for m in store.in_flight("t", "c", 1000)) == ["b3:1"] * 200
+    c = store.read_channel("t", "c")
+    assert (c["depth"], c["in_flight_count"], c["requeue_count"]) == (2400, 200, 2400)
+    assert store.finish("t", "c", [("b1:1", b"0000000000000001")]) == [0]
+
+
+def test_requeue_and_delete_jobs_report_progress_in_meta(store, backend):
+    store.subscribe("t", "c", "b1")
+    store.subscribe("t", "d", "b1")
+    fill(store, "t", 3000)
+    store.deliver("t", "c", [("b1:1", 60000, 2500)])
+    requeue = jobs.enqueue(backend, "requeue", "t", "c")
+    delete = jobs.enqueue(backend, "delete", "t", "")
+    work(backend)
+    assert requeue.return_value() == {"operation": "requeue", "target": "t/c", "done": 2500,
+                                      "total": 2500, "requeued": 2500,
+                                      "cut_ms": requeue.return_value()["cut_ms"]}
+    assert requeue.get_meta() == {"operation": "requeue", "target": "t/c",
+                                  "progress": requeue.return_value()}
+    assert delete.return_value()["messages"] == 6000
+    assert store.topic_names() == []
+    assert [k for k in store.redis.keys("relay:*") if not k.endswith(b":ids")] == []

@@ -31,6 +31,8 @@ the two in step.
     relay:{T}:ch:C:dead:lock          STRING the scanner forwarding them (short TTL)
     relay:{T}:ch:C:e2e:N              HASH  latency bucket -> FINs in half-window N of
                                             --e2e-processing-latency-window-time (expires)
+    rq:*                              rq's queue "relay": relay-admin's jobs and the
+                                            `relay jobs` workers (relay/jobs.py)
 """
 
 from dataclasses import dataclass

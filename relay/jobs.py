@@ -1,0 +1,132 @@
+"""Long admin operations (empty, delete, requeue --all) as rq jobs on queue "relay",
+which `relay jobs` works through.
+
+An operation is a generator over (store, topic, channel). Its first step makes the
+cut in one Redis call and yields the progress, a dict with "done" and "total"; each
+further step does one chunk of at most CHUNK entries and yields it again, so every
+Redis call stays short and publishing and consuming go on meanwhile. The last
+progress is the result. The same generator runs inline for small targets (`run`)
+and in the worker for big ones (`perform`, which keeps the progress in job.meta).
+A new operation is a generator added to OPERATIONS.
+"""
+
+import time
+from typing import Callable
+
+from rq import Queue, Worker, get_current_job
+from rq.job import Job
+
+from relay.errors import RelayError
+from relay.store import Store
+
+QUEUE = "relay"
+CHUNK = 1000
+RESULT_TTL = 7 * 24 * 3600
+SAVE_INTERVAL = 0.2
+
+
+class NotFound(RelayError):
+    """The topic or channel is gone."""
+
+
+def empty(store: Store, topic: str, channel: str):
+    """Drop every message the target holds at the start (the cut); the channel's
+    ready, in-flight and deferred messages, or the topic's backlog."""
+    return _drop(store, topic, channel, delete=False)
+
+
+def delete(store: Store, topic: str, channel: str):
+    """Delete a channel, or a topic with all its channels, and free what they held."""
+    return _drop(store, topic, channel, delete=True)
+
+
+def _drop(store, topic, channel, delete):
+    dropped = store.detach(topic, channel, delete)
+    if dropped is None:
+        raise NotFound(f"{target(topic, channel)} not found")
+    sizes = store.trash_sizes(dropped.trash)
+    progress = {"cut_id": f"{dropped.last_id:016x}", "done": 0,
+                "total": sum(n for _, n in sizes),
+                "messages": sum(n for kind, n in sizes if kind != b"hash")}
+    yield progress
+    for key in dropped.trash:
+        for n in store.free_trash(key, CHUNK):
+            progress["done"] += n
+            yield progress
+
+
+def requeue_all(store: Store, topic: str, channel: str):
+    """Requeue every message in flight at the start (delivered by the cut, Redis ms);
+    later deliveries are left alone."""
+    progress = {"cut_ms": store.now_ms(), "done": 0, "requeued": 0,
+                "total": store.read_channel(topic, channel)["in_flight_count"]}
+    yield progress
+    for ids in store.in_flight_ids(topic, channel, CHUNK):
+        requeued = store.requeue_in_flight(topic, channel, ids, progress["cut_ms"])
+        progress["requeued"] += sum(requeued)
+        progress["done"] = min(progress["total"], progress["done"] + len(ids))
+        yield progress
+
+
+OPERATIONS = {"empty": empty, "delete": delete, "requeue": requeue_all}
+
+
+def target(topic: str, channel: str) -> str:
+    return f"{topic}/{channel}" if channel else topic
+
+
+def run(store: Store, operation: str, topic: str, channel: str,
+        report: Callable[[dict], None] = lambda progress: None) -> dict:
+    """Run an operation to its end in this process; returns its last progress."""
+    progress: dict = {}
+    for progress in OPERATIONS[operation](store, topic, channel):
+        report(progress)
+    return {"operation": operation, "target": target(topic, channel), **progress}
+
+
+def perform(operation: str, topic: str, channel: str) -> dict:
+    """The rq job: run the operation on the worker's Redis, progress in job.meta."""
+    job = get_current_job()
+    result = run(Store(job.connection), operation, topic, channel, MetaWriter(job))
+    job.meta["progress"] = result
+    job.save_meta()
+    return result
+
+
+class MetaWriter:
+    """Saves progress to job.meta at most every SAVE_INTERVAL seconds."""
+
+    def __init__(self, job: Job):
+        self.job = job
+        self.saved = 0.0
+
+    def __call__(self, progress: dict) -> None:
+        now = time.monotonic()
+        if now - self.saved >= SAVE_INTERVAL:
+            self.job.meta["progress"] = progress
+            self.job.save_meta()
+            self.saved = now
+
+
+def enqueue(connection, operation: str, topic: str, channel: str) -> Job:
+    return Queue(QUEUE, connection=connection).enqueue(
+        perform, operation, topic, channel, job_timeout=-1, result_ttl=RESULT_TTL,
+        description=f"{operation} {target(topic, channel)}",
+        meta={"operation": operation, "target": target(topic, channel)})
+
+
+def has_worker(connection) -> bool:
+    return Worker.count(connection=connection, queue=Queue(QUEUE, connection=connection)) > 0
+
+
+def all_jobs(connection) -> list[Job]:
+    """The queue's jobs in every state rq keeps, oldest first."""
+    queue = Queue(QUEUE, connection=connection)
+    registries = [queue.started_job_registry, queue.finished_job_registry,
+                  queue.failed_job_registry, queue.deferred_job_registry,
+                  queue.scheduled_job_registry, queue.canceled_job_registry]
+    ids = list(queue.get_job_ids())
+    for registry in registries:
+        ids += registry.get_job_ids()
+    found = [j for j in Job.fetch_many(list(dict.fromkeys(ids)), connection) if j is not None]
+    return sorted(found, key=lambda j: j.enqueued_at or j.created_at)
