@@ -1,19 +1,38 @@
-"""`relay-admin`: inspect and steer relay's state straight in Redis."""
+"""`relay-admin`: inspect and steer relay's state straight in Redis.
 
+Every command prints an aligned table (or one line) and takes --json; it exits 0 on
+success and 1 with one line on stderr otherwise. empty, delete and requeue --all
+run as rq jobs (relay/jobs.py) when the target holds more than INLINE_LIMIT messages.
+"""
+
+import datetime
 import functools
 import json
 import sys
+import time
 
 import click
 import redis
+from rq.job import JobStatus
 
+from relay import jobs, registry
 from relay import stats as relay_stats
-from relay.errors import StoreError
-from relay.protocol.codec import is_valid_name
+from relay.errors import StoreConnectionError, StoreError
+from relay.protocol.codec import MSG_ID_LENGTH, is_valid_name
 from relay.store import Store
+from relay.tail import Tail, TailError
+
+INLINE_LIMIT = 10_000
+POLL = 0.1
+PUB_BATCH = 1000
+PUB_BATCH_BYTES = 1 << 20
+CLEAR = "\x1b[H\x1b[J"
+ENDED = (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED)
 
 STATS_COLUMNS = ["topic", "channel", "depth", "in_flight", "deferred", "messages",
-                 "requeued", "timed_out", "clients"]
+                 "requeued", "timed_out", "clients", "paused"]
+CLIENT_COLUMNS = ["broker", "channel", "client", "address", "user_agent", "ready",
+                  "in_flight", "messages", "finished", "requeued", "connected"]
 
 
 def redis_options(command):
@@ -27,9 +46,17 @@ def redis_options(command):
                                            socket_timeout=5))
         try:
             return command(store, as_json, **kwargs)
-        except StoreError as e:
+        except (StoreConnectionError, redis.exceptions.ConnectionError,
+                redis.exceptions.TimeoutError) as e:
             fail(f"redis at {redis_url} is unreachable: {e}")
+        except (StoreError, jobs.NotFound) as e:
+            fail(str(e))
     return wrapper
+
+
+def background_option(command):
+    return click.option("--background", is_flag=True,
+                        help="queue the job and return at once")(command)
 
 
 def fail(message: str):
@@ -37,24 +64,58 @@ def fail(message: str):
     sys.exit(1)
 
 
+# -- output ------------------------------------------------------------------------
+
+
 def table(rows: list[list], headers: list[str]) -> str:
     """A plain aligned text table."""
-    cells = [headers] + [[str(c) for c in row] for row in rows]
+    cells = [headers] + [[cell(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
     return "\n".join(lines)
 
 
-def parse_target(target: str | None):
+def cell(value) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return "-" if value is None else str(value)
+
+
+def show(data, as_json: bool, text: str) -> None:
+    click.echo(json.dumps(data, indent=2) if as_json else text)
+
+
+def utc(ms: int) -> str:
+    """A Redis ms timestamp as UTC ISO 8601."""
+    moment = datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+# -- names ---------------------------------------------------------------------------
+
+
+def parse_target(target: str | None, channel_required: bool = False):
     """TOPIC or TOPIC/CHANNEL, validated as nsqd names."""
     if not target:
         return None, None
     topic, _, channel = target.partition("/")
-    for name in filter(None, (topic, channel)):
+    if channel_required and not channel:
+        fail(f"{target!r} names no channel: give TOPIC/CHANNEL")
+    for name in (topic, channel) if channel else (topic,):
         if not is_valid_name(name):
             fail(f"invalid name {name!r}: 1-64 characters of [.a-zA-Z0-9_-], "
                  "optionally ending in #ephemeral")
     return topic, channel or None
+
+
+def existing(store: Store, target: str | None, channel_required: bool = False):
+    """parse_target, and fail unless the topic (and channel) exist."""
+    topic, channel = parse_target(target, channel_required)
+    if topic and topic not in store.topic_names():
+        fail(f"topic {topic!r} not found")
+    if channel and channel not in store.channel_names(topic):
+        fail(f"channel {topic}/{channel} not found")
+    return topic, channel
 
 
 @click.group()
@@ -62,26 +123,375 @@ def main():
     """Inspect and steer relay (topics, channels and messages in Redis)."""
 
 
+# -- reading -------------------------------------------------------------------------
+
+
+@main.command()
+@redis_options
+def topics(store, as_json):
+    """Topics, their number of channels, and whether they are paused."""
+    rows = [{"topic": t["topic_name"], "channels": len(t["channels"]), "paused": t["paused"]}
+            for t in relay_stats.collect(store)["topics"]]
+    show({"topics": rows}, as_json,
+         table([list(r.values()) for r in rows], ["topic", "channels", "paused"])
+         if rows else "no topics")
+
+
+@main.command()
+@click.argument("topic")
+@redis_options
+def channels(store, as_json, topic):
+    """Channels of a topic, their clients (on every broker), and whether they are paused."""
+    existing(store, topic)
+    [t] = relay_stats.collect(store, topic)["topics"]
+    rows = [{"channel": c["channel_name"], "clients": c["client_count"], "paused": c["paused"]}
+            for c in t["channels"]]
+    show({"topic": topic, "channels": rows}, as_json,
+         table([list(r.values()) for r in rows], ["channel", "clients", "paused"])
+         if rows else f"{topic} has no channels")
+
+
 @main.command()
 @click.argument("target", required=False, metavar="[TOPIC[/CHANNEL]]")
+@click.option("--watch", type=click.FloatRange(min=0.1), metavar="SECONDS",
+              help="redraw every SECONDS until Ctrl-C (with --json: one line each time)")
 @redis_options
-def stats(store, as_json, target):
-    """Depth, in-flight, deferred and counters of topics and channels."""
-    topic, channel = parse_target(target)
-    if topic and topic not in store.topic_names():
-        fail(f"topic {topic!r} not found")
-    if channel and channel not in store.channel_names(topic):
-        fail(f"channel {topic}/{channel} not found")
-    data = relay_stats.collect(store, topic, channel)
-    if as_json:
-        click.echo(json.dumps(data, indent=2))
+def stats(store, as_json, target, watch):
+    """Depth, in-flight, deferred, counters, paused and clients of topics and channels,
+    with the clients of every live broker."""
+    topic, channel = existing(store, target)
+    if not watch:
+        data = stats_with_clients(store, topic, channel)
+        show(data, as_json, stats_text(data))
         return
-    rows = []
+    try:
+        while True:
+            data = stats_with_clients(store, topic, channel)
+            click.echo(json.dumps(data) if as_json else CLEAR + stats_text(data))
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        pass
+
+
+def stats_with_clients(store: Store, topic, channel) -> dict:
+    """relay/stats.py's figures, each channel with the clients brokers announced."""
+    data = relay_stats.collect(store, topic, channel)
+    clients = registry.live_clients(store.redis, registry.live_brokers(store.redis))
+    for t in data["topics"]:
+        for c in t["channels"]:
+            c["clients"] = [client for client in clients
+                            if (client["topic"], client["channel"]) ==
+                            (t["topic_name"], c["channel_name"])]
+    return data
+
+
+def stats_text(data: dict) -> str:
+    rows, clients = [], []
     for t in data["topics"]:
         rows.append([t["topic_name"], "", t["depth"], "", t["deferred_count"],
-                     t["message_count"], "", "", ""])
+                     t["message_count"], "", "", "", t["paused"]])
         for c in t["channels"]:
             rows.append(["", c["channel_name"], c["depth"], c["in_flight_count"],
                          c["deferred_count"], c["message_count"], c["requeue_count"],
-                         c["timeout_count"], c["client_count"]])
-    click.echo(table(rows, STATS_COLUMNS) if rows else "no topics")
+                         c["timeout_count"], c["client_count"], c["paused"]])
+            clients += c["clients"]
+    if not rows:
+        return "no topics"
+    text = table(rows, STATS_COLUMNS)
+    return text + "\n\n" + clients_table(clients) if clients else text
+
+
+def clients_table(clients: list[dict]) -> str:
+    rows = [[c["broker"], f"{c['topic']}/{c['channel']}", c["client_id"],
+             c["remote_address"], c["user_agent"], c["ready_count"], c["in_flight_count"],
+             c["message_count"], c["finish_count"], c["requeue_count"],
+             utc(c["connect_ts"] * 1000)] for c in clients]
+    return table(rows, CLIENT_COLUMNS)
+
+
+@main.command()
+@redis_options
+def brokers(store, as_json):
+    """Live brokers (from the registry) and the clients each has subscribed."""
+    live = registry.live_brokers(store.redis)
+    clients = registry.live_clients(store.redis, live)
+    data = [{**b, "clients": [c for c in clients if c["broker"] == b["id"]]} for b in live]
+    rows = [[b["id"], b["remote_address"], b["http_port"], b["version"], len(b["clients"])]
+            for b in data]
+    text = table(rows, ["broker", "address", "http_port", "version", "clients"])
+    if clients:
+        text += "\n\n" + clients_table(clients)
+    show({"brokers": data}, as_json, text if live else "no live brokers")
+
+
+@main.command()
+@click.argument("target", metavar="TOPIC/CHANNEL")
+@click.option("-n", "--limit", type=click.IntRange(min=1), default=100, show_default=True,
+              help="show the messages due first, at most this many")
+@redis_options
+def inflight(store, as_json, target, limit):
+    """Messages in flight: id, attempts, delivery time, deadline, owner broker and client."""
+    topic, channel = existing(store, target, channel_required=True)
+    total = store.read_channel(topic, channel)["in_flight_count"]
+    clients = {c["owner"]: c for c in registry.live_clients(
+        store.redis, registry.live_brokers(store.redis))}
+    rows = []
+    for m in store.in_flight(topic, channel, limit):
+        broker, _, number = m["owner"].rpartition(":")
+        client = clients.get(m["owner"], {})
+        rows.append({"id": m["id"], "attempts": m["attempts"], "delivered": m["delivered_ms"],
+                     "deadline": m["deadline_ms"], "broker": broker, "connection": int(number),
+                     "client": client.get("remote_address")})
+    text = table([[r["id"], r["attempts"], utc(r["delivered"]), utc(r["deadline"]),
+                   r["broker"], r["client"] or f"#{r['connection']}"] for r in rows],
+                 ["id", "attempts", "delivered", "deadline", "broker", "client"])
+    if total > len(rows):
+        text += f"\n({len(rows)} of {total} shown, those due first)"
+    show({"in_flight_count": total, "messages": rows}, as_json,
+         text if rows else f"nothing in flight on {target}")
+
+
+@main.command("jobs")
+@redis_options
+def list_jobs(store, as_json):
+    """rq jobs of relay-admin (queue "relay"), oldest first, with state and progress."""
+    rows = []
+    for job in jobs.all_jobs(store.redis):
+        progress = job.meta.get("progress", {})
+        rows.append({"job": job.id, "operation": job.meta.get("operation"),
+                     "target": job.meta.get("target"),
+                     "state": job.get_status(refresh=False).value,
+                     "done": progress.get("done"), "total": progress.get("total"),
+                     "enqueued_at": job.enqueued_at and job.enqueued_at.isoformat(),
+                     "ended_at": job.ended_at and job.ended_at.isoformat()})
+    show({"jobs": rows}, as_json,
+         table([[r["job"], r["operation"], r["target"], r["state"], percent(r)]
+                for r in rows], ["job", "operation", "target", "state", "progress"])
+         if rows else "no jobs")
+
+
+def percent(row: dict) -> str:
+    if row["total"] is None:
+        return "-"
+    done = 100 if not row["total"] else 100 * row["done"] // row["total"]
+    return f"{done}% ({row['done']}/{row['total']})"
+
+
+# -- changing --------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("target", metavar="TOPIC[/CHANNEL]")
+@redis_options
+def create(store, as_json, target):
+    """Create a topic, or a channel (and its topic)."""
+    topic, channel = parse_target(target)
+    created = store.create_channel(topic, channel) if channel else store.create_topic(topic)
+    show({"target": target, "created": created}, as_json,
+         f"created {target}" if created else f"{target} exists already")
+
+
+@main.command()
+@click.argument("target", metavar="TOPIC[/CHANNEL]")
+@redis_options
+def pause(store, as_json, target):
+    """Pause a topic (it keeps what is published) or a channel (it delivers nothing)."""
+    set_paused(store, as_json, target, True)
+
+
+@main.command()
+@click.argument("target", metavar="TOPIC[/CHANNEL]")
+@redis_options
+def unpause(store, as_json, target):
+    """Unpause a topic or channel."""
+    set_paused(store, as_json, target, False)
+
+
+def set_paused(store: Store, as_json: bool, target: str, paused: bool) -> None:
+    topic, channel = existing(store, target)
+    if channel:
+        store.pause_channel(topic, channel, paused)
+    else:
+        store.pause_topic(topic, paused)
+    show({"target": target, "paused": paused}, as_json,
+         f"{'paused' if paused else 'unpaused'} {target}")
+
+
+@main.command()
+@click.argument("target", metavar="TOPIC[/CHANNEL]")
+@background_option
+@redis_options
+def empty(store, as_json, target, background):
+    """Drop a channel's ready, in-flight and deferred messages, or a topic's backlog.
+    What is published after the start stays."""
+    topic, channel = existing(store, target)
+    run_operation(store, as_json, "empty", topic, channel, background)
+
+
+@main.command()
+@click.argument("target", metavar="TOPIC[/CHANNEL]")
+@background_option
+@redis_options
+def delete(store, as_json, target, background):
+    """Delete a channel, or a topic with its channels, and everything in them."""
+    topic, channel = existing(store, target)
+    run_operation(store, as_json, "delete", topic, channel, background)
+
+
+@main.command()
+@click.argument("target", metavar="TOPIC/CHANNEL")
+@click.argument("ids", nargs=-1, metavar="[ID]...")
+@click.option("--all", "everything", is_flag=True,
+              help="every message in flight when the command starts")
+@background_option
+@redis_options
+def requeue(store, as_json, target, ids, everything, background):
+    """Put in-flight messages back in the queue now, whoever holds them."""
+    topic, channel = existing(store, target, channel_required=True)
+    if everything == bool(ids):
+        fail("give --all or message ids (not both)")
+    if everything:
+        run_operation(store, as_json, "requeue", topic, channel, background)
+        return
+    bad = [i for i in ids if len(i) != MSG_ID_LENGTH or i.strip("0123456789abcdef")]
+    if bad:
+        fail(f"invalid message id {bad[0]!r}: 16 hex digits")
+    done = store.requeue_in_flight(topic, channel, [i.encode() for i in ids])
+    missing = [i for i, d in zip(ids, done) if not d]
+    show({"requeued": [i for i, d in zip(ids, done) if d], "not_in_flight": missing},
+         as_json, table([[i, "requeued" if d else "not in flight"] for i, d in zip(ids, done)],
+                        ["id", "result"]))
+    if missing:
+        fail(f"{len(missing)} of {len(ids)} messages were not in flight on {target}")
+
+
+def run_operation(store: Store, as_json: bool, operation: str, topic: str,
+                  channel: str | None, background: bool) -> None:
+    """Inline for small targets, else as an rq job with a progress bar; --background
+    always queues a job and returns."""
+    channel = channel or ""
+    if background:
+        job = jobs.enqueue(store.redis, operation, topic, channel)
+        show({"job": job.id, "status": "queued", "operation": operation,
+              "target": jobs.target(topic, channel)}, as_json,
+             f"queued job {job.id}: {job.description} (relay-admin jobs shows it)")
+        return
+    if held_messages(store, topic, channel) <= INLINE_LIMIT:
+        result = jobs.run(store, operation, topic, channel)
+    elif not jobs.has_worker(store.redis):
+        fail("no `relay jobs` worker is running: start one, or pass --background "
+             "to queue the job")
+    else:
+        result = wait(jobs.enqueue(store.redis, operation, topic, channel))
+    show(result, as_json, summary(result))
+
+
+def held_messages(store: Store, topic: str, channel: str) -> int:
+    [t] = relay_stats.collect(store, topic, channel)["topics"]
+    return t["depth"] + t["deferred_count"] + sum(
+        c["depth"] + c["in_flight_count"] + c["deferred_count"] for c in t["channels"])
+
+
+def wait(job) -> dict:
+    """A progress bar (on stderr) until the job ends; Ctrl-C stops waiting, not the job."""
+    try:
+        while "progress" not in job.meta and job.get_status() not in ENDED:
+            time.sleep(POLL)
+            job.refresh()
+        total = job.meta.get("progress", {}).get("total", 0)
+        with click.progressbar(length=max(total, 1), label=job.description,
+                               file=sys.stderr) as bar:
+            while True:
+                bar.update(job.meta.get("progress", {}).get("done", 0) - bar.pos)
+                if job.get_status() in ENDED:
+                    break
+                time.sleep(POLL)
+                job.refresh()
+    except KeyboardInterrupt:
+        fail(f"stopped waiting; job {job.id} goes on (relay-admin jobs)")
+    if job.get_status() != JobStatus.FINISHED:
+        error = (job.latest_result().exc_string or "").strip().splitlines() or ["?"]
+        fail(f"job {job.id} {job.get_status().value}: {error[-1]}")
+    return job.return_value()
+
+
+def summary(result: dict) -> str:
+    target = result["target"]
+    if result["operation"] == "requeue":
+        return f"requeued {result['requeued']} messages in flight on {target}"
+    verb = "emptied" if result["operation"] == "empty" else "deleted"
+    return f"{verb} {target}: {result['messages']} messages dropped (ids up to {result['cut_id']})"
+
+
+@main.command()
+@click.argument("topic")
+@click.option("--file", "source", type=click.File("rb"), default="-",
+              help="read the messages from this file instead of stdin")
+@redis_options
+def pub(store, as_json, topic, source):
+    """Publish each non-empty line of stdin (or --file) as a message, in batches."""
+    parse_target(topic)
+    count = 0
+    for batch in batches(source):
+        store.publish(topic, batch)
+        count += len(batch)
+    show({"topic": topic, "published": count}, as_json, f"published {count} messages to {topic}")
+
+
+def batches(lines):
+    """Non-empty lines without their line end, PUB_BATCH or PUB_BATCH_BYTES at a time."""
+    batch, size = [], 0
+    for line in lines:
+        line = line.rstrip(b"\r\n")
+        if not line:
+            continue
+        batch.append(line)
+        size += len(line)
+        if len(batch) >= PUB_BATCH or size >= PUB_BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+@main.command()
+@click.argument("topic")
+@click.option("-n", "count", type=click.IntRange(min=1), default=None,
+              help="exit after N messages (default: until Ctrl-C)")
+@click.option("--broker", metavar="HOST:PORT",
+              help="the broker to read from (default: the first live one in the registry)")
+@redis_options
+def tail(store, as_json, topic, count, broker):
+    """Print the messages published to a topic from now on, through an ephemeral channel
+    (as nsq_tail). On a topic without channels it takes the backlog, as nsq_tail does."""
+    existing(store, topic)
+    host, port = broker_address(store, broker)
+    try:
+        reader = Tail(host, port, topic)
+    except (OSError, TailError) as e:
+        fail(f"cannot tail {topic} on {host}:{port}: {e}")
+    try:
+        for msg_id, ts, attempts, body in reader.messages(count):
+            if as_json:
+                click.echo(json.dumps({"id": msg_id, "timestamp": ts, "attempts": attempts,
+                                       "body": body.decode(errors="replace")}))
+            else:
+                click.echo(body)
+    except KeyboardInterrupt:
+        pass
+    except (OSError, TailError) as e:
+        fail(f"tail of {topic} stopped: {e}")
+    finally:
+        reader.close()
+
+
+def broker_address(store: Store, broker: str | None) -> tuple[str, int]:
+    if broker:
+        host, _, port = broker.rpartition(":")
+        if not port.isdigit():
+            fail(f"invalid broker address {broker!r}: HOST:PORT")
+        return host, int(port)
+    live = registry.live_brokers(store.redis)
+    if not live:
+        fail("no live broker in the registry: start `relay broker`, or pass --broker")
+    return live[0]["broadcast_address"], int(live[0]["tcp_port"])

@@ -85,6 +85,10 @@ class Processes:
     def scanner(self, *args):
         return self._start("scanner", list(args))
 
+    def jobs(self):
+        """`relay jobs`: the rq worker for relay-admin's jobs."""
+        return self._start("jobs", [])
+
     def stop_all(self):
         for proc in self.procs:
             if proc.poll() is None:

@@ -1,0 +1,111 @@
+"""relay-admin against real processes: a `relay jobs` rq worker, brokers with real NSQ
+clients, and relay-admin itself as a subprocess."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import gnsq
+import redis
+from click.testing import CliRunner
+
+from relay import admin, jobs
+from relay.protocol.codec import parse_record
+from relay.store import Store
+from relay.store.keys import ChannelKeys
+from tests.test_clients import consumer, publish, stop, wait_for
+from tests.test_jobs import Producer, fill
+
+RELAY_ADMIN = os.path.join(os.path.dirname(sys.executable), "relay-admin")
+
+
+def relay_admin(redis_url, *args, **kwargs):
+    return subprocess.run([RELAY_ADMIN, *args], env={**os.environ, "REDIS_URL": redis_url},
+                          capture_output=True, text=True, timeout=60, **kwargs)
+
+
+def test_empty_of_a_big_channel_runs_in_a_real_jobs_worker(processes, redis_url):
+    store = Store(redis.Redis.from_url(redis_url))
+    processes.jobs()
+    store.subscribe("t", "c", "")
+    fill(store, "t", 50_000)
+    assert wait_for(lambda: jobs.has_worker(store.redis), 20)
+    producer = Producer(Store(redis.Redis.from_url(redis_url)), "t")
+    producer.start()
+    assert wait_for(lambda: len(producer.bodies) >= 100)
+    done = relay_admin(redis_url, "empty", "t/c")
+    producer.stop()
+
+    assert done.returncode == 0, done.stderr
+    cut = int(done.stdout.rsplit("ids up to ", 1)[1].rstrip(")\n"), 16)
+    dropped = 50_000 + sum(1 for i in producer.bodies if i <= cut)
+    assert done.stdout == f"emptied t/c: {dropped} messages dropped (ids up to {cut:016x})\n"
+    assert done.stderr == "empty t/c\n"
+    kept = [body for i, body in sorted(producer.bodies.items()) if i > cut]
+    assert kept and dropped > 50_000
+    queue = store.redis.lrange(ChannelKeys.of("t", "c").queue, 0, -1)
+    assert [parse_record(r)[3] for r in queue] == kept
+    assert store.redis.keys("relay:{t}:trash:*") == []
+    listed = json.loads(relay_admin(redis_url, "jobs", "--json").stdout)["jobs"]
+    assert [(j["operation"], j["target"], j["state"], j["done"] == j["total"])
+            for j in listed] == [("empty", "t/c", "finished", True)]
+
+
+def test_tail_reads_through_an_ephemeral_channel(processes, redis_url):
+    _, port = processes.broker("--broadcast-address", "127.0.0.1")
+    store = Store(redis.Redis.from_url(redis_url))
+    store.create_channel("t", "archive")
+    store.publish("t", [b"before"])
+    tail = subprocess.Popen([RELAY_ADMIN, "tail", "t", "-n", "3"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "REDIS_URL": redis_url})
+    assert wait_for(lambda: len(store.channel_names("t")) == 2)
+    [channel] = [c for c in store.channel_names("t") if c != "archive"]
+    assert channel.startswith("tail") and channel.endswith("#ephemeral")
+    store.publish("t", [b"one", b"two", b"three", b"four"])
+    out, err = tail.communicate(timeout=10)
+    assert (tail.returncode, out, err) == (0, b"one\ntwo\nthree\n", b"")
+    assert wait_for(lambda: store.channel_names("t") == ["archive"])
+    assert store.read_channel("t", "archive")["depth"] == 5
+
+
+def test_stats_and_brokers_show_the_clients_of_two_real_brokers(processes, redis_url):
+    proc1, port1 = processes.broker("--broadcast-address", "127.0.0.1")
+    _, port2 = processes.broker("--broadcast-address", "127.0.0.1")
+    got = []
+    c1 = consumer(port1, "t", "a", lambda m: (got.append(m.body), m.finish()))
+    c2 = consumer(port2, "t", "b", lambda m: (got.append(m.body), m.finish()))
+    publish(port1, "t", [b"x", b"y"])
+    assert wait_for(lambda: len(got) == 4)
+
+    def clients():
+        result = CliRunner().invoke(admin.main, ["stats", "--json", "--redis-url", redis_url])
+        return {c["channel_name"]: c["clients"]
+                for c in json.loads(result.stdout)["topics"][0]["channels"]}
+
+    assert wait_for(lambda: [[c["finish_count"] for c in channel]
+                             for channel in clients().values()] == [[2], [2]], 8)
+    live = json.loads(relay_admin(redis_url, "brokers", "--json").stdout)["brokers"]
+    ids = {int(b["tcp_port"]): b["id"] for b in live}
+    assert sorted(ids) == sorted([port1, port2])
+    by_channel = clients()
+    for channel, port in (("a", port1), ("b", port2)):
+        [c] = by_channel[channel]
+        assert (c["broker"], c["topic"], c["channel"], c["state"], c["user_agent"],
+                c["in_flight_count"], c["message_count"], c["finish_count"],
+                c["requeue_count"]) == (ids[port], "t", channel, 3,
+                                        f"gnsq/{gnsq.__version__}", 0, 2, 2, 0)
+        assert c["owner"].startswith(ids[port] + ":")
+        assert abs(c["connect_ts"] - time.time()) < 30
+    brokers_table = relay_admin(redis_url, "brokers").stdout.splitlines()
+    assert brokers_table[0].split() == ["broker", "address", "http_port", "version", "clients"]
+    assert sorted(line.split()[1:] for line in brokers_table[1:3]) == sorted(
+        [[f"127.0.0.1:{p}", str(processes.http_ports[p]), "1.3.0", "1"] for p in ids])
+
+    stop(c1)
+    proc1.terminate()
+    proc1.wait(15)
+    assert list(clients()) == ["a", "b"] and clients()["a"] == []
+    assert [c["broker"] for c in clients()["b"]] == [ids[port2]]
+    stop(c2)
