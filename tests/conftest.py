@@ -85,9 +85,9 @@ class Processes:
     def scanner(self, *args):
         return self._start("scanner", list(args))
 
-    def jobs(self):
+    def jobs(self, *args):
         """`relay jobs`: the rq worker for relay-admin's jobs."""
-        return self._start("jobs", [])
+        return self._start("jobs", list(args))
 
     def stop_all(self):
         for proc in self.procs:

@@ -1,13 +1,16 @@
-"""A Redis outage under a running broker and scanner: bounded errors, then recovery
-with no manual step. The Redis here is the test's own, so it can be stopped and killed."""
+"""A Redis outage under a running broker, scanner and jobs worker: bounded errors,
+then recovery with no manual step. The Redis here is the test's own, so it can be stopped and killed."""
 
 import os
 import signal
 import time
 
 import pytest
+import redis
+import rq
 
 from relay import embedded
+from relay.jobs import QUEUE as JOBS_QUEUE
 from tests.test_http import Api
 from relay.protocol.codec import FRAME_ERROR
 from tests.wire import FRAME_RESPONSE, Wire
@@ -44,6 +47,7 @@ def test_redis_hang_and_crash_fail_fast_then_recover_by_themselves(processes, ow
     url = f"redis://127.0.0.1:{redis_port}/0"
     _, port = processes.broker("--redis-url", url, "--redis-timeout", "1s")
     scanner = processes.scanner("--redis-url", url, "--redis-timeout", "1s")
+    jobs = processes.jobs("--redis-url", url)
     api = Api(port, processes.http_ports[port])
 
     consumer = Wire(port)
@@ -81,3 +85,8 @@ def test_redis_hang_and_crash_fail_fast_then_recover_by_themselves(processes, ow
     assert api.request("GET", "/ping")[:2] == (200, b"OK")
     assert not consumer.closed(timeout=0.5)
     assert scanner.poll() is None
+    job = rq.Queue(JOBS_QUEUE, connection=redis.Redis.from_url(url)).enqueue(len, "abc")
+    deadline = time.monotonic() + 15
+    while job.get_status() != "finished" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert (job.get_status(), job.return_value(), jobs.poll()) == ("finished", 3, None)
