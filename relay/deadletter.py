@@ -4,7 +4,9 @@ deliver.lua moves a message that was already delivered max-attempts times into
 its channel's outbox (same hash slot, so one atomic step); a scanner publishes the
 outbox to the dead-letter topic through publish.lua and then drops what it
 published. A scanner killed in between publishes those again: dead letters are
-at least once, like every relay delivery.
+at least once, like every relay delivery. The channel remembers the dead-letter
+topic its letters last went to, so `dlq` and `redrive` find them without the
+scanner's options.
 
 A dead letter's body is a JSON envelope with the original topic, channel, id,
 attempts, first-publish timestamp (ns), reason and body (text, or base64 in
@@ -14,6 +16,7 @@ it and `redrive` can queue the original message again.
 
 import base64
 import binascii
+import itertools
 import json
 import secrets
 
@@ -25,6 +28,8 @@ from relay.store.keys import ChannelKeys, TopicKeys
 FORWARD_BATCH = 500
 CLAIM_MS = 10_000
 REASON = "max_attempts"
+DEFAULT_TEMPLATE = "{topic}.dead"
+LAST_TOPIC = "dead_letters_in"     # channel meta: where its scanner last sent letters
 
 
 def topic_for(store: Store, topic: str, channel: str, template: str) -> str:
@@ -72,6 +77,8 @@ def forward(store: Store, topic: str, channel: str, template: str) -> int:
             raise StoreError(f"dead-letter topic {target!r} of {topic}/{channel} is not a "
                              "valid topic name; set one with relay-admin config")
         store.publish(target, [envelope(topic, channel, r) for r in records])
+        if store.channel_setting(topic, channel, LAST_TOPIC) != target:
+            store.configure_channel(topic, channel, LAST_TOPIC, target)
         store.drop_dead(topic, channel, len(records))
         done += len(records)
 
@@ -82,9 +89,11 @@ def _sources(store: Store, dead_topic: str) -> list[str]:
         ChannelKeys.of(dead_topic, ch).queue for ch in store.channel_names(dead_topic)]
 
 
-def letters(store: Store, topic: str, channel: str, template: str, chunk: int = 1000):
-    """(list key, raw record, letter) for each waiting dead letter of topic/channel."""
-    dead_topic = topic_for(store, topic, channel, template)
+def letters(store: Store, topic: str, channel: str, chunk: int = 1000):
+    """(list key, raw record, letter) for each dead letter of topic/channel still waiting
+    in the topic its scanner last published them to."""
+    dead_topic = (store.channel_setting(topic, channel, LAST_TOPIC)
+                  or DEFAULT_TEMPLATE.format(topic=topic))
     for key in _sources(store, dead_topic):
         start = 0
         while True:
@@ -98,20 +107,20 @@ def letters(store: Store, topic: str, channel: str, template: str, chunk: int = 
             start += chunk
 
 
-def redrive(store: Store, topic: str, channel: str, template: str, chunk: int = 1000,
-            progress=None) -> int:
-    """Queue a channel's dead letters on it again (original id and timestamp, attempts 0)
-    and remove them from the dead-letter topic; how many. At least once: each chunk is
-    queued before it is removed. `progress(n)` is called after each chunk."""
-    seen, done = set(), 0
-    while True:
-        batch = []
-        for key, record, letter in letters(store, topic, channel, template, chunk):
-            batch.append((key, record, letter))
-            if len(batch) == chunk:
-                break
+def redrive(store: Store, topic: str, channel: str, chunk: int = 1000):
+    """Queue a channel's dead letters on it again (original id and timestamp, attempts
+    0) and remove them from the dead-letter topic, a chunk at a time; yields progress.
+    The cut: the letters waiting at the start. At least once: each chunk is queued
+    before it is removed; copies of one letter (one per dead-letter channel) go once."""
+    progress = {"done": 0, "requeued": 0,
+                "total": sum(1 for _ in letters(store, topic, channel, chunk))}
+    yield progress
+    seen, handled = set(), 0
+    while handled < progress["total"]:
+        batch = list(itertools.islice(letters(store, topic, channel, chunk),
+                                      min(chunk, progress["total"] - handled)))
         if not batch:
-            return done
+            return
         fresh = {}
         for _, _, letter in batch:
             if letter["id"] not in seen:
@@ -123,6 +132,6 @@ def redrive(store: Store, topic: str, channel: str, template: str, chunk: int = 
         seen.update(fresh)
         for key in {key for key, _, _ in batch}:
             store.remove_from_list(key, [record for k, record, _ in batch if k == key])
-        done += len(fresh)
-        if progress:
-            progress(done)
+        handled += len(batch)
+        progress["done"], progress["requeued"] = handled, len(seen)
+        yield progress

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from marshmallow import Schema, ValidationError, fields, post_load, validate
 
+from relay.deadletter import DEFAULT_TEMPLATE
 from relay.errors import ConfigError
 from relay.protocol.codec import is_valid_name
 
@@ -72,7 +73,7 @@ class Options:
     max_attempts: int = _opt(0, "deliveries of a message before it goes to the dead-letter "
                              "topic (0: unlimited, as nsqd); relay-admin config sets it "
                              "per channel")
-    dead_letter_topic: str = _opt("{topic}.dead", "where dead letters go ({topic} is the "
+    dead_letter_topic: str = _opt(DEFAULT_TEMPLATE, "where dead letters go ({topic} is the "
                                   "topic's name); relay-admin config sets it per channel")
     commit_lanes: int = _opt(4, "Redis pipelines a broker keeps in flight at once")
     redis_timeout: int = _opt(5000, "give up on a Redis call after this long", DURATION)

@@ -119,6 +119,9 @@ def test_the_channel_names_its_own_dead_letter_topic(channel):
     poison(store)
     assert deadletter.forward(store, "t", "c", TEMPLATE) == 1
     assert [m["body"] for m in dead_messages(store, "graveyard")] == ["poison"]
+    store.configure_channel("t", "c", "dead_letter_topic", None)
+    assert [letter["body"] for _, _, letter in deadletter.letters(store, "t", "c")] == [
+        "poison"]          # found where they went, whatever the setting is now
 
 
 def test_an_invalid_dead_letter_topic_keeps_the_letters(channel):
@@ -138,15 +141,17 @@ def test_redrive_queues_the_original_message_once_and_empties_the_dead_letter_to
     published_ns = parse_record(store.redis.lindex(ChannelKeys.of("t", "c").queue, 0))[0]
     attempt(store, 3, max_attempts=1)
     attempt(store, 3, max_attempts=1)
-    assert store.subscribe("t.dead", "inspect", "") is True    # a second copy of each
+    assert store.subscribe("t.dead", "inspect", "") is True    # two copies of each
+    assert store.subscribe("t.dead", "audit", "") is True
     store.subscribe("t", "other", "")
     deadletter.forward(store, "t", "c", TEMPLATE)
-    assert len(list(deadletter.letters(store, "t", "c", TEMPLATE))) == 3
-    seen = []
-    assert deadletter.redrive(store, "t", "c", TEMPLATE, chunk=2, progress=seen.append) == 3
-    assert seen == [2, 3]
-    assert list(deadletter.letters(store, "t", "c", TEMPLATE)) == []
-    assert store.read_channel("t.dead", "inspect")["depth"] == 0
+    assert len(list(deadletter.letters(store, "t", "c"))) == 6
+    steps = [dict(p) for p in deadletter.redrive(store, "t", "c", chunk=4)]
+    assert steps == [{"done": 0, "requeued": 0, "total": 6},
+                     {"done": 4, "requeued": 3, "total": 6},
+                     {"done": 6, "requeued": 3, "total": 6}]
+    assert list(deadletter.letters(store, "t", "c")) == []
+    assert [store.read_channel("t.dead", ch)["depth"] for ch in ("audit", "inspect")] == [0, 0]
     queue = store.redis.lrange(ChannelKeys.of("t", "c").queue, 0, -1)
     assert [parse_record(r) for r in queue] == [
         (published_ns, 0, b"%016x" % i, body) for i, body in ((1, b"a"), (2, b"b"), (3, b"\xfe"))]
@@ -165,7 +170,7 @@ def test_redrive_leaves_other_channels_letters(channel):
             if records:
                 store.requeue("t", ch, [("a", parse_record(records[0])[2], 0)])
         deadletter.forward(store, "t", ch, TEMPLATE)
-    assert deadletter.redrive(store, "t", "c", TEMPLATE) == 1
+    assert list(deadletter.redrive(store, "t", "c"))[-1]["requeued"] == 1
     assert [(m["channel"], m["body"]) for m in dead_messages(store)] == [("d", "x")]
 
 
@@ -175,7 +180,7 @@ def test_redrive_to_a_deleted_channel_fails_and_keeps_the_letters(channel):
     deadletter.forward(store, "t", "c", TEMPLATE)
     store.delete_channel("t", "c")
     with pytest.raises(StoreError, match="channel t/c does not exist"):
-        deadletter.redrive(store, "t", "c", TEMPLATE)
+        list(deadletter.redrive(store, "t", "c"))
     assert len(dead_messages(store)) == 1
 
 

@@ -31,7 +31,8 @@ CHANNELS_PER_PASS = 500
 
 class Scanner:
     def __init__(self, store: Store, interval_ms: int = 100, limit: int = 1000,
-                 sleep=time.sleep, clock=time.monotonic, dead_letter_topic="{topic}.dead"):
+                 sleep=time.sleep, clock=time.monotonic,
+                 dead_letter_topic=deadletter.DEFAULT_TEMPLATE):
         self.store = store
         self.interval = interval_ms / 1000
         self.limit = limit
