@@ -1,8 +1,8 @@
 """`relay-admin`: inspect and steer relay's state straight in Redis.
 
 Every command prints an aligned table (or one line) and takes --json; it exits 0 on
-success and 1 with one line on stderr otherwise. empty, delete and requeue --all
-run as rq jobs (relay/jobs.py) when the target holds more than INLINE_LIMIT messages.
+success and 1 with one line on stderr otherwise. empty, delete, requeue --all and
+redrive run as rq jobs (relay/jobs.py) when the target holds more than INLINE_LIMIT messages.
 """
 
 import datetime
@@ -15,7 +15,7 @@ import click
 import redis
 from rq.job import JobStatus
 
-from relay import jobs, registry
+from relay import deadletter, jobs, registry
 from relay import stats as relay_stats
 from relay.errors import StoreConnectionError, StoreError
 from relay.protocol.codec import MSG_ID_LENGTH, is_valid_name
@@ -30,7 +30,7 @@ CLEAR = "\x1b[H\x1b[J"
 ENDED = (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED)
 
 STATS_COLUMNS = ["topic", "channel", "depth", "in_flight", "deferred", "messages",
-                 "requeued", "timed_out", "clients", "paused"]
+                 "requeued", "timed_out", "dead", "clients", "paused"]
 CLIENT_COLUMNS = ["broker", "channel", "client", "address", "user_agent", "ready",
                   "in_flight", "messages", "finished", "requeued", "connected"]
 
@@ -189,11 +189,11 @@ def stats_text(data: dict) -> str:
     rows, clients = [], []
     for t in data["topics"]:
         rows.append([t["topic_name"], "", t["depth"], "", t["deferred_count"],
-                     t["message_count"], "", "", "", t["paused"]])
+                     t["message_count"], "", "", "", "", t["paused"]])
         for c in t["channels"]:
             rows.append(["", c["channel_name"], c["depth"], c["in_flight_count"],
                          c["deferred_count"], c["message_count"], c["requeue_count"],
-                         c["timeout_count"], c["client_count"], c["paused"]])
+                         c["timeout_count"], c["dead_count"], c["client_count"], c["paused"]])
             clients += c["clients"]
     if not rows:
         return "no topics"
@@ -366,9 +366,9 @@ def requeue(store, as_json, target, ids, everything, background):
 
 
 def run_operation(store: Store, as_json: bool, operation: str, topic: str,
-                  channel: str | None, background: bool) -> None:
-    """Inline for small targets, else as an rq job with a progress bar; --background
-    always queues a job and returns."""
+                  channel: str | None, background: bool, size: int | None = None) -> None:
+    """Inline for small targets (`size` messages, by default what the target holds),
+    else as an rq job with a progress bar; --background always queues a job and returns."""
     channel = channel or ""
     if background:
         job = jobs.enqueue(store.redis, operation, topic, channel)
@@ -376,7 +376,7 @@ def run_operation(store: Store, as_json: bool, operation: str, topic: str,
               "target": jobs.target(topic, channel)}, as_json,
              f"queued job {job.id}: {job.description} (relay-admin jobs shows it)")
         return
-    if held_messages(store, topic, channel) <= INLINE_LIMIT:
+    if (held_messages(store, topic, channel) if size is None else size) <= INLINE_LIMIT:
         result = jobs.run(store, operation, topic, channel)
     elif not jobs.has_worker(store.redis):
         fail("no `relay jobs` worker is running: start one, or pass --background "
@@ -419,8 +419,87 @@ def summary(result: dict) -> str:
     target = result["target"]
     if result["operation"] == "requeue":
         return f"requeued {result['requeued']} messages in flight on {target}"
+    if result["operation"] == "redrive":
+        return f"redrove {result['requeued']} dead letters to {target}"
     verb = "emptied" if result["operation"] == "empty" else "deleted"
     return f"{verb} {target}: {result['messages']} messages dropped (ids up to {result['cut_id']})"
+
+
+SETTINGS = {"max-attempts": "max_attempts", "dead-letter-topic": "dead_letter_topic"}
+
+
+@main.command()
+@click.argument("target", metavar="TOPIC/CHANNEL")
+@click.argument("name", required=False, type=click.Choice(sorted(SETTINGS)))
+@click.argument("value", required=False)
+@click.option("--unset", is_flag=True, help="back to the brokers' and scanners' option")
+@redis_options
+def config(store, as_json, target, name, value, unset):
+    """Show a channel's settings, or set one: max-attempts N (0: unlimited) overrides
+    --max-attempts, dead-letter-topic NAME overrides --dead-letter-topic."""
+    topic, channel = existing(store, target, channel_required=True)
+    if name and not unset:
+        if value is None:
+            fail(f"give a value for {name}, or --unset")
+        store.configure_channel(topic, channel, SETTINGS[name], setting_value(name, value))
+    elif name:
+        store.configure_channel(topic, channel, SETTINGS[name], None)
+    current = {flag: store.channel_setting(topic, channel, field)
+               for flag, field in SETTINGS.items()}
+    show(current, as_json, table([[k, "(option)" if v is None else v]
+                                  for k, v in current.items()], ["setting", "value"]))
+
+
+def setting_value(name: str, value: str) -> str:
+    if name == "max-attempts":
+        if not value.isdigit() or int(value) > 65535:
+            fail(f"max-attempts must be a whole number 0-65535, not {value!r}")
+        return str(int(value))
+    if not is_valid_name(value):
+        fail(f"invalid topic name {value!r}")
+    return value
+
+
+@main.command()
+@click.argument("target", metavar="TOPIC/CHANNEL")
+@click.option("-n", "--limit", type=click.IntRange(min=1), default=100, show_default=True,
+              help="show at most this many")
+@redis_options
+def dlq(store, as_json, target, limit):
+    """Dead letters of a channel waiting in its dead-letter topic: id, attempts, first
+    published, reason and body."""
+    topic, channel = existing(store, target, channel_required=True)
+    seen, rows = set(), []
+    for _, _, letter in deadletter.letters(store, topic, channel):
+        if letter["id"] in seen:
+            continue
+        seen.add(letter["id"])
+        rows.append({k: letter[k] for k in ("id", "attempts", "timestamp", "reason")}
+                    | {"body": letter.get("body", letter.get("body_base64"))})
+        if len(rows) == limit:
+            break
+    text = table([[r["id"], r["attempts"], utc(r["timestamp"] // 1_000_000), r["reason"],
+                   preview(r["body"])] for r in rows],
+                 ["id", "attempts", "published", "reason", "body"]) if rows \
+        else f"no dead letters for {target}"
+    show(rows, as_json, text)
+
+
+def preview(body: str, width: int = 60) -> str:
+    body = body.replace("\n", "\\n")
+    return body if len(body) <= width else body[:width - 3] + "..."
+
+
+@main.command()
+@click.argument("target", metavar="TOPIC/CHANNEL")
+@background_option
+@redis_options
+def redrive(store, as_json, target, background):
+    """Queue a channel's dead letters on it again (attempts start over) and remove them
+    from the dead-letter topic."""
+    topic, channel = existing(store, target, channel_required=True)
+    size = sum(1 for _ in deadletter.letters(store, topic, channel))
+    run_operation(store, as_json, "redrive", topic, channel, background, size)
 
 
 @main.command()

@@ -1,4 +1,4 @@
-"""Long admin operations (empty, delete, requeue --all) as rq jobs on queue "relay",
+"""Long admin operations (empty, delete, requeue --all, redrive) as rq jobs on queue "relay",
 which `relay jobs` works through.
 
 An operation is a generator over (store, topic, channel). Its first step makes the
@@ -16,6 +16,7 @@ from typing import Callable
 from rq import Queue, Worker, get_current_job
 from rq.job import Job
 
+from relay import deadletter
 from relay.errors import RelayError
 from relay.store import Store
 
@@ -68,7 +69,8 @@ def requeue_all(store: Store, topic: str, channel: str):
         yield progress
 
 
-OPERATIONS = {"empty": empty, "delete": delete, "requeue": requeue_all}
+OPERATIONS = {"empty": empty, "delete": delete, "requeue": requeue_all,
+              "redrive": deadletter.redrive}
 
 
 def target(topic: str, channel: str) -> str:
