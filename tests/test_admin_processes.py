@@ -77,7 +77,7 @@ def test_stats_and_brokers_show_the_clients_of_two_real_brokers(processes, redis
     c1 = consumer(port1, "t", "a", lambda m: (got.append(m.body), m.finish()))
     c2 = consumer(port2, "t", "b", lambda m: (got.append(m.body), m.finish()))
     publish(port1, "t", [b"x", b"y"])
-    assert wait_for(lambda: len(got) == 4)
+    assert wait_for(lambda: len(got) == 4, 20)
 
     def clients():
         result = CliRunner().invoke(admin.main, ["stats", "--json", "--redis-url", redis_url])
@@ -85,7 +85,7 @@ def test_stats_and_brokers_show_the_clients_of_two_real_brokers(processes, redis
                 for c in json.loads(result.stdout)["topics"][0]["channels"]}
 
     assert wait_for(lambda: [[c["finish_count"] for c in channel]
-                             for channel in clients().values()] == [[2], [2]], 8)
+                             for channel in clients().values()] == [[2], [2]], 15)
     live = json.loads(relay_admin(redis_url, "brokers", "--json").stdout)["brokers"]
     ids = {int(b["tcp_port"]): b["id"] for b in live}
     assert sorted(ids) == sorted([port1, port2])
