@@ -70,12 +70,13 @@ def scanner(config, **flags):
 @main.command()
 @option_flags
 def jobs(config, **flags):
-    """Run the rq worker for long admin jobs, once Redis answers."""
+    """Run the rq worker for long admin jobs once Redis answers, and again if it dies."""
     options = load(config, flags)
     _wait_for_redis(options)
-    from relay.jobs import QUEUE
+    from relay.jobs import run_worker
     rq = shutil.which("rq") or os.path.join(os.path.dirname(sys.executable), "rq")
-    os.execv(rq, [rq, "worker", "--url", options.redis_url, QUEUE])
+    sys.exit(run_worker(rq, options.redis_url,
+                        lambda: _wait_for_redis(options, timeout=None)))
 
 
 @main.command()
@@ -112,15 +113,17 @@ def up(procfile, concurrency):
     os.execv(honcho, args + processes)
 
 
-def _wait_for_redis(options, timeout: float = 30.0) -> None:
+def _wait_for_redis(options, timeout: float | None = 30.0) -> None:
+    """Until Redis answers; exit 1 after `timeout` seconds (None: wait on)."""
     import redis as redis_py
-    client = redis_py.Redis.from_url(options.redis_url, socket_connect_timeout=1)
-    deadline = time.monotonic() + timeout
+    client = redis_py.Redis.from_url(options.redis_url, socket_connect_timeout=1,
+                                     socket_timeout=1)
+    deadline = time.monotonic() + timeout if timeout is not None else float("inf")
     while True:
         try:
             client.ping()
             return
-        except redis_py.exceptions.ConnectionError:
+        except (redis_py.exceptions.ConnectionError, redis_py.exceptions.TimeoutError):
             if time.monotonic() > deadline:
                 click.echo(f"relay: redis at {options.redis_url} does not answer", err=True)
                 sys.exit(1)

@@ -10,6 +10,9 @@ and in the worker for big ones (`perform`, which keeps the progress in job.meta)
 A new operation is a generator added to OPERATIONS.
 """
 
+import logging
+import signal
+import subprocess
 import time
 from typing import Callable
 
@@ -19,6 +22,8 @@ from rq.job import Job
 from relay import deadletter
 from relay.errors import RelayError
 from relay.store import Store
+
+log = logging.getLogger("relay.jobs")
 
 QUEUE = "relay"
 CHUNK = 1000
@@ -132,3 +137,26 @@ def all_jobs(connection) -> list[Job]:
         ids += registry.get_job_ids()
     found = [j for j in Job.fetch_many(list(dict.fromkeys(ids)), connection) if j is not None]
     return sorted(found, key=lambda j: j.enqueued_at or j.created_at)
+
+
+def run_worker(rq: str, redis_url: str, wait_for_redis: Callable[[], None]) -> int:
+    """`relay jobs`: an rq worker on QUEUE, started again when it dies (rq exits on some
+    Redis errors during an outage). SIGTERM and SIGINT go to the worker, which ends its
+    current job first (rq's warm shutdown); its exit code is ours."""
+    state = {"stopping": False, "worker": None}
+
+    def forward(signum, _frame):
+        state["stopping"] = True
+        if state["worker"] is not None:
+            state["worker"].send_signal(signum)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    while not state["stopping"]:
+        worker = state["worker"] = subprocess.Popen([rq, "worker", "--url", redis_url, QUEUE])
+        code = worker.wait()
+        if state["stopping"] or code == 0:
+            return code
+        log.warning("rq worker exited with %d; starting another once Redis answers", code)
+        time.sleep(1)
+        wait_for_redis()
+    return 0

@@ -1,9 +1,13 @@
 """SIGTERM: the broker drains its consumers, requeues what they keep, leaves the
-registry and exits in bounded time; the scanner stops between passes."""
+registry and exits in bounded time; the scanner stops between passes; the jobs worker
+stops its rq worker."""
 
 import signal
 import time
 
+import redis
+
+from relay import jobs as relay_jobs
 from relay.protocol.codec import CLOSE_WAIT
 from tests.test_http import Api
 from tests.wire import FRAME_RESPONSE, Wire
@@ -55,3 +59,18 @@ def test_sigterm_stops_the_scanner(processes):
     scanner.send_signal(signal.SIGTERM)
     assert scanner.wait(5) == 0
     assert time.monotonic() - started < 2
+
+
+def test_sigterm_stops_the_jobs_worker_and_its_rq_worker(processes):
+    jobs = processes.jobs()
+    connection = redis.Redis.from_url(processes.redis_url)
+    deadline = time.monotonic() + 15
+    while not relay_jobs.has_worker(connection) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert relay_jobs.has_worker(connection)
+    jobs.send_signal(signal.SIGTERM)
+    assert jobs.wait(10) == 0
+    deadline = time.monotonic() + 5
+    while relay_jobs.has_worker(connection) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not relay_jobs.has_worker(connection)     # the rq worker left too
