@@ -23,7 +23,7 @@ import redis
 from gevent.event import Event
 from gevent.server import StreamServer
 
-from relay import stats
+from relay import stats, transport
 from relay.channel import Channel
 from relay.client import CLOSING, SUBSCRIBED, Client
 from relay.errors import StoreError
@@ -56,6 +56,7 @@ class Broker:
         self.metrics = Metrics(self)
         self.commit = GroupCommit(self.store, options.commit_lanes,
                                   observe=self.metrics.redis_round_trip.observe)
+        self.tls_context = transport.server_context(options)
         self.protocol = ProtocolV2(self)
         self.channels: dict[tuple, Channel] = {}
         self.clients: dict[int, Client] = {}
@@ -88,6 +89,8 @@ class Broker:
             else ("-", 0)
         if self.options.lookupd_http_address:
             self.lookupd.start(self.options.lookupd_http_address)
+        if self.tls_context and self.options.https_address:
+            self.http.start(self.options.https_address, self.tls_context)
         self._greenlets.append(gevent.spawn(self.registry.register, {
             "hostname": socket.gethostname(), "broadcast_address": self.options.broadcast_address,
             "remote_address": f"{self.options.broadcast_address}:{self.tcp_port}",
@@ -171,7 +174,7 @@ class Broker:
         writer = gevent.spawn(self.protocol.write_replies, client)
         pump = gevent.spawn(client.pump)
         try:
-            self.protocol.io_loop(client, Reader(sock))
+            self.protocol.io_loop(client, Reader(client))
         finally:
             client.replies.put(None)
             writer.join()

@@ -10,8 +10,8 @@ from gevent.event import Event
 from gevent.lock import Semaphore
 from gevent.queue import Queue
 
+from relay import transport
 from relay.protocol import codec
-from relay.sockio import send_all
 
 INIT, SUBSCRIBED, CLOSING = "init", "subscribed", "closing"
 DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024
@@ -34,6 +34,10 @@ class Client:
         self.number = number
         self.owner = f"{broker_id}:{number}"
         self.sock = sock
+        self.transport = transport.Plain(sock)
+        self.tls = self.snappy = self.deflate = False
+        self.tls_common_name = ""
+        self.tls_details = transport.NO_TLS
         self.remote_address = f"{address[0]}:{address[1]}"
         self.state = INIT
         self.client_id = self.hostname = str(address[0])
@@ -154,7 +158,27 @@ class Client:
     def send(self, data: bytes) -> None:
         """Write whole frames; one writer at a time so frames never interleave."""
         with self._write_lock:
-            send_all(self.sock, data)
+            self.transport.send(data)
+
+    # -- upgrades negotiated by IDENTIFY ---------------------------------------------
+
+    def upgrade_tls(self, context) -> None:
+        """The server side of the TLS handshake, on the socket as it is."""
+        sock = context.wrap_socket(self.sock, server_side=True, do_handshake_on_connect=False)
+        self.sock = sock
+        sock.do_handshake()
+        self.transport = transport.Plain(sock)
+        self.tls = True
+        self.tls_common_name = transport.common_name(sock)
+        self.tls_details = transport.details(sock)
+
+    def upgrade_snappy(self) -> None:
+        self.transport = transport.Snappy(self.transport)
+        self.snappy = True
+
+    def upgrade_deflate(self, level: int) -> None:
+        self.transport = transport.Deflate(self.transport, level)
+        self.deflate = True
 
     def respond(self, data: bytes) -> None:
         """A response frame the client did not ask for (CLOSE_WAIT at shutdown)."""
@@ -172,12 +196,27 @@ class Client:
                     self.send(codec.frame(codec.FRAME_RESPONSE, codec.HEARTBEAT))
                     continue
                 self._outbox_ready.clear()
+                self._buffer()
                 data, self._outbox = b"".join(self._outbox), []
                 if data:
                     self.send(data)
                     self._sent(len(data))
         except OSError:
             self.close()  # the peer is gone; what it held in flight is requeued
+
+    def _buffer(self) -> None:
+        """nsqd's output buffering: while the client can take more messages, wait up to
+        output_buffer_timeout for output_buffer_size bytes before writing, so a busy
+        consumer gets fewer, larger writes; one that cannot take more gets them now."""
+        if not self.output_buffer_timeout or not self._outbox:
+            return
+        deadline = time.monotonic() + self.output_buffer_timeout / 1000
+        while (self._unsent < self.output_buffer_size and self.credit() > 0
+               and not self.closed):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._outbox_ready.wait(remaining):
+                return
+            self._outbox_ready.clear()
 
     def _sent(self, n: int) -> None:
         """Written to the socket: a client held back by MAX_UNSENT_BYTES may take more."""

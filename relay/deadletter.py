@@ -21,6 +21,7 @@ import json
 import secrets
 
 from relay.errors import StoreError
+from relay.options import DEFAULT_DEAD_LETTER_TOPIC
 from relay.protocol import codec
 from relay.store import Store
 from relay.store.keys import ChannelKeys, TopicKeys
@@ -28,7 +29,7 @@ from relay.store.keys import ChannelKeys, TopicKeys
 FORWARD_BATCH = 500
 CLAIM_MS = 10_000
 REASON = "max_attempts"
-DEFAULT_TEMPLATE = "{topic}.dead"
+DEFAULT_TEMPLATE = DEFAULT_DEAD_LETTER_TOPIC
 LAST_TOPIC = "dead_letters_in"     # channel meta: where its scanner last sent letters
 
 

@@ -30,7 +30,9 @@ from relay.sockio import listen
 log = logging.getLogger("relay.http")
 
 BOOLS = {"true": True, "1": True, "false": False, "0": False}
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+TLS_REQUIRED_EVERYWHERE = 2     # --tls-required true: no plain HTTP API either
+REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
+           405: "Method Not Allowed",
            413: "Request Entity Too Large", 500: "Internal Server Error",
            503: "Service Unavailable"}
 
@@ -103,16 +105,23 @@ class HttpApi:
             "/channel/unpause": {"POST": self.channel_pause},
         }
         self.prefixes = {"/config/": {"GET": self.config}}
-        self.server = None
+        self.servers: list[WSGIServer] = []
+        self.port = 0
 
-    def start(self, address: str) -> tuple:
-        self.server = WSGIServer(listen(address), self.app, log=None, error_log=log)
-        self.server.start()
-        return self.server.socket.getsockname()[:2]
+    def start(self, address: str, ssl_context=None) -> tuple:
+        """Serve on address, over TLS with an ssl_context (--https-address)."""
+        extra = {"ssl_context": ssl_context} if ssl_context else {}
+        server = WSGIServer(listen(address), self.app, log=None, error_log=log, **extra)
+        server.start()
+        self.servers.append(server)
+        address = server.socket.getsockname()[:2]
+        if ssl_context is None:
+            self.port = address[1]
+        return address
 
     def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop(timeout=1)
+        for server in self.servers:
+            server.stop(timeout=1)
 
     # -- WSGI --------------------------------------------------------------------
 
@@ -123,6 +132,9 @@ class HttpApi:
             if request.path.startswith(prefix) and len(request.path) > len(prefix):
                 methods = by_method
         try:
+            if (self.options.tls_required == TLS_REQUIRED_EVERYWHERE and request.path != "/ping"
+                    and environ.get("wsgi.url_scheme") != "https"):
+                raise HttpError(403, "TLS_REQUIRED")
             if methods is None:
                 raise HttpError(404, "NOT_FOUND")
             handler = methods.get(request.method)
@@ -171,7 +183,7 @@ class HttpApi:
         o = self.options
         return {"version": NSQD_VERSION, "broadcast_address": o.broadcast_address,
                 "hostname": socket.gethostname(),
-                "http_port": self.server.socket.getsockname()[1],
+                "http_port": self.port,
                 "tcp_port": self.broker.tcp_port, "start_time": self.start_time,
                 "max_heartbeat_interval": o.max_heartbeat_interval * 1_000_000,
                 "max_output_buffer_size": o.max_output_buffer_size,

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 
 from marshmallow import Schema, ValidationError, fields, post_load, validate
 
-from relay.deadletter import DEFAULT_TEMPLATE
 from relay.errors import ConfigError
 from relay.protocol.codec import is_valid_name
 
 DURATION = "duration"
+DEFAULT_DEAD_LETTER_TOPIC = "{topic}.dead"
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 
@@ -68,12 +68,24 @@ class Options:
                                           DURATION)
     max_output_buffer_size: int = _opt(65_536, "largest output_buffer_size in IDENTIFY")
     max_deflate_level: int = _opt(6, "largest deflate_level in IDENTIFY")
+    https_address: str = _opt("0.0.0.0:4152", "<addr>:<port> for the HTTP API over TLS "
+                              "(served when --tls-cert is set; empty: none)")
+    tls_cert: str = _opt("", "path to the certificate file (turns TLS on)")
+    tls_key: str = _opt("", "path to the private key file")
+    tls_root_ca_file: str = _opt("", "CA file that verifies client certificates")
+    tls_client_auth_policy: str = _opt("", "require or require-verify a client certificate "
+                                           "(both verify it against --tls-root-ca-file)")
+    tls_required: int = _opt(0, "0: TLS optional; 1 (tcp-https): TCP clients must "
+                                "upgrade; 2 (true): also no plain HTTP API")
+    tls_min_version: str = _opt("tls1.2", "oldest TLS version accepted (tls1.0 .. tls1.3)")
+    snappy: bool = _opt(True, "allow snappy compression in IDENTIFY")
+    deflate: bool = _opt(True, "allow deflate compression in IDENTIFY")
     queue_scan_interval: int = _opt(100, "how often scanners look for due messages", DURATION)
     queue_scan_limit: int = _opt(1000, "messages a scanner moves per channel per call")
     max_attempts: int = _opt(0, "deliveries of a message before it goes to the dead-letter "
                              "topic (0: unlimited, as nsqd); relay-admin config sets it "
                              "per channel")
-    dead_letter_topic: str = _opt(DEFAULT_TEMPLATE, "where dead letters go ({topic} is the "
+    dead_letter_topic: str = _opt(DEFAULT_DEAD_LETTER_TOPIC, "where dead letters go ({topic} is the "
                                   "topic's name); relay-admin config sets it per channel")
     commit_lanes: int = _opt(4, "Redis pipelines a broker keeps in flight at once")
     redis_timeout: int = _opt(5000, "give up on a Redis call after this long", DURATION)
@@ -127,6 +139,29 @@ class _Quantiles(fields.Field):
         return quantiles
 
 
+class _TlsRequired(fields.Field):
+    """nsqd's --tls-required: false/true/tcp-https, or 0/1/2 as nsqd's config file."""
+
+    WORDS = {"false": 0, "0": 0, "tcp-https": 1, "1": 1, "true": 2, "2": 2}
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        key = str(value).lower()
+        if key not in self.WORDS:
+            raise ValidationError(f"not one of false, tcp-https, true (0, 1, 2): {value!r}")
+        return self.WORDS[key]
+
+
+def _check_tls(opts) -> None:
+    if bool(opts.tls_cert) != bool(opts.tls_key):
+        raise ValidationError("give both tls_cert and tls_key", "tls_cert")
+    if opts.tls_required and not opts.tls_cert:
+        raise ValidationError("tls_required needs tls_cert and tls_key", "tls_required")
+    if opts.tls_client_auth_policy and not opts.tls_root_ca_file:
+        raise ValidationError("a client certificate policy needs tls_root_ca_file: Python's "
+                              "ssl verifies every client certificate it asks for",
+                              "tls_client_auth_policy")
+
+
 _positive = validate.Range(min=1)
 
 
@@ -158,6 +193,17 @@ class OptionsSchema(Schema):
     max_output_buffer_timeout = _Duration(validate=_positive)
     max_output_buffer_size = _Count(validate=_positive)
     max_deflate_level = _Count(validate=validate.Range(min=1, max=9))
+    https_address = fields.String(validate=lambda v: v == "" or _address(v))
+    tls_cert = fields.String()
+    tls_key = fields.String()
+    tls_root_ca_file = fields.String()
+    tls_client_auth_policy = fields.String(validate=validate.OneOf(
+        ["", "require", "require-verify"]))
+    tls_required = _TlsRequired()
+    tls_min_version = fields.String(validate=validate.OneOf(
+        ["tls1.0", "tls1.1", "tls1.2", "tls1.3"]))
+    snappy = fields.Boolean()
+    deflate = fields.Boolean()
     queue_scan_interval = _Duration(validate=_positive)
     queue_scan_limit = _Count(validate=_positive)
     max_attempts = _Count(validate=validate.Range(min=0, max=65535))
@@ -175,6 +221,7 @@ class OptionsSchema(Schema):
             raise ValidationError("msg_timeout must not exceed max_msg_timeout", "msg_timeout")
         if opts.max_msg_size > opts.max_body_size:
             raise ValidationError("max_msg_size must not exceed max_body_size", "max_msg_size")
+        _check_tls(opts)
         return opts
 
 

@@ -63,10 +63,9 @@ def client_stats(client) -> dict:
             "ready_count": client.ready_count, "in_flight_count": len(client.in_flight),
             "message_count": client.message_count, "finish_count": client.finish_count,
             "requeue_count": client.requeue_count, "connect_ts": client.connect_ts,
-            "sample_rate": client.sample_rate, "deflate": False, "snappy": False,
-            "user_agent": client.user_agent, "tls": False, "tls_cipher_suite": "",
-            "tls_version": "", "tls_negotiated_protocol": "",
-            "tls_negotiated_protocol_is_mutual": False}
+            "sample_rate": client.sample_rate, "deflate": client.deflate,
+            "snappy": client.snappy, "user_agent": client.user_agent, "tls": client.tls,
+            **client.tls_details}
 
 
 def text(data: dict, health: str, start_time: int) -> str:

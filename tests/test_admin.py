@@ -12,7 +12,7 @@ import redis
 from click.testing import CliRunner
 from rq import Queue, SimpleWorker
 
-from relay import admin, embedded, jobs
+from relay import admin, embedded, jobs, transport
 from relay.registry import Registry
 from relay.stats import client_stats
 from relay.store import Store
@@ -64,7 +64,8 @@ def client(topic, channel, owner, client_id, port, **counts):
                            in_flight=[b"x"] * counts.get("in_flight", 0),
                            message_count=counts.get("messages", 0), finish_count=0,
                            requeue_count=0, connect_ts=1_800_000_000, sample_rate=0,
-                           user_agent="gnsq/1.0.2")
+                           user_agent="gnsq/1.0.2", tls=False, snappy=False, deflate=False,
+                           tls_details=transport.NO_TLS)
     return {"topic": topic, "channel": channel, "owner": owner, **client_stats(conn)}
 
 

@@ -10,12 +10,14 @@ connections is batched by the group commit.
 import json
 import logging
 
+from gevent.event import AsyncResult
 from marshmallow import ValidationError
 
 from relay.client import CLOSING, INIT, SUBSCRIBED, Client
 from relay.errors import ClientError, FatalClientError, StoreError
 from relay.protocol import codec
 from relay.schemas import IdentifySchema
+from relay.transport import CompressionError
 
 log = logging.getLogger("relay.protocol")
 
@@ -43,6 +45,22 @@ class Pending:
         except StoreError as e:
             return self.finish(None, e)
         return self.finish(value, None)
+
+
+class Upgrade:
+    """IDENTIFY's response when it negotiated TLS or compression: the writer sends it,
+    runs the steps, and tells the reader whether the connection may go on."""
+
+    def __init__(self, response: bytes, steps: list):
+        self.response = response
+        self.steps = steps
+        self._done = AsyncResult()
+
+    def finish(self, ok: bool) -> None:
+        self._done.set(ok)
+
+    def wait(self) -> bool:
+        return self._done.get()
 
 
 def go_quote(raw: bytes) -> str:
@@ -106,23 +124,52 @@ def split_mpub(body: bytes, max_body_size: int, max_msg_size: int) -> list:
 
 
 class Reader:
-    """Reads lines and sized bodies from a socket without ever allocating an announced size
-    before it has been checked."""
+    """Reads lines and sized bodies from a client's transport (which IDENTIFY may upgrade
+    mid-connection) without ever allocating an announced size before it is checked."""
 
-    def __init__(self, sock):
-        self.file = sock.makefile("rb", buffering=MAX_LINE)
+    CHUNK = 64 * 1024
+
+    def __init__(self, client):
+        self.client = client
+        self.buf = bytearray()
+        self.pos = 0
+
+    @property
+    def pending(self) -> int:
+        """Bytes read from the transport and not yet consumed."""
+        return len(self.buf) - self.pos
+
+    def _fill(self) -> None:
+        chunk = self.client.transport.recv(self.CHUNK)
+        if not chunk:
+            raise EOFError
+        if self.pos:
+            del self.buf[:self.pos]
+            self.pos = 0
+        self.buf += chunk
 
     def line(self) -> bytes:
-        line = self.file.readline(MAX_LINE + 1)
-        if not line.endswith(b"\n"):
-            raise Disconnect("command line too long" if len(line) > MAX_LINE else "eof")
-        line = line[:-1]
+        while True:
+            end = self.buf.find(b"\n", self.pos)
+            if end >= 0:
+                break
+            if self.pending > MAX_LINE:
+                raise Disconnect("command line too long")
+            try:
+                self._fill()
+            except EOFError:
+                raise Disconnect("eof") from None
+        if end - self.pos > MAX_LINE:
+            raise Disconnect("command line too long")
+        line = bytes(self.buf[self.pos:end])
+        self.pos = end + 1
         return line[:-1] if line.endswith(b"\r") else line
 
     def exact(self, n: int) -> bytes:
-        data = self.file.read(n)
-        if len(data) != n:
-            raise EOFError
+        while self.pending < n:
+            self._fill()
+        data = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
         return data
 
     def size(self) -> int:
@@ -155,13 +202,18 @@ class ProtocolV2:
                 if e.fatal:
                     return
                 continue
-            except (Disconnect, OSError, EOFError) as e:
+            except (Disconnect, OSError, EOFError, CompressionError) as e:
                 log.debug("%r closed: %s", client, e or "eof")
                 return
             except Exception:
                 log.exception("%r: unexpected error; closing this connection", client)
                 return
-            if reply is not None:
+            if isinstance(reply, Upgrade):
+                client.replies.put(reply)
+                if not reply.wait() or reader.pending:
+                    log.debug("%r: upgrade failed or bytes sent before it", client)
+                    return
+            elif reply is not None:
                 client.replies.put(reply)
 
     def write_replies(self, client: Client) -> None:
@@ -171,6 +223,11 @@ class ProtocolV2:
             if reply is None:
                 break
             if client.closed:
+                if isinstance(reply, Upgrade):
+                    reply.finish(False)
+                continue
+            if isinstance(reply, Upgrade):
+                self._upgrade(client, reply)
                 continue
             try:
                 data = reply.resolve() if isinstance(reply, Pending) else reply
@@ -184,6 +241,21 @@ class ProtocolV2:
             if data is not None:
                 self._send(client, codec.FRAME_RESPONSE, data)
 
+    def _upgrade(self, client: Client, upgrade: "Upgrade") -> None:
+        """IDENTIFY's response in the clear, then each upgrade and an OK through it,
+        as nsqd does; the reader waits meanwhile."""
+        try:
+            client.send(codec.frame(codec.FRAME_RESPONSE, upgrade.response))
+            for step in upgrade.steps:
+                step()
+                client.send(codec.frame(codec.FRAME_RESPONSE, codec.OK))
+        except (OSError, ValueError) as e:
+            log.info("%r: IDENTIFY upgrade failed: %s", client, e)
+            client.close()
+            upgrade.finish(False)
+            return
+        upgrade.finish(True)
+
     @staticmethod
     def _send(client, frame_type, data):
         try:
@@ -195,6 +267,9 @@ class ProtocolV2:
         handler = self.commands.get(params[0])
         if handler is None:
             raise FatalClientError("E_INVALID", "invalid command " + _text(params[0]))
+        if self.options.tls_required and not client.tls and handler != self.identify:
+            raise FatalClientError(
+                "E_INVALID", f"cannot {_text(params[0])} in current state (TLS required)")
         return handler(client, params, reader)
 
     # -- commands ----------------------------------------------------------------
@@ -218,21 +293,35 @@ class ProtocolV2:
         client.heartbeat_changed()
         if not data.get("feature_negotiation"):
             return codec.OK
-        return json.dumps({
+        tls = self.broker.tls_context is not None and data.get("tls_v1", False)
+        deflate = self.options.deflate and data.get("deflate", False)
+        level = data.get("deflate_level", 0) if deflate and data.get("deflate_level", 0) > 0 \
+            else 6
+        level = min(level, self.options.max_deflate_level)
+        snappy = self.options.snappy and data.get("snappy", False)
+        if deflate and snappy:
+            raise FatalClientError("E_IDENTIFY_FAILED",
+                                   "cannot enable both deflate and snappy compression")
+        response = json.dumps({
             "max_rdy_count": self.options.max_rdy_count,
             "version": NSQD_VERSION,
             "max_msg_timeout": self.options.max_msg_timeout,
             "msg_timeout": client.msg_timeout,
-            "tls_v1": False,
-            "deflate": False,
-            "deflate_level": min(6, self.options.max_deflate_level),
+            "tls_v1": tls,
+            "deflate": deflate,
+            "deflate_level": level,
             "max_deflate_level": self.options.max_deflate_level,
-            "snappy": False,
+            "snappy": snappy,
             "sample_rate": client.sample_rate,
             "auth_required": False,
             "output_buffer_size": client.output_buffer_size,
             "output_buffer_timeout": client.output_buffer_timeout,
         }, separators=(",", ":")).encode()
+        steps = [step for step, wanted in (
+            (lambda: client.upgrade_tls(self.broker.tls_context), tls),
+            (client.upgrade_snappy, snappy),
+            (lambda: client.upgrade_deflate(level), deflate)) if wanted]
+        return Upgrade(response, steps) if steps else response
 
     def sub(self, client, params, reader):
         if client.state != INIT:

@@ -1,0 +1,114 @@
+"""What a client connection reads from and writes to: the socket, then what IDENTIFY
+negotiates on top of it, in nsqd's order (TLS, then snappy or deflate).
+
+Each layer has recv(n) -> bytes (b"" at EOF) and send(data). Compression layers
+flush on every send, as nsqd does, so a frame never waits in a compressor.
+"""
+
+import ssl
+import zlib
+
+import snappy
+
+from relay.sockio import send_all
+
+TLS_VERSIONS = {"tls1.0": ssl.TLSVersion.TLSv1, "tls1.1": ssl.TLSVersion.TLSv1_1,
+                "tls1.2": ssl.TLSVersion.TLSv1_2, "tls1.3": ssl.TLSVersion.TLSv1_3}
+
+
+class CompressionError(Exception):
+    """The client sent bytes its negotiated compression cannot decode."""
+
+
+class Plain:
+    """A socket, or a TLS socket after the upgrade."""
+
+    def __init__(self, sock):
+        self.sock = sock
+
+    def recv(self, n: int) -> bytes:
+        return self.sock.recv(n)
+
+    def send(self, data: bytes) -> None:
+        send_all(self.sock, data)
+
+
+class Snappy:
+    """nsqd's snappy: the framed stream format, both ways."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.compressor = snappy.StreamCompressor()
+        self.decompressor = snappy.StreamDecompressor()
+
+    def recv(self, n: int) -> bytes:
+        while chunk := self.inner.recv(n):
+            try:
+                data = self.decompressor.decompress(chunk)
+            except Exception as e:
+                raise CompressionError(f"snappy: {e}") from None
+            if data:
+                return data
+        return b""
+
+    def send(self, data: bytes) -> None:
+        self.inner.send(self.compressor.add_chunk(data))
+
+
+class Deflate:
+    """nsqd's deflate: raw DEFLATE (no zlib header), a sync flush after each write."""
+
+    def __init__(self, inner, level: int):
+        self.inner = inner
+        self.compressor = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS)
+        self.decompressor = zlib.decompressobj(-zlib.MAX_WBITS)
+
+    def recv(self, n: int) -> bytes:
+        while chunk := self.inner.recv(n):
+            try:
+                data = self.decompressor.decompress(chunk)
+            except zlib.error as e:
+                raise CompressionError(f"deflate: {e}") from None
+            if data:
+                return data
+        return b""
+
+    def send(self, data: bytes) -> None:
+        self.inner.send(self.compressor.compress(data)
+                        + self.compressor.flush(zlib.Z_SYNC_FLUSH))
+
+
+def server_context(options) -> ssl.SSLContext | None:
+    """The TLS context of --tls-cert/--tls-key, or None when TLS is off."""
+    if not options.tls_cert:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = TLS_VERSIONS[options.tls_min_version]
+    context.load_cert_chain(options.tls_cert, options.tls_key)
+    if options.tls_root_ca_file:
+        context.load_verify_locations(options.tls_root_ca_file)
+    if options.tls_client_auth_policy:
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+NO_TLS = {"tls_cipher_suite": "", "tls_version": "", "tls_negotiated_protocol": "",
+          "tls_negotiated_protocol_is_mutual": False}
+
+
+def details(tls_sock) -> dict:
+    """nsqd's ClientStats TLS fields: version as TLS12/TLS13, the cipher suite's name."""
+    version = (tls_sock.version() or "").replace("TLSv", "TLS").replace(".", "")
+    return {"tls_cipher_suite": (tls_sock.cipher() or ("",))[0], "tls_version": version,
+            "tls_negotiated_protocol": tls_sock.selected_alpn_protocol() or "",
+            "tls_negotiated_protocol_is_mutual": True}     # Go's is always true
+
+
+def common_name(tls_sock) -> str:
+    """The CN of the client's certificate, "" without one (sent to the auth server)."""
+    cert = tls_sock.getpeercert() or {}
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return value
+    return ""

@@ -1,0 +1,273 @@
+"""TLS, snappy and deflate negotiated by IDENTIFY, with a test CA (trustme): raw clients
+for exact bytes, and pynsq for what a real client does."""
+
+import hashlib
+import http.client
+import json
+import os
+import ssl
+import subprocess
+import sys
+import time
+import zlib
+
+import pytest
+import snappy
+import trustme
+
+from relay.protocol.codec import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, parse_record
+from tests.test_http import Api
+from tests.wire import Wire
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SIZES = [1, 100, 65_536, 1_048_576]
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A CA, the broker's certificate for 127.0.0.1, and a client certificate."""
+    folder = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    client = ca.issue_cert("worker-7@example.com", common_name="worker-7")
+    paths = {"ca": folder / "ca.pem", "cert": folder / "server.pem",
+             "key": folder / "server.key", "client": folder / "client.pem"}
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    server.cert_chain_pems[0].write_to_path(str(paths["cert"]))
+    server.private_key_pem.write_to_path(str(paths["key"]))
+    client.private_key_and_cert_chain_pem.write_to_path(str(paths["client"]))
+    return {k: str(v) for k, v in paths.items()}
+
+
+def tls_broker(processes, pki, *extra):
+    https_port = processes_free_port()
+    _, port = processes.broker("--tls-cert", pki["cert"], "--tls-key", pki["key"],
+                               "--https-address", f"127.0.0.1:{https_port}", *extra)
+    return port, https_port
+
+
+def processes_free_port():
+    from relay import embedded
+    return embedded.free_port()
+
+
+class Secure(Wire):
+    """A raw V2 client whose transport IDENTIFY can upgrade, as a client library does."""
+
+    def __init__(self, port):
+        super().__init__(port)
+        self.compress = self.decompress = None
+        self.pending = b""
+
+    def negotiate(self, pki=None, client_cert=False, **features):
+        """IDENTIFY with feature negotiation; upgrade as the response says; returns it."""
+        self.command("IDENTIFY", json.dumps({"feature_negotiation": True, **features}).encode())
+        kind, data = self.frame()
+        if kind != FRAME_RESPONSE:
+            return kind, data
+        response = json.loads(data)
+        if response["tls_v1"]:
+            context = ssl.create_default_context(cafile=pki["ca"])
+            if client_cert:
+                context.load_cert_chain(pki["client"])
+            self.sock = context.wrap_socket(self.sock, server_hostname="127.0.0.1")
+            assert self.frame() == (FRAME_RESPONSE, b"OK")
+        if response["snappy"]:
+            encoder, decoder = snappy.StreamCompressor(), snappy.StreamDecompressor()
+            self.compress, self.decompress = encoder.add_chunk, decoder.decompress
+            assert self.frame() == (FRAME_RESPONSE, b"OK")
+        if response["deflate"]:
+            encoder, decoder = zlib.compressobj(6, zlib.DEFLATED, -15), zlib.decompressobj(-15)
+            self.compress = lambda d: encoder.compress(d) + encoder.flush(zlib.Z_SYNC_FLUSH)
+            self.decompress = decoder.decompress
+            assert self.frame() == (FRAME_RESPONSE, b"OK")
+        return response
+
+    def send(self, data: bytes):
+        self.sock.sendall(self.compress(data) if self.compress else data)
+        return self
+
+    def _exact(self, n):
+        while len(self.pending) < n:
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise EOFError("closed")
+            self.pending += self.decompress(chunk) if self.decompress else chunk
+        data, self.pending = self.pending[:n], self.pending[n:]
+        return data
+
+
+def body_of(size: int) -> bytes:
+    return (hashlib.sha256(str(size).encode()).digest() * (size // 32 + 1))[:size]
+
+
+def roundtrip(port, pki=None, **features):
+    """PUB bodies of 1 B to 1 MiB and consume them, both connections negotiated alike."""
+    producer, consumer = Secure(port), Secure(port)
+    for conn in (producer, consumer):
+        response = conn.negotiate(pki, **features)
+        assert all(response[k] == v for k, v in features.items())
+    assert consumer.sub("t", "c", rdy=len(SIZES)) == (FRAME_RESPONSE, b"OK")
+    for size in SIZES:
+        assert producer.pub("t", body_of(size)) == (FRAME_RESPONSE, b"OK")
+    got = []
+    for _ in SIZES:
+        kind, data = consumer.frame()
+        assert kind == FRAME_MESSAGE
+        _, _, msg_id, body = parse_record(data)
+        got.append(body)
+        consumer.command(b"FIN " + msg_id)
+    assert got == [body_of(size) for size in SIZES]
+    return consumer
+
+
+@pytest.mark.parametrize("features", [
+    {"tls_v1": True}, {"snappy": True}, {"deflate": True, "deflate_level": 9},
+    {"tls_v1": True, "snappy": True}, {"tls_v1": True, "deflate": True}])
+def test_negotiated_transports_carry_bodies_byte_exact(processes, pki, features):
+    port, _ = tls_broker(processes, pki, "--max-deflate-level", "9")
+    consumer = roundtrip(port, pki, **features)
+    api = Api(port, processes.http_ports[port])
+    [client] = api.json("GET", "/stats?format=json")[1]["topics"][0]["channels"][0]["clients"]
+    assert (client["tls"], client["snappy"], client["deflate"]) == (
+        features.get("tls_v1", False), features.get("snappy", False),
+        features.get("deflate", False))
+    if client["tls"]:
+        assert client["tls_version"] in ("TLS12", "TLS13") and client["tls_cipher_suite"]
+    consumer.close()
+
+
+def test_identify_answers_what_it_will_do(processes, pki):
+    port, _ = tls_broker(processes, pki, "--max-deflate-level", "4", "--snappy", "false")
+    w = Secure(port)
+    response = w.negotiate(pki, snappy=True, deflate=True, deflate_level=9)
+    assert (response["tls_v1"], response["snappy"], response["deflate"],
+            response["deflate_level"], response["max_deflate_level"]) == (False, False, True, 4, 4)
+    _, plain_port = processes.broker()
+    w = Secure(plain_port)
+    assert w.negotiate(tls_v1=True)["tls_v1"] is False      # no certificate: no TLS
+    w = Secure(plain_port)
+    assert w.negotiate(snappy=True, deflate=True) == (
+        FRAME_ERROR, b"E_IDENTIFY_FAILED cannot enable both deflate and snappy compression")
+    assert w.closed()
+
+
+def test_tls_required_for_tcp_and_http(processes, pki):
+    port, https_port = tls_broker(processes, pki, "--tls-required", "true")
+    w = Wire(port)
+    assert w.pub("t", b"x") == (FRAME_ERROR, b"E_INVALID cannot PUB in current state "
+                                             b"(TLS required)")
+    assert w.closed()
+    w = Secure(port)
+    w.negotiate()
+    w.command("SUB t c")
+    assert w.frame() == (FRAME_ERROR, b"E_INVALID cannot SUB in current state (TLS required)")
+    w = Secure(port)
+    w.negotiate(pki, tls_v1=True)
+    assert w.pub("t", b"x") == (FRAME_RESPONSE, b"OK")
+
+    api = Api(port, processes.http_ports[port])
+    assert api.json("POST", "/pub?topic=t", b"x") == (403, {"message": "TLS_REQUIRED"})
+    assert api.request("GET", "/ping")[:2] == (200, b"OK")
+    https = http.client.HTTPSConnection(
+        "127.0.0.1", https_port, context=ssl.create_default_context(cafile=pki["ca"]))
+    https.request("POST", "/pub?topic=t", body=b"over https")
+    assert (https.getresponse().status, Api(port, 0).tcp_port) == (200, port)
+
+    port, _ = tls_broker(processes, pki, "--tls-required", "tcp-https")
+    assert Api(port, processes.http_ports[port]).request("POST", "/pub?topic=t", b"x")[:2] \
+        == (200, b"OK")
+    assert Wire(port).pub("t", b"x")[0] == FRAME_ERROR
+
+
+def test_client_certificate_policy(processes, pki):
+    port, _ = tls_broker(processes, pki, "--tls-root-ca-file", pki["ca"],
+                         "--tls-client-auth-policy", "require-verify")
+    w = Secure(port)
+    with pytest.raises((ssl.SSLError, EOFError, ConnectionResetError)):
+        w.negotiate(pki, tls_v1=True)
+        w.pub("t", b"x")
+    w = Secure(port)
+    w.negotiate(pki, client_cert=True, tls_v1=True)
+    assert w.pub("t", b"x") == (FRAME_RESPONSE, b"OK")
+
+
+def test_pynsq_with_tls_snappy_and_deflate(processes, pki):
+    port, _ = tls_broker(processes, pki)
+    for features in ({"tls_v1": True, "snappy": True}, {"deflate": True, "deflate_level": 3}):
+        conn = {**features, "tls_options": {"ca_certs": pki["ca"]}}
+        topic = "tls" if features.get("tls_v1") else "deflate"
+        out = subprocess.run(
+            [sys.executable, os.path.join(HERE, "pynsq_secure.py"), str(port), topic,
+             json.dumps(conn), *map(str, SIZES)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout.splitlines()[-1]) == {
+            "published": len(SIZES),
+            "received": sorted(hashlib.sha256(body_of(n)).hexdigest() for n in SIZES)}
+
+
+def test_sample_rate_delivers_that_share(processes):
+    _, port = processes.broker()
+    processes.scanner()
+    consumer = Wire(port)
+    consumer.identify(sample_rate=30)
+    assert consumer.sub("t", "c", rdy=2500) == (FRAME_RESPONSE, b"OK")
+    producer = Wire(port)
+    for i in range(100):
+        assert producer.mpub("t", [b"%d" % (i * 100 + j) for j in range(100)]) == (
+            FRAME_RESPONSE, b"OK")
+    received = 0
+    consumer.sock.settimeout(1.0)
+    with pytest.raises(TimeoutError):
+        while True:
+            kind, data = consumer.frame()
+            assert kind == FRAME_MESSAGE
+            consumer.command(b"FIN " + parse_record(data)[2])
+            received += 1
+    api = Api(port, processes.http_ports[port])
+    channel = api.json("GET", "/stats?format=json")[1]["topics"][0]["channels"][0]
+    # binomial(10,000, 0.30): mean 3,000, sd 46; the bounds are 5 sd
+    assert 2770 <= received <= 3230
+    assert (channel["depth"], channel["in_flight_count"], channel["message_count"]) == (
+        0, 0, 10_000)
+
+
+def count_writes(port, topic, **identify):
+    """Receive 2,000 messages published in 100 MPUBs over ~1 s; how many recv() calls
+    (the broker's writes, as the client reads faster than they come) it took."""
+    consumer = Wire(port)
+    consumer.identify(**identify)
+    assert consumer.sub(topic, "c", rdy=2500) == (FRAME_RESPONSE, b"OK")
+    producer = Wire(port)
+    reads, received = 0, b""
+    consumer.sock.settimeout(0.005)
+    for i in range(100):
+        assert producer.mpub(topic, [b"m" * 100] * 20) == (FRAME_RESPONSE, b"OK")
+        deadline = time.monotonic() + 0.01
+        while time.monotonic() < deadline:
+            try:
+                chunk = consumer.sock.recv(1 << 20)
+            except TimeoutError:
+                continue
+            reads += 1
+            received += chunk
+    consumer.sock.settimeout(0.5)
+    try:
+        while chunk := consumer.sock.recv(1 << 20):
+            reads += 1
+            received += chunk
+    except TimeoutError:
+        pass
+    assert received.count(b"m" * 100) == 2000
+    consumer.close()
+    producer.close()
+    return reads
+
+
+def test_output_buffering_means_fewer_larger_writes(processes):
+    _, port = processes.broker()
+    unbuffered = count_writes(port, "now", output_buffer_timeout=-1)
+    buffered = count_writes(port, "later", output_buffer_size=16384, output_buffer_timeout=100)
+    print(f"writes: {unbuffered} unbuffered, {buffered} buffered")
+    assert unbuffered >= 50          # about one write per MPUB
+    assert buffered <= unbuffered / 3
