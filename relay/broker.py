@@ -287,6 +287,22 @@ class WakeListener:
             if t == topic and (channel is None or c == channel):
                 local.notify()
 
+    def _deleted(self, topic: str, channel: str | None) -> None:
+        """A channel (or the whole topic) was deleted: close its consumers, as nsqd."""
+        for (t, c), local in list(self.broker.channels.items()):
+            if t == topic and (channel is None or c == channel):
+                log.info("%s/%s deleted: closing its %d consumers", t, c, len(local.clients))
+                for client in list(local.clients):
+                    client.close()
+
+    def _news(self, topic: str, data: bytes) -> None:
+        """A wake-up: "" the topic, "C" one channel, "!C" / "!" deleted (drop.lua)."""
+        text = data.decode()
+        if text.startswith("!"):
+            self._deleted(topic, text[1:] or None)
+        else:
+            self._wake(topic, text or None)
+
     def run(self) -> None:
         while True:
             try:
@@ -319,7 +335,7 @@ class WakeListener:
                 if message and message["type"] == "message":
                     topic = subscribed.get(message["channel"])
                     if topic is not None:
-                        self._wake(topic, message["data"].decode() or None)
+                        self._news(topic, message["data"])
         finally:
             pubsub.close()
 

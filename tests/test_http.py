@@ -7,6 +7,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -391,3 +392,19 @@ def test_separate_lookupd_port_answers_as_nsqlookupd(processes):
     assert lookupd.request("POST", "/topic/delete?topic=t")[:2] == (200, b"")
     assert lookupd.json("GET", "/topics") == (200, {"topics": []})
     assert lookupd.json("POST", "/pub?topic=t", b"x") == (404, {"message": "NOT_FOUND"})
+
+
+def test_deleting_a_channel_or_topic_closes_its_consumers(api):
+    assert api.request("POST", "/topic/create?topic=t")[0] == 200
+    consumers = {}
+    for channel in ("gone", "stays"):
+        wire = Wire(api.tcp_port)
+        wire.identify()
+        assert wire.sub("t", channel, rdy=1) == (FRAME_RESPONSE, b"OK")
+        consumers[channel] = wire
+    time.sleep(0.3)     # the broker's wake-up subscription to the topic (50 ms polls)
+    assert api.request("POST", "/channel/delete?topic=t&channel=gone")[:2] == (200, b"")
+    assert consumers["gone"].closed(timeout=3)
+    assert not consumers["stays"].closed(timeout=0.5)
+    assert api.request("POST", "/topic/delete?topic=t")[:2] == (200, b"")
+    assert consumers["stays"].closed(timeout=3)

@@ -230,7 +230,7 @@ class Store:
         t = TopicKeys.of(topic)
         trash = keys.trash_prefix(topic, secrets.token_hex(8))
         return Op("drop", [t.ids, t.channels, t.meta, t.backlog, t.backlog_deferred, keys.DUE],
-                  [trash, keys.channel_prefix(topic), topic, channel, int(delete),
+                  [trash, keys.channel_prefix(topic), topic, channel, int(delete), t.wake,
                    len(keys.MESSAGE_SUFFIXES), *keys.CHANNEL_SUFFIXES], Dropped.parse)
 
     def detach(self, topic: str, channel: str = "", delete: bool = False) -> "Dropped | None":

@@ -9,7 +9,9 @@
 -- KEYS[5] backlog deferred   KEYS[6] scanners' due index
 -- ARGV[1] trash key prefix   ARGV[2] channel key prefix   ARGV[3] topic name
 -- ARGV[4] channel name ('' for the topic)   ARGV[5] 1 to delete, 0 to empty
--- ARGV[6] n, then n suffixes of the message keys, then the channel's other suffixes
+-- ARGV[6] wake pub/sub channel: a delete announces "!C" (channel C) or "!" (the topic),
+-- on which brokers close its consumers, as nsqd does
+-- ARGV[7] n, then n suffixes of the message keys, then the channel's other suffixes
 -- Returns {the topic's last message id, trash keys...}, or nil when the channel to
 -- delete does not exist.
 local trash = {}
@@ -20,13 +22,13 @@ local function detach(key)
   end
 end
 
-local delete, n = ARGV[5] == '1', tonumber(ARGV[6])
+local delete, n = ARGV[5] == '1', tonumber(ARGV[7])
 local function drop_channel(c)
   local p = ARGV[2] .. c .. ':'
-  for i = 7, 6 + n do detach(p .. ARGV[i]) end
+  for i = 8, 7 + n do detach(p .. ARGV[i]) end
   redis.call('ZREM', KEYS[6], ARGV[3] .. '/' .. c)
   if delete then
-    for i = 7 + n, #ARGV do redis.call('UNLINK', p .. ARGV[i]) end
+    for i = 8 + n, #ARGV do redis.call('UNLINK', p .. ARGV[i]) end
   end
 end
 
@@ -42,5 +44,8 @@ else
     for _, c in ipairs(redis.call('SMEMBERS', KEYS[2])) do drop_channel(c) end
     redis.call('UNLINK', KEYS[2], KEYS[3])
   end
+end
+if delete then
+  redis.call('PUBLISH', ARGV[6], '!' .. ARGV[4])
 end
 return {tonumber(redis.call('GET', KEYS[1]) or '0'), unpack(trash)}
