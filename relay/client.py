@@ -51,6 +51,7 @@ class Client:
         self.in_flight: OrderedDict[bytes, tuple] = OrderedDict()
         self.channel = None
         self.message_count = self.finish_count = self.requeue_count = 0
+        self.pub_counts: dict[str, int] = {}     # topic -> messages published
         self.connect_ts = int(time.time())
         self.closed = False
         self.replies = Queue(MAX_PENDING_REPLIES)

@@ -371,10 +371,12 @@ class HttpApi:
             for c in t["channels"]:
                 c["clients"] = clients.get((t["topic_name"], c["channel_name"]), [])
         health = self.health() or "OK"
+        producers = [stats.producer_stats(c) for c in list(self.broker.clients.values())
+                     if c.pub_counts] if include_clients else []
         if request.arg("format") != "json":
-            return stats.text(data, health, self.start_time)
+            return stats.text(data, health, self.start_time, producers)
         return {"version": NSQD_VERSION, "health": health, "start_time": self.start_time,
-                "topics": data["topics"], "producers": []}
+                "topics": data["topics"], "producers": producers}
 
     def _clients(self) -> dict:
         """This broker's consumers, by (topic, channel), in nsqd's ClientStats shape."""

@@ -68,7 +68,13 @@ def client_stats(client) -> dict:
             **client.tls_details}
 
 
-def text(data: dict, health: str, start_time: int) -> str:
+def producer_stats(client) -> dict:
+    """nsqd's ClientStats of a connection that published, with its pub_counts."""
+    return {**client_stats(client), "state": 0,
+            "pub_counts": [{"topic": t, "count": n} for t, n in client.pub_counts.items()]}
+
+
+def text(data: dict, health: str, start_time: int, producers: list = ()) -> str:
     """nsqd's plain-text /stats (httpServer.printStats)."""
     started = datetime.datetime.fromtimestamp(start_time, datetime.timezone.utc)
     lines = ["nsqd v1.3.0 (relay)", f"start_time {started.isoformat()}",
@@ -99,5 +105,10 @@ def text(data: dict, health: str, start_time: int) -> str:
                     f"fin: {client['finish_count']:<8} re-q: {client['requeue_count']:<8} "
                     f"msgs: {client['message_count']:<8} "
                     f"connected: {int(time.time()) - client['connect_ts']}s")
-    lines += ["", "Producers: None"]
+    lines += ["", "Producers: None" if not producers else "Producers:"]
+    for p in producers:
+        total = sum(c["count"] for c in p["pub_counts"])
+        lines.append(f"   [V2 {p['client_id']:<21}] msgs: {total:<8} "
+                     f"connected: {int(time.time()) - p['connect_ts']}s")
+        lines += [f"      [{c['topic']:<15}] msgs: {c['count']:<8}" for c in p["pub_counts"]]
     return "\n".join(lines) + "\n"

@@ -3,6 +3,7 @@
 import http.client
 import json
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -408,3 +409,22 @@ def test_deleting_a_channel_or_topic_closes_its_consumers(api):
     assert not consumers["stays"].closed(timeout=0.5)
     assert api.request("POST", "/topic/delete?topic=t")[:2] == (200, b"")
     assert consumers["stays"].closed(timeout=3)
+
+
+def test_stats_list_this_brokers_producers_with_their_pub_counts(api):
+    producer = Wire(api.tcp_port)
+    producer.identify(client_id="loader", hostname="h2", user_agent="test/2.0")
+    assert producer.pub("a", b"1") == (FRAME_RESPONSE, b"OK")
+    assert producer.mpub("b", [b"1", b"2"]) == (FRAME_RESPONSE, b"OK")
+    status, stats = api.json("GET", "/stats?format=json")
+    [p] = stats["producers"]
+    assert (p["client_id"], p["hostname"], p["user_agent"], p["state"], p["pub_counts"]) == (
+        "loader", "h2", "test/2.0", 0, [{"topic": "a", "count": 1}, {"topic": "b", "count": 2}])
+    status, text, _ = api.request("GET", "/stats")
+    assert re.search(
+        r"Producers:\n"
+        r"   \[V2 loader               \] msgs: 3        connected: \d+s\n"
+        r"      \[a              \] msgs: 1       \n"
+        r"      \[b              \] msgs: 2       \n$", text.decode())
+    assert api.json("GET", "/stats?format=json&include_clients=false")[1]["producers"] == []
+    producer.close()

@@ -478,6 +478,7 @@ class ProtocolV2:
             if err is not None:
                 return FatalClientError(f"E_{command}_FAILED", f"{command} failed {err}")
             self.broker.metrics.published.inc(len(bodies))
+            client.pub_counts[topic] = client.pub_counts.get(topic, 0) + len(bodies)
             return codec.OK
         return Pending(result, done)
 
