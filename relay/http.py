@@ -30,6 +30,8 @@ from relay.sockio import listen
 log = logging.getLogger("relay.http")
 
 BOOLS = {"true": True, "1": True, "false": False, "0": False}
+JSON = "application/json; charset=utf-8"
+LOG_LEVELS = ("debug", "info", "warning", "error")
 TLS_REQUIRED_EVERYWHERE = 2     # --tls-required true: no plain HTTP API either
 REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
            405: "Method Not Allowed",
@@ -104,7 +106,7 @@ class HttpApi:
             "/channel/pause": {"POST": self.channel_pause},
             "/channel/unpause": {"POST": self.channel_pause},
         }
-        self.prefixes = {"/config/": {"GET": self.config}}
+        self.prefixes = {"/config/": {"GET": self.config, "PUT": self.config}}
         self.servers: list[WSGIServer] = []
         self.port = 0
 
@@ -158,7 +160,7 @@ class HttpApi:
             body = data
         else:
             body = json.dumps(data, separators=(",", ":")).encode()
-            headers.append(("Content-Type", "application/json; charset=utf-8"))
+            headers.append(("Content-Type", JSON))
         headers.append(("Content-Length", str(len(body))))
         start_response(f"{code} {REASONS.get(code, '')}", headers)
         return [body]
@@ -312,13 +314,30 @@ class HttpApi:
         return topic
 
     def config(self, request):
-        """GET /config/:opt: an option by its config name; durations in ns as nsqd's JSON."""
+        """GET /config/:opt: an option by its config name; durations in ns as nsqd's JSON.
+        PUT changes log_level at run time, the one option nsqd's PUT has that relay uses."""
         name = request.path[len("/config/"):]
-        spec = {f.name: f for f in dataclasses.fields(self.options)}.get(name)
+        spec = {f.name: f for f in dataclasses.fields(self.broker.options)}.get(name)
         if spec is None or spec.metadata.get("secret"):
             raise HttpError(400, "INVALID_OPTION")
-        value = getattr(self.options, name)
-        return value * 1_000_000 if spec.metadata.get("kind") == DURATION else value
+        if request.method == "PUT":
+            self._set_option(name, request.body(self.options.max_msg_size, "INVALID_VALUE"))
+        value = getattr(self.broker.options, name)
+        if spec.metadata.get("kind") == DURATION:
+            value *= 1_000_000
+        return Typed(json.dumps(value).encode(), JSON)
+
+    def _set_option(self, name: str, body: bytes) -> None:
+        if name != "log_level":
+            raise HttpError(400, "INVALID_OPTION")
+        if not body:
+            raise HttpError(413, "INVALID_VALUE")
+        level = body.decode("latin-1").strip().lower()
+        level = {"warn": "warning"}.get(level, level)
+        if level not in LOG_LEVELS:
+            raise HttpError(400, "INVALID_VALUE")
+        logging.getLogger().setLevel(level.upper())
+        self.broker.options = dataclasses.replace(self.broker.options, log_level=level)
 
     def metrics(self, request):
         return Typed(self._store(lambda s: self.broker.metrics.render()), CONTENT_TYPE)

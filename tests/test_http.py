@@ -428,3 +428,17 @@ def test_stats_list_this_brokers_producers_with_their_pub_counts(api):
         r"      \[b              \] msgs: 2       \n$", text.decode())
     assert api.json("GET", "/stats?format=json&include_clients=false")[1]["producers"] == []
     producer.close()
+
+
+def test_put_config_log_level_changes_it_at_run_time(api, processes):
+    assert api.json("GET", "/config/log_level") == (200, "info")
+    assert api.json("PUT", "/config/log_level", b"debug") == (200, "debug")
+    assert api.json("GET", "/config/log_level") == (200, "debug")
+    Wire(api.tcp_port).close()
+    time.sleep(0.3)
+    assert "level=debug" in processes.logs()
+    assert api.json("PUT", "/config/log_level", b"loud") == (400, {"message": "INVALID_VALUE"})
+    assert api.json("PUT", "/config/log_level", b"") == (413, {"message": "INVALID_VALUE"})
+    assert api.json("PUT", "/config/msg_timeout", b"1000") == (
+        400, {"message": "INVALID_OPTION"})
+    assert api.json("PUT", "/config/log_level", b"warn") == (200, "warning")
