@@ -24,6 +24,7 @@ from gevent.event import Event
 from gevent.server import StreamServer
 
 from relay import stats, transport
+from relay.auth import Authorizer
 from relay.channel import Channel
 from relay.client import CLOSING, SUBSCRIBED, Client
 from relay.errors import StoreError
@@ -57,6 +58,7 @@ class Broker:
         self.commit = GroupCommit(self.store, options.commit_lanes,
                                   observe=self.metrics.redis_round_trip.observe)
         self.tls_context = transport.server_context(options)
+        self.auth = Authorizer(options)
         self.protocol = ProtocolV2(self)
         self.channels: dict[tuple, Channel] = {}
         self.clients: dict[int, Client] = {}

@@ -53,6 +53,9 @@ def broker(config, **flags):
     from relay.broker import Broker
     try:
         Broker(options).serve_forever()
+    except ConfigError as e:
+        click.echo(f"relay: {e}", err=True)
+        sys.exit(2)
     except OSError as e:
         click.echo(f"relay: cannot listen on {options.tcp_address}: {e.strerror}", err=True)
         sys.exit(1)

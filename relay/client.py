@@ -38,6 +38,8 @@ class Client:
         self.tls = self.snappy = self.deflate = False
         self.tls_common_name = ""
         self.tls_details = transport.NO_TLS
+        self.secret = ""
+        self.grant = None       # relay.auth.Grant once AUTH succeeded
         self.remote_address = f"{address[0]}:{address[1]}"
         self.state = INIT
         self.client_id = self.hostname = str(address[0])

@@ -19,6 +19,7 @@ import redis
 from gevent.pywsgi import WSGIServer
 
 from relay import stats
+from relay.auth import AuthError
 from relay.errors import ClientError, StoreError
 from relay.metrics import CONTENT_TYPE
 from relay.options import DURATION
@@ -31,9 +32,16 @@ log = logging.getLogger("relay.http")
 
 BOOLS = {"true": True, "1": True, "false": False, "0": False}
 JSON = "application/json; charset=utf-8"
+AUTHORIZED_PATHS = {
+    **{p: "publish" for p in ("/pub", "/mpub", "/topic/create", "/topic/delete",
+                              "/topic/empty", "/topic/pause", "/topic/unpause")},
+    **{p: "subscribe" for p in ("/channel/create", "/channel/delete", "/channel/empty",
+                                "/channel/pause", "/channel/unpause")}}
+MAX_CACHED_GRANTS = 10_000
 LOG_LEVELS = ("debug", "info", "warning", "error")
 TLS_REQUIRED_EVERYWHERE = 2     # --tls-required true: no plain HTTP API either
-REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
+REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+           404: "Not Found",
            405: "Method Not Allowed",
            413: "Request Entity Too Large", 500: "Internal Server Error",
            503: "Service Unavailable"}
@@ -109,6 +117,7 @@ class HttpApi:
         self.prefixes = {"/config/": {"GET": self.config, "PUT": self.config}}
         self.servers: list[WSGIServer] = []
         self.port = 0
+        self._grants: dict = {}     # (secret, tls) -> auth Grant, for its ttl
 
     def start(self, address: str, ssl_context=None) -> tuple:
         """Serve on address, over TLS with an ssl_context (--https-address)."""
@@ -142,6 +151,7 @@ class HttpApi:
             handler = methods.get(request.method)
             if handler is None:
                 raise HttpError(405, "METHOD_NOT_ALLOWED")
+            self._authorize(request)
             code, data = 200, handler(request)
         except HttpError as e:
             code, data = e.code, e.text if e.plain else {"message": e.text}
@@ -164,6 +174,39 @@ class HttpApi:
         headers.append(("Content-Length", str(len(body))))
         start_response(f"{code} {REASONS.get(code, '')}", headers)
         return [body]
+
+    # -- AUTH (beyond nsqd, whose HTTP API has none) --------------------------------
+
+    def _authorize(self, request) -> None:
+        """With AUTH on, publishing and topic/channel changes need `Authorization: Bearer
+        <secret>` granting publish on the topic or subscribe on the topic and channel."""
+        kind = AUTHORIZED_PATHS.get(request.path.rstrip("/"))
+        topic = request.arg("topic")
+        if not self.broker.auth.enabled or kind is None or topic is None:
+            return
+        scheme, _, secret = request.environ.get("HTTP_AUTHORIZATION", "").partition(" ")
+        if scheme.lower() != "bearer" or not secret:
+            raise HttpError(401, "AUTH_REQUIRED")
+        channel = (request.arg("channel") or "") if kind == "subscribe" else ""
+        if kind == "subscribe" and not channel:
+            return      # the handler answers MISSING_ARG_CHANNEL
+        if not self._grant(request, secret).allows(topic, channel):
+            raise HttpError(403, "UNAUTHORIZED")
+
+    def _grant(self, request, secret: str):
+        tls = request.environ.get("wsgi.url_scheme") == "https"
+        grant = self._grants.get((secret, tls))
+        if grant is None or grant.expired:
+            try:
+                grant = self.broker.auth.grant(secret, request.environ.get("REMOTE_ADDR", ""),
+                                               tls, "")
+            except AuthError as e:
+                log.warning("http: AUTH failed: %s", e)
+                raise HttpError(503, "AUTH_FAILED") from None
+            if len(self._grants) >= MAX_CACHED_GRANTS:
+                self._grants.clear()
+            self._grants[(secret, tls)] = grant
+        return grant
 
     # -- endpoints -----------------------------------------------------------------
 

@@ -80,6 +80,11 @@ class Options:
     tls_min_version: str = _opt("tls1.2", "oldest TLS version accepted (tls1.0 .. tls1.3)")
     snappy: bool = _opt(True, "allow snappy compression in IDENTIFY")
     deflate: bool = _opt(True, "allow deflate compression in IDENTIFY")
+    auth_http_address: str = _opt("", "<addr>:<port> of auth servers, comma separated "
+                                      "(turns AUTH on)")
+    auth_http_request_method: str = _opt("get", "how to ask them: get or post")
+    auth_file: str = _opt("", "JSON file of secret -> auth server reply, for AUTH "
+                              "without an auth server")
     queue_scan_interval: int = _opt(100, "how often scanners look for due messages", DURATION)
     queue_scan_limit: int = _opt(1000, "messages a scanner moves per channel per call")
     max_attempts: int = _opt(0, "deliveries of a message before it goes to the dead-letter "
@@ -204,6 +209,10 @@ class OptionsSchema(Schema):
         ["tls1.0", "tls1.1", "tls1.2", "tls1.3"]))
     snappy = fields.Boolean()
     deflate = fields.Boolean()
+    auth_http_address = fields.String(validate=lambda v: [
+        _address(a.strip()) for a in v.split(",") if a.strip()])
+    auth_http_request_method = fields.String(validate=validate.OneOf(["get", "post"]))
+    auth_file = fields.String()
     queue_scan_interval = _Duration(validate=_positive)
     queue_scan_limit = _Count(validate=_positive)
     max_attempts = _Count(validate=validate.Range(min=0, max=65535))
@@ -222,6 +231,9 @@ class OptionsSchema(Schema):
         if opts.max_msg_size > opts.max_body_size:
             raise ValidationError("max_msg_size must not exceed max_body_size", "max_msg_size")
         _check_tls(opts)
+        if opts.auth_http_address and opts.auth_file:
+            raise ValidationError("give auth_http_address or auth_file, not both",
+                                  "auth_file")
         return opts
 
 

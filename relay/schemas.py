@@ -1,4 +1,6 @@
-"""marshmallow schemas for what clients send as JSON (IDENTIFY)."""
+"""marshmallow schemas for JSON relay is sent: IDENTIFY, and auth server replies."""
+
+import re
 
 from marshmallow import EXCLUDE, Schema, ValidationError, fields, pre_load, validate
 
@@ -47,3 +49,33 @@ class IdentifySchema(Schema):
         if not isinstance(data, dict):
             raise ValidationError("not an object")
         return {k.lower(): v for k, v in data.items() if v is not None}
+
+
+def _regex(value: str) -> None:
+    try:
+        re.compile(value)
+    except re.error as e:
+        raise ValidationError(f"not a regular expression: {e}") from None
+
+
+class AuthorizationSchema(Schema):
+    """One grant of an auth server's reply (nsqd internal/auth.Authorization)."""
+
+    class Meta:
+        unknown = EXCLUDE
+
+    topic = fields.String(required=True, validate=_regex)
+    channels = fields.List(fields.String(validate=_regex), required=True)
+    permissions = fields.List(fields.String(), required=True)
+
+
+class AuthReplySchema(Schema):
+    """An auth server's reply to /auth, or one entry of --auth-file (nsqd auth.State)."""
+
+    class Meta:
+        unknown = EXCLUDE
+
+    ttl = fields.Integer(required=True, validate=validate.Range(min=0))
+    identity = fields.String(load_default="")
+    identity_url = fields.String(load_default="")
+    authorizations = fields.List(fields.Nested(AuthorizationSchema), required=True)

@@ -13,6 +13,7 @@ import logging
 from gevent.event import AsyncResult
 from marshmallow import ValidationError
 
+from relay.auth import AuthError
 from relay.client import CLOSING, INIT, SUBSCRIBED, Client
 from relay.errors import ClientError, FatalClientError, StoreError
 from relay.protocol import codec
@@ -183,7 +184,7 @@ class ProtocolV2:
         self.commands = {
             b"IDENTIFY": self.identify, b"SUB": self.sub, b"RDY": self.rdy, b"FIN": self.fin,
             b"REQ": self.req, b"TOUCH": self.touch, b"CLS": self.cls, b"NOP": self.nop,
-            b"PUB": self.pub, b"MPUB": self.mpub, b"DPUB": self.dpub,
+            b"PUB": self.pub, b"MPUB": self.mpub, b"DPUB": self.dpub, b"AUTH": self.auth,
         }
 
     # -- connection loop -------------------------------------------------------
@@ -313,7 +314,7 @@ class ProtocolV2:
             "max_deflate_level": self.options.max_deflate_level,
             "snappy": snappy,
             "sample_rate": client.sample_rate,
-            "auth_required": False,
+            "auth_required": self.broker.auth.enabled,
             "output_buffer_size": client.output_buffer_size,
             "output_buffer_timeout": client.output_buffer_timeout,
         }, separators=(",", ":")).encode()
@@ -322,6 +323,46 @@ class ProtocolV2:
             (client.upgrade_snappy, snappy),
             (lambda: client.upgrade_deflate(level), deflate)) if wanted]
         return Upgrade(response, steps) if steps else response
+
+    def auth(self, client, params, reader):
+        if client.state != INIT:
+            raise FatalClientError("E_INVALID", "cannot AUTH in current state")
+        if len(params) != 1:
+            raise FatalClientError("E_INVALID", "AUTH invalid number of parameters")
+        secret = self._read_body(reader, "AUTH", "E_BAD_BODY", self.options.max_body_size,
+                                 big_first=True)
+        if client.grant is not None:
+            raise FatalClientError("E_INVALID", "AUTH already set")
+        if not self.broker.auth.enabled:
+            raise FatalClientError("E_AUTH_DISABLED", "AUTH disabled")
+        client.secret = secret.decode("latin-1")
+        self._ask_auth(client)
+        if not client.grant.authorizations:
+            raise FatalClientError("E_UNAUTHORIZED", "AUTH no authorizations found")
+        return client.grant.reply()
+
+    def _ask_auth(self, client) -> None:
+        """Fetch the client's grant; a failure is E_AUTH_FAILED with no detail (the log
+        has it), as nsqd does not leak auth server errors to clients."""
+        try:
+            client.grant = self.broker.auth.grant(
+                client.secret, client.remote_address.rpartition(":")[0], client.tls,
+                client.tls_common_name)
+        except AuthError as e:
+            log.warning("%r: AUTH failed: %s", client, e)
+            raise FatalClientError("E_AUTH_FAILED", "AUTH failed") from None
+
+    def _check_auth(self, client, command: str, topic: str, channel: str = "") -> None:
+        """nsqd's CheckAuth: AUTH first, ask again once the grant's ttl is over."""
+        if not self.broker.auth.enabled:
+            return
+        if client.grant is None:
+            raise FatalClientError("E_AUTH_FIRST", f"AUTH required before {command}")
+        if client.grant.expired:
+            self._ask_auth(client)
+        if not client.grant.allows(topic, channel):
+            raise FatalClientError("E_UNAUTHORIZED", f"AUTH failed for {command} on "
+                                                     f"{json.dumps(topic)} {json.dumps(channel)}")
 
     def sub(self, client, params, reader):
         if client.state != INIT:
@@ -332,6 +373,7 @@ class ProtocolV2:
             raise FatalClientError("E_INVALID", "SUB insufficient number of parameters")
         topic = self._name(params[1], "E_BAD_TOPIC", "SUB topic")
         channel = self._name(params[2], "E_BAD_CHANNEL", "SUB channel")
+        self._check_auth(client, "SUB", topic, channel)
         try:
             self.broker.subscribe(client, topic, channel)
         except StoreError as e:
@@ -471,6 +513,7 @@ class ProtocolV2:
         return self._publish(client, topic, messages, 0, "MPUB")
 
     def _publish(self, client, topic: str, bodies: list, defer: int, command: str) -> Pending:
+        self._check_auth(client, command, topic)
         result = self.broker.commit.submit(self.broker.store.publish_op(topic, bodies, defer),
                                            client.number)
 
