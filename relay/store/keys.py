@@ -29,6 +29,10 @@ the two in step.
     relay:{T}:ch:C:dead               LIST  records past max attempts, until a scanner has
                                             published them to the dead-letter topic
     relay:{T}:ch:C:dead:lock          STRING the scanner forwarding them (short TTL)
+    relay:{T}:ch:C:spark:Q:progress   HASH  claimed, finished, committed: micro-batches of
+                                            Spark query consumer Q (relay/spark.py)
+    relay:{T}:ch:C:spark:Q:batch:N    LIST  the records Spark's batch N claimed, until its
+                                            commit
     relay:{T}:ch:C:e2e:N              HASH  latency bucket -> FINs in half-window N of
                                             --e2e-processing-latency-window-time (expires)
     rq:*                              rq's queue "relay": relay-admin's jobs and the
@@ -123,6 +127,10 @@ class ChannelKeys:
     @property
     def due_member(self) -> str:
         return due_member(self.topic, self.name)
+
+    def spark(self, consumer: str, part: str) -> str:
+        """A Spark query's progress or one batch's claims (relay/spark.py)."""
+        return f"{channel_prefix(self.topic)}{self.name}:spark:{consumer}:{part}"
 
     def e2e(self, slot: int) -> str:
         """FIN latency buckets of one half-window (relay/latency.py)."""
