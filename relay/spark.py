@@ -24,7 +24,8 @@ import datetime
 
 from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader,
                                     DataSourceStreamWriter, DataSourceWriter, InputPartition,
-                                    ReadAllAvailable, WriterCommitMessage)
+                                    WriterCommitMessage)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 SCHEMA = ("id string, topic string, channel string, body binary, timestamp timestamp, "
           "attempts int")
@@ -95,24 +96,31 @@ class ChannelStream(DataSourceStreamReader):
         self.limit = int(options.get("max_messages_per_batch", 1000))
         self.lease_ms = int(options.get("lease_timeout", 60_000))
 
+    def getDefaultReadLimit(self):
+        """One claimed batch per micro-batch; a trigger that asks for everything
+        (availableNow) gets ReadAllAvailable instead."""
+        return ReadMaxRows(self.limit)
+
     def initialOffset(self) -> dict:
         return {"batch": self._progress()["committed"]}
 
     def latestOffset(self, start: dict | None = None, limit=None) -> dict:
         """Batches up to `start` were processed (Spark plans one batch at a time): FIN
         them. Then the batch claimed but not planned yet (after a restart), else a newly
-        claimed one, else `start` again (nothing new)."""
+        claimed one, else `start` again (nothing new); with ReadAllAvailable
+        (availableNow), everything queued now as well."""
         store = _store(self.options)
         progress = self._progress()
         planned = start["batch"] if start else progress["committed"]
         self._finish_through(store, planned, progress)
-        if progress["claimed"] > planned:
-            return {"batch": progress["claimed"]}
         claimed = progress["claimed"]
+        everything = isinstance(limit, ReadAllAvailable)
+        if claimed > planned and not everything:
+            return {"batch": claimed}
         while self._claim(store, claimed + 1):
             claimed += 1
-            if not isinstance(limit, ReadAllAvailable):
-                break       # one batch per trigger; availableNow takes all there is
+            if not everything:
+                break       # ReadMaxRows: one batch of max_messages_per_batch
         return {"batch": claimed}
 
     def _claim(self, store, batch: int) -> bool:
