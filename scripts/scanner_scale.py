@@ -112,6 +112,20 @@ def watch_requeues(pubsub, wake_topics: dict, pending: dict, total: int, timeout
     return sorted(lateness), stray
 
 
+def wait_for_requeues(client: redis.Redis, channels: list, total: int,
+                      timeout: float = 10.0) -> int:
+    """The channels' timeout_count, once it reaches `total` (or after `timeout`). A
+    wake-up read late can match the next batch of its channel before the scanner has
+    requeued it, so the last matches may come before the last requeues."""
+    end = time.monotonic() + timeout
+    while True:
+        timeouts = sum(int(v or 0) for v in per_channel(client, channels, "hget", "meta",
+                                                        "timeout_count"))
+        if timeouts >= total or time.monotonic() > end:
+            return timeouts
+        time.sleep(0.05)
+
+
 def settle(client: redis.Redis) -> None:
     """Wait out the AOF rewrite that a big write may start, so idle means idle."""
     time.sleep(2)
@@ -168,8 +182,7 @@ def measure(args, url: str, workdir: str) -> dict:
         lateness, stray = watch_requeues(pubsub, wake_topics, pending, args.messages,
                                          args.lead + args.window + 60)
         elapsed = time.time() - window_start
-        timeouts = sum(int(v or 0) for v in per_channel(client, channels, "hget", "meta",
-                                                        "timeout_count"))
+        timeouts = wait_for_requeues(client, channels, args.messages)
         in_flight_left = sum(per_channel(client, channels, "zcard", "inflight"))
         queued = sum(per_channel(client, channels, "llen", "queue"))
         result = {
