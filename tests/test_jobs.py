@@ -10,7 +10,7 @@ from rq import Queue, SimpleWorker
 from relay import jobs
 from relay.protocol.codec import parse_record
 from relay.store import Store
-from relay.store.keys import ChannelKeys
+from relay.store.keys import ChannelKeys, TopicKeys
 
 
 def queued_bodies(store, topic, channel):
@@ -38,7 +38,7 @@ def test_drop_detaches_into_trash_and_frees_it_in_chunks(store):
     c = store.read_channel("t", "c")
     assert (c["depth"], c["in_flight_count"], c["deferred_count"], c["message_count"]) == (
         0, 0, 0, 4)
-    assert store.redis.zscore("relay:due", "t/c") is None
+    assert store.redis.zscore(TopicKeys.of("t").due, "c") is None
     store.publish("t", [b"after"])
     assert queued_bodies(store, "t", "c") == [b"after"]
 

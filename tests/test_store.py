@@ -50,7 +50,7 @@ def queue(store, topic, channel) -> list:
 
 
 def due_score(store, topic, channel):
-    score = store.redis.zscore(keys.DUE, keys.due_member(topic, channel))
+    score = store.redis.zscore(TopicKeys.of(topic).due, channel)
     return None if score is None else int(score)
 
 
@@ -98,7 +98,7 @@ def test_publish_without_channel_goes_to_backlog(store):
         assert before_ns <= ts <= after_ns
     assert parsed[0][0] == parsed[1][0]
     # no channel, so nothing for the scanners
-    assert store.redis.zcard(keys.DUE) == 0
+    assert store.redis.zcard(TopicKeys.of("t").due) == 0
 
 
 def test_first_channel_takes_the_whole_backlog_in_order(store):
@@ -109,7 +109,7 @@ def test_first_channel_takes_the_whole_backlog_in_order(store):
     store.publish("t", [b"m4"])
     assert store.read_topic("t") == {"message_count": 4, "message_bytes": 11, "depth": 3,
                                      "deferred_count": 1, "paused": False}
-    assert store.redis.zcard(keys.DUE) == 0
+    assert store.redis.zcard(TopicKeys.of("t").due) == 0
 
     assert store.subscribe("t", "c1", "b1") is True
 
@@ -336,7 +336,7 @@ def test_deliver_from_empty_queue(store):
     subscribed(store, "t", "c")
     assert store.deliver("t", "c", [("a", 1_000, 5), ("b", 1_000, 1)]) == [[], []]
     assert store.deliver("nope", "nope", [("a", 1_000, 5)]) == [[]]
-    assert store.redis.zcard(keys.DUE) == 0
+    assert store.redis.zcard(TopicKeys.of("t").due) == 0
     assert store.read_channel("t", "c") == empty_channel(client_count=1)
 
 
@@ -523,7 +523,7 @@ def test_scan_before_any_deadline_sets_the_next_one(store):
     store.deliver("t", "c", [("a", 60_000, 1)])
     deferred_due = int(store.redis.zscore(ChannelKeys.of("t", "c").deferred, mid(2)))
     # a stale, too early entry is corrected to the real next deadline
-    store.redis.zadd(keys.DUE, {keys.due_member("t", "c"): 1})
+    store.redis.zadd(TopicKeys.of("t").due, {"c": 1})
     assert store.scan("t", "c") == (0, 0, deferred_due, 0)
     assert due_score(store, "t", "c") == deferred_due
 
@@ -547,7 +547,7 @@ def test_scan_respects_its_limit(store):
         if next_due == -1:
             break
         # still due: the entry stays in the index with a passed score
-        now, due = store.due_channels(10)
+        now, due, _ = store.due_channels(["t"], 10)
         assert due == [("t", "c", next_due)] and next_due <= now
     assert calls == 3
     assert (moved_out, moved_in) == (5, 3)
@@ -582,7 +582,7 @@ def test_due_channels_lists_only_passed_entries(store):
     store.deliver("t", "c2", [("a", 60_000, 1)])
     d1 = due_score(store, "t", "c1")
     wait_past(store, d1)
-    now, due = store.due_channels(10)
+    now, due, _ = store.due_channels(["t"], 10)
     assert due == [("t", "c1", d1)]
     assert now >= d1
 
@@ -595,7 +595,7 @@ def _expired_channels(store, n_channels=3, per_channel=40):
     store.publish("t", [b"%d" % i for i in range(per_channel)])
     for i in range(n_channels):
         store.deliver("t", f"c{i}", [("a", 1, per_channel // 2), ("b", 1, per_channel)])
-    wait_past(store, store.redis.zrange(keys.DUE, -1, -1, withscores=True)[0][1] + 1)
+    wait_past(store, store.redis.zrange(TopicKeys.of("t").due, -1, -1, withscores=True)[0][1] + 1)
 
 
 def _assert_requeued_once(store, n_channels=3, per_channel=40):
@@ -606,16 +606,16 @@ def _assert_requeued_once(store, n_channels=3, per_channel=40):
         assert store.read_channel("t", f"c{i}") == empty_channel(
             depth=per_channel, timeout_count=per_channel, message_count=per_channel,
             client_count=1)
-    assert store.redis.zcard(keys.DUE) == 0
+    assert store.redis.zcard(TopicKeys.of("t").due) == 0
 
 
 def test_two_scanners_with_the_same_view_requeue_each_message_once(store):
     _expired_channels(store)
     s1, s2 = Scanner(type(store)(store.redis)), Scanner(type(store)(store.redis))
     # both read the due index before either scans
-    view = store.due_channels(500)
+    view = store.due_channels(["t"], 500)
     assert len(view[1]) == 3
-    s1.store.due_channels = s2.store.due_channels = lambda limit: view
+    s1.store.due_channels = s2.store.due_channels = lambda topics, per_topic: view
     assert s1.scan_once() is False
     assert s2.scan_once() is False
     assert (s1.timed_out, s2.timed_out) == (120, 0)
@@ -739,7 +739,7 @@ def test_ephemeral_topic_deleted_with_its_last_ephemeral_channel(store):
     assert store.run(store.unsubscribe_op(topic, "b#ephemeral", "b1", True, True)) == 2
     assert not store.redis.exists(t.meta)
     assert not store.redis.exists(t.channels)
-    assert store.redis.zcard(keys.DUE) == 0
+    assert store.redis.zcard(TopicKeys.of("t").due) == 0
     assert store.read_topic(topic) == {"message_count": 0, "message_bytes": 0, "depth": 0,
                                        "deferred_count": 0, "paused": False}
     # the registry is the caller's to update; ids are never reused
@@ -851,7 +851,7 @@ def test_reads_of_unknown_topic_and_channel(store):
     assert store.read_channel("nope", "nope") == empty_channel()
     assert store.channel_names("nope") == []
     assert store.topic_names() == []
-    assert store.due_channels(10)[1] == []
+    assert store.due_channels(["nope"], 10)[1] == []
 
 
 def test_empty_and_delete(store):
@@ -864,8 +864,8 @@ def test_empty_and_delete(store):
     c = store.read_channel("t", "c")
     assert (c["depth"], c["in_flight_count"], c["deferred_count"], c["message_count"]) == (
         0, 0, 0, 3)
-    assert store.redis.zscore("relay:due", "t/c") is None
-    assert store.redis.zscore("relay:due", "t/d") is not None
+    assert store.redis.zscore(TopicKeys.of("t").due, "c") is None
+    assert store.redis.zscore(TopicKeys.of("t").due, "d") is not None
     assert store.read_channel("t", "d")["depth"] == 2
     assert store.delete_channel("t", "c") is True
     assert store.delete_channel("t", "c") is False

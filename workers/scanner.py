@@ -2,54 +2,115 @@
 that are due (nsqd's queueScanLoop, moved out of the broker).
 
 Every script that puts a message in flight or defers it lowers the channel's
-score in the due index (`relay:due`) to that deadline. The scanner reads the
-entries whose score has passed (Redis time), runs scan.lua on each of those
-channels in one pipeline, and each call resets the channel's score to its next
-deadline. Idle channels cost nothing, so it stays prompt with any number of
-channels. When a call could not move everything that was due, the channel is
-still due and the scanner loops again at once (nsqd's dirty-percent rule,
-without sampling). Passes start every interval, as nsqd's ticker: sleeping a
-full interval after each pass added the pass time to every wait (10,000 channels,
-33k requeues/s: steady max lateness ~230 -> ~150 ms, scripts/scanner_scale.py).
-Any number of scanners may run: scan.lua is atomic, so a message is requeued once.
-Scanners also publish dead letters to their dead-letter topic (relay/deadletter.py).
+score in its topic's due index (`relay:{T}:due`, in the topic's slot, so the
+scripts stay single-slot on Redis Cluster) to that deadline. Each pass the
+scanner reads the due indexes of its topics in one pipeline (grouped per node on
+a cluster), runs scan.lua on the channels whose score has passed (Redis time),
+and each call resets the channel's score to its next deadline. When a call could
+not move everything that was due, the channel is still due and the scanner loops
+again at once (nsqd's dirty-percent rule, without sampling). Passes start every
+interval, as nsqd's ticker: sleeping a full interval after each pass added the
+pass time to every wait (10,000 channels, 33k requeues/s: steady max lateness
+~230 -> ~150 ms, scripts/scanner_scale.py).
+
+Scanners share the work by hash slot: each registers in `relay:scanners` with a
+heartbeat, and the one of rank i among the n live ones takes the topics whose
+slot is i modulo n. A scanner that joins or stops changes the share at the next
+heartbeat of the others; one killed with -9 leaves its share uncovered until its
+registration expires (SHARE_TTL), after which the others take it over: messages
+are requeued late, never lost. Overlaps while the share changes are harmless:
+scan.lua is atomic, so a message is requeued once. Scanners also publish dead
+letters to their dead-letter topic (relay/deadletter.py).
 """
 
 import logging
+import os
 import random
 import signal
+import socket
+import secrets
 import time
+
+from redis.crc import key_slot
 
 from relay import deadletter
 from relay.errors import StoreConnectionError, StoreError
-from relay.store import Store, connect_redis
+from relay.store import Store, connect_redis, keys
+from relay.store.keys import TopicKeys
 
 log = logging.getLogger("relay.scanner")
 
-CHANNELS_PER_PASS = 500
+CHANNELS_PER_TOPIC = 100
+SHARE_HEARTBEAT = 1.0
+SHARE_TTL_MS = 5_000
+
+
+class Share:
+    """This scanner's part of the hash slots: rank i of n live scanners takes the slots
+    equal to i modulo n, and the topics in them."""
+
+    def __init__(self, store: Store, scanner_id: str, clock=time.time):
+        self.store = store
+        self.id = scanner_id
+        self.clock = clock
+        self.rank, self.size = 0, 1
+        self.topics: list[str] = []
+        self._renewed = float("-inf")
+
+    def renew(self) -> None:
+        """Heartbeat, then learn the live scanners and the topics (every SHARE_HEARTBEAT)."""
+        now = self.clock()
+        if now - self._renewed < SHARE_HEARTBEAT:
+            return
+        now_ms = int(now * 1000)
+        redis = self.store.redis
+        pipe = redis.pipeline(transaction=False)
+        pipe.zadd(keys.SCANNERS, {self.id: now_ms + SHARE_TTL_MS})
+        pipe.zremrangebyscore(keys.SCANNERS, "-inf", now_ms)
+        pipe.zrange(keys.SCANNERS, 0, -1)
+        live = [s.decode() for s in self.store._guard(pipe.execute)[-1]]
+        rank = live.index(self.id) if self.id in live else 0
+        if (rank, len(live)) != (self.rank, self.size):
+            log.info("scanner %s: share %d of %d", self.id, rank, max(len(live), 1))
+        self.rank, self.size = rank, max(len(live), 1)
+        self.topics = [t for t in self.store.topic_names() if self.covers(t)]
+        self._renewed = now
+
+    def covers(self, topic: str) -> bool:
+        return key_slot(TopicKeys.of(topic).due.encode()) % self.size == self.rank
+
+    def leave(self) -> None:
+        try:
+            self.store.redis.zrem(keys.SCANNERS, self.id)
+        except Exception as e:  # leaving is a courtesy: the registration expires anyway
+            log.warning("scanner %s could not leave: %s", self.id, e)
 
 
 class Scanner:
     def __init__(self, store: Store, interval_ms: int = 100, limit: int = 1000,
                  sleep=time.sleep, clock=time.monotonic,
-                 dead_letter_topic=deadletter.DEFAULT_TEMPLATE):
+                 dead_letter_topic=deadletter.DEFAULT_TEMPLATE, share: Share | None = None):
         self.store = store
         self.interval = interval_ms / 1000
         self.limit = limit
         self.sleep = sleep
         self.clock = clock
         self.dead_letter_topic = dead_letter_topic
+        self.share = share or Share(store, scanner_id())
         self.running = True
         self.timed_out = self.promoted = self.dead = 0
 
     def scan_once(self) -> bool:
-        """One pass over the due channels; True if some are still due (loop again)."""
-        now, due = self.store.due_channels(CHANNELS_PER_PASS)
+        """One pass over the due channels of this scanner's share; True if some are
+        still due (loop again)."""
+        self.share.renew()
+        if not self.share.topics:
+            return False
+        now, due, busy = self.store.due_channels(self.share.topics, CHANNELS_PER_TOPIC)
         if not due:
             return False
         random.shuffle(due)
         results = self.store.run_many([self.store.scan_op(t, c, self.limit) for t, c, _ in due])
-        busy = len(due) == CHANNELS_PER_PASS
         for (topic, channel, _), result in zip(due, results):
             if isinstance(result, Exception):
                 log.error("scan %s/%s failed: %s", topic, channel, result)
@@ -83,11 +144,16 @@ class Scanner:
                 continue
             if not busy:
                 self.sleep(max(0.0, started + self.interval - self.clock()))
+        self.share.leave()
         log.info("scanner stopped timed_out=%d promoted=%d dead=%d", self.timed_out,
                  self.promoted, self.dead)
 
     def stop(self, *_) -> None:
         self.running = False
+
+
+def scanner_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 def main(options) -> None:

@@ -19,7 +19,7 @@ from relay.store.store import Op, Store
 log = logging.getLogger("relay.commit")
 
 # script -> (number of leading args shared by a call, args per item)
-MERGEABLE = {"finish": (0, 2), "requeue": (3, 3), "touch": (1, 3)}
+MERGEABLE = {"finish": (0, 2), "requeue": (2, 3), "touch": (1, 3)}
 
 
 class GroupCommit:

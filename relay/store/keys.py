@@ -1,18 +1,25 @@
 """Every Redis key relay uses, in one place.
 
 All keys of a topic carry the hash tag `{topic}`, so each script touches one
-Redis Cluster slot. Scripts that fan out to channels build channel keys in Lua
-from `channel_prefix(topic)` plus the suffixes listed in CHANNEL_SUFFIXES; keep
-the two in step.
+Redis Cluster slot, and every key a script touches is declared in its KEYS: a
+script whose slot is being moved then gets TRYAGAIN before it changes anything,
+rather than failing half way on a key that moved. Scripts that fan out to a
+topic's channels are given each channel's keys (CHANNEL_SUFFIXES order) and
+check that they were given exactly the topic's channels.
+
+The keys outside any topic (topics, brokers, scanners, rq's) are only used by
+plain commands, never in a script, so on Redis Cluster they may live anywhere.
 
     relay:topics                      SET   topic names (registry, outside scripts)
     relay:brokers                     ZSET  broker id -> expiry (ms) of its registration
     relay:broker:ID                   HASH  a live broker's addresses, ports, version (TTL)
     relay:broker:ID:clients           STRING JSON list of that broker's subscribed clients (TTL)
-    relay:due                         ZSET  "topic/channel" -> earliest in-flight deadline
-                                            or deferred due time (ms); the scanners' index
+    relay:scanners                    ZSET  scanner id -> expiry (ms) of its registration;
+                                            the live ones split the slots between them
     relay:{T}:meta                    HASH  message_count, message_bytes
     relay:{T}:ids                     STRING last message id handed out (never deleted)
+    relay:{T}:due                     ZSET  channel -> earliest in-flight deadline or
+                                            deferred due time (ms); the scanners' index
     relay:{T}:channels                SET   channel names
     relay:{T}:backlog                 LIST  records published while the topic had no channel
     relay:{T}:backlog:deferred        ZSET  record -> due time (ms), same situation, deferred
@@ -35,8 +42,9 @@ the two in step.
                                             commit
     relay:{T}:ch:C:e2e:N              HASH  latency bucket -> FINs in half-window N of
                                             --e2e-processing-latency-window-time (expires)
-    rq:*                              rq's queue "relay": relay-admin's jobs and the
-                                            `relay jobs` workers (relay/jobs.py)
+    {rq}:*                            rq's queue "relay": relay-admin's jobs and the
+                                            `relay jobs` workers (relay/jobs.py); one hash
+                                            tag, so rq's transactions work on a cluster
 """
 
 from dataclasses import dataclass
@@ -44,7 +52,7 @@ from functools import lru_cache
 
 PREFIX = "relay"
 TOPICS = f"{PREFIX}:topics"
-DUE = f"{PREFIX}:due"
+SCANNERS = f"{PREFIX}:scanners"
 BROKERS = f"{PREFIX}:brokers"
 
 
@@ -75,16 +83,6 @@ def channel_prefix(topic: str) -> str:
     return topic_prefix(topic) + "ch:"
 
 
-def due_member(topic: str, channel: str) -> str:
-    """A channel's member in the scanners' index; '/' is not allowed in names."""
-    return f"{topic}/{channel}"
-
-
-def split_due_member(member: str):
-    topic, _, channel = member.partition("/")
-    return topic, channel
-
-
 @dataclass(frozen=True)
 class TopicKeys:
     name: str
@@ -93,6 +91,7 @@ class TopicKeys:
     channels: str
     backlog: str
     backlog_deferred: str
+    due: str
     wake: str
 
     @classmethod
@@ -100,7 +99,7 @@ class TopicKeys:
     def of(cls, topic: str) -> "TopicKeys":
         p = topic_prefix(topic)
         return cls(topic, p + "meta", p + "ids", p + "channels", p + "backlog",
-                   p + "backlog:deferred", p + "wake")
+                   p + "backlog:deferred", p + "due", p + "wake")
 
 
 @dataclass(frozen=True)
@@ -123,10 +122,6 @@ class ChannelKeys:
         """Cached: the broker builds keys for every FIN."""
         p = channel_prefix(topic) + channel + ":"
         return cls(topic, channel, *(p + s for s in CHANNEL_SUFFIXES))
-
-    @property
-    def due_member(self) -> str:
-        return due_member(self.topic, self.name)
 
     def spark(self, consumer: str, part: str) -> str:
         """A Spark query's progress or one batch's claims (relay/spark.py)."""

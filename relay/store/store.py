@@ -4,9 +4,16 @@ Methods come in pairs: `x_op(...)` builds an `Op` that the broker's group commit
 batches with the work of other connections into one pipeline; `x(...)` runs it
 alone. Scripts are loaded once and called by SHA; after a Redis restart
 (NOSCRIPT) they are loaded again and the failed calls retried.
+
+On Redis Cluster the same calls go through redis-py's cluster pipeline, grouped per
+node. A call refused because its slot is being moved (TRYAGAIN, ASK/MOVED that
+redis-py's own retries did not settle) did nothing, and is sent again until
+SLOT_MOVE_PATIENCE has passed; a script that fans out to a topic's channels and was
+given a stale list of them is sent again with the real list (fanout.lua).
 """
 
 import hashlib
+import re
 import secrets
 import time
 from importlib import resources
@@ -18,11 +25,14 @@ from relay.errors import StoreConnectionError, StoreError
 from relay.protocol.codec import make_record, parse_record
 from relay.sockio import send_all
 from relay.store import keys
+from relay.store.connection import SLOT_MOVING, connect, is_cluster, sharded_pubsub
 from relay.store.keys import ChannelKeys, TopicKeys
 
 SCRIPT_NAMES = ("publish", "subscribe", "unsubscribe", "deliver", "finish", "requeue",
                 "touch", "scan", "pause_topic", "pause_channel", "drop", "redrive")
 SIZE_COMMANDS = {b"list": "LLEN", b"zset": "ZCARD", b"hash": "HLEN", b"none": "EXISTS"}
+SLOT_MOVE_PATIENCE = 30.0
+STALE = b"stale"
 
 
 def _same(value):
@@ -37,6 +47,7 @@ class Op(NamedTuple):
     args: Sequence
     parse: Callable = _same
     pre: tuple = ()
+    redo: Callable | None = None
 
 
 class Dropped(NamedTuple):
@@ -57,21 +68,38 @@ class Script(NamedTuple):
     sha: str
 
 
-def _load_scripts() -> dict:
+def _load_scripts(sharded: bool = False) -> dict:
+    """Each script's source, with the file its first line names as `-- include: X.lua`
+    put before it; wake-ups by SPUBLISH instead of PUBLISH where `sharded`."""
     folder = resources.files("relay.store") / "scripts"
     scripts = {}
     for name in SCRIPT_NAMES:
         source = (folder / f"{name}.lua").read_bytes()
+        included = re.match(rb"-- include: (\S+)\n", source)
+        if included:
+            source = (folder / included.group(1).decode()).read_bytes() + source
+        if sharded:
+            source = source.replace(b"redis.call('PUBLISH'", b"redis.call('SPUBLISH'")
         scripts[name] = Script(name, source, hashlib.sha1(source).hexdigest())
     return scripts
 
 
-def connect_redis(options) -> redis.Redis:
-    """A client with bounded waits, so an unreachable Redis fails calls instead of hanging."""
+def connect_redis(options):
+    """A client with bounded waits, so an unreachable Redis fails calls instead of hanging;
+    a cluster client if the URL names a cluster node."""
     timeout = options.redis_timeout / 1000
-    return redis.Redis.from_url(options.redis_url, socket_timeout=timeout,
-                                socket_connect_timeout=min(timeout, 2.0),
-                                health_check_interval=30)
+    return connect(options.redis_url, timeout, min(timeout, 2.0), health_check_interval=30)
+
+
+def _channel_keys(topic: str, channels) -> list:
+    return [k for c in channels for k in ChannelKeys.of(topic, c).all()]
+
+
+def _stale(raw) -> list | None:
+    """The topic's real channels if a fan-out script was given a stale list."""
+    if isinstance(raw, list) and raw[:1] == [STALE]:
+        return sorted(c.decode() for c in raw[1:])
+    return None
 
 
 class Store:
@@ -79,16 +107,22 @@ class Store:
 
     def __init__(self, client: redis.Redis, dedicated: bool = False):
         """`dedicated`: pipelines go over one connection of their own; only for a
-        single caller at a time, as the broker's group commit."""
+        single caller at a time, as the broker's group commit (one server only)."""
         self.redis = client
-        self.dedicated = dedicated
+        self.cluster = is_cluster(client)
+        self.dedicated = dedicated and not self.cluster
         self._connection = None
         self.scripts = _load_scripts()
+        self.sharded = None
         self._loaded = False
+        self._channels: dict[str, list] = {}
 
     # -- running ops -------------------------------------------------------
 
     def load_scripts(self) -> None:
+        if self.sharded is None:
+            self.sharded = sharded_pubsub(self.redis)
+            self.scripts = _load_scripts(self.sharded)
         for script in self.scripts.values():
             self.redis.script_load(script.source)
         self._loaded = True
@@ -103,18 +137,41 @@ class Store:
         """Run ops in one pipeline; each result is a value or the exception for that op."""
         if not self._loaded:
             self._guard(self.load_scripts)
+        ops = list(ops)
         results = self._guard(self._execute, ops)
         retry = [i for i, r in enumerate(results) if isinstance(r, redis.exceptions.NoScriptError)]
         if retry:
             self._guard(self.load_scripts)
             for i, r in zip(retry, self._guard(self._execute, [ops[i] for i in retry])):
                 results[i] = r
+        self._again(ops, results)
         out = []
         for op, r in zip(ops, results):
             if isinstance(r, redis.exceptions.RedisError):
                 r = StoreError(f"{op.script}: {r}")
             out.append(r if isinstance(r, Exception) else op.parse(r))
         return out
+
+    def _again(self, ops: list, results: list) -> None:
+        """Send again, in place, the calls that were refused while their slot moved and
+        the fan-outs given a stale channel list."""
+        patience = time.monotonic() + SLOT_MOVE_PATIENCE
+        while True:
+            again = []
+            for i, (op, r) in enumerate(zip(ops, results)):
+                if isinstance(r, SLOT_MOVING) and time.monotonic() < patience:
+                    again.append(i)
+                elif op.redo is not None and not isinstance(r, Exception):
+                    redo = op.redo(r)
+                    if redo is not None:
+                        ops[i] = redo
+                        again.append(i)
+            if not again:
+                return
+            if any(isinstance(results[i], SLOT_MOVING) for i in again):
+                time.sleep(0.05)
+            for i, r in zip(again, self._guard(self._execute, [ops[i] for i in again])):
+                results[i] = r
 
     def _execute(self, ops: Sequence[Op]) -> list:
         commands = []
@@ -170,15 +227,35 @@ class Store:
 
     # -- state transitions -------------------------------------------------
 
+    def _fanout_op(self, script: str, topic: str, topic_keys: list, args: list,
+                   parse: Callable = _same, pre: tuple = (), extra_keys: Callable = None,
+                   channels: list | None = None) -> Op:
+        """A call of a script that touches every channel of the topic (fanout.lua), with
+        the channels this Store last saw; a stale reply sends it again with the real
+        ones. `extra_keys(channels)` are declared between the topic's and the channels'."""
+        if channels is None:
+            channels = self._channels.get(topic, [])
+
+        def redo(raw):
+            real = _stale(raw)
+            if real is None:
+                return None
+            self._channels[topic] = real
+            return self._fanout_op(script, topic, topic_keys, args, parse, pre, extra_keys,
+                                   real)
+
+        extra = extra_keys(channels) if extra_keys else []
+        return Op(script, [*topic_keys, *extra, *_channel_keys(topic, channels)],
+                  [len(channels), *channels, *args], parse, pre, redo)
+
     def publish_op(self, topic: str, bodies: Sequence[bytes], defer_ms: int = 0,
                    timestamp_ns: int | None = None) -> Op:
         """PUB/MPUB/DPUB: returns the number of the last message id."""
         t = TopicKeys.of(topic)
         ts = make_record(timestamp_ns or time.time_ns(), 0, b"", b"")[:8]
-        return Op("publish",
-                  [t.ids, t.meta, t.channels, t.backlog, t.backlog_deferred, keys.DUE],
-                  [keys.channel_prefix(topic), topic, t.wake, ts, defer_ms, *bodies],
-                  int, pre=(("SADD", keys.TOPICS, topic),))
+        return self._fanout_op(
+            "publish", topic, [t.ids, t.meta, t.channels, t.backlog, t.backlog_deferred, t.due],
+            [t.wake, ts, defer_ms, *bodies], int, pre=(("SADD", keys.TOPICS, topic),))
 
     def publish(self, topic, bodies, defer_ms=0):
         return self.run(self.publish_op(topic, bodies, defer_ms))
@@ -188,8 +265,8 @@ class Store:
         t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
         return Op("subscribe",
                   [t.channels, t.backlog, t.backlog_deferred, c.queue, c.deferred, c.msgs,
-                   c.meta, c.consumers, keys.DUE, t.meta],
-                  [channel, c.due_member, broker_id], bool,
+                   c.meta, c.consumers, t.due, t.meta],
+                  [channel, broker_id], bool,
                   pre=(("SADD", keys.TOPICS, topic),))
 
     def subscribe(self, topic, channel, broker_id):
@@ -200,9 +277,8 @@ class Store:
         """A consumer left: 0 kept, 1 ephemeral channel deleted, 2 topic deleted too."""
         t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
         others = [k for k in c.all() if k != c.consumers]
-        return Op("unsubscribe", [t.channels, t.meta, c.consumers, keys.DUE, *others],
-                  [channel, c.due_member, broker_id, int(channel_ephemeral),
-                   int(topic_ephemeral)], int)
+        return Op("unsubscribe", [t.channels, t.meta, c.consumers, t.due, *others],
+                  [channel, broker_id, int(channel_ephemeral), int(topic_ephemeral)], int)
 
     def create_topic(self, topic: str) -> bool:
         """/topic/create: a topic is its name in the registry until something is published.
@@ -215,8 +291,9 @@ class Store:
 
     def pause_topic(self, topic: str, paused: bool) -> None:
         t = TopicKeys.of(topic)
-        self.run(Op("pause_topic", [t.meta, t.channels, t.backlog, t.backlog_deferred, keys.DUE],
-                    ["1" if paused else "0", keys.channel_prefix(topic), topic, t.wake]))
+        self.run(self._fanout_op("pause_topic", topic,
+                                 [t.meta, t.channels, t.backlog, t.backlog_deferred, t.due],
+                                 ["1" if paused else "0", t.wake]))
 
     def pause_channel(self, topic: str, channel: str, paused: bool) -> None:
         c = ChannelKeys.of(topic, channel)
@@ -229,9 +306,15 @@ class Store:
         when the channel to delete does not exist."""
         t = TopicKeys.of(topic)
         trash = keys.trash_prefix(topic, secrets.token_hex(8))
-        return Op("drop", [t.ids, t.channels, t.meta, t.backlog, t.backlog_deferred, keys.DUE],
-                  [trash, keys.channel_prefix(topic), topic, channel, int(delete), t.wake,
-                   len(keys.MESSAGE_SUFFIXES), *keys.CHANNEL_SUFFIXES], Dropped.parse)
+        per_channel = len(keys.MESSAGE_SUFFIXES)
+
+        def trash_keys(channels):
+            return [f"{trash}{i}" for i in range(1, 3 + per_channel * len(channels))]
+
+        return self._fanout_op(
+            "drop", topic, [t.ids, t.channels, t.meta, t.backlog, t.backlog_deferred, t.due],
+            [channel, int(delete), t.wake], Dropped.parse, extra_keys=trash_keys,
+            channels=[channel] if channel else (None if delete else []))
 
     def detach(self, topic: str, channel: str = "", delete: bool = False) -> "Dropped | None":
         """drop_op, and a deleted topic leaves the topic registry; None if not found."""
@@ -315,11 +398,11 @@ class Store:
         Messages delivered `max_attempts` times already (0: no limit; the channel's
         own setting wins) go to its dead-letter outbox instead."""
         c = ChannelKeys.of(topic, channel)
-        args = [c.due_member, max_attempts]
+        args = [channel, max_attempts]
         for owner, timeout_ms, count in groups:
             args += [owner, timeout_ms, count]
-        return Op("deliver", [c.queue, c.inflight, c.msgs, c.leases, keys.DUE, c.meta, c.dead],
-                  args)
+        return Op("deliver", [c.queue, c.inflight, c.msgs, c.leases, TopicKeys.of(topic).due,
+                              c.meta, c.dead], args)
 
     def deliver(self, topic, channel, groups, max_attempts=0):
         return self.run(self.deliver_op(topic, channel, groups, max_attempts))
@@ -336,8 +419,8 @@ class Store:
         """REQ each (owner, id, delay ms): per triple 1 done, 0 / -1 as finish."""
         t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
         return Op("requeue",
-                  [c.queue, c.inflight, c.msgs, c.leases, c.deferred, c.meta, keys.DUE],
-                  [c.due_member, t.wake, channel, *(x for tr in triples for x in tr)])
+                  [c.queue, c.inflight, c.msgs, c.leases, c.deferred, c.meta, t.due],
+                  [channel, t.wake, *(x for tr in triples for x in tr)])
 
     def requeue(self, topic, channel, triples):
         return self.run(self.requeue_op(topic, channel, triples))
@@ -374,8 +457,8 @@ class Store:
         messages waiting in the dead-letter outbox)."""
         t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
         return Op("scan",
-                  [c.queue, c.inflight, c.msgs, c.leases, c.deferred, c.meta, keys.DUE, c.dead],
-                  [c.due_member, t.wake, channel, limit], tuple)
+                  [c.queue, c.inflight, c.msgs, c.leases, c.deferred, c.meta, t.due, c.dead],
+                  [channel, t.wake, limit], tuple)
 
     def scan(self, topic, channel, limit=1000):
         return self.run(self.scan_op(topic, channel, limit))
@@ -468,15 +551,20 @@ class Store:
 
     # -- reads ---------------------------------------------------------------
 
-    def due_channels(self, limit: int) -> tuple[int, list]:
-        """Redis time in ms and the (topic, channel, due ms) entries due by then."""
+    def due_channels(self, topics: Sequence[str], per_topic: int) -> tuple[int, list, bool]:
+        """Redis time in ms, the (topic, channel, due ms) entries of the topics' due
+        indexes due by then, and whether some topic may have more of them."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.time()
-        pipe.zrange(keys.DUE, 0, limit - 1, withscores=True)
-        (sec, usec), entries = self._guard(pipe.execute)
+        for topic in topics:
+            pipe.zrange(TopicKeys.of(topic).due, 0, per_topic - 1, withscores=True)
+        (sec, usec), *indexes = self._guard(pipe.execute)
         now = sec * 1000 + usec // 1000
-        due = [(*keys.split_due_member(m.decode()), int(s)) for m, s in entries if s <= now]
-        return now, due
+        due, more = [], False
+        for topic, entries in zip(topics, indexes):
+            due += [(topic, m.decode(), int(s)) for m, s in entries if s <= now]
+            more = more or (len(entries) == per_topic and entries[-1][1] <= now)
+        return now, due, more
 
     def now_ms(self) -> int:
         """Redis' clock, the one every script uses."""

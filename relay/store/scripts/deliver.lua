@@ -6,9 +6,9 @@
 -- group gets the next one.
 --
 -- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] leases
--- KEYS[5] scanners' due index   KEYS[6] channel meta (a paused channel delivers nothing;
+-- KEYS[5] topic due index   KEYS[6] channel meta (a paused channel delivers nothing;
 -- its max_attempts field overrides ARGV[2])   KEYS[7] dead-letter outbox
--- ARGV[1] due member   ARGV[2] max attempts (0: unlimited)
+-- ARGV[1] channel name (its member in the due index)   ARGV[2] max attempts (0: unlimited)
 -- then groups of 3: owner, timeout ms, count
 -- Returns one list of records per group, in ARGV order.
 -- Commands with many arguments go in chunks: Lua's unpack() has a stack limit.

@@ -1,3 +1,4 @@
+-- include: fanout.lua
 -- drop: empty or delete a channel, or a whole topic (nsqd's Channel.Empty,
 -- Channel.Delete, Topic.Empty, Topic.Delete). The keys holding the dropped messages
 -- are renamed to trash keys, O(1) each, so this one call is the cut: what the target
@@ -6,46 +7,54 @@
 -- the topic's id counter always stays, so ids are never reused.
 --
 -- KEYS[1] topic ids   KEYS[2] topic channels   KEYS[3] topic meta   KEYS[4] backlog
--- KEYS[5] backlog deferred   KEYS[6] scanners' due index
--- ARGV[1] trash key prefix   ARGV[2] channel key prefix   ARGV[3] topic name
--- ARGV[4] channel name ('' for the topic)   ARGV[5] 1 to delete, 0 to empty
--- ARGV[6] wake pub/sub channel: a delete announces "!C" (channel C) or "!" (the topic),
--- on which brokers close its consumers, as nsqd does
--- ARGV[7] n, then n suffixes of the message keys, then the channel's other suffixes
--- Returns {the topic's last message id, trash keys...}, or nil when the channel to
--- delete does not exist.
-local trash = {}
+-- KEYS[5] backlog deferred   KEYS[6] topic due index   KEYS[7..6+m] m trash keys
+-- (as many as there may be keys to detach), then the channels' keys (fanout.lua): the
+-- one channel to drop, or for a topic to delete all of its channels
+-- ARGV[1..ARG0] the channels (fanout.lua), then: channel name ('' for the topic),
+-- 1 to delete or 0 to empty, wake pub/sub channel (a delete announces "!C" for channel
+-- C or "!" for the topic, on which brokers close its consumers, as nsqd does), m
+-- Returns {the topic's last message id, trash keys used...}, nil when the channel to
+-- delete does not exist, or the stale reply.
+local channel, delete = ARGV[ARG0 + 1], ARGV[ARG0 + 2] == '1'
+local trash, free = {}, 7
 local function detach(key)
   if redis.call('EXISTS', key) == 1 then
-    trash[#trash + 1] = ARGV[1] .. (#trash + 1)
+    trash[#trash + 1] = KEYS[free]
+    free = free + 1
     redis.call('RENAME', key, trash[#trash])
   end
 end
 
-local delete, n = ARGV[5] == '1', tonumber(ARGV[7])
 local function drop_channel(c)
-  local p = ARGV[2] .. c .. ':'
-  for i = 8, 7 + n do detach(p .. ARGV[i]) end
-  redis.call('ZREM', KEYS[6], ARGV[3] .. '/' .. c)
+  for _, suffix in ipairs({'queue', 'inflight', 'deferred', 'msgs', 'leases'}) do
+    detach(channel_key(c, suffix))
+  end
+  redis.call('ZREM', KEYS[6], channel_name(c))
   if delete then
-    for i = 8 + n, #ARGV do redis.call('UNLINK', p .. ARGV[i]) end
+    for _, suffix in ipairs({'meta', 'consumers', 'dead', 'dead_lock'}) do
+      redis.call('UNLINK', channel_key(c, suffix))
+    end
   end
 end
 
-if ARGV[4] ~= '' then
-  if delete and redis.call('SREM', KEYS[2], ARGV[4]) == 0 then
+if channel ~= '' then
+  if delete and redis.call('SREM', KEYS[2], channel) == 0 then
     return nil
   end
-  drop_channel(ARGV[4])
+  drop_channel(1)
 else
+  if delete then
+    local stale = stale_channels(KEYS[2])
+    if stale then return stale end
+  end
   detach(KEYS[4])
   detach(KEYS[5])
   if delete then
-    for _, c in ipairs(redis.call('SMEMBERS', KEYS[2])) do drop_channel(c) end
-    redis.call('UNLINK', KEYS[2], KEYS[3])
+    for c = 1, N_CHANNELS do drop_channel(c) end
+    redis.call('UNLINK', KEYS[2], KEYS[3], KEYS[6])
   end
 end
 if delete then
-  redis.call('PUBLISH', ARGV[6], '!' .. ARGV[4])
+  redis.call('PUBLISH', ARGV[ARG0 + 3], '!' .. channel)
 end
 return {tonumber(redis.call('GET', KEYS[1]) or '0'), unpack(trash)}

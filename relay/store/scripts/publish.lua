@@ -1,22 +1,25 @@
+-- include: fanout.lua
 -- publish: append messages to every channel of a topic, now or deferred.
 -- With no channel yet, they wait in the topic backlog for the first one
 -- (nsqd keeps them in the topic queue the same way).
 --
 -- KEYS[1] topic ids (STRING)   KEYS[2] topic meta   KEYS[3] topic channels
 -- KEYS[4] backlog (LIST)       KEYS[5] backlog deferred (ZSET record -> due)
--- KEYS[6] scanners' due index
--- ARGV[1] channel key prefix   ARGV[2] topic name   ARGV[3] wake pub/sub channel
--- ARGV[4] 8-byte timestamp     ARGV[5] defer ms (0 = now)   ARGV[6..] bodies
--- Returns the id number of the last message (ids are consecutive).
-local n = #ARGV - 5
+-- KEYS[6] topic due index (scanners), then the channels' keys (fanout.lua)
+-- ARGV[1..ARG0] the channels (fanout.lua), then: wake pub/sub channel,
+-- 8-byte timestamp, defer ms (0 = now), bodies...
+-- Returns the id number of the last message (ids are consecutive), or the stale reply.
+local stale = stale_channels(KEYS[3])
+if stale then return stale end
+local wake, head = ARGV[ARG0 + 1], ARGV[ARG0 + 2] .. string.char(0, 0)
+local defer = tonumber(ARGV[ARG0 + 3])
+local n = #ARGV - ARG0 - 3
 local last = redis.call('INCRBY', KEYS[1], n)
 local first = last - n + 1
-local head = ARGV[4] .. string.char(0, 0)
-local defer = tonumber(ARGV[5])
 
 local ids, records, bytes = {}, {}, 0
 for i = 1, n do
-  local body = ARGV[5 + i]
+  local body = ARGV[ARG0 + 3 + i]
   ids[i] = string.format('%016x', first + i - 1)
   records[i] = head .. ids[i] .. body
   bytes = bytes + #body
@@ -39,34 +42,32 @@ local function interleave(first, second)
   return out
 end
 
-local channels = redis.call('SMEMBERS', KEYS[3])
+local channels = N_CHANNELS
 if redis.call('HEXISTS', KEYS[2], 'paused') == 1 then
-  channels = {}  -- a paused topic keeps everything in its backlog (pause_topic.lua)
+  channels = 0  -- a paused topic keeps everything in its backlog (pause_topic.lua)
 end
 if defer == 0 then
-  if #channels == 0 then
+  if channels == 0 then
     call_chunked('RPUSH', KEYS[4], records, 1000)
   end
-  for _, c in ipairs(channels) do
-    local p = ARGV[1] .. c .. ':'
-    call_chunked('RPUSH', p .. 'queue', records, 1000)
-    redis.call('HINCRBY', p .. 'meta', 'message_count', n)
+  for c = 1, channels do
+    call_chunked('RPUSH', channel_key(c, 'queue'), records, 1000)
+    redis.call('HINCRBY', channel_key(c, 'meta'), 'message_count', n)
   end
-  if #channels > 0 then
-    redis.call('PUBLISH', ARGV[3], '')
+  if channels > 0 then
+    redis.call('PUBLISH', wake, '')
   end
 else
   local t = redis.call('TIME')
   local due = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + defer
-  if #channels == 0 then
+  if channels == 0 then
     call_chunked('ZADD', KEYS[5], interleave(due, records), 1000)
   end
-  for _, c in ipairs(channels) do
-    local p = ARGV[1] .. c .. ':'
-    call_chunked('HSET', p .. 'msgs', interleave(ids, records), 1000)
-    call_chunked('ZADD', p .. 'deferred', interleave(due, ids), 1000)
-    redis.call('HINCRBY', p .. 'meta', 'message_count', n)
-    redis.call('ZADD', KEYS[6], 'LT', due, ARGV[2] .. '/' .. c)
+  for c = 1, channels do
+    call_chunked('HSET', channel_key(c, 'msgs'), interleave(ids, records), 1000)
+    call_chunked('ZADD', channel_key(c, 'deferred'), interleave(due, ids), 1000)
+    redis.call('HINCRBY', channel_key(c, 'meta'), 'message_count', n)
+    redis.call('ZADD', KEYS[6], 'LT', due, channel_name(c))
   end
 end
 redis.call('HINCRBY', KEYS[2], 'message_count', n)

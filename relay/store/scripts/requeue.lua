@@ -2,15 +2,15 @@
 -- at the tail of the queue, or deferred for a while.
 --
 -- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] leases
--- KEYS[5] deferred   KEYS[6] channel meta   KEYS[7] scanners' due index
--- ARGV[1] due member   ARGV[2] wake pub/sub channel   ARGV[3] channel name
+-- KEYS[5] deferred   KEYS[6] channel meta   KEYS[7] topic due index
+-- ARGV[1] channel name (also its member in the due index)   ARGV[2] wake pub/sub channel
 -- then triples: owner, id, delay ms
 -- Returns per triple: 1 requeued, 0 not in flight, -1 in flight for another client.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
 local requeued, ready = 0, 0
-for i = 4, #ARGV, 3 do
+for i = 3, #ARGV, 3 do
   local owner, id, delay = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   local lease = redis.call('HGET', KEYS[4], id)
   if not lease then
@@ -36,6 +36,6 @@ if requeued > 0 then
   redis.call('HINCRBY', KEYS[6], 'requeue_count', requeued)
 end
 if ready > 0 then
-  redis.call('PUBLISH', ARGV[2], ARGV[3])
+  redis.call('PUBLISH', ARGV[2], ARGV[1])
 end
 return out

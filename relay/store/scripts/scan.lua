@@ -5,15 +5,15 @@
 -- Being one script, two scanners can never requeue the same message twice.
 --
 -- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] leases
--- KEYS[5] deferred   KEYS[6] channel meta   KEYS[7] scanners' due index
+-- KEYS[5] deferred   KEYS[6] channel meta   KEYS[7] topic due index
 -- KEYS[8] dead-letter outbox (while it holds messages the channel is due every second,
 -- so a scanner forwards them even after a failed attempt)
--- ARGV[1] due member   ARGV[2] wake pub/sub channel   ARGV[3] channel name
--- ARGV[4] at most this many messages of each kind per call
+-- ARGV[1] channel name (also its member in the due index)   ARGV[2] wake pub/sub channel
+-- ARGV[3] at most this many messages of each kind per call
 -- Returns {timed out, promoted, next due ms or -1, messages in the dead-letter outbox}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local limit = tonumber(ARGV[4])
+local limit = tonumber(ARGV[3])
 
 -- One command per 1000 ids rather than per id: fewer calls and AOF entries.
 local function move(zset, release_lease)
@@ -42,7 +42,7 @@ if timed_out > 0 then
   redis.call('HINCRBY', KEYS[6], 'timeout_count', timed_out)
 end
 if timed_out + promoted > 0 then
-  redis.call('PUBLISH', ARGV[2], ARGV[3])
+  redis.call('PUBLISH', ARGV[2], ARGV[1])
 end
 
 local next_due = -1

@@ -4,13 +4,13 @@
 --
 -- KEYS[1] topic channels   KEYS[2] backlog   KEYS[3] backlog deferred
 -- KEYS[4] channel queue    KEYS[5] channel deferred   KEYS[6] channel msgs
--- KEYS[7] channel meta     KEYS[8] channel consumers  KEYS[9] scanners' due index
+-- KEYS[7] channel meta     KEYS[8] channel consumers  KEYS[9] topic due index
 -- KEYS[10] topic meta (a paused topic keeps its backlog)
--- ARGV[1] channel name     ARGV[2] due member   ARGV[3] broker id
+-- ARGV[1] channel name (also its member in the due index)   ARGV[2] broker id
 -- Returns 1 if the channel was created, 0 if it existed.
 local created = redis.call('SADD', KEYS[1], ARGV[1])
-if ARGV[3] ~= '' then
-  redis.call('HINCRBY', KEYS[8], ARGV[3], 1)
+if ARGV[2] ~= '' then
+  redis.call('HINCRBY', KEYS[8], ARGV[2], 1)
 end
 if created == 0 or redis.call('SCARD', KEYS[1]) > 1
     or redis.call('HEXISTS', KEYS[10], 'paused') == 1 then
@@ -34,7 +34,7 @@ for i = 1, #deferred, 2 do
   local id = string.sub(record, 11, 26)
   redis.call('HSET', KEYS[6], id, record)
   redis.call('ZADD', KEYS[5], due, id)
-  redis.call('ZADD', KEYS[9], 'LT', due, ARGV[2])
+  redis.call('ZADD', KEYS[9], 'LT', due, ARGV[1])
 end
 if #deferred > 0 then
   redis.call('HINCRBY', KEYS[7], 'message_count', #deferred / 2)

@@ -3,20 +3,20 @@
 -- when that was its last channel.
 --
 -- KEYS[1] topic channels   KEYS[2] topic meta   KEYS[3] channel consumers
--- KEYS[4] scanners' due index   KEYS[5..] the other keys of the channel
--- ARGV[1] channel name   ARGV[2] due member   ARGV[3] broker id
--- ARGV[4] 1 if the channel is ephemeral   ARGV[5] 1 if the topic is ephemeral
+-- KEYS[4] topic due index   KEYS[5..] the other keys of the channel
+-- ARGV[1] channel name (also its member in the due index)   ARGV[2] broker id
+-- ARGV[3] 1 if the channel is ephemeral   ARGV[4] 1 if the topic is ephemeral
 -- Returns 0 kept, 1 channel deleted, 2 channel and topic deleted.
-if redis.call('HINCRBY', KEYS[3], ARGV[3], -1) <= 0 then
-  redis.call('HDEL', KEYS[3], ARGV[3])
+if redis.call('HINCRBY', KEYS[3], ARGV[2], -1) <= 0 then
+  redis.call('HDEL', KEYS[3], ARGV[2])
 end
-if ARGV[4] ~= '1' or redis.call('HLEN', KEYS[3]) > 0 then
+if ARGV[3] ~= '1' or redis.call('HLEN', KEYS[3]) > 0 then
   return 0
 end
 redis.call('SREM', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[4], ARGV[2])
+redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('UNLINK', KEYS[3], unpack(KEYS, 5))
-if ARGV[5] == '1' and redis.call('SCARD', KEYS[1]) == 0 then
+if ARGV[4] == '1' and redis.call('SCARD', KEYS[1]) == 0 then
   redis.call('UNLINK', KEYS[2])
   return 2
 end

@@ -1,0 +1,58 @@
+"""Connecting to Redis: one server, or a Redis Cluster behind the same kind of URL.
+
+`connect` asks the server at the URL whether it runs in cluster mode (INFO cluster)
+and answers with redis-py's cluster client if so: brokers, scanners, jobs,
+relay-admin and the Spark connector are all given the same `redis://HOST:PORT/0`.
+"""
+
+from urllib.parse import urlparse, urlunparse
+
+import redis
+from redis.cluster import RedisCluster
+from redis.exceptions import AskError, ClusterDownError, MovedError, TryAgainError
+
+# Errors after which a script call did not run and may simply be sent again: a slot
+# is being moved (TRYAGAIN), or the cluster is changing its mind about one.
+SLOT_MOVING = (TryAgainError, ClusterDownError, AskError, MovedError)
+
+
+def connect(url: str, timeout: float | None = None, connect_timeout: float | None = None,
+            health_check_interval: int = 0):
+    """A client for `url`: redis.Redis, or RedisCluster when the server is a cluster node."""
+    kwargs = {"socket_timeout": timeout, "socket_connect_timeout": connect_timeout}
+    single = redis.Redis.from_url(url, health_check_interval=health_check_interval, **kwargs)
+    if not _cluster_enabled(single):
+        return single
+    single.close()
+    return RedisCluster.from_url(_without_db(url), cluster_error_retry_attempts=10,
+                                 **kwargs)
+
+
+def _cluster_enabled(client: redis.Redis) -> bool:
+    try:
+        return bool(client.info("cluster").get("cluster_enabled"))
+    except redis.exceptions.ResponseError:
+        return False  # a server without INFO cluster is no cluster
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+        return False  # unreachable now: callers retry and see it when it answers
+
+
+def _without_db(url: str) -> str:
+    """A cluster has database 0 only, and redis-py's cluster client takes no /0."""
+    parts = urlparse(url)
+    if parts.path in ("/0", "/"):
+        parts = parts._replace(path="")
+    return urlunparse(parts)
+
+
+def is_cluster(client) -> bool:
+    return isinstance(client, RedisCluster)
+
+
+def sharded_pubsub(client) -> bool:
+    """Wake-ups go by sharded pub/sub (SPUBLISH, Redis 7+) on a cluster: a classic
+    PUBLISH there is copied to every node. Redis 6.2 clusters fall back to PUBLISH."""
+    if not is_cluster(client):
+        return False
+    version = client.info("server", target_nodes=RedisCluster.RANDOM)["redis_version"]
+    return int(version.split(".")[0]) >= 7

@@ -1,0 +1,30 @@
+-- fanout (included at the top of the scripts that touch every channel of a topic):
+-- the caller names the channels, ARGV[1] = n and ARGV[2..n+1], and declares their
+-- keys last in KEYS, 9 per channel in keys.CHANNEL_SUFFIXES order, so that on Redis
+-- Cluster every key is checked before the script runs. The caller's list may be
+-- stale: stale_channels() then gives the reply that makes it ask again with the
+-- topic's real channels. The script's own ARGV start at ARGV[ARG0 + 1].
+local SUFFIX = {queue = 1, inflight = 2, deferred = 3, msgs = 4, leases = 5, meta = 6,
+                consumers = 7, dead = 8, dead_lock = 9}
+local N_CHANNELS = tonumber(ARGV[1])
+local ARG0 = N_CHANNELS + 1
+local FIRST_CHANNEL_KEY = #KEYS - 9 * N_CHANNELS
+
+local function channel_name(i)
+  return ARGV[1 + i]
+end
+
+local function channel_key(i, suffix)
+  return KEYS[FIRST_CHANNEL_KEY + 9 * (i - 1) + SUFFIX[suffix]]
+end
+
+-- nil if the channels given are those in `set_key`, else {'stale', channels...}
+local function stale_channels(set_key)
+  local actual = redis.call('SMEMBERS', set_key)
+  local given = {}
+  for i = 1, N_CHANNELS do given[channel_name(i)] = true end
+  local same = #actual == N_CHANNELS
+  for _, c in ipairs(actual) do same = same and given[c] end
+  if same then return nil end
+  return {'stale', unpack(actual)}
+end

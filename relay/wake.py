@@ -1,0 +1,219 @@
+"""Wake-ups: how a broker hears that a topic it has consumers of has news.
+
+Scripts publish on the topic's wake channel (`relay:{T}:wake`): "" the topic has
+messages, "C" channel C has, "!C" / "!" channel C / the topic was deleted. A
+broker subscribes to the wake channels of the topics it has consumers of:
+
+- one Redis server: SUBSCRIBE on one connection;
+- Redis Cluster 7+ (and Valkey): sharded pub/sub, SPUBLISH in the scripts and
+  SSUBSCRIBE on a connection to the node that owns each channel's slot, one
+  greenlet per node. When a slot moves, its node ends the subscription
+  (SUNSUBSCRIBE) and the broker subscribes again where the slot now is;
+- Redis Cluster 6.2 (no sharded pub/sub): PUBLISH, which the cluster copies to
+  every node, and SUBSCRIBE on any one node. Correct, but every wake-up crosses
+  the whole cluster bus.
+
+Whenever a subscription is (re)made the topic is woken, as a message may have been
+missed meanwhile; channels also poll slowly as a safety net (relay/channel.py).
+"""
+
+import logging
+
+import gevent
+import redis
+
+from relay.store.connection import is_cluster, sharded_pubsub
+from relay.store.keys import TopicKeys
+
+log = logging.getLogger("relay.wake")
+
+POLL = 0.05
+
+
+class WakeListener:
+    """The wake channels of the topics this broker has consumers of."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self.topics: set[str] = set()
+
+    def watch(self, topic: str) -> None:
+        self.topics.add(topic)
+
+    def unwatch(self, topic: str) -> None:
+        self.topics.discard(topic)
+
+    def wanted(self) -> dict:
+        return {TopicKeys.of(t).wake.encode(): t for t in self.topics}
+
+    def wake(self, topic: str, channel: str | None = None) -> None:
+        for (t, c), local in list(self.broker.channels.items()):
+            if t == topic and (channel is None or c == channel):
+                local.notify()
+
+    def _deleted(self, topic: str, channel: str | None) -> None:
+        """A channel (or the whole topic) was deleted: close its consumers, as nsqd."""
+        for (t, c), local in list(self.broker.channels.items()):
+            if t == topic and (channel is None or c == channel):
+                log.info("%s/%s deleted: closing its %d consumers", t, c, len(local.clients))
+                for client in list(local.clients):
+                    client.close()
+
+    def news(self, topic: str, data: bytes) -> None:
+        """A wake-up: "" the topic, "C" one channel, "!C" / "!" deleted (drop.lua)."""
+        text = data.decode()
+        if text.startswith("!"):
+            self._deleted(topic, text[1:] or None)
+        else:
+            self.wake(topic, text or None)
+
+    def run(self) -> None:
+        client = self.broker.redis
+        sharded = None
+        while sharded is None:
+            try:
+                sharded = sharded_pubsub(client)
+            except redis.exceptions.RedisError as e:
+                log.warning("redis unreachable: %s; retrying", e)
+                gevent.sleep(1.0)
+        if sharded:
+            ShardedSubscriptions(self, client).run()
+            return
+        if is_cluster(client):
+            node = client.get_primaries()[0]
+            client = redis.Redis(host=node.host, port=node.port,
+                                 **_auth(client.get_redis_connection(node)))
+        while True:
+            try:
+                self._listen(client)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+                log.warning("wake-up subscription lost: %s; retrying", e)
+                gevent.sleep(1.0)
+                for topic in list(self.topics):
+                    self.wake(topic)
+
+    def _listen(self, client) -> None:
+        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        subscribed: dict[bytes, str] = {}
+        try:
+            while True:
+                want = self.wanted()
+                added = [k for k in want if k not in subscribed]
+                removed = [k for k in subscribed if k not in want]
+                if added:
+                    pubsub.subscribe(*added)
+                if removed:
+                    pubsub.unsubscribe(*removed)
+                subscribed = want
+                for key in added:
+                    self.wake(want[key])
+                if not subscribed:
+                    gevent.sleep(POLL)
+                    continue
+                message = pubsub.get_message(timeout=POLL)
+                if message and message["type"] == "message":
+                    topic = subscribed.get(message["channel"])
+                    if topic is not None:
+                        self.news(topic, message["data"])
+        finally:
+            pubsub.close()
+
+
+class ShardedSubscriptions:
+    """SSUBSCRIBE each wake channel on the node that owns its slot (Redis Cluster 7+)."""
+
+    def __init__(self, listener: WakeListener, cluster):
+        self.listener = listener
+        self.cluster = cluster
+        self.links: dict[str, NodeLink] = {}
+        self.moved = False
+
+    def run(self) -> None:
+        while True:
+            if self.moved:
+                self.moved = False
+                try:
+                    self.cluster.nodes_manager.initialize()
+                except redis.exceptions.RedisError as e:
+                    log.warning("cluster slots not refreshed: %s", e)
+            by_node: dict[str, set] = {}
+            for channel in self.listener.wanted():
+                try:
+                    node = self.cluster.get_node_from_key(channel)
+                except redis.exceptions.RedisError:
+                    self.moved = True
+                    continue
+                by_node.setdefault(node.name, set()).add(channel)
+                if node.name not in self.links or self.links[node.name].dead:
+                    self.links[node.name] = NodeLink(self, node)
+            for name, link in list(self.links.items()):
+                link.want = by_node.get(name, set())
+                if link.dead or (not link.want and not link.subscribed):
+                    link.stop()
+                    del self.links[name]
+            gevent.sleep(POLL)
+
+
+class NodeLink:
+    """One node's sharded subscriptions, read by its own greenlet."""
+
+    def __init__(self, owner: ShardedSubscriptions, node):
+        self.owner = owner
+        self.node = node
+        self.want: set = set()
+        self.subscribed: set = set()
+        self.dead = False
+        self.client = redis.Redis(host=node.host, port=node.port,
+                                  **_auth(owner.cluster.get_redis_connection(node)))
+        self.greenlet = gevent.spawn(self._run)
+
+    def stop(self) -> None:
+        self.greenlet.kill()
+
+    def _run(self) -> None:
+        listener = self.owner.listener
+        pubsub = self.client.pubsub()
+        try:
+            while True:
+                added, removed = self.want - self.subscribed, self.subscribed - self.want
+                if added:
+                    pubsub.ssubscribe(*added)
+                if removed:
+                    pubsub.sunsubscribe(*removed)
+                self.subscribed = set(self.want)
+                topics = listener.wanted()
+                for channel in added:
+                    if channel in topics:
+                        listener.wake(topics[channel])
+                if not self.subscribed:
+                    gevent.sleep(POLL)
+                    continue
+                message = pubsub.get_message(timeout=POLL)
+                if message:
+                    self._handle(message, topics)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+            log.warning("wake-up subscriptions on %s lost: %s", self.node.name, e)
+            self.owner.moved = True
+        finally:
+            self.dead = True
+            for topic in listener.wanted().values():
+                listener.wake(topic)
+            pubsub.close()
+            self.client.close()
+
+    def _handle(self, message: dict, topics: dict) -> None:
+        kind, channel = message["type"], message["channel"]
+        if kind == "smessage" and channel in topics:
+            self.owner.listener.news(topics[channel], message["data"])
+        elif kind == "sunsubscribe" and channel in self.subscribed and channel in self.want:
+            # the node gave the slot away: subscribe where it is now
+            self.subscribed.discard(channel)
+            self.owner.moved = True
+            if channel in topics:
+                self.owner.listener.wake(topics[channel])
+
+
+def _auth(connection_pool_holder) -> dict:
+    """Username and password of a cluster node's client, for its pub/sub connections."""
+    kwargs = connection_pool_holder.connection_pool.connection_kwargs
+    return {k: kwargs[k] for k in ("username", "password") if kwargs.get(k)}
