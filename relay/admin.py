@@ -20,6 +20,7 @@ from relay import stats as relay_stats
 from relay.errors import StoreConnectionError, StoreError
 from relay.protocol.codec import MSG_ID_LENGTH, is_valid_name
 from relay.store import Store
+from relay.store.connection import connect
 from relay.tail import Tail, TailError
 
 INLINE_LIMIT = 10_000
@@ -42,9 +43,8 @@ def redis_options(command):
     @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
     @functools.wraps(command)
     def wrapper(redis_url, as_json, **kwargs):
-        store = Store(redis.Redis.from_url(redis_url, socket_connect_timeout=2,
-                                           socket_timeout=5))
         try:
+            store = Store(connect(redis_url, timeout=5, connect_timeout=2))
             return command(store, as_json, **kwargs)
         except (StoreConnectionError, redis.exceptions.ConnectionError,
                 redis.exceptions.TimeoutError) as e:

@@ -16,16 +16,20 @@ import subprocess
 import time
 from typing import Callable
 
+import redis
 from rq import Queue, Worker, get_current_job
+from rq.defaults import RQ_KEY_PREFIX
 from rq.job import Job
 
 from relay import deadletter
 from relay.errors import RelayError
 from relay.store import Store
+from relay.store.connection import connect, is_cluster, node_url, whole
 
 log = logging.getLogger("relay.jobs")
 
 QUEUE = "relay"
+QUEUE_KEY = f"{RQ_KEY_PREFIX}:queue:{QUEUE}"
 CHUNK = 1000
 RESULT_TTL = 7 * 24 * 3600
 SAVE_INTERVAL = 0.2
@@ -94,7 +98,7 @@ def run(store: Store, operation: str, topic: str, channel: str,
 def perform(operation: str, topic: str, channel: str) -> dict:
     """The rq job: run the operation on the worker's Redis, progress in job.meta."""
     job = get_current_job()
-    result = run(Store(job.connection), operation, topic, channel, MetaWriter(job))
+    result = run(Store(whole(job.connection)), operation, topic, channel, MetaWriter(job))
     job.meta["progress"] = result
     job.save_meta()
     return result
@@ -139,6 +143,19 @@ def all_jobs(connection) -> list[Job]:
     return sorted(found, key=lambda j: j.enqueued_at or j.created_at)
 
 
+def worker_url(redis_url: str) -> str:
+    """Where the rq worker connects. rq's worker takes no cluster client, but every rq
+    key shares the hash tag {rq}: on a cluster it talks to the node serving that slot
+    (if the slot moves, the worker fails on MOVED and is started again here)."""
+    client = connect(redis_url, timeout=5, connect_timeout=2)
+    return node_url(client, QUEUE_KEY) if is_cluster(client) else redis_url
+
+
+def worker_connection(client):
+    """The connection for an rq worker in this process (tests), as worker_url."""
+    return redis.Redis.from_url(node_url(client, QUEUE_KEY)) if is_cluster(client) else client
+
+
 def run_worker(rq: str, redis_url: str, wait_for_redis: Callable[[], None]) -> int:
     """`relay jobs`: an rq worker on QUEUE, started again when it dies (rq exits on some
     Redis errors during an outage). SIGTERM and SIGINT go to the worker, which ends its
@@ -152,7 +169,8 @@ def run_worker(rq: str, redis_url: str, wait_for_redis: Callable[[], None]) -> i
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
     while not state["stopping"]:
-        worker = state["worker"] = subprocess.Popen([rq, "worker", "--url", redis_url, QUEUE])
+        worker = state["worker"] = subprocess.Popen(
+            [rq, "worker", "--url", worker_url(redis_url), QUEUE])
         code = worker.wait()
         if state["stopping"] or code == 0:
             return code

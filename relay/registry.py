@@ -86,6 +86,9 @@ def live_clients(client: redis.Redis, brokers: list[dict]) -> list[dict]:
     """The clients the given brokers announced, each with its "broker" id."""
     if not brokers:
         return []
-    announced = client.mget([keys.broker_clients_key(b["id"]) for b in brokers])
+    pipe = client.pipeline(transaction=False)  # not MGET: on a cluster the keys spread
+    for b in brokers:
+        pipe.get(keys.broker_clients_key(b["id"]))
+    announced = pipe.execute()
     return [{"broker": b["id"], **c}
             for b, data in zip(brokers, announced) for c in json.loads(data or "[]")]

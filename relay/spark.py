@@ -39,10 +39,9 @@ def register(spark) -> None:
 
 
 def _store(options):
-    import redis
-
     from relay.store import Store
-    return Store(redis.Redis.from_url(options.get("redis_url", "redis://127.0.0.1:6379/0")))
+    from relay.store.connection import connect
+    return Store(connect(options.get("redis_url", "redis://127.0.0.1:6379/0")))
 
 
 def _row(topic: str, channel: str, record: bytes) -> tuple:

@@ -12,11 +12,67 @@ import redis
 
 from relay import embedded
 from relay.store import Store
+from relay.store.connection import connect, is_cluster
+
+
+# Modules whose tests run against a one-node Redis and again against a 3-master
+# Redis Cluster (the `deployment` parameter): the integration suite.
+CLUSTER_MODULES = {"test_clients", "test_protocol", "test_http", "test_admin_processes",
+                   "test_deadletter", "test_shutdown", "test_auth"}
+
+
+def pytest_generate_tests(metafunc):
+    if "deployment" in metafunc.fixturenames:
+        module = metafunc.module.__name__.rpartition(".")[2]
+        metafunc.parametrize("deployment", ["redis", "cluster"] if module in CLUSTER_MODULES
+                             else ["redis"])
+
+
+@pytest.fixture
+def redis_url(deployment, request):
+    """The Redis of this test: one server, or the cluster."""
+    return request.getfixturevalue("cluster_url" if deployment == "cluster"
+                                   else "single_redis_url")
+
+
+def flush(url: str) -> None:
+    """Empty every database of a server, or every master of a cluster."""
+    client = connect(url)
+    if is_cluster(client):
+        client.flushall(target_nodes=client.PRIMARIES)
+    else:
+        client.flushdb()
+    client.close()
+
+
+def all_keys(client, pattern: str) -> list:
+    """KEYS on every master of a cluster, or on the one server."""
+    if is_cluster(client):
+        return client.keys(pattern, target_nodes=client.PRIMARIES)
+    return client.keys(pattern)
 
 
 @pytest.fixture(scope="session")
-def redis_url():
-    """A real Redis: REDIS_URL if given, else the embedded server on a free port."""
+def cluster_url():
+    """A local Redis Cluster of 3 masters from the embedded Valkey server; RELAY_TEST_CLUSTER_URL
+    instead if given."""
+    if os.environ.get("RELAY_TEST_CLUSTER_URL"):
+        yield os.environ["RELAY_TEST_CLUSTER_URL"]
+        return
+    ports = [embedded.free_port() for _ in range(3)]
+    data = tempfile.mkdtemp(prefix="relay-test-cluster-")
+    procs = embedded.start_cluster(ports, data, extra=("--save", "", "--appendonly", "no"))
+    yield f"redis://127.0.0.1:{ports[0]}/0"
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(10)
+    shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def single_redis_url():
+    """A real Redis: RELAY_TEST_REDIS_URL if given, else the embedded server on a free port."""
     if os.environ.get("RELAY_TEST_REDIS_URL"):
         yield os.environ["RELAY_TEST_REDIS_URL"]
         return
@@ -29,16 +85,21 @@ def redis_url():
     shutil.rmtree(data, ignore_errors=True)
 
 
-@pytest.fixture(params=["fakeredis", "redis"])
+@pytest.fixture(params=["fakeredis", "redis", "cluster"])
 def backend(request):
-    """A flushed Redis client; every test using it runs on both backends."""
+    """A flushed Redis client; every test using it runs on fakeredis, a real server and
+    a real cluster."""
     if request.param == "fakeredis":
         client = fakeredis.FakeRedis()
-    else:
-        client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
-    client.flushdb()
-    yield client
-    client.flushdb()
+        client.flushdb()
+        yield client
+        client.flushdb()
+        return
+    url = request.getfixturevalue("cluster_url" if request.param == "cluster"
+                                  else "single_redis_url")
+    flush(url)
+    yield connect(url)
+    flush(url)
 
 
 @pytest.fixture
@@ -110,7 +171,7 @@ class Processes:
 
 @pytest.fixture
 def processes(redis_url, tmp_path, request):
-    redis.Redis.from_url(redis_url).flushdb()
+    flush(redis_url)
     procs = Processes(redis_url, str(tmp_path))
     yield procs
     procs.stop_all()

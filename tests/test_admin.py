@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from rq import Queue, SimpleWorker
 
 from relay import admin, embedded, jobs, transport
+from relay.store.connection import connect
 from relay.registry import Registry
 from relay.stats import client_stats
 from relay.store import Store
@@ -24,12 +25,12 @@ KEYS_PY = Path(admin.__file__).parent / "store" / "keys.py"
 def run(backend, *args, input=None, color=False):
     """relay-admin against the test backend (fakeredis or the real server); `color`
     as on a terminal (click drops escape codes otherwise)."""
-    original = admin.redis.Redis.from_url
-    admin.redis.Redis.from_url = lambda *a, **k: backend
+    original = admin.connect
+    admin.connect = lambda *a, **k: backend
     try:
         return CliRunner().invoke(admin.main, list(args), input=input, color=color)
     finally:
-        admin.redis.Redis.from_url = original
+        admin.connect = original
 
 
 def ok(backend, *args, input=None) -> list[str]:
@@ -44,7 +45,8 @@ def ok_json(backend, *args):
 
 def work(backend):
     """Run every queued job with a real rq worker, in this process (burst mode)."""
-    SimpleWorker([Queue(jobs.QUEUE, connection=backend)], connection=backend).work(burst=True)
+    connection = jobs.worker_connection(backend)
+    SimpleWorker([Queue(jobs.QUEUE, connection=connection)], connection=connection).work(burst=True)
 
 
 def announce(backend, broker_id, port, *clients):
@@ -387,7 +389,7 @@ def test_readme_key_list_mirrors_keys_py():
 
 
 def test_readme_redis_cli_commands_agree_with_stats(redis_url, monkeypatch):
-    store = Store(redis.Redis.from_url(redis_url))
+    store = Store(connect(redis_url))
     store.redis.flushdb()
     store.subscribe("orders", "billing", "b1")
     store.publish("orders", [b"a", b"b", b"c", b"d", b"e"])

@@ -12,6 +12,7 @@ import redis
 from click.testing import CliRunner
 
 from relay import admin, jobs
+from relay.store.connection import connect
 from relay.protocol.codec import parse_record
 from relay.store import Store
 from relay.store.keys import ChannelKeys
@@ -27,12 +28,12 @@ def relay_admin(redis_url, *args, **kwargs):
 
 
 def test_empty_of_a_big_channel_runs_in_a_real_jobs_worker(processes, redis_url):
-    store = Store(redis.Redis.from_url(redis_url))
+    store = Store(connect(redis_url))
     processes.jobs()
     store.subscribe("t", "c", "")
     fill(store, "t", 50_000)
     assert wait_for(lambda: jobs.has_worker(store.redis), 20)
-    producer = Producer(Store(redis.Redis.from_url(redis_url)), "t")
+    producer = Producer(Store(connect(redis_url)), "t")
     producer.start()
     assert wait_for(lambda: len(producer.bodies) >= 100)
     done = relay_admin(redis_url, "empty", "t/c")
@@ -55,7 +56,7 @@ def test_empty_of_a_big_channel_runs_in_a_real_jobs_worker(processes, redis_url)
 
 def test_tail_reads_through_an_ephemeral_channel(processes, redis_url):
     _, port = processes.broker("--broadcast-address", "127.0.0.1")
-    store = Store(redis.Redis.from_url(redis_url))
+    store = Store(connect(redis_url))
     store.create_channel("t", "archive")
     store.publish("t", [b"before"])
     tail = subprocess.Popen([RELAY_ADMIN, "tail", "t", "-n", "3"], stdout=subprocess.PIPE,

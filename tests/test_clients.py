@@ -12,6 +12,7 @@ import gevent
 import gnsq
 
 from relay.store import Store
+from relay.store.connection import connect
 import redis
 
 HERE = os.path.dirname(__file__)
@@ -69,7 +70,7 @@ def test_gnsq_publish_consume_finish(broker, redis_url):
     publish(broker, "orders", [b"one", b"two", b"three"])
     assert wait_for(lambda: len(got) == 3)
     stop(c)
-    stats = Store(redis.Redis.from_url(redis_url)).read_channel("orders", "billing")
+    stats = Store(connect(redis_url)).read_channel("orders", "billing")
     assert sorted(got) == [b"one", b"three", b"two"]
     assert (stats["depth"], stats["in_flight_count"], stats["message_count"]) == (0, 0, 3)
 
@@ -195,7 +196,7 @@ def test_closed_connection_requeues_its_messages_at_once(broker):
 
 
 def test_ephemeral_channel_is_removed_when_its_consumer_leaves(broker, redis_url):
-    store = Store(redis.Redis.from_url(redis_url))
+    store = Store(connect(redis_url))
     c = consumer(broker, "eph", "tail#ephemeral", lambda m: m.finish())
     assert wait_for(lambda: store.channel_names("eph") == ["tail#ephemeral"])
     stop(c)
@@ -250,7 +251,7 @@ def test_restart_of_every_broker_loses_no_message(processes, redis_url):
     assert wait_for(lambda: len(done) == 500, timeout=20)
     stop(c2)
     assert done == set(bodies)
-    stats = Store(redis.Redis.from_url(redis_url)).read_channel("durable", "c")
+    stats = Store(connect(redis_url)).read_channel("durable", "c")
     assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
 
 

@@ -15,7 +15,7 @@ def test_idle_broker_with_a_waiting_consumer_barely_touches_redis(processes, red
     _, port = processes.broker()
     consumer = Wire(port)
     assert consumer.sub("quiet", "c", rdy=10) == (0, b"OK")
-    client = redis.Redis.from_url(redis_url)
+    client = connect(redis_url)
     time.sleep(0.5)
     before = script_calls(client)
     time.sleep(3.0)

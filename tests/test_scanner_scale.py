@@ -12,7 +12,7 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "scanner_scale
 
 
 def test_scanner_scale_requeues_every_message_once(redis_url):
-    client = redis.Redis.from_url(redis_url)
+    client = connect(redis_url)
     client.flushdb()
     run = subprocess.run([sys.executable, SCRIPT, "--redis-url", redis_url, "--topics", "2",
                           "--channels", "10", "--messages", "2000", "--batch", "10",

@@ -8,6 +8,7 @@ import time
 import redis
 
 from relay import jobs as relay_jobs
+from relay.store.connection import connect
 from relay.protocol.codec import CLOSE_WAIT
 from tests.test_http import Api
 from tests.wire import FRAME_RESPONSE, Wire
@@ -63,7 +64,7 @@ def test_sigterm_stops_the_scanner(processes):
 
 def test_sigterm_stops_the_jobs_worker_and_its_rq_worker(processes):
     jobs = processes.jobs()
-    connection = redis.Redis.from_url(processes.redis_url)
+    connection = connect(processes.redis_url)
     deadline = time.monotonic() + 15
     while not relay_jobs.has_worker(connection) and time.monotonic() < deadline:
         time.sleep(0.1)

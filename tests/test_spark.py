@@ -13,6 +13,7 @@ pyspark = pytest.importorskip("pyspark")
 
 import relay.spark  # noqa: E402
 from relay.spark import ChannelStream  # noqa: E402
+from relay.store.connection import connect
 from relay.store import Store  # noqa: E402
 from workers.scanner import Scanner  # noqa: E402
 
@@ -33,7 +34,7 @@ def spark():
 
 @pytest.fixture
 def store(redis_url):
-    client = redis.Redis.from_url(redis_url)
+    client = connect(redis_url)
     client.flushdb()
     return Store(client)
 

@@ -12,8 +12,10 @@ import pytest
 from relay.errors import StoreError
 from relay.protocol.codec import make_record, parse_record
 from relay.store import keys
+from relay.store.connection import is_cluster
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.workers.scanner import Scanner
+from tests.conftest import all_keys
 
 
 # -- helpers -----------------------------------------------------------------
@@ -747,7 +749,7 @@ def test_ephemeral_topic_deleted_with_its_last_ephemeral_channel(store):
     store.forget_topic(topic)
     assert store.topic_names() == []
     assert store.redis.get(t.ids) == b"1"
-    left = [k for k in store.redis.keys(f"{keys.topic_prefix(topic)}*")]
+    left = [k for k in all_keys(store.redis, f"{keys.topic_prefix(topic)}*")]
     assert left == [t.ids.encode()]
 
 
@@ -768,14 +770,19 @@ def test_wake_notifications(store):
     """Brokers learn of news on a topic's wake channel: "" = whole topic, "C" = channel C."""
     wake = TopicKeys.of("t").wake
     sub = store.redis.pubsub()
-    sub.subscribe(wake)
-    assert sub.get_message(timeout=2)["type"] == "subscribe"
+    if is_cluster(store.redis):  # sharded pub/sub (relay/wake.py)
+        sub.ssubscribe(wake)
+        get, kind = sub.get_sharded_message, "smessage"
+    else:
+        sub.subscribe(wake)
+        get, kind = sub.get_message, "message"
+    assert get(timeout=2)["type"] in ("subscribe", "ssubscribe")
 
     def next_wake():
         while True:
-            msg = sub.get_message(timeout=2)
+            msg = get(timeout=2)
             assert msg is not None, "no wake-up"
-            if msg["type"] == "message":
+            if msg["type"] == kind:
                 assert msg["channel"] == wake.encode()
                 return msg["data"]
 
@@ -873,7 +880,7 @@ def test_empty_and_delete(store):
     assert store.delete_topic("t") is True
     assert store.delete_topic("t") is False
     assert store.topic_names() == []
-    assert store.redis.keys("relay:{t}:ch:*") == []
+    assert all_keys(store.redis, "relay:{t}:ch:*") == []
     store.create_topic("t")
     store.publish("t", [b"x"])
     assert store.read_topic("t")["depth"] == 1

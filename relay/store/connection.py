@@ -8,7 +8,9 @@ relay-admin and the Spark connector are all given the same `redis://HOST:PORT/0`
 from urllib.parse import urlparse, urlunparse
 
 import redis
+from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
+from redis.retry import Retry
 from redis.exceptions import AskError, ClusterDownError, MovedError, TryAgainError
 
 # Errors after which a script call did not run and may simply be sent again: a slot
@@ -24,8 +26,34 @@ def connect(url: str, timeout: float | None = None, connect_timeout: float | Non
     if not _cluster_enabled(single):
         return single
     single.close()
-    return RedisCluster.from_url(_without_db(url), cluster_error_retry_attempts=10,
-                                 **kwargs)
+    return RedisCluster.from_url(_without_db(url), retry=_retry(), **kwargs)
+
+
+def whole(client: redis.Redis):
+    """A client for the whole deployment that `client` is one connection into: the
+    cluster client if its server is a cluster node (rq hands jobs a plain client)."""
+    if not _cluster_enabled(client):
+        return client
+    kwargs = client.connection_pool.connection_kwargs
+    return RedisCluster(host=kwargs["host"], port=kwargs["port"],
+                        username=kwargs.get("username"), password=kwargs.get("password"),
+                        retry=_retry())
+
+
+def node_url(client, key: str) -> str:
+    """The URL of the cluster node that serves `key` now."""
+    node = client.get_node_from_key(key)
+    kwargs = client.get_redis_connection(node).connection_pool.connection_kwargs
+    auth = ""
+    if kwargs.get("password"):
+        auth = f"{kwargs.get('username') or ''}:{kwargs['password']}@"
+    return f"redis://{auth}{node.host}:{node.port}/0"
+
+
+def _retry() -> Retry:
+    """redis-py's retries of a cluster call (connection lost, cluster down while a node
+    fails over): up to 10, backing off to half a second."""
+    return Retry(ExponentialBackoff(cap=0.5, base=0.02), 10)
 
 
 def _cluster_enabled(client: redis.Redis) -> bool:

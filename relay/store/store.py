@@ -554,12 +554,11 @@ class Store:
     def due_channels(self, topics: Sequence[str], per_topic: int) -> tuple[int, list, bool]:
         """Redis time in ms, the (topic, channel, due ms) entries of the topics' due
         indexes due by then, and whether some topic may have more of them."""
+        now = self.now_ms()  # not in the pipeline: a cluster pipeline takes no TIME
         pipe = self.redis.pipeline(transaction=False)
-        pipe.time()
         for topic in topics:
             pipe.zrange(TopicKeys.of(topic).due, 0, per_topic - 1, withscores=True)
-        (sec, usec), *indexes = self._guard(pipe.execute)
-        now = sec * 1000 + usec // 1000
+        indexes = self._guard(pipe.execute)
         due, more = [], False
         for topic, entries in zip(topics, indexes):
             due += [(topic, m.decode(), int(s)) for m, s in entries if s <= now]
