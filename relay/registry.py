@@ -60,8 +60,11 @@ class Registry:
 
     def leave(self) -> None:
         try:
-            self.redis.pipeline(transaction=False).zrem(keys.BROKERS, self.id).delete(
-                keys.broker_key(self.id), keys.broker_clients_key(self.id)).execute()
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.zrem(keys.BROKERS, self.id)
+            pipe.delete(keys.broker_key(self.id))  # one key each: they may be on two nodes
+            pipe.delete(keys.broker_clients_key(self.id))
+            pipe.execute()
         except redis.exceptions.RedisError as e:
             log.warning("could not deregister broker %s: %s", self.id, e)
 
