@@ -117,3 +117,24 @@ def wait_for_cluster(nodes: list, timeout: float = 30.0) -> None:
             return
         time.sleep(0.1)
     raise TimeoutError(f"cluster not ok after {timeout}s")
+
+
+def move_slot(source, target, slot: int, batch: int = 10, pause: float = 0.0) -> int:
+    """Move one slot between two masters as `redis-cli --cluster reshard` does:
+    IMPORTING / MIGRATING, MIGRATE its keys `batch` at a time (`pause` seconds apart,
+    which leaves clients more time in the middle of the move), then give the slot to
+    `target` on both. `source` and `target` are redis.Redis clients of the two nodes;
+    returns how many keys moved."""
+    source_id, target_id = source.cluster("myid"), target.cluster("myid")
+    address = target.connection_pool.connection_kwargs
+    target.cluster("setslot", slot, "importing", source_id)
+    source.cluster("setslot", slot, "migrating", target_id)
+    moved = 0
+    while keys := source.cluster("getkeysinslot", slot, batch):
+        source.execute_command("MIGRATE", address["host"], address["port"], "", 0, 5000,
+                               "KEYS", *keys)
+        moved += len(keys)
+        time.sleep(pause)
+    target.cluster("setslot", slot, "node", target_id)
+    source.cluster("setslot", slot, "node", target_id)
+    return moved

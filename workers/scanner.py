@@ -68,7 +68,7 @@ class Share:
         pipe.zadd(keys.SCANNERS, {self.id: now_ms + SHARE_TTL_MS})
         pipe.zremrangebyscore(keys.SCANNERS, "-inf", now_ms)
         pipe.zrange(keys.SCANNERS, 0, -1)
-        live = [s.decode() for s in self.store._guard(pipe.execute)[-1]]
+        live = sorted(s.decode() for s in self.store._guard(pipe.execute)[-1])
         rank = live.index(self.id) if self.id in live else 0
         if (rank, len(live)) != (self.rank, self.size):
             log.info("scanner %s: share %d of %d", self.id, rank, max(len(live), 1))

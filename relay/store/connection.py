@@ -16,6 +16,7 @@ from redis.exceptions import AskError, ClusterDownError, MovedError, TryAgainErr
 # Errors after which a script call did not run and may simply be sent again: a slot
 # is being moved (TRYAGAIN), or the cluster is changing its mind about one.
 SLOT_MOVING = (TryAgainError, ClusterDownError, AskError, MovedError)
+REQUEST_TTL = 200
 
 
 def connect(url: str, timeout: float | None = None, connect_timeout: float | None = None,
@@ -26,7 +27,7 @@ def connect(url: str, timeout: float | None = None, connect_timeout: float | Non
     if not _cluster_enabled(single):
         return single
     single.close()
-    return RedisCluster.from_url(_without_db(url), retry=_retry(), **kwargs)
+    return _patient(RedisCluster.from_url(_without_db(url), retry=_retry(), **kwargs))
 
 
 def whole(client: redis.Redis):
@@ -35,9 +36,9 @@ def whole(client: redis.Redis):
     if not _cluster_enabled(client):
         return client
     kwargs = client.connection_pool.connection_kwargs
-    return RedisCluster(host=kwargs["host"], port=kwargs["port"],
-                        username=kwargs.get("username"), password=kwargs.get("password"),
-                        retry=_retry())
+    return _patient(RedisCluster(host=kwargs["host"], port=kwargs["port"],
+                                 username=kwargs.get("username"),
+                                 password=kwargs.get("password"), retry=_retry()))
 
 
 def node_url(client, key: str) -> str:
@@ -48,6 +49,15 @@ def node_url(client, key: str) -> str:
     if kwargs.get("password"):
         auth = f"{kwargs.get('username') or ''}:{kwargs['password']}@"
     return f"redis://{auth}{node.host}:{node.port}/0"
+
+
+def _patient(client: RedisCluster) -> RedisCluster:
+    """redis-py follows MOVED/ASK and retries TRYAGAIN up to RedisClusterRequestTTL times
+    per call (the second half 50 ms apart), then raises 'TTL exhausted' for the whole
+    pipeline: 16 tries is under half a second, shorter than a slot move with many keys.
+    200 gives about 5 s, and Store retries calls still refused after that."""
+    client.RedisClusterRequestTTL = REQUEST_TTL
+    return client
 
 
 def _retry() -> Retry:

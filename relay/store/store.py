@@ -25,7 +25,8 @@ from relay.errors import StoreConnectionError, StoreError
 from relay.protocol.codec import make_record, parse_record
 from relay.sockio import send_all
 from relay.store import keys
-from relay.store.connection import SLOT_MOVING, connect, is_cluster, sharded_pubsub
+from relay.store.connection import (REQUEST_TTL, SLOT_MOVING, connect, is_cluster,
+                                    sharded_pubsub)
 from relay.store.keys import ChannelKeys, TopicKeys
 
 SCRIPT_NAMES = ("publish", "subscribe", "unsubscribe", "deliver", "finish", "requeue",
@@ -189,6 +190,7 @@ class Store:
 
     def _pipeline(self, commands: list) -> list:
         pipe = self.redis.pipeline(transaction=False)
+        pipe.RedisClusterRequestTTL = REQUEST_TTL  # the pipeline's own retries (connection.py)
         for command in commands:
             pipe.execute_command(*command)
         return pipe.execute(raise_on_error=False)

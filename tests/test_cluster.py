@@ -1,0 +1,167 @@
+"""Redis Cluster: slots moved under load, scanners sharing the slots."""
+
+import itertools
+import shutil
+import tempfile
+import threading
+import time
+
+import gevent
+import gnsq
+import pytest
+import redis
+from redis.crc import key_slot
+
+from relay import embedded
+from relay.store import Store
+from relay.store.connection import connect
+from relay.store.keys import TopicKeys
+from relay.workers.scanner import SHARE_TTL_MS, Scanner, Share
+from tests.conftest import Processes, flush
+from tests.test_clients import addr, stop, wait_for
+
+TOPICS = [f"moving{i}" for i in range(6)]
+
+
+@pytest.fixture
+def own_cluster():
+    """A 3-master cluster for one test (its slots get moved): the node clients and URL."""
+    ports = [embedded.free_port() for _ in range(3)]
+    data = tempfile.mkdtemp(prefix="relay-test-reshard-")
+    procs = embedded.start_cluster(ports, data, extra=("--save", "", "--appendonly", "no"))
+    nodes = [redis.Redis(port=p, socket_timeout=10) for p in ports]
+    yield nodes, f"redis://127.0.0.1:{ports[0]}/0"
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(10)
+    shutil.rmtree(data, ignore_errors=True)
+
+
+def owner(nodes, slot: int) -> int:
+    """Index of the node serving `slot`, as the first node sees it."""
+    for first, last, master, *_ in nodes[0].execute_command("CLUSTER SLOTS"):
+        if first <= slot <= last:
+            return next(i for i, n in enumerate(nodes)
+                        if n.connection_pool.connection_kwargs["port"] == master[1])
+    raise AssertionError(f"slot {slot} not served")
+
+
+def test_moving_slots_under_load_loses_no_acknowledged_message(own_cluster, tmp_path):
+    """Producers and consumers on two brokers keep going while the slot of every topic
+    moves to another master, key by key (MIGRATE): every message a producer got OK
+    for is delivered, and the consumers see no error."""
+    nodes, url = own_cluster
+    processes = Processes(url, str(tmp_path))
+    try:
+        ports = [processes.broker("--msg-timeout", "5s")[1] for _ in range(2)]
+        processes.scanner()
+        received, acked, failed = [], set(), []
+        consumers = []
+        for topic in TOPICS:
+            c = gnsq.Consumer(topic, "c", [addr(p) for p in ports], max_in_flight=20)
+            c.on_message.connect(lambda _, message: received.append(message.body), weak=False)
+            c.start(block=False)
+            consumers.append(c)
+        moving = threading.Event()
+        moving.set()
+
+        def produce(topic, port):
+            producer = gnsq.Producer([addr(port)])
+            producer.start()
+            try:
+                for n in itertools.count():
+                    if not moving.is_set() and n >= 50:
+                        return
+                    body = b"%s-%06d" % (topic.encode(), n)
+                    try:
+                        producer.publish(topic, body)
+                        acked.add(body)
+                    except gnsq.errors.NSQException as e:
+                        failed.append((body, repr(e)))
+                    gevent.sleep(0.005)
+            finally:
+                producer.close()
+                producer.join(5)
+
+        producers = [gevent.spawn(produce, t, ports[i % 2]) for i, t in enumerate(TOPICS)]
+        assert wait_for(lambda: len(received) >= 100, timeout=20)
+        moves = []
+
+        def move_all():
+            try:
+                for topic in TOPICS:
+                    slot = key_slot(TopicKeys.of(topic).ids.encode())
+                    source = owner(nodes, slot)
+                    target = (source + 1) % len(nodes)
+                    keys = embedded.move_slot(nodes[source], nodes[target], slot,
+                                              batch=2, pause=0.1)
+                    moves.append((topic, slot, source, target, keys))
+            finally:
+                moving.clear()
+
+        mover = threading.Thread(target=move_all)
+        mover.start()
+        while mover.is_alive():
+            gevent.sleep(0.05)
+        gevent.joinall(producers, timeout=30)
+        assert wait_for(lambda: acked <= set(received), timeout=60), \
+            f"{len(acked - set(received))} acknowledged messages not delivered"
+        stop(*consumers)
+        assert failed == []
+        assert [(t, owner(nodes, s)) for t, s, _, target, _ in moves] == \
+            [(t, target) for t, s, _, target, _ in moves]
+        assert all(keys >= 6 for *_, keys in moves), moves  # the topic's keys, 2 at a time
+        store = Store(connect(url))
+        for topic in TOPICS:
+            stats = store.read_channel(topic, "c")
+            assert (stats["depth"], stats["deferred_count"]) == (0, 0)
+        assert len(acked) > 600
+    finally:
+        processes.stop_all()
+
+
+def test_scanners_split_the_slots_and_take_over_an_expired_share(backend):
+    """Two live scanners cover every topic once between them; when one stops
+    heartbeating, the other covers everything after SHARE_TTL_MS."""
+    store = Store(backend)
+    topics = [f"t{i}" for i in range(40)]
+    for topic in topics:
+        store.create_topic(topic)
+    now = [1000.0]
+    a = Share(store, "scanner-a", clock=lambda: now[0])
+    b = Share(store, "scanner-b", clock=lambda: now[0])
+    a.renew()
+    b.renew()
+    now[0] += 1.5
+    a.renew()
+    assert (a.rank, a.size, b.rank, b.size) == (0, 2, 1, 2)
+    assert sorted(a.topics + b.topics) == sorted(topics)
+    assert set(a.topics).isdisjoint(b.topics) and a.topics and b.topics
+    assert all(key_slot(TopicKeys.of(t).due.encode()) % 2 == 0 for t in a.topics)
+    now[0] += SHARE_TTL_MS / 1000 + 1   # b stopped heartbeating: its registration expires
+    a.renew()
+    assert (a.rank, a.size) == (0, 1)
+    assert sorted(a.topics) == sorted(topics)
+
+
+def test_a_scanner_requeues_only_its_share(backend):
+    """Scanner passes requeue the expired messages of the topics of their share only."""
+    store = Store(backend)
+    for topic in ("t0", "t1", "t2", "t3"):
+        store.subscribe(topic, "c", "b")
+        store.publish(topic, [b"x"])
+        store.deliver(topic, "c", [("b:1", 1, 1)])
+    time.sleep(0.01)
+    share = Share(store, "only-odd")
+    share.renew()
+    share.rank, share.size = 1, 2
+    share.topics = [t for t in store.topic_names() if share.covers(t)]
+    scanner = Scanner(store, share=share)
+    share._renewed = time.time()
+    scanner.scan_once()
+    mine = set(share.topics)
+    for topic in ("t0", "t1", "t2", "t3"):
+        expect = (1, 0) if topic in mine else (0, 1)
+        stats = store.read_channel(topic, "c")
+        assert (stats["depth"], stats["in_flight_count"]) == expect, topic
