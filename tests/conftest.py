@@ -1,5 +1,6 @@
 """Fixtures: the store on both backends (fakeredis and the embedded real server)."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -8,7 +9,6 @@ import tempfile
 
 import fakeredis
 import pytest
-import redis
 
 from relay import embedded
 from relay.store import Store
@@ -54,20 +54,29 @@ def all_keys(client, pattern: str) -> list:
 
 @pytest.fixture(scope="session")
 def cluster_url():
-    """A local Redis Cluster of 3 masters from the embedded Valkey server; RELAY_TEST_CLUSTER_URL
-    instead if given."""
+    """A local Redis Cluster of 3 masters from the embedded Valkey server;
+    RELAY_TEST_CLUSTER_URL instead if given."""
     if os.environ.get("RELAY_TEST_CLUSTER_URL"):
         yield os.environ["RELAY_TEST_CLUSTER_URL"]
         return
-    ports = [embedded.free_port() for _ in range(3)]
+    with local_cluster([embedded.free_port() for _ in range(3)]) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def local_cluster(ports: list, binary: str | None = None):
+    """A cluster of one master per port, without persistence, removed at the end."""
     data = tempfile.mkdtemp(prefix="relay-test-cluster-")
-    procs = embedded.start_cluster(ports, data, extra=("--save", "", "--appendonly", "no"))
-    yield f"redis://127.0.0.1:{ports[0]}/0"
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        proc.wait(10)
-    shutil.rmtree(data, ignore_errors=True)
+    procs = embedded.start_cluster(ports, data, extra=("--save", "", "--appendonly", "no"),
+                                   binary=binary)
+    try:
+        yield f"redis://127.0.0.1:{ports[0]}/0"
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(10)
+        shutil.rmtree(data, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

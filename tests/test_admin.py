@@ -8,7 +8,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import redis
 from click.testing import CliRunner
 from rq import Queue, SimpleWorker
 

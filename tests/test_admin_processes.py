@@ -8,7 +8,6 @@ import sys
 import time
 
 import gnsq
-import redis
 from click.testing import CliRunner
 
 from relay import admin, jobs

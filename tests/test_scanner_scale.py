@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-import redis
+from relay.store.connection import connect
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "scanner_scale.py")
 

@@ -5,7 +5,6 @@ stops its rq worker."""
 import signal
 import time
 
-import redis
 
 from relay import jobs as relay_jobs
 from relay.store.connection import connect

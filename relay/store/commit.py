@@ -29,8 +29,7 @@ class GroupCommit:
 
     def __init__(self, store: Store, lanes: int = 1, max_batch: int = 2000, observe=None):
         """`observe(seconds)` is told the time of each pipeline round trip."""
-        stores = [store] + [Store(store.redis, dedicated=store.dedicated)
-                            for _ in range(lanes - 1)]
+        stores = [store] + [store.sibling() for _ in range(lanes - 1)]
         self.lanes = [_Lane(s, max_batch, observe) for s in stores]
 
     def submit(self, op: Op, order: int = 0) -> AsyncResult:

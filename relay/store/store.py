@@ -33,6 +33,7 @@ SCRIPT_NAMES = ("publish", "subscribe", "unsubscribe", "deliver", "finish", "req
                 "touch", "scan", "pause_topic", "pause_channel", "drop", "redrive")
 SIZE_COMMANDS = {b"list": "LLEN", b"zset": "ZCARD", b"hash": "HLEN", b"none": "EXISTS"}
 SLOT_MOVE_PATIENCE = 30.0
+REGISTER_EVERY = 10.0
 STALE = b"stale"
 
 
@@ -117,6 +118,14 @@ class Store:
         self.sharded = None
         self._loaded = False
         self._channels: dict[str, list] = {}
+        self._registered: dict[str, float] = {}
+
+    def sibling(self) -> "Store":
+        """Another Store on the same client (a group-commit lane of its own) that shares
+        what this one learned: channel lists and topic registrations."""
+        other = Store(self.redis, dedicated=self.dedicated)
+        other._channels, other._registered = self._channels, self._registered
+        return other
 
     # -- running ops -------------------------------------------------------
 
@@ -257,7 +266,17 @@ class Store:
         ts = make_record(timestamp_ns or time.time_ns(), 0, b"", b"")[:8]
         return self._fanout_op(
             "publish", topic, [t.ids, t.meta, t.channels, t.backlog, t.backlog_deferred, t.due],
-            [t.wake, ts, defer_ms, *bodies], int, pre=(("SADD", keys.TOPICS, topic),))
+            [t.wake, ts, defer_ms, *bodies], int, pre=self._register(topic))
+
+    def _register(self, topic: str) -> tuple:
+        """SADD to the topic registry with a publish at most every REGISTER_EVERY seconds:
+        it is one key, so on a cluster its node would get a command per publish. SUB
+        always registers, so every topic a scanner must watch is there."""
+        now = time.monotonic()
+        if now - self._registered.get(topic, float("-inf")) < REGISTER_EVERY:
+            return ()
+        self._registered[topic] = now
+        return (("SADD", keys.TOPICS, topic),)
 
     def publish(self, topic, bodies, defer_ms=0):
         return self.run(self.publish_op(topic, bodies, defer_ms))
@@ -392,6 +411,7 @@ class Store:
                 yield self._guard(self.redis.hdel, key, *fields)
 
     def forget_topic(self, topic: str) -> None:
+        self._registered.pop(topic, None)
         self.redis.srem(keys.TOPICS, topic)
 
     def deliver_op(self, topic: str, channel: str, groups: Sequence[tuple],
