@@ -189,7 +189,12 @@ class Store:
             commands.extend(op.pre)
             commands.append(("EVALSHA", self.scripts[op.script].sha, len(op.keys),
                              *op.keys, *op.args))
-        raw = self._send(commands) if self.dedicated else self._pipeline(commands)
+        if self.cluster:
+            raw = self._send_per_node(commands)
+        elif self.dedicated:
+            raw = self._send(commands)
+        else:
+            raw = self._pipeline(commands)
         results, i = [], 0
         for op in ops:
             i += len(op.pre)
@@ -228,6 +233,51 @@ class Store:
         except BaseException:
             conn.disconnect()
             raise
+
+    def _send_per_node(self, commands: list) -> list:
+        """A cluster pipeline of our own: each command goes to the node serving its first
+        key's slot (a script's keys share one), all nodes written before any is read.
+        redis-py's ClusterPipeline asks a server COMMAND GETKEYS for every EVALSHA it
+        sends, a round trip each. Commands a node redirected (MOVED, ASK) or refused
+        (TRYAGAIN) go again one by one through redis-py, which follows redirects and
+        keeps its slot map."""
+        groups: dict = {}
+        for i, command in enumerate(commands):
+            key = command[3] if command[0] == "EVALSHA" else command[1]
+            node = self.redis.get_node_from_key(key)
+            groups.setdefault(node.name, (node, []))[1].append(i)
+        raw: list = [None] * len(commands)
+        sent = []
+        try:
+            for node, indexes in groups.values():
+                pool = self.redis.get_redis_connection(node).connection_pool
+                conn = pool.get_connection()
+                sent.append((pool, conn, indexes))
+                conn.send_packed_command(conn.pack_commands([commands[i] for i in indexes]))
+            for _, conn, indexes in sent:
+                for i in indexes:
+                    try:
+                        raw[i] = conn.read_response()
+                    except redis.exceptions.ResponseError as e:
+                        raw[i] = e
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            for _, conn, _ in sent:
+                conn.disconnect()
+            try:
+                self.redis.nodes_manager.initialize()  # a node may have failed over
+            except redis.exceptions.RedisError:
+                pass  # the caller sees the first error, and the next call tries again
+            raise
+        finally:
+            for pool, conn, _ in sent:
+                pool.release(conn)
+        for i, r in enumerate(raw):
+            if isinstance(r, SLOT_MOVING):
+                try:
+                    raw[i] = self.redis.execute_command(*commands[i])
+                except redis.exceptions.RedisError as e:
+                    raw[i] = e
+        return raw
 
     @staticmethod
     def _guard(fn, *args):
