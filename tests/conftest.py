@@ -22,10 +22,11 @@ CLUSTER_MODULES = {"test_clients", "test_protocol", "test_http", "test_admin_pro
 
 
 def pytest_generate_tests(metafunc):
+    """Tests of CLUSTER_MODULES, and tests marked `cluster`, run on both deployments."""
     if "deployment" in metafunc.fixturenames:
         module = metafunc.module.__name__.rpartition(".")[2]
-        metafunc.parametrize("deployment", ["redis", "cluster"] if module in CLUSTER_MODULES
-                             else ["redis"])
+        both = module in CLUSTER_MODULES or metafunc.definition.get_closest_marker("cluster")
+        metafunc.parametrize("deployment", ["redis", "cluster"] if both else ["redis"])
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import relay.spark  # noqa: E402
 from relay.spark import ChannelStream  # noqa: E402
 from relay.store import Store  # noqa: E402
 from relay.store.connection import connect  # noqa: E402
+from tests.conftest import flush  # noqa: E402
 from workers.scanner import Scanner  # noqa: E402
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,9 +34,8 @@ def spark():
 
 @pytest.fixture
 def store(redis_url):
-    client = connect(redis_url)
-    client.flushdb()
-    return Store(client)
+    flush(redis_url)
+    return Store(connect(redis_url))
 
 
 def source(spark, redis_url, batch=10, **extra):
@@ -47,6 +47,7 @@ def source(spark, redis_url, batch=10, **extra):
     return reader.load()
 
 
+@pytest.mark.cluster
 def test_stream_claims_batches_and_finishes_them_on_commit(spark, store, redis_url, tmp_path):
     store.subscribe("events", "spark", "")
     store.publish("events", [b"m%02d" % i for i in range(30)])
@@ -132,6 +133,7 @@ def test_snapshot_read_leaves_the_queue_alone(spark, store, redis_url):
     assert (state["depth"], state["in_flight_count"]) == (3, 0)
 
 
+@pytest.mark.cluster
 def test_sink_publishes_to_every_channel(spark, store, redis_url, tmp_path):
     for channel in ("one", "two"):
         store.subscribe("out", channel, "")
