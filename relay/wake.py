@@ -191,7 +191,7 @@ class NodeLink:
                 message = pubsub.get_message(timeout=POLL)
                 if message:
                     self._handle(message, topics)
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+        except redis.exceptions.RedisError as e:  # lost, or a slot moved under SSUBSCRIBE
             log.warning("wake-up subscriptions on %s lost: %s", self.node.name, e)
             self.owner.moved = True
         finally:

@@ -39,7 +39,7 @@ sys.path.insert(0, ROOT)
 
 from relay import embedded  # noqa: E402
 from relay.options import Options  # noqa: E402
-from relay.store import Store, keys  # noqa: E402
+from relay.store import Store  # noqa: E402
 from relay.store.keys import ChannelKeys, TopicKeys  # noqa: E402
 from scripts.bench import cpu_seconds  # noqa: E402
 from scripts.loadgen import percentile  # noqa: E402
@@ -195,7 +195,7 @@ def measure(args, url: str, workdir: str) -> dict:
             "lateness_max_ms": round(lateness[-1], 3) if lateness else None,
             "matched": len(lateness), "stray_wakeups": stray,
             "requeued": timeouts, "in_flight_left": in_flight_left, "queued": queued,
-            "due_entries_left": client.zcard(keys.DUE),
+            "due_entries_left": sum(client.zcard(TopicKeys.of(t).due) for t in topics),
             "all_requeued": timeouts == args.messages and in_flight_left == 0,
             **{f"{name}_window_cpu_pct": round(100 * (cpu_seconds(pid) - window_cpu[name])
                                                / elapsed, 2) for name, pid in pids.items()},
