@@ -222,3 +222,23 @@ def test_a_redis_6_cluster_wakes_brokers_by_classic_pubsub(redis6_cluster, tmp_p
 
 def owner_port(store: Store, topic: str) -> int:
     return store.redis.get_node_from_key(TopicKeys.of(topic).ids).port
+
+
+
+def test_one_due_read_covers_topics_in_many_slots(backend):
+    """due.lua reads the due indexes of topics in many slots at once: one call per node
+    on a cluster (allow-cross-slot-keys), one call on a single server."""
+    store = Store(backend)
+    topics = [f"spread{i}" for i in range(30)]
+    for topic in topics:
+        store.subscribe(topic, "c", "b")
+        store.publish(topic, [b"x"])
+        store.deliver(topic, "c", [("b:1", 1, 1)])
+    time.sleep(0.01)
+    groups = store._due_groups(topics)
+    assert len(groups) == (3 if store.cluster else 1)
+    assert len({key_slot(TopicKeys.of(t).due.encode()) for t in topics}) > len(groups)
+    now, due, more, failed = store.due_channels(topics + ["idle"], 10)
+    assert sorted(t for t, c, _ in due) == sorted(topics)
+    assert all(c == "c" and score <= now for _, c, score in due)
+    assert (more, failed) == (False, 0)

@@ -549,7 +549,7 @@ def test_scan_respects_its_limit(store):
         if next_due == -1:
             break
         # still due: the entry stays in the index with a passed score
-        now, due, _ = store.due_channels(["t"], 10)
+        now, due, _, _ = store.due_channels(["t"], 10)
         assert due == [("t", "c", next_due)] and next_due <= now
     assert calls == 3
     assert (moved_out, moved_in) == (5, 3)
@@ -584,9 +584,10 @@ def test_due_channels_lists_only_passed_entries(store):
     store.deliver("t", "c2", [("a", 60_000, 1)])
     d1 = due_score(store, "t", "c1")
     wait_past(store, d1)
-    now, due, _ = store.due_channels(["t"], 10)
+    now, due, more, failed = store.due_channels(["idle", "t"], 10)
     assert due == [("t", "c1", d1)]
     assert now >= d1
+    assert (more, failed) == (False, 0)
 
 
 # -- scanners ------------------------------------------------------------------

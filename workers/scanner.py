@@ -4,8 +4,8 @@ that are due (nsqd's queueScanLoop, moved out of the broker).
 Every script that puts a message in flight or defers it lowers the channel's
 score in its topic's due index (`relay:{T}:due`, in the topic's slot, so the
 scripts stay single-slot on Redis Cluster) to that deadline. Each pass the
-scanner reads the due indexes of its topics in one pipeline (grouped per node on
-a cluster), runs scan.lua on the channels whose score has passed (Redis time),
+scanner reads the due indexes of its topics with one due.lua call (one per node
+on a cluster), runs scan.lua on the channels whose score has passed (Redis time),
 and each call resets the channel's score to its next deadline. When a call could
 not move everything that was due, the channel is still due and the scanner loops
 again at once (nsqd's dirty-percent rule, without sampling). Passes start every
@@ -106,7 +106,7 @@ class Scanner:
         self.share.renew()
         if not self.share.topics:
             return False
-        now, due, busy = self.store.due_channels(self.share.topics, CHANNELS_PER_TOPIC)
+        now, due, busy, _ = self.store.due_channels(self.share.topics, CHANNELS_PER_TOPIC)
         if not due:
             return False
         random.shuffle(due)

@@ -20,6 +20,7 @@ from importlib import resources
 from typing import Callable, Iterator, NamedTuple, Sequence
 
 import redis
+from redis.exceptions import RedisClusterException
 
 from relay.errors import StoreConnectionError, StoreError
 from relay.protocol.codec import make_record, parse_record
@@ -30,7 +31,8 @@ from relay.store.connection import (REQUEST_TTL, SLOT_MOVING, connect, is_cluste
 from relay.store.keys import ChannelKeys, TopicKeys
 
 SCRIPT_NAMES = ("publish", "subscribe", "unsubscribe", "deliver", "finish", "requeue",
-                "touch", "scan", "pause_topic", "pause_channel", "drop", "redrive")
+                "touch", "scan", "pause_topic", "pause_channel", "drop", "redrive", "due")
+CROSS_SLOT = ("due",)  # read-only scripts that reach keys of many slots of one node
 SIZE_COMMANDS = {b"list": "LLEN", b"zset": "ZCARD", b"hash": "HLEN", b"none": "EXISTS"}
 SLOT_MOVE_PATIENCE = 30.0
 REGISTER_EVERY = 10.0
@@ -64,6 +66,13 @@ class Dropped(NamedTuple):
         return None if reply is None else cls(reply[0], [k.decode() for k in reply[1:]])
 
 
+class DueView(NamedTuple):
+    now: int
+    due: list
+    more: bool
+    failed: int
+
+
 class Script(NamedTuple):
     name: str
     source: bytes
@@ -72,7 +81,8 @@ class Script(NamedTuple):
 
 def _load_scripts(sharded: bool = False) -> dict:
     """Each script's source, with the file its first line names as `-- include: X.lua`
-    put before it; wake-ups by SPUBLISH instead of PUBLISH where `sharded`."""
+    put before it. Where `sharded` (a cluster of Redis 7+): wake-ups by SPUBLISH
+    instead of PUBLISH, and CROSS_SLOT scripts flagged as such."""
     folder = resources.files("relay.store") / "scripts"
     scripts = {}
     for name in SCRIPT_NAMES:
@@ -82,6 +92,8 @@ def _load_scripts(sharded: bool = False) -> dict:
             source = (folder / included.group(1).decode()).read_bytes() + source
         if sharded:
             source = source.replace(b"redis.call('PUBLISH'", b"redis.call('SPUBLISH'")
+            if name in CROSS_SLOT:
+                source = b"#!lua flags=allow-cross-slot-keys,no-writes\n" + source
         scripts[name] = Script(name, source, hashlib.sha1(source).hexdigest())
     return scripts
 
@@ -263,10 +275,7 @@ class Store:
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
             for _, conn, _ in sent:
                 conn.disconnect()
-            try:
-                self.redis.nodes_manager.initialize()  # a node may have failed over
-            except redis.exceptions.RedisError:
-                pass  # the caller sees the first error, and the next call tries again
+            self._refresh_slots()  # a node may have failed over
             raise
         finally:
             for pool, conn, _ in sent:
@@ -275,8 +284,8 @@ class Store:
             if isinstance(r, SLOT_MOVING):
                 try:
                     raw[i] = self.redis.execute_command(*commands[i])
-                except redis.exceptions.RedisError as e:
-                    raw[i] = e
+                except (redis.exceptions.RedisError, RedisClusterException) as e:
+                    raw[i] = e  # a cross-slot read redis-py will not route
         return raw
 
     @staticmethod
@@ -623,19 +632,51 @@ class Store:
 
     # -- reads ---------------------------------------------------------------
 
-    def due_channels(self, topics: Sequence[str], per_topic: int) -> tuple[int, list, bool]:
-        """Redis time in ms, the (topic, channel, due ms) entries of the topics' due
-        indexes due by then, and whether some topic may have more of them."""
-        now = self.now_ms()  # not in the pipeline: a cluster pipeline takes no TIME
-        pipe = self.redis.pipeline(transaction=False)
+    def due_channels(self, topics: Sequence[str], per_topic: int,
+                     now: int | None = None) -> "DueView":
+        """The (topic, channel, due ms) entries of the topics' due indexes due by Redis
+        time `now` (ms, read if None), and whether some topic may have more: one due.lua
+        call per node (per slot on a cluster without script flags, Redis 6.2). The
+        topics of a call that failed (a slot moving) are left for the next pass."""
+        now = self.now_ms() if now is None else now  # a cluster pipeline takes no TIME
+        groups = self._due_groups(topics)
+        ops = []
+        for group in groups:
+            indexes = [TopicKeys.of(t).due for t in group]
+            ops.append(Op("due", indexes[:1], [now, per_topic, *indexes]))
+        due, more, failed = [], False, 0
+        for group, reply in zip(groups, self.run_many(ops)):
+            if isinstance(reply, Exception):
+                failed += 1
+                continue
+            counts: dict = {}
+            for i in range(0, len(reply), 3):
+                topic = group[reply[i] - 1]
+                due.append((topic, reply[i + 1].decode(), int(reply[i + 2])))
+                counts[topic] = counts.get(topic, 0) + 1
+            more = more or any(n == per_topic for n in counts.values())
+        if failed and self.cluster:
+            self._refresh_slots()
+        return DueView(now, due, more, failed)
+
+    def _due_groups(self, topics: Sequence[str]) -> list[list]:
+        if not self.cluster:
+            return [list(topics)] if topics else []
+        if not self._loaded:
+            self._guard(self.load_scripts)
+        groups: dict = {}
         for topic in topics:
-            pipe.zrange(TopicKeys.of(topic).due, 0, per_topic - 1, withscores=True)
-        indexes = self._guard(pipe.execute)
-        due, more = [], False
-        for topic, entries in zip(topics, indexes):
-            due += [(topic, m.decode(), int(s)) for m, s in entries if s <= now]
-            more = more or (len(entries) == per_topic and entries[-1][1] <= now)
-        return now, due, more
+            due = TopicKeys.of(topic).due
+            node = (self.redis.get_node_from_key(due).name if self.sharded
+                    else self.redis.keyslot(due))
+            groups.setdefault(node, []).append(topic)
+        return list(groups.values())
+
+    def _refresh_slots(self) -> None:
+        try:
+            self.redis.nodes_manager.initialize()
+        except redis.exceptions.RedisError:
+            pass  # the next call tries again
 
     def now_ms(self) -> int:
         """Redis' clock, the one every script uses."""
