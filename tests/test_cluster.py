@@ -11,11 +11,11 @@ import redis
 from redis.crc import key_slot
 
 from relay import embedded
-from relay.store import Store
+from relay.store import Store, keys
 from relay.store.connection import connect
 from relay.store.keys import TopicKeys
 from relay.workers.scanner import SHARE_TTL_MS, Scanner, Share
-from tests.conftest import Processes, local_cluster
+from tests.conftest import Processes, flush, local_cluster
 from tests.test_clients import addr, stop, wait_for
 
 TOPICS = [f"moving{i}" for i in range(6)]
@@ -242,3 +242,30 @@ def test_one_due_read_covers_topics_in_many_slots(backend):
     assert sorted(t for t, c, _ in due) == sorted(topics)
     assert all(c == "c" and score <= now for _, c, score in due)
     assert (more, failed) == (False, 0)
+
+
+def test_a_scanner_killed_with_9_leaves_its_share_to_the_other(cluster_url, tmp_path):
+    """Two scanner processes split the slots; one is killed with -9 before any deadline
+    passes: when its registration expires, the other requeues every topic's messages."""
+    flush(cluster_url)
+    store = Store(connect(cluster_url))
+    topics = [f"orphan{i}" for i in range(12)]
+    processes = Processes(cluster_url, str(tmp_path))
+    try:
+        scanners = [processes.scanner() for _ in range(2)]
+        assert wait_for(lambda: store.redis.zcard(keys.SCANNERS) == 2, timeout=10)
+        scanners[0].kill()
+        scanners[0].wait()
+        for topic in topics:
+            store.subscribe(topic, "c", "gone")
+            store.publish(topic, [b"a", b"b"])
+            store.deliver(topic, "c", [("gone:1", 1000, 2)])
+        killed_at = time.monotonic()
+        assert wait_for(lambda: all(store.read_channel(t, "c")["depth"] == 2 for t in topics),
+                        timeout=20)
+        waited = time.monotonic() - killed_at
+        assert [store.read_channel(t, "c")["timeout_count"] for t in topics] == [2] * 12
+        assert store.redis.zcard(keys.SCANNERS) == 1
+        assert waited < 1 + SHARE_TTL_MS / 1000 + 3
+    finally:
+        processes.stop_all()

@@ -5,11 +5,11 @@ batches with the work of other connections into one pipeline; `x(...)` runs it
 alone. Scripts are loaded once and called by SHA; after a Redis restart
 (NOSCRIPT) they are loaded again and the failed calls retried.
 
-On Redis Cluster the same calls go through redis-py's cluster pipeline, grouped per
-node. A call refused because its slot is being moved (TRYAGAIN, ASK/MOVED that
-redis-py's own retries did not settle) did nothing, and is sent again until
-SLOT_MOVE_PATIENCE has passed; a script that fans out to a topic's channels and was
-given a stale list of them is sent again with the real list (fanout.lua).
+On Redis Cluster the same calls go in one pipeline per node (_send_per_node). A call
+refused because its slot is being moved (TRYAGAIN, or ASK/MOVED that redis-py's own
+retries did not settle) did nothing, and is sent again until SLOT_MOVE_PATIENCE has
+passed; a script that fans out to a topic's channels and was given a stale list of
+them is sent again with the real list (fanout.lua).
 """
 
 import hashlib
@@ -26,8 +26,7 @@ from relay.errors import StoreConnectionError, StoreError
 from relay.protocol.codec import make_record, parse_record
 from relay.sockio import send_all
 from relay.store import keys
-from relay.store.connection import (REQUEST_TTL, SLOT_MOVING, connect, is_cluster,
-                                    sharded_pubsub)
+from relay.store.connection import SLOT_MOVING, connect, is_cluster, sharded_pubsub
 from relay.store.keys import ChannelKeys, TopicKeys
 
 SCRIPT_NAMES = ("publish", "subscribe", "unsubscribe", "deliver", "finish", "requeue",
@@ -178,10 +177,10 @@ class Store:
         """Send again, in place, the calls that were refused while their slot moved and
         the fan-outs given a stale channel list."""
         patience = time.monotonic() + SLOT_MOVE_PATIENCE
-        while True:
+        while time.monotonic() < patience:
             again = []
             for i, (op, r) in enumerate(zip(ops, results)):
-                if isinstance(r, SLOT_MOVING) and time.monotonic() < patience:
+                if isinstance(r, SLOT_MOVING):
                     again.append(i)
                 elif op.redo is not None and not isinstance(r, Exception):
                     redo = op.redo(r)
@@ -216,7 +215,6 @@ class Store:
 
     def _pipeline(self, commands: list) -> list:
         pipe = self.redis.pipeline(transaction=False)
-        pipe.RedisClusterRequestTTL = REQUEST_TTL  # the pipeline's own retries (connection.py)
         for command in commands:
             pipe.execute_command(*command)
         return pipe.execute(raise_on_error=False)
