@@ -12,10 +12,10 @@ from click.testing import CliRunner
 from rq import Queue, SimpleWorker
 
 from relay import admin, embedded, jobs, transport
-from relay.store.connection import connect
 from relay.registry import Registry
 from relay.stats import client_stats
 from relay.store import Store
+from relay.store.connection import connect
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 KEYS_PY = Path(admin.__file__).parent / "store" / "keys.py"

@@ -11,9 +11,9 @@ import gnsq
 from click.testing import CliRunner
 
 from relay import admin, jobs
-from relay.store.connection import connect
 from relay.protocol.codec import parse_record
 from relay.store import Store
+from relay.store.connection import connect
 from relay.store.keys import ChannelKeys
 from tests.test_clients import consumer, publish, stop, wait_for
 from tests.test_jobs import Producer, fill
@@ -76,6 +76,10 @@ def test_stats_and_brokers_show_the_clients_of_two_real_brokers(processes, redis
     got = []
     c1 = consumer(port1, "t", "a", lambda m: (got.append(m.body), m.finish()))
     c2 = consumer(port2, "t", "b", lambda m: (got.append(m.body), m.finish()))
+    store = Store(connect(redis_url))
+    # both channels exist before the publish (a channel created later gets none of it)
+    assert wait_for(lambda: [store.read_channel("t", ch)["client_count"] for ch in "ab"]
+                    == [1, 1], 20)
     publish(port1, "t", [b"x", b"y"])
     assert wait_for(lambda: len(got) == 4, 20)
 

@@ -10,8 +10,8 @@ from urllib.parse import urlparse, urlunparse
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
-from redis.retry import Retry
 from redis.exceptions import AskError, ClusterDownError, MovedError, TryAgainError
+from redis.retry import Retry
 
 # Errors after which a script call did not run and may simply be sent again: a slot
 # is being moved (TRYAGAIN), or the cluster is changing its mind about one.
