@@ -113,6 +113,28 @@ def start_cluster(ports: list, data_dir: str, extra: tuple = (), conf: str | Non
     return procs
 
 
+def add_master(port: int, data_dir: str, cluster_ports: list,
+               extra: tuple = ()) -> subprocess.Popen:
+    """Start one more cluster node, without slots, and join it to the cluster of the
+    nodes on `cluster_ports`; returns once they all know it. Slots come with move_slot."""
+    node_dir = os.path.join(data_dir, str(port))
+    os.makedirs(node_dir, exist_ok=True)
+    bus = port + 10000 if port + 10000 < 65536 else free_port()
+    proc = subprocess.Popen(
+        [cluster_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", node_dir,
+         "--cluster-enabled", "yes", "--cluster-port", str(bus),
+         "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000", *extra],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for_port("127.0.0.1", port, proc)
+    import redis as redis_py
+    seed = redis_py.Redis(port=cluster_ports[0], socket_timeout=5)
+    seed_bus = int(seed.config_get("cluster-port")["cluster-port"]) or cluster_ports[0] + 10000
+    node = redis_py.Redis(port=port, socket_timeout=5)
+    node.execute_command("CLUSTER MEET", "127.0.0.1", cluster_ports[0], seed_bus)
+    wait_for_cluster([redis_py.Redis(port=p, socket_timeout=5) for p in cluster_ports] + [node])
+    return proc
+
+
 def wait_for_cluster(nodes: list, timeout: float = 30.0) -> None:
     """Until every node knows every other and all slots are served."""
     deadline = time.monotonic() + timeout
@@ -125,12 +147,13 @@ def wait_for_cluster(nodes: list, timeout: float = 30.0) -> None:
     raise TimeoutError(f"cluster not ok after {timeout}s")
 
 
-def move_slot(source, target, slot: int, batch: int = 10, pause: float = 0.0) -> int:
+def move_slot(source, target, slot: int, batch: int = 10, pause: float = 0.0,
+              others: tuple = ()) -> int:
     """Move one slot between two masters as `redis-cli --cluster reshard` does:
     IMPORTING / MIGRATING, MIGRATE its keys `batch` at a time (`pause` seconds apart,
     which leaves clients more time in the middle of the move), then give the slot to
-    `target` on both. `source` and `target` are redis.Redis clients of the two nodes;
-    returns how many keys moved."""
+    `target` on both and on the `others`. `source`, `target` and `others` are
+    redis.Redis clients of the nodes; returns how many keys moved."""
     source_id, target_id = source.cluster("myid"), target.cluster("myid")
     address = target.connection_pool.connection_kwargs
     target.cluster("setslot", slot, "importing", source_id)
@@ -141,6 +164,6 @@ def move_slot(source, target, slot: int, batch: int = 10, pause: float = 0.0) ->
                                "KEYS", *keys)
         moved += len(keys)
         time.sleep(pause)
-    target.cluster("setslot", slot, "node", target_id)
-    source.cluster("setslot", slot, "node", target_id)
+    for node in (target, source, *others):
+        node.cluster("setslot", slot, "node", target_id)
     return moved

@@ -22,6 +22,7 @@ import logging
 import gevent
 import redis
 
+from relay.store import connect_redis
 from relay.store.connection import is_cluster, sharded_pubsub
 from relay.store.keys import TopicKeys
 
@@ -77,7 +78,8 @@ class WakeListener:
                 log.warning("redis unreachable: %s; retrying", e)
                 gevent.sleep(1.0)
         if sharded:
-            ShardedSubscriptions(self, client).run()
+            # a client of its own: refreshing a slot map must not race the Store's use of it
+            ShardedSubscriptions(self, connect_redis(self.broker.options)).run()
             return
         if is_cluster(client):
             node = client.get_primaries()[0]
@@ -176,10 +178,10 @@ class NodeLink:
         try:
             while True:
                 added, removed = self.want - self.subscribed, self.subscribed - self.want
-                if added:
-                    pubsub.ssubscribe(*added)
-                if removed:
-                    pubsub.sunsubscribe(*removed)
+                for channel in added:  # one per call: one call's channels share a slot
+                    pubsub.ssubscribe(channel)
+                for channel in removed:
+                    pubsub.sunsubscribe(channel)
                 self.subscribed = set(self.want)
                 topics = listener.wanted()
                 for channel in added:
@@ -191,7 +193,11 @@ class NodeLink:
                 message = pubsub.get_message(timeout=POLL)
                 if message:
                     self._handle(message, topics)
-        except redis.exceptions.RedisError as e:  # lost, or a slot moved under SSUBSCRIBE
+        except (redis.exceptions.MovedError, redis.exceptions.AskError) as e:
+            log.info("wake-up channel's slot moved from %s (%s): subscribing again",
+                     self.node.name, e)
+            self.owner.moved = True
+        except redis.exceptions.RedisError as e:
             log.warning("wake-up subscriptions on %s lost: %s", self.node.name, e)
             self.owner.moved = True
         finally:

@@ -39,10 +39,16 @@ def owner(nodes, slot: int) -> int:
 
 
 def test_moving_slots_under_load_loses_no_acknowledged_message(own_cluster, tmp_path):
-    """Producers and consumers on two brokers keep going while the slot of every topic
-    moves to another master, key by key (MIGRATE): every message a producer got OK
-    for is delivered, and the consumers see no error."""
+    """Producers and consumers on two brokers keep going while a fourth master joins
+    and the slot of every topic moves, key by key (MIGRATE), half of them to the new
+    master: every message a producer got OK for is delivered, and no call fails."""
     nodes, url = own_cluster
+    new_port = embedded.free_port()
+    data = str(tmp_path / "new-master")
+    new_master = embedded.add_master(
+        new_port, data, [n.connection_pool.connection_kwargs["port"] for n in nodes],
+        extra=("--save", "", "--appendonly", "no"))
+    nodes.append(redis.Redis(port=new_port, socket_timeout=10))
     processes = Processes(url, str(tmp_path))
     try:
         ports = [processes.broker("--msg-timeout", "5s")[1] for _ in range(2)]
@@ -81,12 +87,13 @@ def test_moving_slots_under_load_loses_no_acknowledged_message(own_cluster, tmp_
 
         def move_all():
             try:
-                for topic in TOPICS:
+                for i, topic in enumerate(TOPICS):
                     slot = key_slot(TopicKeys.of(topic).ids.encode())
                     source = owner(nodes, slot)
-                    target = (source + 1) % len(nodes)
+                    target = 3 if i % 2 == 0 else (source + 1) % 3
+                    others = [n for i, n in enumerate(nodes) if i not in (source, target)]
                     keys = embedded.move_slot(nodes[source], nodes[target], slot,
-                                              batch=2, pause=0.1)
+                                              batch=2, pause=0.1, others=others)
                     moves.append((topic, slot, source, target, keys))
             finally:
                 moving.clear()
@@ -96,20 +103,25 @@ def test_moving_slots_under_load_loses_no_acknowledged_message(own_cluster, tmp_
         while mover.is_alive():
             gevent.sleep(0.05)
         gevent.joinall(producers, timeout=30)
-        assert wait_for(lambda: acked <= set(received), timeout=60), \
-            f"{len(acked - set(received))} acknowledged messages not delivered"
+        store = Store(connect(url))
+        assert wait_for(lambda: acked <= set(received), timeout=60), (
+            f"not delivered: {sorted(acked - set(received))[:10]}, "
+            f"{ {t: store.read_channel(t, 'c') for t in TOPICS} }")
         stop(*consumers)
         assert failed == []
         assert [(t, owner(nodes, s)) for t, s, _, target, _ in moves] == \
             [(t, target) for t, s, _, target, _ in moves]
         assert all(keys >= 6 for *_, keys in moves), moves  # the topic's keys, 2 at a time
-        store = Store(connect(url))
         for topic in TOPICS:
             stats = store.read_channel(topic, "c")
             assert (stats["depth"], stats["deferred_count"]) == (0, 0)
         assert len(acked) > 600
+        assert sum(1 for *_, target, _ in moves if target == 3) == 3
     finally:
         processes.stop_all()
+        print(processes.logs())  # shown if the test failed
+        new_master.terminate()
+        new_master.wait(10)
 
 
 def test_scanners_split_the_slots_and_take_over_an_expired_share(backend):

@@ -32,6 +32,7 @@ import secrets
 import time
 
 from redis.crc import key_slot
+from redis.exceptions import RedisClusterException, RedisError
 
 from relay import deadletter
 from relay.errors import StoreConnectionError, StoreError
@@ -141,6 +142,10 @@ class Scanner:
             except StoreConnectionError as e:
                 log.warning("redis unreachable: %s; retrying", e)
                 self.sleep(1.0)
+                continue
+            except (StoreError, RedisError, RedisClusterException) as e:
+                log.warning("scan pass failed: %s; retrying", e)  # e.g. a slot moving
+                self.sleep(0.2)
                 continue
             if not busy:
                 self.sleep(max(0.0, started + self.interval - self.clock()))

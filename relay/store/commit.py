@@ -13,7 +13,7 @@ from collections import deque
 import gevent
 from gevent.event import AsyncResult, Event
 
-from relay.errors import StoreConnectionError
+from relay.errors import StoreConnectionError, StoreError
 from relay.store.store import Op, Store
 
 log = logging.getLogger("relay.commit")
@@ -78,6 +78,9 @@ class _Lane:
         except StoreConnectionError as e:
             log.warning("redis unreachable: %s", e)
             results = [e] * len(ops)
+        except Exception as e:  # never let one batch stop the lane
+            log.exception("pipeline failed")
+            results = [StoreError(f"pipeline failed: {e!r}")] * len(ops)
         for (op_index, start, stop), (_, result) in zip(slices, batch):
             value = results[op_index]
             if isinstance(value, Exception):

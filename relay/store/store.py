@@ -20,7 +20,7 @@ from importlib import resources
 from typing import Callable, Iterator, NamedTuple, Sequence
 
 import redis
-from redis.exceptions import RedisClusterException
+from redis.exceptions import RedisClusterException, TryAgainError
 
 from relay.errors import StoreConnectionError, StoreError
 from relay.protocol.codec import make_record, parse_record
@@ -280,11 +280,21 @@ class Store:
                 pool.release(conn)
         for i, r in enumerate(raw):
             if isinstance(r, SLOT_MOVING):
-                try:
-                    raw[i] = self.redis.execute_command(*commands[i])
-                except (redis.exceptions.RedisError, RedisClusterException) as e:
-                    raw[i] = e  # a cross-slot read redis-py will not route
+                raw[i] = self._redirected(commands[i])
         return raw
+
+    def _redirected(self, command: tuple):
+        """A refused command through redis-py's cluster client, which follows MOVED/ASK.
+        When redis-py gives up without an answer ('TTL exhausted', or its slot map
+        caught half-updated), the command was not run: it counts as refused again, to
+        be sent once more after a fresh look at the slots."""
+        try:
+            return self.redis.execute_command(*command)
+        except redis.exceptions.RedisError as e:
+            return e
+        except (RedisClusterException, AttributeError) as e:
+            self._refresh_slots()
+            return TryAgainError(f"{command[0]} not routed: {e}")
 
     @staticmethod
     def _guard(fn, *args):
