@@ -132,28 +132,33 @@ class ShardedSubscriptions:
 
     def run(self) -> None:
         while True:
-            if self.moved:
-                self.moved = False
-                try:
-                    self.cluster.nodes_manager.initialize()
-                except redis.exceptions.RedisError as e:
-                    log.warning("cluster slots not refreshed: %s", e)
-            by_node: dict[str, set] = {}
-            for channel in self.listener.wanted():
-                try:
-                    node = self.cluster.get_node_from_key(channel)
-                except redis.exceptions.RedisError:
-                    self.moved = True
-                    continue
-                by_node.setdefault(node.name, set()).add(channel)
-                if node.name not in self.links or self.links[node.name].dead:
-                    self.links[node.name] = NodeLink(self, node)
-            for name, link in list(self.links.items()):
-                link.want = by_node.get(name, set())
-                if link.dead or (not link.want and not link.subscribed):
-                    link.stop()
-                    del self.links[name]
+            try:
+                self._reconcile()
+            except Exception:  # the safety poll covers us meanwhile; never stop listening
+                log.exception("wake-up subscriptions not reconciled")
+                self.moved = True
             gevent.sleep(POLL)
+
+    def _reconcile(self) -> None:
+        """Each wanted channel on a link to the node that serves it now."""
+        if self.moved:
+            self.moved = False
+            self.cluster.nodes_manager.initialize()
+        by_node: dict[str, set] = {}
+        for channel in self.listener.wanted():
+            try:
+                node = self.cluster.get_node_from_key(channel)
+            except redis.exceptions.RedisError:
+                self.moved = True
+                continue
+            by_node.setdefault(node.name, set()).add(channel)
+            if node.name not in self.links or self.links[node.name].dead:
+                self.links[node.name] = NodeLink(self, node)
+        for name, link in list(self.links.items()):
+            link.want = by_node.get(name, set())
+            if link.dead or (not link.want and not link.subscribed):
+                link.stop()
+                del self.links[name]
 
 
 class NodeLink:

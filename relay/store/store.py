@@ -160,11 +160,6 @@ class Store:
             self._guard(self.load_scripts)
         ops = list(ops)
         results = self._guard(self._execute, ops)
-        retry = [i for i, r in enumerate(results) if isinstance(r, redis.exceptions.NoScriptError)]
-        if retry:
-            self._guard(self.load_scripts)
-            for i, r in zip(retry, self._guard(self._execute, [ops[i] for i in retry])):
-                results[i] = r
         self._again(ops, results)
         out = []
         for op, r in zip(ops, results):
@@ -174,13 +169,16 @@ class Store:
         return out
 
     def _again(self, ops: list, results: list) -> None:
-        """Send again, in place, the calls that were refused while their slot moved and
-        the fan-outs given a stale channel list."""
+        """Send again, in place, the calls that found no script (a restarted server, or
+        a new cluster node: the scripts are loaded again first), that were refused while
+        their slot moved, and the fan-outs given a stale channel list."""
         patience = time.monotonic() + SLOT_MOVE_PATIENCE
         while time.monotonic() < patience:
             again = []
+            if any(isinstance(r, redis.exceptions.NoScriptError) for r in results):
+                self._guard(self.load_scripts)
             for i, (op, r) in enumerate(zip(ops, results)):
-                if isinstance(r, SLOT_MOVING):
+                if isinstance(r, (SLOT_MOVING, redis.exceptions.NoScriptError)):
                     again.append(i)
                 elif op.redo is not None and not isinstance(r, Exception):
                     redo = op.redo(r)
