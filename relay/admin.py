@@ -18,7 +18,7 @@ from rq.job import JobStatus
 from relay import deadletter, jobs, registry
 from relay import stats as relay_stats
 from relay.errors import StoreConnectionError, StoreError
-from relay.protocol.codec import MSG_ID_LENGTH, is_valid_name
+from relay.codec import MSG_ID_LENGTH, is_valid_name
 from relay.store import Store
 from relay.store.connection import connect
 from relay.tail import Tail, TailError

@@ -31,8 +31,9 @@ from relay.errors import StoreError
 from relay.http import HttpApi, LookupdApi
 from relay.latency import E2eLatency
 from relay.metrics import Metrics
-from relay.protocol import codec
-from relay.protocol.v2 import NSQD_VERSION, ProtocolV2, Reader
+from relay import codec
+from relay.codec import NSQD_VERSION
+from relay.protocol.v2 import ProtocolV2, Reader
 from relay.registry import Registry
 from relay.sockio import listen, raise_open_file_limit
 from relay.store import Store, connect_redis

@@ -66,7 +66,7 @@ def broker(config, **flags):
 def scanner(config, **flags):
     """Requeue timed-out in-flight messages and due deferred messages."""
     options = load(config, flags)
-    from relay.workers.scanner import main as run_scanner
+    from workers.scanner import main as run_scanner
     run_scanner(options)
 
 
@@ -76,7 +76,7 @@ def jobs(config, **flags):
     """Run the rq worker for long admin jobs once Redis answers, and again if it dies."""
     options = load(config, flags)
     _wait_for_redis(options)
-    from relay.jobs import run_worker
+    from workers.jobs import run_worker
     rq = shutil.which("rq") or os.path.join(os.path.dirname(sys.executable), "rq")
     sys.exit(run_worker(rq, options.redis_url,
                         lambda: _wait_for_redis(options, timeout=None)))

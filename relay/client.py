@@ -11,7 +11,7 @@ from gevent.lock import Semaphore
 from gevent.queue import Queue
 
 from relay import transport
-from relay.protocol import codec
+from relay import codec
 
 INIT, SUBSCRIBED, CLOSING = "init", "subscribed", "closing"
 DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024

@@ -22,7 +22,7 @@ import secrets
 
 from relay.errors import StoreError
 from relay.options import DEFAULT_DEAD_LETTER_TOPIC
-from relay.protocol import codec
+from relay import codec
 from relay.store import Store
 from relay.store.keys import ChannelKeys, TopicKeys
 

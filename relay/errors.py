@@ -38,9 +38,9 @@ class StoreConnectionError(StoreError):
     """Redis could not be reached in time."""
 
 
+class Disconnect(RelayError):
+    """The client went away or sent something unreadable: close without a frame."""
+
+
 class ConfigError(RelayError):
     """Bad configuration; stops the process with one line."""
-
-
-class ShutDown(BaseException):
-    """Raised in workers to stop at once (not an Exception so handlers don't swallow it)."""

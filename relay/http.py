@@ -18,13 +18,12 @@ from urllib.parse import parse_qs
 import redis
 from gevent.pywsgi import WSGIServer
 
-from relay import stats
+from relay import codec, stats
 from relay.auth import AuthError
-from relay.errors import ClientError, StoreError
+from relay.codec import NSQD_VERSION, split_mpub
+from relay.errors import ClientError, RelayError, StoreError
 from relay.metrics import CONTENT_TYPE
 from relay.options import DURATION
-from relay.protocol import codec
-from relay.protocol.v2 import NSQD_VERSION, split_mpub
 from relay.registry import live_brokers
 from relay.sockio import listen
 
@@ -47,7 +46,7 @@ REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
            503: "Service Unavailable"}
 
 
-class HttpError(Exception):
+class HttpError(RelayError):
     """An error reply: `{"message": text}`, or the bare text for plain-text endpoints."""
 
     def __init__(self, code: int, text: str, plain: bool = False):

@@ -10,13 +10,9 @@ and in the worker for big ones (`perform`, which keeps the progress in job.meta)
 A new operation is a generator added to OPERATIONS.
 """
 
-import logging
-import signal
-import subprocess
 import time
 from typing import Callable
 
-import redis
 from rq import Queue, Worker, get_current_job
 from rq.defaults import RQ_KEY_PREFIX
 from rq.job import Job
@@ -24,9 +20,7 @@ from rq.job import Job
 from relay import deadletter
 from relay.errors import RelayError
 from relay.store import Store
-from relay.store.connection import connect, is_cluster, node_url, whole
-
-log = logging.getLogger("relay.jobs")
+from relay.store.connection import whole
 
 QUEUE = "relay"
 QUEUE_KEY = f"{RQ_KEY_PREFIX}:queue:{QUEUE}"
@@ -141,40 +135,3 @@ def all_jobs(connection) -> list[Job]:
         ids += registry.get_job_ids()
     found = [j for j in Job.fetch_many(list(dict.fromkeys(ids)), connection) if j is not None]
     return sorted(found, key=lambda j: j.enqueued_at or j.created_at)
-
-
-def worker_url(redis_url: str) -> str:
-    """Where the rq worker connects. rq's worker takes no cluster client, but every rq
-    key shares the hash tag {rq}: on a cluster it talks to the node serving that slot
-    (if the slot moves, the worker fails on MOVED and is started again here)."""
-    client = connect(redis_url, timeout=5, connect_timeout=2)
-    return node_url(client, QUEUE_KEY) if is_cluster(client) else redis_url
-
-
-def worker_connection(client):
-    """The connection for an rq worker in this process (tests), as worker_url."""
-    return redis.Redis.from_url(node_url(client, QUEUE_KEY)) if is_cluster(client) else client
-
-
-def run_worker(rq: str, redis_url: str, wait_for_redis: Callable[[], None]) -> int:
-    """`relay jobs`: an rq worker on QUEUE, started again when it dies (rq exits on some
-    Redis errors during an outage). SIGTERM and SIGINT go to the worker, which ends its
-    current job first (rq's warm shutdown); its exit code is ours."""
-    state = {"stopping": False, "worker": None}
-
-    def forward(signum, _frame):
-        state["stopping"] = True
-        if state["worker"] is not None:
-            state["worker"].send_signal(signum)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, forward)
-    while not state["stopping"]:
-        worker = state["worker"] = subprocess.Popen(
-            [rq, "worker", "--url", worker_url(redis_url), QUEUE])
-        code = worker.wait()
-        if state["stopping"] or code == 0:
-            return code
-        log.warning("rq worker exited with %d; starting another once Redis answers", code)
-        time.sleep(1)
-        wait_for_redis()
-    return 0

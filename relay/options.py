@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from marshmallow import Schema, ValidationError, fields, post_load, validate
 
 from relay.errors import ConfigError
-from relay.protocol.codec import is_valid_name
+from relay.codec import is_valid_name
 
 DURATION = "duration"
 DEFAULT_DEAD_LETTER_TOPIC = "{topic}.dead"

@@ -45,7 +45,7 @@ def _store(options):
 
 
 def _row(topic: str, channel: str, record: bytes) -> tuple:
-    from relay.protocol.codec import parse_record
+    from relay.codec import parse_record
     ts, attempts, msg_id, body = parse_record(record)
     moment = datetime.datetime.fromtimestamp(ts / 1e9, datetime.timezone.utc)
     return (msg_id.decode(), topic, channel, body, moment.replace(tzinfo=None), attempts)
@@ -149,7 +149,7 @@ class ChannelStream(DataSourceStreamReader):
     def _finish_through(self, store, last: int, progress: dict) -> None:
         """FIN the claims of the batches after the last finished one, up to `last`. The
         records stay for a re-run of the batch until Spark commits it."""
-        from relay.protocol.codec import record_id
+        from relay.codec import record_id
         for batch in range(progress["finished"] + 1, last + 1):
             records = store.spark_batch(self.topic, self.channel, self.consumer, batch)
             if records:

@@ -9,7 +9,7 @@ import time
 from collections import Counter
 
 from relay.latency import NO_LATENCY, E2eLatency, describe, percentiles
-from relay.protocol.codec import is_ephemeral
+from relay.codec import is_ephemeral
 from relay.store import Store
 
 

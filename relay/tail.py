@@ -7,14 +7,15 @@ import random
 import socket
 import struct
 
-from relay.protocol import codec
+from relay import codec
+from relay.errors import RelayError
 
 USER_AGENT = "relay-admin tail"
 MAX_IN_FLIGHT = 200
 TIMEOUT = 5.0
 
 
-class TailError(Exception):
+class TailError(RelayError):
     """The broker refused or closed the connection."""
 
 

@@ -10,13 +10,14 @@ import zlib
 
 import snappy
 
+from relay.errors import RelayError
 from relay.sockio import send_all
 
 TLS_VERSIONS = {"tls1.0": ssl.TLSVersion.TLSv1, "tls1.1": ssl.TLSVersion.TLSv1_1,
                 "tls1.2": ssl.TLSVersion.TLSv1_2, "tls1.3": ssl.TLSVersion.TLSv1_3}
 
 
-class CompressionError(Exception):
+class CompressionError(RelayError):
     """The client sent bytes its negotiated compression cannot decode."""
 
 

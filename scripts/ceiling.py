@@ -16,7 +16,7 @@ import time
 
 import redis
 
-from relay.protocol.codec import record_id
+from relay.codec import record_id
 from relay.store import Store
 
 BATCH = 100

@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from relay import embedded  # noqa: E402
-from relay.protocol.codec import record_id  # noqa: E402
+from relay.codec import record_id  # noqa: E402
 from relay.store import Store  # noqa: E402
 from relay.store.connection import connect  # noqa: E402
 

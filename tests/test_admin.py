@@ -16,6 +16,7 @@ from relay.registry import Registry
 from relay.stats import client_stats
 from relay.store import Store
 from relay.store.connection import connect
+from workers.jobs import worker_connection
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 KEYS_PY = Path(admin.__file__).parent / "store" / "keys.py"
@@ -44,7 +45,7 @@ def ok_json(backend, *args):
 
 def work(backend):
     """Run every queued job with a real rq worker, in this process (burst mode)."""
-    connection = jobs.worker_connection(backend)
+    connection = worker_connection(backend)
     SimpleWorker([Queue(jobs.QUEUE, connection=connection)], connection=connection).work(burst=True)
 
 

@@ -3,7 +3,7 @@
 import json
 
 from relay import admin, deadletter
-from relay.protocol.codec import parse_record
+from relay.codec import parse_record
 from relay.store.keys import ChannelKeys
 from tests.test_admin import ok, ok_json, run, work
 

@@ -11,7 +11,7 @@ import gnsq
 from click.testing import CliRunner
 
 from relay import admin, jobs
-from relay.protocol.codec import parse_record
+from relay.codec import parse_record
 from relay.store import Store
 from relay.store.connection import connect
 from relay.store.keys import ChannelKeys

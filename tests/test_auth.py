@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from relay.protocol.codec import FRAME_ERROR, FRAME_RESPONSE
+from relay.codec import FRAME_ERROR, FRAME_RESPONSE
 from tests.test_http import Api
 from tests.test_tls import Secure, pki, tls_broker  # noqa: F401 (pki is a fixture)
 from tests.wire import Wire

@@ -14,7 +14,7 @@ from relay import embedded
 from relay.store import Store, keys
 from relay.store.connection import connect
 from relay.store.keys import TopicKeys
-from relay.workers.scanner import SHARE_TTL_MS, Scanner, Share
+from workers.scanner import SHARE_TTL_MS, Scanner, Share
 from tests.conftest import Processes, flush, local_cluster
 from tests.test_clients import addr, stop, wait_for
 

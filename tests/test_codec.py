@@ -4,8 +4,8 @@ import struct
 
 import pytest
 
-from relay.protocol import codec
-from relay.protocol.codec import (CLOSE_WAIT, FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE,
+from relay import codec
+from relay.codec import (CLOSE_WAIT, FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE,
                                   HEARTBEAT, MAGIC_V2, OK, RECORD_HEADER, frame,
                                   is_ephemeral, is_valid_name, make_record, message_frames,
                                   pack_size, parse_record, read_size, record_id)

@@ -6,7 +6,7 @@ import pytest
 import redis
 
 from relay.errors import StoreConnectionError, StoreError
-from relay.protocol.codec import parse_record
+from relay.codec import parse_record
 from relay.store import Store
 from relay.store.commit import MERGEABLE, GroupCommit, _merge
 from relay.store.keys import ChannelKeys

@@ -7,7 +7,7 @@ import pytest
 
 from relay import deadletter
 from relay.errors import StoreError
-from relay.protocol.codec import parse_record
+from relay.codec import parse_record
 from relay.store import keys
 from relay.store.keys import ChannelKeys, TopicKeys
 from tests.test_http import Api

@@ -9,7 +9,7 @@ import struct
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from relay.protocol.codec import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE
+from relay.codec import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE
 from tests.wire import Wire
 
 ERROR = re.compile(rb"^E_(INVALID|BAD_BODY|BAD_TOPIC|BAD_CHANNEL|BAD_MESSAGE|PUB_FAILED|"

@@ -8,10 +8,11 @@ import fakeredis
 from rq import Queue, SimpleWorker
 
 from relay import jobs
-from relay.protocol.codec import parse_record
+from relay.codec import parse_record
 from relay.store import Store
 from relay.store.keys import ChannelKeys, TopicKeys
 from tests.conftest import all_keys
+from workers.jobs import worker_connection
 
 
 def queued_bodies(store, topic, channel):
@@ -90,7 +91,7 @@ def test_requeue_in_flight_takes_messages_from_any_holder(store):
 
 def work(backend):
     """Run every queued job with a real rq worker, in this process (burst mode)."""
-    connection = jobs.worker_connection(backend)
+    connection = worker_connection(backend)
     SimpleWorker([Queue(jobs.QUEUE, connection=connection)], connection=connection).work(burst=True)
 
 

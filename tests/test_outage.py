@@ -12,7 +12,7 @@ import rq
 from relay import embedded
 from relay.jobs import QUEUE as JOBS_QUEUE
 from tests.test_http import Api
-from relay.protocol.codec import FRAME_ERROR
+from relay.codec import FRAME_ERROR
 from tests.wire import FRAME_RESPONSE, Wire
 
 

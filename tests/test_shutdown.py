@@ -7,7 +7,7 @@ import time
 
 
 from relay import jobs as relay_jobs
-from relay.protocol.codec import CLOSE_WAIT
+from relay.codec import CLOSE_WAIT
 from relay.store.connection import connect
 from tests.test_http import Api
 from tests.wire import FRAME_RESPONSE, Wire

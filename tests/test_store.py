@@ -10,11 +10,11 @@ import time
 import pytest
 
 from relay.errors import StoreError
-from relay.protocol.codec import make_record, parse_record
+from relay.codec import make_record, parse_record
 from relay.store import keys
 from relay.store.connection import is_cluster
 from relay.store.keys import ChannelKeys, TopicKeys
-from relay.workers.scanner import Scanner
+from workers.scanner import Scanner
 from tests.conftest import all_keys
 
 

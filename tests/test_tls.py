@@ -15,7 +15,7 @@ import pytest
 import snappy
 import trustme
 
-from relay.protocol.codec import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, parse_record
+from relay.codec import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, parse_record
 from tests.test_http import Api
 from tests.wire import Wire
 

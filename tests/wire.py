@@ -4,7 +4,7 @@ import json
 import socket
 import struct
 
-from relay.protocol.codec import FRAME_MESSAGE, FRAME_RESPONSE, HEARTBEAT, parse_record
+from relay.codec import FRAME_MESSAGE, FRAME_RESPONSE, HEARTBEAT, parse_record
 
 
 class Wire:

@@ -1,1 +1,1 @@
-"""relay's worker processes (installed as relay.workers): the scanner and the rq jobs worker."""
+"""relay's worker processes: the scanner (workers.scanner) and the rq jobs worker (workers.jobs)."""

@@ -1,1 +1,1 @@
-"""The NSQ TCP protocol V2: the wire codec and the command handlers."""
+"""The NSQ TCP protocol V2: the connection loop and the command handlers (the wire codec is relay.codec)."""

@@ -13,22 +13,18 @@ import logging
 from gevent.event import AsyncResult
 from marshmallow import ValidationError
 
+from relay import codec
 from relay.auth import AuthError
 from relay.client import CLOSING, INIT, SUBSCRIBED, Client
-from relay.errors import ClientError, FatalClientError, StoreError
-from relay.protocol import codec
+from relay.codec import NSQD_VERSION, base10, go_quote, int64, split_mpub
+from relay.errors import ClientError, Disconnect, FatalClientError, StoreError
 from relay.schemas import IdentifySchema
 from relay.transport import CompressionError
 
 log = logging.getLogger("relay.protocol")
 
 MAX_LINE = 16 * 1024
-NSQD_VERSION = "1.3.0"
 _identify_schema = IdentifySchema()
-
-
-class Disconnect(Exception):
-    """The client went away or sent something unreadable: close without a frame."""
 
 
 class Pending:
@@ -62,66 +58,6 @@ class Upgrade:
 
     def wait(self) -> bool:
         return self._done.get()
-
-
-def go_quote(raw: bytes) -> str:
-    """Go's %q of a byte string (strconv.Quote), as nsqd echoes bad names."""
-    out = []
-    text = raw.decode("utf-8", "surrogateescape")
-    escapes = {'"': '\\"', "\\": "\\\\", "\a": "\\a", "\b": "\\b", "\f": "\\f",
-               "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
-    for ch in text:
-        if ch in escapes:
-            out.append(escapes[ch])
-        elif 0xDC80 <= ord(ch) <= 0xDCFF:
-            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
-        elif ch.isprintable():
-            out.append(ch)
-        elif ord(ch) < 0x10000:
-            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 0x80 else f"\\u{ord(ch):04x}")
-        else:
-            out.append(f"\\U{ord(ch):08x}")
-    return '"' + "".join(out) + '"'
-
-
-def base10(raw: bytes) -> int:
-    """nsq ByteToBase10: ASCII digits only, empty is 0."""
-    if raw and not raw.isdigit():
-        raise ValueError(raw)
-    return int(raw) if raw else 0
-
-
-def _int64(n: int) -> int:
-    """Go's int64(uint64) of a number that wrapped at 2^64, as nsqd parses RDY."""
-    n %= 2 ** 64
-    return n - 2 ** 64 if n >= 2 ** 63 else n
-
-
-def split_mpub(body: bytes, max_body_size: int, max_msg_size: int) -> list:
-    """The messages of an MPUB body; counts and sizes that lie are errors, not allocations."""
-    if len(body) < 4:
-        raise FatalClientError("E_BAD_BODY", "MPUB failed to read message count")
-    count = codec.read_size(body[:4])
-    if count <= 0 or count > (max_body_size - 4) // 5:
-        raise FatalClientError("E_BAD_BODY", f"MPUB invalid message count {count}")
-    messages, pos = [], 4
-    for i in range(count):
-        if pos + 4 > len(body):
-            raise FatalClientError("E_BAD_MESSAGE",
-                                   f"MPUB failed to read message({i}) body size")
-        size = codec.read_size(body[pos:pos + 4])
-        pos += 4
-        if size <= 0:
-            raise FatalClientError("E_BAD_MESSAGE",
-                                   f"MPUB invalid message({i}) body size {size}")
-        if size > max_msg_size:
-            raise FatalClientError(
-                "E_BAD_MESSAGE", f"MPUB message too big {size} > {max_msg_size}")
-        if pos + size > len(body):
-            raise FatalClientError("E_BAD_MESSAGE", "MPUB failed to read message body")
-        messages.append(body[pos:pos + size])
-        pos += size
-    return messages
 
 
 class Reader:
@@ -388,7 +324,7 @@ class ProtocolV2:
         count = 1
         if len(params) > 1:
             try:
-                count = _int64(base10(params[1]))
+                count = int64(base10(params[1]))
             except ValueError:
                 raise FatalClientError(
                     "E_INVALID", "RDY could not parse count " + _text(params[1])) from None

@@ -23,7 +23,7 @@ import redis
 from redis.exceptions import RedisClusterException, TryAgainError
 
 from relay.errors import StoreConnectionError, StoreError
-from relay.protocol.codec import make_record, parse_record
+from relay.codec import make_record, parse_record
 from relay.sockio import send_all
 from relay.store import keys
 from relay.store.connection import SLOT_MOVING, connect, is_cluster, sharded_pubsub

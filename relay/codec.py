@@ -1,0 +1,139 @@
+"""The NSQ V2 wire codec, relay's lowest layer: frames, the message record layout,
+names, MPUB bodies and nsqd's number and quoting rules (nsq internal/protocol).
+
+A stored message record *is* the message frame payload, so delivery copies bytes:
+
+    [8-byte big-endian ns timestamp][2-byte attempts][16-byte ASCII hex id][body]
+"""
+
+import re
+import struct
+
+from relay.errors import FatalClientError
+
+MAGIC_V2 = b"  V2"
+NSQD_VERSION = "1.3.0"   # the nsqd release whose protocol and replies relay implements
+
+FRAME_RESPONSE = 0
+FRAME_ERROR = 1
+FRAME_MESSAGE = 2
+
+MSG_ID_LENGTH = 16
+RECORD_HEADER = 8 + 2 + MSG_ID_LENGTH
+
+OK = b"OK"
+HEARTBEAT = b"_heartbeat_"
+CLOSE_WAIT = b"CLOSE_WAIT"
+
+_frame_header = struct.Struct(">ii")
+_record_header = struct.Struct(">qH16s")
+_size = struct.Struct(">i")
+_timestamp = struct.Struct(">q")
+_NAME = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
+
+
+def frame(frame_type: int, data: bytes) -> bytes:
+    """One server frame: [size = len(data) + 4][frame type][data]."""
+    return _frame_header.pack(len(data) + 4, frame_type) + data
+
+
+def message_frames(records) -> bytes:
+    """Message frames for stored records, ready for one socket write."""
+    pack = _frame_header.pack
+    return b"".join(pack(len(r) + 4, FRAME_MESSAGE) + r for r in records)
+
+
+def read_size(data: bytes) -> int:
+    """A 4-byte big-endian signed size, as nsqd reads body lengths."""
+    return _size.unpack(data)[0]
+
+
+def pack_size(n: int) -> bytes:
+    return _size.pack(n)
+
+
+def make_record(timestamp_ns: int, attempts: int, msg_id: bytes, body: bytes) -> bytes:
+    return _record_header.pack(timestamp_ns, attempts, msg_id) + body
+
+
+def parse_record(record: bytes):
+    """(timestamp_ns, attempts, id, body) of a record or message frame payload."""
+    ts, attempts, msg_id = _record_header.unpack_from(record)
+    return ts, attempts, msg_id, record[RECORD_HEADER:]
+
+
+def record_timestamp(record: bytes) -> int:
+    return _timestamp.unpack_from(record)[0]
+
+
+def record_id(record: bytes) -> bytes:
+    return record[10:RECORD_HEADER]
+
+
+def is_valid_name(name: str) -> bool:
+    """nsqd's rule for topic and channel names: 1-64 of [.a-zA-Z0-9_-], optional #ephemeral."""
+    return 1 <= len(name) <= 64 and _NAME.fullmatch(name) is not None
+
+
+def is_ephemeral(name: str) -> bool:
+    return name.endswith("#ephemeral")
+
+
+def go_quote(raw: bytes) -> str:
+    """Go's %q of a byte string (strconv.Quote), as nsqd echoes bad names."""
+    out = []
+    text = raw.decode("utf-8", "surrogateescape")
+    escapes = {'"': '\\"', "\\": "\\\\", "\a": "\\a", "\b": "\\b", "\f": "\\f",
+               "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
+    for ch in text:
+        if ch in escapes:
+            out.append(escapes[ch])
+        elif 0xDC80 <= ord(ch) <= 0xDCFF:
+            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
+        elif ch.isprintable():
+            out.append(ch)
+        elif ord(ch) < 0x10000:
+            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 0x80 else f"\\u{ord(ch):04x}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    return '"' + "".join(out) + '"'
+
+
+def base10(raw: bytes) -> int:
+    """nsq ByteToBase10: ASCII digits only, empty is 0."""
+    if raw and not raw.isdigit():
+        raise ValueError(raw)
+    return int(raw) if raw else 0
+
+
+def int64(n: int) -> int:
+    """Go's int64(uint64) of a number that wrapped at 2^64, as nsqd parses RDY."""
+    n %= 2 ** 64
+    return n - 2 ** 64 if n >= 2 ** 63 else n
+
+
+def split_mpub(body: bytes, max_body_size: int, max_msg_size: int) -> list:
+    """The messages of an MPUB body; counts and sizes that lie are errors, not allocations."""
+    if len(body) < 4:
+        raise FatalClientError("E_BAD_BODY", "MPUB failed to read message count")
+    count = read_size(body[:4])
+    if count <= 0 or count > (max_body_size - 4) // 5:
+        raise FatalClientError("E_BAD_BODY", f"MPUB invalid message count {count}")
+    messages, pos = [], 4
+    for i in range(count):
+        if pos + 4 > len(body):
+            raise FatalClientError("E_BAD_MESSAGE",
+                                   f"MPUB failed to read message({i}) body size")
+        size = read_size(body[pos:pos + 4])
+        pos += 4
+        if size <= 0:
+            raise FatalClientError("E_BAD_MESSAGE",
+                                   f"MPUB invalid message({i}) body size {size}")
+        if size > max_msg_size:
+            raise FatalClientError(
+                "E_BAD_MESSAGE", f"MPUB message too big {size} > {max_msg_size}")
+        if pos + size > len(body):
+            raise FatalClientError("E_BAD_MESSAGE", "MPUB failed to read message body")
+        messages.append(body[pos:pos + size])
+        pos += size
+    return messages

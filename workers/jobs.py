@@ -1,0 +1,52 @@
+"""`relay jobs`: the rq worker that runs relay-admin's long operations (relay/jobs.py),
+supervised: started again when it dies, stopped gracefully on SIGTERM."""
+
+import logging
+import signal
+import subprocess
+import time
+from typing import Callable
+
+import redis
+
+from relay.jobs import QUEUE, QUEUE_KEY
+from relay.store.connection import connect, is_cluster, node_url
+
+log = logging.getLogger("relay.jobs")
+
+
+def worker_url(redis_url: str) -> str:
+    """Where the rq worker connects. rq's worker takes no cluster client, but every rq
+    key shares the hash tag {rq}: on a cluster it talks to the node serving that slot
+    (if the slot moves, the worker fails on MOVED and is started again here)."""
+    client = connect(redis_url, timeout=5, connect_timeout=2)
+    return node_url(client, QUEUE_KEY) if is_cluster(client) else redis_url
+
+
+def worker_connection(client):
+    """The connection for an rq worker in this process (tests), as worker_url."""
+    return redis.Redis.from_url(node_url(client, QUEUE_KEY)) if is_cluster(client) else client
+
+
+def run_worker(rq: str, redis_url: str, wait_for_redis: Callable[[], None]) -> int:
+    """`relay jobs`: an rq worker on QUEUE, started again when it dies (rq exits on some
+    Redis errors during an outage). SIGTERM and SIGINT go to the worker, which ends its
+    current job first (rq's warm shutdown); its exit code is ours."""
+    state = {"stopping": False, "worker": None}
+
+    def forward(signum, _frame):
+        state["stopping"] = True
+        if state["worker"] is not None:
+            state["worker"].send_signal(signum)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    while not state["stopping"]:
+        worker = state["worker"] = subprocess.Popen(
+            [rq, "worker", "--url", worker_url(redis_url), QUEUE])
+        code = worker.wait()
+        if state["stopping"] or code == 0:
+            return code
+        log.warning("rq worker exited with %d; starting another once Redis answers", code)
+        time.sleep(1)
+        wait_for_redis()
+    return 0
