@@ -72,7 +72,8 @@ def cpu_seconds(pid: int) -> float:
 class Stack:
     """An embedded Redis and N brokers on free ports."""
 
-    def __init__(self, brokers: int):
+    def __init__(self, brokers: int, source: str | None = None):
+        """`source`: a checkout whose relay the brokers and scanner run (default: this one)."""
         self.dir = tempfile.mkdtemp(prefix="relay-bench-")
         self.redis_port = embedded.free_port()
         self.redis = embedded.start(self.redis_port, self.dir, os.path.join(ROOT, "conf",
@@ -80,6 +81,8 @@ class Stack:
         self.url = f"redis://127.0.0.1:{self.redis_port}/0"
         self.tcp_port = embedded.free_port()
         env = {**os.environ, "REDIS_URL": self.url, "RELAY_LOG_LEVEL": "warning"}
+        if source:
+            env["PYTHONPATH"] = source
         self.brokers = [subprocess.Popen(
             [sys.executable, "-m", "relay", "broker", "--tcp-address",
              f"127.0.0.1:{self.tcp_port}"], env=env, cwd=self.dir) for _ in range(brokers)]
@@ -89,14 +92,16 @@ class Stack:
         time.sleep(0.5)
 
     def stop(self):
-        for p in self.brokers + [self.scanner, self.redis]:
-            p.terminate()
-        for p in self.brokers + [self.scanner, self.redis]:
-            p.wait(10)
+        """Brokers and scanner first, so they leave their registries while Redis runs."""
+        for group in (self.brokers + [self.scanner], [self.redis]):
+            for p in group:
+                p.terminate()
+            for p in group:
+                p.wait(10)
 
 
-def run_workload(args: list, brokers: int, seconds: float) -> dict:
-    stack = Stack(brokers)
+def run_workload(args: list, brokers: int, seconds: float, source: str | None = None) -> dict:
+    stack = Stack(brokers, source)
     try:
         pids = {"broker": [p.pid for p in stack.brokers], "redis": [stack.redis.pid]}
         before = {k: sum(cpu_seconds(p) for p in v) for k, v in pids.items()}

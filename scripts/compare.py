@@ -1,0 +1,66 @@
+"""Before/after: the same workloads against the brokers of two git revisions, run
+alternately (before, after, before, after ...) so both see the same machine.
+
+Each revision is checked out into a temporary git worktree and its brokers and
+scanner run from there (PYTHONPATH); Redis, the load generator and the harness are
+this checkout's (scripts/bench.py's Stack and run_workload).
+
+    .venv/bin/python scripts/compare.py BEFORE_REV AFTER_REV [--runs 3] [--seconds 5]
+        [--only "pub P=4"] [--only "e2e 1x100"]
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+from scripts.bench import WORKLOADS, run_workload  # noqa: E402
+
+
+def checkout(rev: str, parent: str) -> str:
+    path = os.path.join(parent, rev.replace("/", "_"))
+    subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "-q", path, rev],
+                   check=True)
+    old_layout = os.path.join(path, "relay", "workers")
+    if not os.path.exists(old_layout):  # revisions before a4ea050 import it as relay.workers
+        os.symlink(os.path.join(path, "workers"), old_layout)
+    return path
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("before")
+    parser.add_argument("after")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--only", action="append", default=[],
+                        help="workloads whose title contains this (repeatable; default all)")
+    args = parser.parse_args()
+    workloads = [w for w in WORKLOADS if not args.only or any(o in w[0] for o in args.only)]
+    parent = tempfile.mkdtemp(prefix="relay-compare-")
+    sources = {rev: checkout(rev, parent) for rev in (args.before, args.after)}
+    try:
+        print(f"| workload | {args.before} msgs/s | {args.after} msgs/s | after / before |")
+        print("| --- | --- | --- | --- |")
+        for title, loadgen_args, brokers in workloads:
+            rates = {rev: [] for rev in sources}
+            for _ in range(args.runs):
+                for rev, source in sources.items():
+                    result = run_workload(loadgen_args, brokers, args.seconds, source)
+                    rates[rev].append(result["msgs_per_s"])
+            before, after = (statistics.median(rates[r]) for r in (args.before, args.after))
+            cells = [" / ".join(f"{r:,.0f}" for r in rates[rev]) for rev in sources]
+            print(f"| {title} | {cells[0]} | {cells[1]} | {after / before:.2f} |", flush=True)
+    finally:
+        for source in sources.values():
+            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", source])
+
+
+if __name__ == "__main__":
+    main()
