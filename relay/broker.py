@@ -28,7 +28,7 @@ from relay.auth import Authorizer
 from relay.channel import Channel
 from relay.client import CLOSING, SUBSCRIBED, Client
 from relay.errors import StoreError
-from relay.http import HttpApi, LookupdApi
+from relay.http.nsqd import HttpApi, LookupdApi
 from relay.latency import E2eLatency
 from relay.metrics import Metrics
 from relay import codec

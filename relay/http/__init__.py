@@ -1,0 +1,1 @@
+"""The HTTP APIs of a broker: nsqd's and nsqlookupd's."""
