@@ -73,6 +73,13 @@ class Request:
         values = self.query.get(name)
         return values[0] if values else None
 
+    def required(self, name: str) -> str:
+        """The argument, or nsqd's 400 MISSING_ARG_<NAME>; present but empty counts as given."""
+        value = self.arg(name)
+        if value is None:
+            raise HttpError(400, f"MISSING_ARG_{name.upper()}")
+        return value
+
     def body(self, limit: int, too_big: str) -> bytes:
         """The body, or 413 too_big past `limit` bytes, without reading more than limit+1."""
         declared = self.environ.get("CONTENT_LENGTH")
@@ -235,22 +242,16 @@ class HttpApi:
                 "max_deflate_level": o.max_deflate_level}
 
     def _topic(self, request) -> str:
-        name = request.arg("topic")
-        if name is None:
-            raise HttpError(400, "MISSING_ARG_TOPIC")
+        name = request.required("topic")
         if not codec.is_valid_name(name):
             raise HttpError(400, "INVALID_TOPIC")
         return name
 
     def _topic_channel(self, request) -> tuple[str, str]:
-        topic = request.arg("topic")
-        if topic is None:
-            raise HttpError(400, "MISSING_ARG_TOPIC")
+        topic = request.required("topic")
         if not codec.is_valid_name(topic):
             raise HttpError(400, "INVALID_ARG_TOPIC")
-        channel = request.arg("channel")
-        if channel is None:
-            raise HttpError(400, "MISSING_ARG_CHANNEL")
+        channel = request.required("channel")
         if not codec.is_valid_name(channel):
             raise HttpError(400, "INVALID_ARG_CHANNEL")
         return topic, channel
@@ -307,9 +308,7 @@ class HttpApi:
         self._store(lambda s: s.create_topic(topic))
 
     def topic_delete(self, request):
-        topic = request.arg("topic")
-        if topic is None:
-            raise HttpError(400, "MISSING_ARG_TOPIC")
+        topic = request.required("topic")
         if not self._store(lambda s: s.delete_topic(topic)):
             raise HttpError(404, "TOPIC_NOT_FOUND")
 
@@ -318,9 +317,7 @@ class HttpApi:
         self._store(lambda s: s.empty_topic(topic))
 
     def topic_pause(self, request):
-        topic = request.arg("topic")
-        if topic is None:
-            raise HttpError(400, "MISSING_ARG_TOPIC")
+        topic = request.required("topic")
         self._existing_topic(topic)
         self._store(lambda s: s.pause_topic(topic, _pausing(request)))
 
@@ -387,9 +384,7 @@ class HttpApi:
     # -- nsqlookupd's questions, answered from the broker registry ----------------
 
     def lookup(self, request):
-        topic = request.arg("topic")
-        if topic is None:
-            raise HttpError(400, "MISSING_ARG_TOPIC")
+        topic = request.required("topic")
         self._existing_topic(topic)
         return {"channels": self._store(lambda s: s.channel_names(topic)),
                 "producers": [_peer(b) for b in self._brokers()]}
@@ -398,9 +393,7 @@ class HttpApi:
         return {"topics": self._store(lambda s: s.topic_names())}
 
     def channels(self, request):
-        topic = request.arg("topic")
-        if topic is None:
-            raise HttpError(400, "MISSING_ARG_TOPIC")
+        topic = request.required("topic")
         return {"channels": self._store(lambda s: s.channel_names(topic))}
 
     def nodes(self, request):
@@ -480,9 +473,7 @@ class LookupdApi(HttpApi):
 
     def lookupd_topic_delete(self, request):
         """nsqlookupd answers 200 whether or not the topic was registered."""
-        topic = request.arg("topic")
-        if topic is None:
-            raise HttpError(400, "MISSING_ARG_TOPIC")
+        topic = request.required("topic")
         self._store(lambda s: s.delete_topic(topic))
 
     def lookupd_channel_create(self, request):
