@@ -28,7 +28,8 @@ from relay.auth import Authorizer
 from relay.channel import Channel
 from relay.client import CLOSING, SUBSCRIBED, Client
 from relay.errors import StoreError
-from relay.http import HttpApi, LookupdApi
+from relay.http.lookupd import lookupd_server
+from relay.http.nsqd import nsqd_server
 from relay.latency import E2eLatency
 from relay.metrics import Metrics
 from relay import codec
@@ -64,8 +65,8 @@ class Broker:
         self.channels: dict[tuple, Channel] = {}
         self.clients: dict[int, Client] = {}
         self.wake = WakeListener(self)
-        self.http = HttpApi(self)
-        self.lookupd = LookupdApi(self)
+        self.http = nsqd_server(self)
+        self.lookupd = lookupd_server(self)
         self.registry = Registry(self.redis, self.id)
         self.e2e = E2eLatency(options.e2e_processing_latency_percentiles,
                               options.e2e_processing_latency_window_time)

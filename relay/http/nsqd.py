@@ -1,0 +1,243 @@
+"""nsqd's HTTP API (nsqd/http.go) of one broker, with nsqlookupd's queries on the same port.
+
+The errors and their order are nsqd's: a request is checked argument by argument as
+nsqd checks it, so a client sees the same first error.
+"""
+
+import dataclasses
+import json
+import logging
+import socket
+import time
+
+from relay import stats
+from relay.codec import NSQD_VERSION, split_mpub
+from relay.errors import ClientError, StoreError
+from relay.http.lookupd import LookupdApi
+from relay.http.server import (JSON, HttpError, HttpServer, Routes, Typed, existing_topic,
+                               from_store)
+from relay.metrics import CONTENT_TYPE
+from relay.options import DURATION
+
+log = logging.getLogger("relay.http")
+
+BOOLS = {"true": True, "1": True, "false": False, "0": False}
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def nsqd_server(broker) -> HttpServer:
+    """The server of --http-address and --https-address: nsqd's API and nsqlookupd's
+    queries, so a client can use a broker as its lookupd."""
+    api = NsqdApi(broker)
+    return HttpServer(broker, {**api.routes(), **LookupdApi(broker).queries()},
+                      prefixes={"/config/": {"GET": api.config, "PUT": api.config}})
+
+
+class NsqdApi:
+    """nsqd's endpoints of one broker."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self.options = broker.options
+        self.start_time = int(time.time())
+
+    def routes(self) -> Routes:
+        return {
+            "/ping": {"GET": self.ping},
+            "/info": {"GET": self.info},
+            "/pub": {"POST": self.pub},
+            "/mpub": {"POST": self.mpub},
+            "/stats": {"GET": self.stats},
+            "/topic/create": {"POST": self.topic_create},
+            "/topic/delete": {"POST": self.topic_delete},
+            "/topic/empty": {"POST": self.topic_empty},
+            "/topic/pause": {"POST": self.topic_pause},
+            "/topic/unpause": {"POST": self.topic_pause},
+            "/channel/create": {"POST": self.channel_create},
+            "/channel/delete": {"POST": self.channel_delete},
+            "/channel/empty": {"POST": self.channel_empty},
+            "/channel/pause": {"POST": self.channel_pause},
+            "/channel/unpause": {"POST": self.channel_pause},
+            "/metrics": {"GET": self.metrics},
+        }
+
+    def health(self) -> str | None:
+        """None when Redis answers, else the reason."""
+        try:
+            self.broker.redis.ping()
+        except Exception as e:  # noqa: BLE001 - any failure is reported as unhealthy
+            return f"NOK - {e}"
+        return None
+
+    def ping(self, request):
+        problem = self.health()
+        if problem:
+            raise HttpError(500, problem, plain=True)
+        return "OK"
+
+    def info(self, request):
+        """http_port is the plain HTTP port, also when asked over HTTPS (as nsqd)."""
+        o = self.options
+        return {"version": NSQD_VERSION, "broadcast_address": o.broadcast_address,
+                "hostname": socket.gethostname(),
+                "http_port": self.broker.http.port,
+                "tcp_port": self.broker.tcp_port, "start_time": self.start_time,
+                "max_heartbeat_interval": o.max_heartbeat_interval * 1_000_000,
+                "max_output_buffer_size": o.max_output_buffer_size,
+                "max_output_buffer_timeout": o.max_output_buffer_timeout * 1_000_000,
+                "max_deflate_level": o.max_deflate_level}
+
+    # -- publishing ----------------------------------------------------------------
+
+    def pub(self, request):
+        body = request.body(self.options.max_msg_size, "MSG_TOO_BIG")
+        if not body:
+            raise HttpError(400, "MSG_EMPTY")
+        topic = request.topic()
+        defer = 0
+        raw = request.arg("defer")
+        if raw is not None:
+            try:
+                defer = int(raw)
+            except ValueError:
+                raise HttpError(400, "INVALID_DEFER") from None
+            if not 0 <= defer <= self.options.max_req_timeout:
+                raise HttpError(400, "INVALID_DEFER")
+        return self._publish(topic, [body], defer)
+
+    def mpub(self, request):
+        declared = request.environ.get("CONTENT_LENGTH")
+        if declared and declared.isdigit() and int(declared) > self.options.max_body_size:
+            raise HttpError(413, "BODY_TOO_BIG")
+        topic = request.topic()
+        raw = request.arg("binary")
+        binary = raw is not None and BOOLS.get(raw, True)
+        body = request.body(self.options.max_body_size, "BODY_TOO_BIG")
+        if binary:
+            try:
+                bodies = split_mpub(body, self.options.max_body_size, self.options.max_msg_size)
+            except ClientError as e:
+                raise HttpError(413, e.code[2:]) from None
+        else:
+            bodies = [line for line in body.split(b"\n") if line]
+            if any(len(b) > self.options.max_msg_size for b in bodies):
+                raise HttpError(413, "MSG_TOO_BIG")
+        if not bodies:
+            return "OK"
+        return self._publish(topic, bodies)
+
+    def _publish(self, topic: str, bodies: list, defer: int = 0) -> str:
+        broker = self.broker
+        try:
+            broker.commit.call(broker.store.publish_op(topic, bodies, defer))
+        except StoreError as e:
+            log.warning("http publish to %s failed: %s", topic, e)
+            raise HttpError(503, "EXITING") from None
+        broker.metrics.published.inc(len(bodies))
+        return "OK"
+
+    # -- topics and channels -------------------------------------------------------
+
+    def topic_create(self, request):
+        topic = request.topic()
+        from_store(self.broker, lambda s: s.create_topic(topic))
+
+    def topic_delete(self, request):
+        topic = request.required("topic")
+        if not from_store(self.broker, lambda s: s.delete_topic(topic)):
+            raise HttpError(404, "TOPIC_NOT_FOUND")
+
+    def topic_empty(self, request):
+        topic = existing_topic(self.broker, request.topic())
+        from_store(self.broker, lambda s: s.empty_topic(topic))
+
+    def topic_pause(self, request):
+        topic = existing_topic(self.broker, request.required("topic"))
+        from_store(self.broker, lambda s: s.pause_topic(topic, _pausing(request)))
+
+    def channel_create(self, request):
+        topic, channel = request.topic_channel()
+        existing_topic(self.broker, topic)
+        from_store(self.broker, lambda s: s.create_channel(topic, channel))
+
+    def channel_delete(self, request):
+        topic, channel = request.topic_channel()
+        existing_topic(self.broker, topic)
+        if not from_store(self.broker, lambda s: s.delete_channel(topic, channel)):
+            raise HttpError(404, "CHANNEL_NOT_FOUND")
+
+    def channel_empty(self, request):
+        topic, channel = self._existing_channel(request)
+        from_store(self.broker, lambda s: s.empty_channel(topic, channel))
+
+    def channel_pause(self, request):
+        topic, channel = self._existing_channel(request)
+        from_store(self.broker, lambda s: s.pause_channel(topic, channel, _pausing(request)))
+
+    def _existing_channel(self, request) -> tuple[str, str]:
+        topic, channel = request.topic_channel()
+        existing_topic(self.broker, topic)
+        if channel not in from_store(self.broker, lambda s: s.channel_names(topic)):
+            raise HttpError(404, "CHANNEL_NOT_FOUND")
+        return topic, channel
+
+    # -- configuration and figures ---------------------------------------------------
+
+    def config(self, request):
+        """GET /config/:opt: an option by its config name; durations in ns as nsqd's JSON.
+        PUT changes log_level at run time, the one option nsqd's PUT has that relay uses."""
+        name = request.path[len("/config/"):]
+        spec = {f.name: f for f in dataclasses.fields(self.broker.options)}.get(name)
+        if spec is None or spec.metadata.get("secret"):
+            raise HttpError(400, "INVALID_OPTION")
+        if request.method == "PUT":
+            self._set_option(name, request.body(self.options.max_msg_size, "INVALID_VALUE"))
+        value = getattr(self.broker.options, name)
+        if spec.metadata.get("kind") == DURATION:
+            value *= 1_000_000
+        return Typed(json.dumps(value).encode(), JSON)
+
+    def _set_option(self, name: str, body: bytes) -> None:
+        if name != "log_level":
+            raise HttpError(400, "INVALID_OPTION")
+        if not body:
+            raise HttpError(413, "INVALID_VALUE")
+        level = body.decode("latin-1").strip().lower()
+        level = {"warn": "warning"}.get(level, level)
+        if level not in LOG_LEVELS:
+            raise HttpError(400, "INVALID_VALUE")
+        logging.getLogger().setLevel(level.upper())
+        self.broker.options = dataclasses.replace(self.broker.options, log_level=level)
+
+    def metrics(self, request):
+        return Typed(from_store(self.broker, lambda s: self.broker.metrics.render()), CONTENT_TYPE)
+
+    def stats(self, request):
+        topic, channel = request.arg("topic"), request.arg("channel")
+        include_clients = BOOLS.get(request.arg("include_clients") or "", True)
+        self.broker.flush_latency()
+        data = from_store(self.broker, lambda s: stats.collect(s, topic, channel, self.broker.e2e))
+        clients = self._clients() if include_clients else {}
+        for t in data["topics"]:
+            for c in t["channels"]:
+                c["clients"] = clients.get((t["topic_name"], c["channel_name"]), [])
+        health = self.health() or "OK"
+        producers = [stats.producer_stats(c) for c in list(self.broker.clients.values())
+                     if c.pub_counts] if include_clients else []
+        if request.arg("format") != "json":
+            return stats.text(data, health, self.start_time, producers)
+        return {"version": NSQD_VERSION, "health": health, "start_time": self.start_time,
+                "topics": data["topics"], "producers": producers}
+
+    def _clients(self) -> dict:
+        """This broker's consumers, by (topic, channel), in nsqd's ClientStats shape."""
+        out: dict = {}
+        for client in self.broker.subscribed_clients():
+            channel = client.channel
+            out.setdefault((channel.topic, channel.name), []).append(stats.client_stats(client))
+        return out
+
+
+def _pausing(request) -> bool:
+    """/pause or /unpause (nsqd tells them apart the same way)."""
+    return not request.path.rstrip("/").endswith("unpause")

@@ -1,0 +1,246 @@
+"""The WSGI plumbing both HTTP APIs share (nsqd's internal/http_api), on gevent's server.
+
+Responses follow http_api.V1: 200 with the text or JSON, errors as
+`{"message":"CODE"}`, 404 NOT_FOUND for unknown paths and 405 METHOD_NOT_ALLOWED
+for a known path with the wrong method. Bodies are bounded by max-msg-size /
+max-body-size: a declared Content-Length over the limit is refused before
+reading, and a chunked body is read only up to the limit plus one byte.
+"""
+
+import json
+import logging
+from typing import Callable, NamedTuple
+from urllib.parse import parse_qs
+
+from gevent.pywsgi import WSGIServer
+
+from relay import codec
+from relay.auth import AuthError
+from relay.errors import RelayError, StoreError
+from relay.sockio import listen
+
+log = logging.getLogger("relay.http")
+
+JSON = "application/json; charset=utf-8"
+AUTHORIZED_PATHS = {
+    **{p: "publish" for p in ("/pub", "/mpub", "/topic/create", "/topic/delete",
+                              "/topic/empty", "/topic/pause", "/topic/unpause")},
+    **{p: "subscribe" for p in ("/channel/create", "/channel/delete", "/channel/empty",
+                                "/channel/pause", "/channel/unpause")}}
+MAX_CACHED_GRANTS = 10_000
+TLS_REQUIRED_EVERYWHERE = 2     # --tls-required true: no plain HTTP API either
+REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+           404: "Not Found",
+           405: "Method Not Allowed",
+           413: "Request Entity Too Large", 500: "Internal Server Error",
+           503: "Service Unavailable"}
+
+Routes = dict[str, dict[str, Callable]]     # path -> method -> handler(request)
+
+
+class HttpError(RelayError):
+    """An error reply: `{"message": text}`, or the bare text for plain-text endpoints."""
+
+    def __init__(self, code: int, text: str, plain: bool = False):
+        super().__init__(text)
+        self.code = code
+        self.text = text
+        self.plain = plain
+
+
+class Typed(NamedTuple):
+    """A body with its own content type."""
+    body: bytes
+    content_type: str
+
+
+class Request:
+    """One request's path, query arguments and body, decoded with nsqd's error codes."""
+
+    def __init__(self, environ):
+        self.environ = environ
+        self.method = environ["REQUEST_METHOD"]
+        self.path = environ.get("PATH_INFO", "/")
+        self.query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+
+    def arg(self, name: str) -> str | None:
+        values = self.query.get(name)
+        return values[0] if values else None
+
+    def required(self, name: str) -> str:
+        """The argument, or nsqd's 400 MISSING_ARG_<NAME>; present but empty counts as given."""
+        value = self.arg(name)
+        if value is None:
+            raise HttpError(400, f"MISSING_ARG_{name.upper()}")
+        return value
+
+    def topic(self) -> str:
+        """The topic of /pub, /mpub and /topic/*: nsqd calls a bad name INVALID_TOPIC there."""
+        name = self.required("topic")
+        if not codec.is_valid_name(name):
+            raise HttpError(400, "INVALID_TOPIC")
+        return name
+
+    def topic_channel(self) -> tuple[str, str]:
+        """The topic and channel of /channel/*, where nsqd says INVALID_ARG_TOPIC."""
+        topic = self.required("topic")
+        if not codec.is_valid_name(topic):
+            raise HttpError(400, "INVALID_ARG_TOPIC")
+        channel = self.required("channel")
+        if not codec.is_valid_name(channel):
+            raise HttpError(400, "INVALID_ARG_CHANNEL")
+        return topic, channel
+
+    def body(self, limit: int, too_big: str) -> bytes:
+        """The body, or 413 too_big past `limit` bytes, without reading more than limit+1."""
+        declared = self.environ.get("CONTENT_LENGTH")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise HttpError(413, too_big)
+        data = self.environ["wsgi.input"].read(limit + 1)
+        if len(data) > limit:
+            raise HttpError(413, too_big)
+        return data
+
+
+def from_store(broker, fn):
+    """fn(store); a Redis failure answers 500 INTERNAL_ERROR, as any failure inside nsqd."""
+    try:
+        return fn(broker.store)
+    except StoreError as e:
+        log.warning("http: %s", e)
+        raise HttpError(500, "INTERNAL_ERROR") from None
+
+
+def existing_topic(broker, topic: str) -> str:
+    """The topic, or 404 TOPIC_NOT_FOUND: nsqd and nsqlookupd answer only for known topics."""
+    if topic not in from_store(broker, lambda s: s.topic_names()):
+        raise HttpError(404, "TOPIC_NOT_FOUND")
+    return topic
+
+
+class HttpServer:
+    """One API's routes on one or more listening addresses (nsqd's API also on
+    --https-address), with the TLS and Bearer auth checks in front of every route."""
+
+    def __init__(self, broker, routes: Routes, prefixes: Routes | None = None):
+        self.broker = broker
+        self.routes = routes
+        self.prefixes = prefixes or {}      # routes for every path under a prefix
+        self.bearer = BearerAuth(broker)
+        self.servers: list[WSGIServer] = []
+        self.port = 0
+
+    def start(self, address: str, ssl_context=None) -> tuple:
+        """Serve on address, over TLS with an ssl_context (--https-address)."""
+        extra = {"ssl_context": ssl_context} if ssl_context else {}
+        server = WSGIServer(listen(address), self.app, log=None, error_log=log, **extra)
+        server.start()
+        self.servers.append(server)
+        address = server.socket.getsockname()[:2]
+        if ssl_context is None:
+            self.port = address[1]
+        return address
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop(timeout=1)
+
+    def app(self, environ, start_response):
+        request = Request(environ)
+        code, data = self._answer(request)
+        status, headers, body = encode(code, data)
+        start_response(status, headers)
+        return [body]
+
+    def _answer(self, request: Request) -> tuple:
+        """(status code, data) of the request; no exception escapes to the client."""
+        try:
+            self._check_tls(request)
+            handler = self._handler(request)
+            self.bearer.check(request)
+            return 200, handler(request)
+        except HttpError as e:
+            return e.code, e.text if e.plain else {"message": e.text}
+        except Exception:
+            log.exception("http %s %s failed", request.method, request.path)
+            return 500, {"message": "INTERNAL_ERROR"}
+
+    def _check_tls(self, request: Request) -> None:
+        """--tls-required true leaves only /ping on plain HTTP, as nsqd."""
+        if (self.broker.options.tls_required == TLS_REQUIRED_EVERYWHERE
+                and request.path != "/ping"
+                and request.environ.get("wsgi.url_scheme") != "https"):
+            raise HttpError(403, "TLS_REQUIRED")
+
+    def _handler(self, request: Request) -> Callable:
+        """The route's handler: 404 for an unknown path, 405 for a known one's wrong method."""
+        methods = self.routes.get(request.path.rstrip("/") or "/")
+        for prefix, by_method in self.prefixes.items():
+            if request.path.startswith(prefix) and len(request.path) > len(prefix):
+                methods = by_method
+        if methods is None:
+            raise HttpError(404, "NOT_FOUND")
+        handler = methods.get(request.method)
+        if handler is None:
+            raise HttpError(405, "METHOD_NOT_ALLOWED")
+        return handler
+
+
+def encode(code: int, data) -> tuple[str, list, bytes]:
+    """(status, headers, body) of a handler's answer: text, bytes, None (empty), a Typed
+    body, or anything else as compact JSON, each with nsqd's v1 content-type header."""
+    headers = [("X-NSQ-Content-Type", "nsq; version=1.0")]
+    if isinstance(data, Typed):
+        headers.append(("Content-Type", data.content_type))
+        data = data.body
+    if isinstance(data, str):
+        body = data.encode()
+    elif data is None:
+        body = b""
+    elif isinstance(data, bytes):
+        body = data
+    else:
+        body = json.dumps(data, separators=(",", ":")).encode()
+        headers.append(("Content-Type", JSON))
+    headers.append(("Content-Length", str(len(body))))
+    return f"{code} {REASONS.get(code, '')}", headers, body
+
+
+class BearerAuth:
+    """AUTH on the HTTP API (beyond nsqd, whose HTTP API has none): the grant of each
+    secret is kept for its ttl, so a busy publisher does not ask the auth server each time."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self._grants: dict = {}     # (secret, tls) -> auth Grant, for its ttl
+
+    def check(self, request: Request) -> None:
+        """With AUTH on, publishing and topic/channel changes need `Authorization: Bearer
+        <secret>` granting publish on the topic or subscribe on the topic and channel."""
+        kind = AUTHORIZED_PATHS.get(request.path.rstrip("/"))
+        topic = request.arg("topic")
+        if not self.broker.auth.enabled or kind is None or topic is None:
+            return
+        scheme, _, secret = request.environ.get("HTTP_AUTHORIZATION", "").partition(" ")
+        if scheme.lower() != "bearer" or not secret:
+            raise HttpError(401, "AUTH_REQUIRED")
+        channel = (request.arg("channel") or "") if kind == "subscribe" else ""
+        if kind == "subscribe" and not channel:
+            return      # the handler answers MISSING_ARG_CHANNEL
+        if not self._grant(request, secret).allows(topic, channel):
+            raise HttpError(403, "UNAUTHORIZED")
+
+    def _grant(self, request: Request, secret: str):
+        tls = request.environ.get("wsgi.url_scheme") == "https"
+        grant = self._grants.get((secret, tls))
+        if grant is None or grant.expired:
+            try:
+                grant = self.broker.auth.grant(secret, request.environ.get("REMOTE_ADDR", ""),
+                                               tls, "")
+            except AuthError as e:
+                log.warning("http: AUTH failed: %s", e)
+                raise HttpError(503, "AUTH_FAILED") from None
+            if len(self._grants) >= MAX_CACHED_GRANTS:
+                self._grants.clear()
+            self._grants[(secret, tls)] = grant
+        return grant
