@@ -56,8 +56,9 @@ def broker(config, **flags):
     except ConfigError as e:
         click.echo(f"relay: {e}", err=True)
         sys.exit(2)
-    except OSError as e:
-        click.echo(f"relay: cannot listen on {options.tcp_address}: {e.strerror}", err=True)
+    except OSError as e:  # a listener's, naming its address (relay.sockio.listen)
+        click.echo(f"relay: cannot listen on {e.filename}: {e.strerror}" if e.filename
+                   else f"relay: {e}", err=True)
         sys.exit(1)
 
 

@@ -46,8 +46,9 @@ def _opt(default, help, kind=None, **meta):
 class Options:
     tcp_address: str = _opt("0.0.0.0:4150", "<addr>:<port> to listen on for TCP clients")
     http_address: str = _opt("0.0.0.0:4151", "<addr>:<port> for the HTTP API (empty: none)")
-    lookupd_http_address: str = _opt("0.0.0.0:4161", "<addr>:<port> for nsqlookupd's HTTP "
-                                     "API alone (empty: none; it is on --http-address too)")
+    lookupd_http_address: str = _opt("", "<addr>:<port> for nsqlookupd's HTTP API alone, "
+                                     "e.g. 0.0.0.0:4161 (default none: it is on "
+                                     "--http-address too)")
     broadcast_address: str = _opt(socket.gethostname(), "address this broker is known by")
     redis_url: str = _opt("redis://127.0.0.1:6379/0", "Redis holding all queue state",
                           secret=True)

@@ -1,0 +1,122 @@
+"""The operator's edges of `relay`'s processes, run as real processes: which ports a
+broker binds, the one line when it cannot, what each process's --help lists."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from relay import embedded
+
+
+def relay(*args, cwd, env=None, timeout=30) -> subprocess.CompletedProcess:
+    """`python -m relay ARGS` to its end, in `cwd` (no conf/relay.toml there)."""
+    return subprocess.run([sys.executable, "-m", "relay", *args], cwd=cwd, timeout=timeout,
+                          capture_output=True, text=True, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture
+def started(tmp_path, single_redis_url):
+    """Starts `python -m relay ARGS` in the background; the processes end with the test."""
+    procs = []
+
+    def start(*args):
+        log = open(tmp_path / f"relay-{len(procs)}.log", "w+")
+        proc = subprocess.Popen([sys.executable, "-m", "relay", *args], cwd=tmp_path,
+                                stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "REDIS_URL": single_redis_url})
+        proc.log = log
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        proc.wait(10)
+        proc.log.close()
+
+
+def log_line(proc, text: str, timeout: float = 15.0) -> str:
+    """The first line of the process's log that holds `text`, once it is written."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        proc.log.seek(0)
+        for line in proc.log:
+            if text in line:
+                return line.strip()
+        assert proc.poll() is None, f"exited {proc.returncode}:\n{proc.log.read()}"
+        time.sleep(0.05)
+    raise AssertionError(f"no {text!r} in the log after {timeout}s")
+
+
+def listening_ports(pid: int) -> set:
+    """The TCP ports the process listens on (its sockets in /proc/net/tcp{,6})."""
+    fd_dir = f"/proc/{pid}/fd"
+    inodes = {link[len("socket:["):-1] for link in
+              (os.readlink(os.path.join(fd_dir, fd)) for fd in os.listdir(fd_dir))
+              if link.startswith("socket:[")}
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for row in list(f)[1:]:
+                cols = row.split()
+                if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                    ports.add(int(cols[1].rpartition(":")[2], 16))
+    return ports
+
+
+def held_port(host="127.0.0.1", port=0) -> socket.socket:
+    """A listening socket that nobody may share (no SO_REUSEPORT), as another server's."""
+    sock = socket.socket()
+    sock.bind((host, port))
+    sock.listen()
+    return sock
+
+
+# -- 17.2: a lookupd port only when asked ---------------------------------------------
+
+def test_broker_runs_beside_nsqlookupd_and_binds_no_lookupd_port_unless_asked(started):
+    try:
+        nsqlookupd = held_port("0.0.0.0", 4161)  # where a real nsqlookupd listens
+    except OSError:
+        nsqlookupd = None                        # something holds it already: as good
+    tcp, http = embedded.free_port(), embedded.free_port()
+    proc = started("broker", "--tcp-address", f"127.0.0.1:{tcp}",
+                   "--http-address", f"127.0.0.1:{http}")
+    assert f" tcp=127.0.0.1:{tcp} http=127.0.0.1:{http} https=- lookupd=- " \
+        in log_line(proc, "listening")
+    assert listening_ports(proc.pid) == {tcp, http}
+    if nsqlookupd:
+        nsqlookupd.close()
+
+    lookupd = embedded.free_port()
+    tcp2, http2 = embedded.free_port(), embedded.free_port()
+    proc = started("broker", "--tcp-address", f"127.0.0.1:{tcp2}", "--http-address",
+                   f"127.0.0.1:{http2}", "--lookupd-http-address", f"127.0.0.1:{lookupd}")
+    assert f" tcp=127.0.0.1:{tcp2} http=127.0.0.1:{http2} https=- lookupd=127.0.0.1:{lookupd} " \
+        in log_line(proc, "listening")
+    assert listening_ports(proc.pid) == {tcp2, http2, lookupd}
+
+
+# -- 17.3: the error names the address that is taken -----------------------------------
+
+@pytest.mark.parametrize("busy", ["tcp", "http", "lookupd-http"])
+def test_a_taken_port_is_named_in_one_line(busy, tmp_path, single_redis_url):
+    ports = {name: embedded.free_port() for name in ("tcp", "http", "lookupd-http")}
+    holder = held_port(port=ports[busy])
+    flags = [a for name, port in ports.items()
+             for a in (f"--{name}-address", f"127.0.0.1:{port}")]
+    result = relay("broker", *flags, "--redis-url", single_redis_url, cwd=tmp_path)
+    holder.close()
+    assert (result.returncode, result.stderr, result.stdout) == (
+        1, f"relay: cannot listen on 127.0.0.1:{ports[busy]}: Address already in use\n", "")
+
+
+def test_an_address_that_cannot_be_bound_is_named(tmp_path, single_redis_url):
+    result = relay("broker", "--tcp-address", "192.0.2.1:4150", "--redis-url",
+                   single_redis_url, cwd=tmp_path)
+    assert (result.returncode, result.stderr) == (
+        1, "relay: cannot listen on 192.0.2.1:4150: Cannot assign requested address\n")
