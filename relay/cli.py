@@ -9,19 +9,23 @@ from urllib.parse import urlparse
 import click
 
 from relay.errors import ConfigError
-from relay.options import OPTION_NAMES, Options, load_options, option_flag, option_help
+from relay.options import (BROKER, JOBS, REDIS, SCANNER, Options, load_options, option_flag,
+                           option_help, process_options)
 
 DEFAULT_CONFIG = "conf/relay.toml"
 
 
-def option_flags(command):
-    """Every Options field as a flag with nsqd's name (--msg-timeout ...), plus --config."""
-    for name in reversed(OPTION_NAMES):
-        command = click.option(f"--{option_flag(name)}", name, default=None,
-                               metavar="VALUE", help=option_help(name))(command)
-    return click.option("--config", type=click.Path(dir_okay=False), default=None,
-                        help=f"TOML file with options (default {DEFAULT_CONFIG} if present; "
-                             "or RELAY_CONFIG)")(command)
+def option_flags(process: str):
+    """The options the process uses as flags with nsqd's names (--msg-timeout ...), plus
+    --config."""
+    def add(command):
+        for name in reversed(process_options(process)):
+            command = click.option(f"--{option_flag(name)}", name, default=None,
+                                   metavar="VALUE", help=option_help(name))(command)
+        return click.option("--config", type=click.Path(dir_okay=False), default=None,
+                            help=f"TOML file with options (default {DEFAULT_CONFIG} if "
+                                 "present; or RELAY_CONFIG)")(command)
+    return add
 
 
 def load(config, flags) -> Options:
@@ -44,7 +48,7 @@ def main():
 
 
 @main.command()
-@option_flags
+@option_flags(BROKER)
 def broker(config, **flags):
     """Serve the NSQ TCP protocol (as nsqd) on --tcp-address."""
     from gevent import monkey
@@ -63,7 +67,7 @@ def broker(config, **flags):
 
 
 @main.command()
-@option_flags
+@option_flags(SCANNER)
 def scanner(config, **flags):
     """Requeue timed-out in-flight messages and due deferred messages."""
     options = load(config, flags)
@@ -72,7 +76,7 @@ def scanner(config, **flags):
 
 
 @main.command()
-@option_flags
+@option_flags(JOBS)
 def jobs(config, **flags):
     """Run the rq worker for long admin jobs once Redis answers, and again if it dies."""
     options = load(config, flags)
@@ -84,7 +88,7 @@ def jobs(config, **flags):
 
 
 @main.command()
-@option_flags
+@option_flags(REDIS)
 @click.option("--redis-conf", default="conf/redis.conf", show_default=True,
               help="redis.conf for the embedded server")
 @click.option("--data-dir", default="var/redis", show_default=True)

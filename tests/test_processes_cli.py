@@ -2,6 +2,7 @@
 broker binds, the one line when it cannot, what each process's --help lists."""
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import time
 import pytest
 
 from relay import embedded
+from relay.options import OPTION_NAMES, option_flag
 
 
 def relay(*args, cwd, env=None, timeout=30) -> subprocess.CompletedProcess:
@@ -120,3 +122,37 @@ def test_an_address_that_cannot_be_bound_is_named(tmp_path, single_redis_url):
                    single_redis_url, cwd=tmp_path)
     assert (result.returncode, result.stderr) == (
         1, "relay: cannot listen on 192.0.2.1:4150: Cannot assign requested address\n")
+
+
+# -- 17.4: each process's --help lists its own options --------------------------------
+
+def help_flags(process: str, cwd) -> set:
+    result = relay(process, "--help", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    return set(re.findall(r"^  (--[a-z0-9-]+)", result.stdout, re.M))
+
+
+SCANNER_ONLY = {"--queue-scan-interval", "--queue-scan-limit", "--dead-letter-topic"}
+
+
+@pytest.mark.parametrize("process, flags", [
+    ("scanner", {"--config", "--redis-url", "--redis-timeout", "--log-level", "--help",
+                 *SCANNER_ONLY}),
+    ("jobs", {"--config", "--redis-url", "--log-level", "--help"}),
+    ("redis", {"--config", "--redis-url", "--redis-conf", "--data-dir", "--cluster",
+               "--help"}),
+])
+def test_each_process_lists_the_options_it_uses(process, flags, tmp_path):
+    assert help_flags(process, tmp_path) == flags
+
+
+def test_broker_lists_every_option_but_the_scanners(tmp_path):
+    every = {f"--{option_flag(name)}" for name in OPTION_NAMES}
+    assert help_flags("broker", tmp_path) == every - SCANNER_ONLY | {"--config", "--help"}
+    assert {"--tls-cert", "--output-buffer-timeout", "--max-attempts"} < every - SCANNER_ONLY
+
+
+def test_a_flag_of_another_process_is_refused(tmp_path):
+    result = relay("scanner", "--tls-cert", "conf/server.pem", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == "Error: No such option '--tls-cert'."
