@@ -16,6 +16,7 @@ from marshmallow import Schema, ValidationError, fields, post_load, validate
 
 from relay.errors import ConfigError
 from relay.codec import is_valid_name
+from relay.log import LEVELS
 
 DURATION = "duration"
 DEFAULT_DEAD_LETTER_TOPIC = "{topic}.dead"
@@ -109,7 +110,7 @@ class Options:
         flag="e2e-processing-latency-percentile")
     e2e_processing_latency_window_time: int = _opt(
         600_000, "time window over which those quantiles are computed", DURATION)
-    log_level: str = _opt("info", "debug, info, warning or error",
+    log_level: str = _opt("info", "debug, info, warn, error or fatal, as nsqd (or warning)",
                           used_by=(BROKER, SCANNER, JOBS))
 
     @property
@@ -165,6 +166,16 @@ class _TlsRequired(fields.Field):
         if key not in self.WORDS:
             raise ValidationError(f"not one of false, tcp-https, true (0, 1, 2): {value!r}")
         return self.WORDS[key]
+
+
+class _LogLevel(fields.Field):
+    """nsqd's level names in any case, kept in lower case; Python's warning too."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        level = str(value).lower()
+        if level not in LEVELS:
+            raise ValidationError(f"not one of debug, info, warn, error, fatal: {value!r}")
+        return level
 
 
 def _check_tls(opts) -> None:
@@ -232,7 +243,7 @@ class OptionsSchema(Schema):
     redis_timeout = _Duration(validate=_positive)
     e2e_processing_latency_percentiles = _Quantiles()
     e2e_processing_latency_window_time = _Duration(validate=_positive)
-    log_level = fields.String(validate=validate.OneOf(["debug", "info", "warning", "error"]))
+    log_level = _LogLevel()
 
     @post_load
     def make(self, data, **kwargs):

@@ -156,3 +156,32 @@ def test_a_flag_of_another_process_is_refused(tmp_path):
     result = relay("scanner", "--tls-cert", "conf/server.pem", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == "Error: No such option '--tls-cert'."
+
+
+# -- 25.8: nsqd's log level names -----------------------------------------------------
+
+@pytest.mark.parametrize("source, level", [("flag", "warn"), ("config", "fatal"),
+                                           ("env", "WARN"), ("flag", "warning")])
+def test_nsqd_log_levels_are_accepted(source, level, started, tmp_path, monkeypatch):
+    tcp = embedded.free_port()
+    args = ["broker", "--tcp-address", f"127.0.0.1:{tcp}", "--http-address", ""]
+    if source == "flag":
+        args += ["--log-level", level]
+    elif source == "config":
+        (tmp_path / "conf").mkdir()
+        (tmp_path / "conf" / "relay.toml").write_text(f'log_level = "{level}"\n')
+    else:
+        monkeypatch.setenv("RELAY_LOG_LEVEL", level)
+    proc = started(*args)
+    embedded.wait_for_port("127.0.0.1", tcp, proc)
+    proc.terminate()
+    assert proc.wait(15) == 0
+    proc.log.seek(0)
+    assert proc.log.read() == ""  # no info line: neither "listening" nor "stopping"
+
+
+def test_an_unknown_log_level_is_one_line(tmp_path):
+    result = relay("scanner", "--log-level", "verbose", cwd=tmp_path)
+    assert (result.returncode, result.stderr) == (
+        2, "relay: invalid log_level: not one of debug, info, warn, error, fatal: "
+           "'verbose'\n")
