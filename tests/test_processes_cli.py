@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+import trustme
 
 from relay import embedded
 from relay.options import OPTION_NAMES, option_flag
@@ -78,6 +79,19 @@ def held_port(host="127.0.0.1", port=0) -> socket.socket:
     return sock
 
 
+@pytest.fixture(scope="module")
+def pem(tmp_path_factory):
+    """A CA's certificate, a server certificate and its key, and another key."""
+    folder = tmp_path_factory.mktemp("pem")
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
+    cert = ca.issue_cert("127.0.0.1")
+    cert.cert_chain_pems[0].write_to_path(str(folder / "server.pem"))
+    cert.private_key_pem.write_to_path(str(folder / "server.key"))
+    ca.issue_cert("127.0.0.1").private_key_pem.write_to_path(str(folder / "other.key"))
+    return folder
+
+
 # -- 17.2: a lookupd port only when asked ---------------------------------------------
 
 def test_broker_runs_beside_nsqlookupd_and_binds_no_lookupd_port_unless_asked(started):
@@ -105,13 +119,14 @@ def test_broker_runs_beside_nsqlookupd_and_binds_no_lookupd_port_unless_asked(st
 
 # -- 17.3: the error names the address that is taken -----------------------------------
 
-@pytest.mark.parametrize("busy", ["tcp", "http", "lookupd-http"])
-def test_a_taken_port_is_named_in_one_line(busy, tmp_path, single_redis_url):
-    ports = {name: embedded.free_port() for name in ("tcp", "http", "lookupd-http")}
+@pytest.mark.parametrize("busy", ["tcp", "http", "lookupd-http", "https"])
+def test_a_taken_port_is_named_in_one_line(busy, pem, single_redis_url):
+    ports = {name: embedded.free_port() for name in ("tcp", "http", "lookupd-http", "https")}
     holder = held_port(port=ports[busy])
     flags = [a for name, port in ports.items()
              for a in (f"--{name}-address", f"127.0.0.1:{port}")]
-    result = relay("broker", *flags, "--redis-url", single_redis_url, cwd=tmp_path)
+    result = relay("broker", *flags, "--tls-cert", "server.pem", "--tls-key", "server.key",
+                   "--redis-url", single_redis_url, cwd=pem)
     holder.close()
     assert (result.returncode, result.stderr, result.stdout) == (
         1, f"relay: cannot listen on 127.0.0.1:{ports[busy]}: Address already in use\n", "")
@@ -185,3 +200,23 @@ def test_an_unknown_log_level_is_one_line(tmp_path):
     assert (result.returncode, result.stderr) == (
         2, "relay: invalid log_level: not one of debug, info, warn, error, fatal: "
            "'verbose'\n")
+
+
+# -- 25.3: a certificate or key that cannot be used is named ---------------------------
+
+@pytest.mark.parametrize("cert, key, ca, error", [
+    ("conf/server.pem", "server.key", "",
+     "--tls-cert conf/server.pem: No such file or directory"),
+    ("server.pem", "conf/server.key", "", "--tls-key conf/server.key: No such file or directory"),
+    ("server.pem", "server.key", "conf/ca.pem",
+     "--tls-root-ca-file conf/ca.pem: No such file or directory"),
+    ("server.pem", ".", "", "--tls-key .: Is a directory"),
+    ("server.key", "server.key", "", "--tls-cert server.key: no PEM certificate in it"),
+    ("server.pem", "server.pem", "", "--tls-key server.pem: no PEM private key in it"),
+    ("server.pem", "other.key", "", "--tls-key other.key: not the key of --tls-cert server.pem"),
+])
+def test_a_certificate_or_key_that_cannot_be_used_is_named(cert, key, ca, error, pem):
+    flags = ["--tls-cert", cert, "--tls-key", key] + (["--tls-root-ca-file", ca] if ca else [])
+    result = relay("broker", *flags, "--tcp-address", f"127.0.0.1:{embedded.free_port()}",
+                   "--http-address", "", cwd=pem)
+    assert (result.returncode, result.stderr) == (2, f"relay: {error}\n")

@@ -1,0 +1,64 @@
+"""What the README tells a newcomer to run, run as written (ports moved to free ones)."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from relay import embedded
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def readme_commands(first: str) -> list:
+    """The commands of the README's indented block that starts with `first`, each with
+    its continuation lines joined."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        lines = f.read().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("    " + first))
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("    "):
+            break
+        block.append(line[4:])
+    commands, current = [], ""
+    for line in block:
+        current += line.rstrip("\\").strip() + " "
+        if not line.endswith("\\"):
+            commands.append(current.strip())
+            current = ""
+    return commands
+
+
+@pytest.mark.skipif(not (shutil.which("openssl") and shutil.which("curl")),
+                    reason="needs openssl and curl")
+def test_tls_example(tmp_path, single_redis_url):
+    (tmp_path / "conf").mkdir()
+    shutil.copy(os.path.join(ROOT, "conf", "auth.example.json"), tmp_path / "conf")
+    for command in readme_commands("openssl req"):
+        subprocess.run(command, shell=True, cwd=tmp_path, check=True, capture_output=True)
+    broker, curl = readme_commands(".venv/bin/relay broker --tls-cert")
+    tcp, https = embedded.free_port(), embedded.free_port()
+    broker = broker.replace(".venv/bin/relay", f"{sys.executable} -m relay") \
+        .replace("0.0.0.0:4152", f"127.0.0.1:{https}")
+    proc = subprocess.Popen(f"exec {broker} --tcp-address 127.0.0.1:{tcp} --http-address ''"
+                            f" --redis-url {single_redis_url}", shell=True, cwd=tmp_path,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        embedded.wait_for_port("127.0.0.1", https, proc)
+        published = subprocess.run(curl.replace(":4152", f":{https}"), shell=True,
+                                   cwd=tmp_path, capture_output=True, text=True)
+        assert (published.returncode, published.stdout) == (0, "OK")
+        refused = subprocess.run(curl.replace(":4152", f":{https}")
+                                 .replace("orders-producer-secret", "billing-secret"),
+                                 shell=True, cwd=tmp_path, capture_output=True, text=True)
+        assert refused.stdout == '{"message":"UNAUTHORIZED"}'
+        no_cert = subprocess.run(curl.replace(":4152", f":{https}")
+                                 .replace("--cert conf/client.pem --key conf/client.key", ""),
+                                 shell=True, cwd=tmp_path, capture_output=True, text=True)
+        assert no_cert.returncode != 0 and no_cert.stdout == ""
+    finally:
+        proc.terminate()
+        proc.wait(10)
