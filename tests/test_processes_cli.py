@@ -14,6 +14,8 @@ import trustme
 from relay import embedded
 from relay.options import OPTION_NAMES, option_flag
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def relay(*args, cwd, env=None, timeout=30) -> subprocess.CompletedProcess:
     """`python -m relay ARGS` to its end, in `cwd` (no conf/relay.toml there)."""
@@ -220,3 +222,29 @@ def test_a_certificate_or_key_that_cannot_be_used_is_named(cert, key, ca, error,
     result = relay("broker", *flags, "--tcp-address", f"127.0.0.1:{embedded.free_port()}",
                    "--http-address", "", cwd=pem)
     assert (result.returncode, result.stderr) == (2, f"relay: {error}\n")
+
+
+# -- 25.9: one folder per embedded server ------------------------------------------------
+
+def test_embedded_servers_on_two_ports_keep_apart_and_a_held_folder_is_refused(
+        started, tmp_path):
+    import redis as redis_py
+    conf = os.path.join(ROOT, "conf", "redis.conf")  # AOF on
+    first, second = embedded.free_port(), embedded.free_port()
+    servers = {}
+    for port in (first, second):
+        servers[port] = started("redis", "--redis-url", f"redis://127.0.0.1:{port}/0",
+                                "--data-dir", "data", "--redis-conf", conf)
+        embedded.wait_for_port("127.0.0.1", port, servers[port])
+        redis_py.Redis(port=port).set("written-on", port)
+    assert sorted(os.listdir(tmp_path / "data")) == sorted([str(first), str(second)])
+    for port in (first, second):
+        assert redis_py.Redis(port=port).keys() == [b"written-on"]
+        assert "appendonly.aof" in os.listdir(tmp_path / "data" / str(port)) or \
+            "appendonlydir" in os.listdir(tmp_path / "data" / str(port))
+
+    again = relay("redis", "--redis-url", f"redis://127.0.0.1:{first}/0", "--data-dir",
+                  "data", "--redis-conf", conf, cwd=tmp_path)
+    assert (again.returncode, again.stderr) == (
+        2, f"relay: data/{first} is in use by the server of pid {servers[first].pid}\n")
+    assert redis_py.Redis(port=first).get("written-on") == str(first).encode()
