@@ -140,10 +140,10 @@ def _run_cluster(ports: list, data_dir: str, conf: str | None) -> None:
 @click.option("-f", "--procfile", default="Procfile", show_default=True)
 @click.option("-c", "--concurrency", default=None, help="e.g. broker=3 (SO_REUSEPORT)")
 def up(procfile, concurrency):
-    """Everything for a laptop under honcho: embedded Redis (unless REDIS_URL is set),
-    a broker, a scanner and the jobs worker."""
+    """Everything for a laptop under honcho: the embedded Redis on --redis-url's port
+    (unless REDIS_URL names a server to use), a broker, a scanner and the jobs worker."""
     processes = ["broker", "scanner", "jobs"]
-    if not (os.environ.get("REDIS_URL") or os.environ.get("RELAY_REDIS_URL")):
+    if not os.environ.get("REDIS_URL"):
         processes.insert(0, "redis")
     bin_dir = os.path.dirname(sys.executable)
     os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")

@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -62,3 +63,30 @@ def test_tls_example(tmp_path, single_redis_url):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_second_stack_on_other_ports(tmp_path):
+    import redis as redis_py
+    [command] = readme_commands("RELAY_TCP_ADDRESS=")
+    tcp, http, redis_port = (embedded.free_port() for _ in range(3))
+    command = command.replace(":5150", f":{tcp}").replace(":5151", f":{http}") \
+        .replace(":6380", f":{redis_port}") \
+        .replace("scripts/up", f"exec {sys.executable} -m relay up")
+    shutil.copy(os.path.join(ROOT, "Procfile"), tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    log = open(tmp_path / "up.log", "w")
+    proc = subprocess.Popen(command, shell=True, cwd=tmp_path, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        for port in (redis_port, tcp, http):
+            embedded.wait_for_port("127.0.0.1", port, proc, timeout=30)
+        published = subprocess.run(["curl", "-s", "-d", "hi",
+                                    f"http://127.0.0.1:{http}/pub?topic=second"],
+                                   capture_output=True, text=True)
+        assert published.stdout == "OK"
+        assert redis_py.Redis(port=redis_port).smembers("relay:topics") == {b"second"}
+        assert os.listdir(tmp_path / "var" / "redis") == [str(redis_port)]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+        log.close()
