@@ -1,6 +1,7 @@
 """What the README tells a newcomer to run, run as written (ports moved to free ones)."""
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -90,3 +91,18 @@ def test_a_second_stack_on_other_ports(tmp_path):
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
         log.close()
+
+
+def test_links_lead_to_the_project_own_files_and_sections():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    assert "../" not in text  # nothing outside the project
+    anchors = {re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+               for title in re.findall(r"^#+ (.+)$", text, re.M)}
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        path, _, anchor = target.partition("#")
+        if path:
+            full = os.path.normpath(os.path.join(ROOT, path))
+            assert full.startswith(ROOT + os.sep) and os.path.exists(full), target
+        else:
+            assert anchor in anchors, target
