@@ -108,7 +108,7 @@ def redis(config, redis_conf, data_dir, masters, **flags):
         if masters:
             _run_cluster([port + i for i in range(masters)], data_dir, conf)
         node_dir = os.path.join(data_dir, str(port))
-        embedded.lock_data_dir(node_dir)  # the lock passes to the server, which execs here
+        embedded.lock_data_dir(node_dir)  # kept by the server exec'd below
         args = embedded.server_args(port, node_dir, conf, url.hostname or "127.0.0.1")
     except ConfigError as e:
         click.echo(f"relay: {e}", err=True)

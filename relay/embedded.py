@@ -51,7 +51,7 @@ def lock_data_dir(path: str) -> None:
     except BlockingIOError:
         holder = os.read(fd, 20).decode().strip()
         os.close(fd)
-        raise ConfigError(f"{path} is in use by the server of pid {holder}") from None
+        raise ConfigError(f"{path} is in use by the server of pid {holder or '?'}") from None
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
     os.set_inheritable(fd, True)
