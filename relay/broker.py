@@ -91,17 +91,17 @@ class Broker:
         self.tcp_port = address[1]
         http = self.http.start(self.options.http_address) if self.options.http_address \
             else ("-", 0)
-        if self.options.lookupd_http_address:
-            self.lookupd.start(self.options.lookupd_http_address)
-        if self.tls_context and self.options.https_address:
-            self.http.start(self.options.https_address, self.tls_context)
+        lookupd = self.lookupd.start(self.options.lookupd_http_address) \
+            if self.options.lookupd_http_address else ("-", 0)
+        https = self.http.start(self.options.https_address, self.tls_context) \
+            if self.tls_context and self.options.https_address else ("-", 0)
         self._greenlets.append(gevent.spawn(self.registry.register, {
             "hostname": socket.gethostname(), "broadcast_address": self.options.broadcast_address,
             "remote_address": f"{self.options.broadcast_address}:{self.tcp_port}",
             "tcp_port": self.tcp_port, "http_port": http[1], "version": NSQD_VERSION},
             self.announced_clients))
-        log.info("broker %s listening tcp=%s:%s http=%s:%s redis=%s", self.id, *address, *http,
-                 _redacted(self.options.redis_url))
+        log.info("broker %s listening tcp=%s http=%s https=%s lookupd=%s redis=%s", self.id,
+                 *map(_where, (address, http, https, lookupd)), _redacted(self.options.redis_url))
         return address
 
     def serve_forever(self) -> None:
@@ -269,6 +269,11 @@ class Broker:
         while True:
             gevent.sleep(LATENCY_FLUSH_INTERVAL)
             self.flush_latency()
+
+
+def _where(address: tuple) -> str:
+    """host:port of a listener, "-" for one that is off (port 0)."""
+    return f"{address[0]}:{address[1]}" if address[1] else "-"
 
 
 def _redacted(url: str) -> str:

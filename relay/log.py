@@ -4,6 +4,10 @@ import logging
 import sys
 import time
 
+# nsqd's level names (nsqd --log-level), and Python's "warning"
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
+          "warning": logging.WARNING, "error": logging.ERROR, "fatal": logging.CRITICAL}
+
 
 class LogfmtFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -17,10 +21,15 @@ class LogfmtFormatter(logging.Formatter):
         return line
 
 
+def set_level(name: str) -> None:
+    """Log from level `name` (one of LEVELS, any case) up; KeyError for another name."""
+    logging.getLogger().setLevel(LEVELS[name.lower()])
+
+
 def setup(level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(LogfmtFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    set_level(level)
     logging.getLogger("redis").setLevel(logging.WARNING)

@@ -16,6 +16,7 @@ from marshmallow import Schema, ValidationError, fields, post_load, validate
 
 from relay.errors import ConfigError
 from relay.codec import is_valid_name
+from relay.log import LEVELS
 
 DURATION = "duration"
 DEFAULT_DEAD_LETTER_TOPIC = "{topic}.dead"
@@ -38,19 +39,25 @@ def parse_duration(value) -> int:
     return int(sum(float(n) * _UNITS[u] for n, u in parts))
 
 
-def _opt(default, help, kind=None, **meta):
-    return field(default=default, metadata={"help": help, "kind": kind, **meta})
+BROKER, SCANNER, JOBS, REDIS = "broker", "scanner", "jobs", "redis"
+
+
+def _opt(default, help, kind=None, used_by=(BROKER,), **meta):
+    """An option, with the processes that use it: their flags and --help list it."""
+    return field(default=default, metadata={"help": help, "kind": kind, "used_by": used_by,
+                                            **meta})
 
 
 @dataclass(frozen=True)
 class Options:
     tcp_address: str = _opt("0.0.0.0:4150", "<addr>:<port> to listen on for TCP clients")
     http_address: str = _opt("0.0.0.0:4151", "<addr>:<port> for the HTTP API (empty: none)")
-    lookupd_http_address: str = _opt("0.0.0.0:4161", "<addr>:<port> for nsqlookupd's HTTP "
-                                     "API alone (empty: none; it is on --http-address too)")
+    lookupd_http_address: str = _opt("", "<addr>:<port> for nsqlookupd's HTTP API alone, "
+                                     "e.g. 0.0.0.0:4161 (default none: it is on "
+                                     "--http-address too)")
     broadcast_address: str = _opt(socket.gethostname(), "address this broker is known by")
     redis_url: str = _opt("redis://127.0.0.1:6379/0", "Redis holding all queue state",
-                          secret=True)
+                          used_by=(BROKER, SCANNER, JOBS, REDIS), secret=True)
     msg_timeout: int = _opt(60_000, "default time to wait for a FIN before requeueing", DURATION)
     max_msg_timeout: int = _opt(900_000, "largest msg_timeout a client may ask for", DURATION)
     max_msg_size: int = _opt(1_048_576, "largest message body in bytes")
@@ -85,21 +92,26 @@ class Options:
     auth_http_request_method: str = _opt("get", "how to ask them: get or post")
     auth_file: str = _opt("", "JSON file of secret -> auth server reply, for AUTH "
                               "without an auth server")
-    queue_scan_interval: int = _opt(100, "how often scanners look for due messages", DURATION)
-    queue_scan_limit: int = _opt(1000, "messages a scanner moves per channel per call")
+    queue_scan_interval: int = _opt(100, "how often scanners look for due messages", DURATION,
+                                    used_by=(SCANNER,))
+    queue_scan_limit: int = _opt(1000, "messages a scanner moves per channel per call",
+                                 used_by=(SCANNER,))
     max_attempts: int = _opt(0, "deliveries of a message before it goes to the dead-letter "
                              "topic (0: unlimited, as nsqd); relay-admin config sets it "
                              "per channel")
-    dead_letter_topic: str = _opt(DEFAULT_DEAD_LETTER_TOPIC, "where dead letters go ({topic} is the "
-                                  "topic's name); relay-admin config sets it per channel")
+    dead_letter_topic: str = _opt(DEFAULT_DEAD_LETTER_TOPIC, "where dead letters go ({topic} is "
+                                  "the topic's name); relay-admin config sets it per channel",
+                                  used_by=(SCANNER,))
     commit_lanes: int = _opt(4, "Redis pipelines a broker keeps in flight at once")
-    redis_timeout: int = _opt(5000, "give up on a Redis call after this long", DURATION)
+    redis_timeout: int = _opt(5000, "give up on a Redis call after this long", DURATION,
+                              used_by=(BROKER, SCANNER))
     e2e_processing_latency_percentiles: tuple = _opt(
         (), "quantiles of publish-to-FIN time shown in /stats, e.g. 0.99,0.95 (empty: off)",
         flag="e2e-processing-latency-percentile")
     e2e_processing_latency_window_time: int = _opt(
         600_000, "time window over which those quantiles are computed", DURATION)
-    log_level: str = _opt("info", "debug, info, warning or error")
+    log_level: str = _opt("info", "debug, info, warn, error or fatal, as nsqd (or warning)",
+                          used_by=(BROKER, SCANNER, JOBS))
 
     @property
     def heartbeat_interval(self) -> int:
@@ -154,6 +166,16 @@ class _TlsRequired(fields.Field):
         if key not in self.WORDS:
             raise ValidationError(f"not one of false, tcp-https, true (0, 1, 2): {value!r}")
         return self.WORDS[key]
+
+
+class _LogLevel(fields.Field):
+    """nsqd's level names in any case, kept in lower case; Python's warning too."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        level = str(value).lower()
+        if level not in LEVELS:
+            raise ValidationError(f"not one of debug, info, warn, error, fatal: {value!r}")
+        return level
 
 
 def _check_tls(opts) -> None:
@@ -221,7 +243,7 @@ class OptionsSchema(Schema):
     redis_timeout = _Duration(validate=_positive)
     e2e_processing_latency_percentiles = _Quantiles()
     e2e_processing_latency_window_time = _Duration(validate=_positive)
-    log_level = fields.String(validate=validate.OneOf(["debug", "info", "warning", "error"]))
+    log_level = _LogLevel()
 
     @post_load
     def make(self, data, **kwargs):
@@ -238,6 +260,12 @@ class OptionsSchema(Schema):
 
 
 OPTION_NAMES = [f.name for f in dataclasses.fields(Options)]
+
+
+def process_options(process: str) -> list:
+    """The options `relay PROCESS` uses, as flags; the others are read from the config
+    file and the environment alike but do nothing there."""
+    return [f.name for f in dataclasses.fields(Options) if process in f.metadata["used_by"]]
 
 
 def option_help(name: str) -> str:

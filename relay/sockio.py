@@ -15,14 +15,19 @@ def send_all(sock, data: bytes) -> None:
 
 
 def listen(address: str) -> socket.socket:
-    """A listening socket that other broker processes may share (SO_REUSEPORT)."""
+    """A listening socket that other broker processes may share (SO_REUSEPORT). An
+    OSError names the address (its `filename`), so the one line says which port."""
     host, _, port = address.rpartition(":")
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if hasattr(socket, "SO_REUSEPORT"):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host.strip("[]"), int(port)))
-    sock.listen(1024)
+    try:
+        sock.bind((host.strip("[]"), int(port)))
+        sock.listen(1024)
+    except OSError as e:
+        sock.close()
+        raise OSError(e.errno, e.strerror, address) from None
     sock.setblocking(False)
     return sock
 

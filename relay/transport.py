@@ -10,7 +10,7 @@ import zlib
 
 import snappy
 
-from relay.errors import RelayError
+from relay.errors import ConfigError, RelayError
 from relay.sockio import send_all
 
 TLS_VERSIONS = {"tls1.0": ssl.TLSVersion.TLSv1, "tls1.1": ssl.TLSVersion.TLSv1_1,
@@ -80,17 +80,43 @@ class Deflate:
 
 
 def server_context(options) -> ssl.SSLContext | None:
-    """The TLS context of --tls-cert/--tls-key, or None when TLS is off."""
+    """The TLS context of --tls-cert/--tls-key, or None when TLS is off. A file that
+    cannot be read or used is a ConfigError naming its option and path."""
     if not options.tls_cert:
         return None
+    _check_pem("tls-cert", options.tls_cert, b"-----BEGIN CERTIFICATE-----", "certificate")
+    if b"ENCRYPTED" in _check_pem("tls-key", options.tls_key, b"PRIVATE KEY-----",
+                                  "private key"):
+        raise ConfigError(f"--tls-key {options.tls_key}: encrypted (relay takes no passphrase)")
+    if options.tls_root_ca_file:
+        _check_pem("tls-root-ca-file", options.tls_root_ca_file,
+                   b"-----BEGIN CERTIFICATE-----", "certificate")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = TLS_VERSIONS[options.tls_min_version]
-    context.load_cert_chain(options.tls_cert, options.tls_key)
+    try:  # with a password, so that OpenSSL never prompts for one
+        context.load_cert_chain(options.tls_cert, options.tls_key, password=b"")
+    except ssl.SSLError as e:
+        raise ConfigError(f"--tls-key {options.tls_key}: not the key of --tls-cert "
+                          f"{options.tls_cert}" if e.reason == "KEY_VALUES_MISMATCH" else
+                          f"--tls-cert {options.tls_cert}, --tls-key {options.tls_key}: "
+                          f"cannot load them ({e.strerror})") from None
     if options.tls_root_ca_file:
         context.load_verify_locations(options.tls_root_ca_file)
     if options.tls_client_auth_policy:
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+def _check_pem(flag: str, path: str, marker: bytes, what: str) -> bytes:
+    """The file's text, if it can be read and holds a PEM `what`."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError(f"--{flag} {path}: {e.strerror}") from None
+    if marker not in text:
+        raise ConfigError(f"--{flag} {path}: no PEM {what} in it")
+    return text
 
 
 NO_TLS = {"tls_cipher_suite": "", "tls_version": "", "tls_negotiated_protocol": "",
