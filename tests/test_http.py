@@ -442,3 +442,4 @@ def test_put_config_log_level_changes_it_at_run_time(api, processes):
     assert api.json("PUT", "/config/msg_timeout", b"1000") == (
         400, {"message": "INVALID_OPTION"})
     assert api.json("PUT", "/config/log_level", b"warn") == (200, "warning")
+    assert api.json("PUT", "/config/log_level", b"FATAL") == (200, "fatal")

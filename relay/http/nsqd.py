@@ -16,13 +16,13 @@ from relay.errors import ClientError, StoreError
 from relay.http.lookupd import LookupdApi
 from relay.http.server import (JSON, HttpError, HttpServer, Routes, Typed, existing_topic,
                                from_store)
+from relay.log import LEVELS, set_level
 from relay.metrics import CONTENT_TYPE
 from relay.options import DURATION
 
 log = logging.getLogger("relay.http")
 
 BOOLS = {"true": True, "1": True, "false": False, "0": False}
-LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def nsqd_server(broker) -> HttpServer:
@@ -203,10 +203,10 @@ class NsqdApi:
         if not body:
             raise HttpError(413, "INVALID_VALUE")
         level = body.decode("latin-1").strip().lower()
-        level = {"warn": "warning"}.get(level, level)
-        if level not in LOG_LEVELS:
+        if level not in LEVELS:
             raise HttpError(400, "INVALID_VALUE")
-        logging.getLogger().setLevel(level.upper())
+        set_level(level)
+        level = {"warn": "warning"}.get(level, level)
         self.broker.options = dataclasses.replace(self.broker.options, log_level=level)
 
     def metrics(self, request):
