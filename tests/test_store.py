@@ -245,8 +245,8 @@ def test_mpub_of_2500_is_one_call_returning_the_last_id(store):
     store.publish("t", [b"first"])
     sent = [b"m%d" % i for i in range(2500)]
     calls = []
-    real_execute = store._execute
-    store._execute = lambda ops: calls.append(len(ops)) or real_execute(ops)
+    real_execute = store.runner._execute
+    store.runner._execute = lambda ops: calls.append(len(ops)) or real_execute(ops)
     assert store.publish("t", sent) == 2501
     assert calls == [1]
     q = queue(store, "t", "c")
@@ -811,7 +811,7 @@ def test_wake_notifications(store):
 def test_scripts_reloaded_after_script_flush(store):
     subscribed(store, "t", "c")
     assert store.publish("t", [b"1"]) == 1
-    shas = [s.sha for s in store.scripts.values()]
+    shas = [s.sha for s in store.runner.scripts.values()]
     assert store.redis.script_exists(*shas) == [True] * len(shas)
 
     store.redis.script_flush()

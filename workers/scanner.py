@@ -36,7 +36,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from relay import deadletter
 from relay.errors import StoreConnectionError, StoreError
-from relay.store import Store, connect_redis, keys
+from relay.store import Store, connect_redis, guarded, keys
 from relay.store.keys import TopicKeys
 
 log = logging.getLogger("relay.scanner")
@@ -69,7 +69,7 @@ class Share:
         pipe.zadd(keys.SCANNERS, {self.id: now_ms + SHARE_TTL_MS})
         pipe.zremrangebyscore(keys.SCANNERS, "-inf", now_ms)
         pipe.zrange(keys.SCANNERS, 0, -1)
-        live = sorted(s.decode() for s in self.store._guard(pipe.execute)[-1])
+        live = sorted(s.decode() for s in guarded(pipe.execute)[-1])
         rank = live.index(self.id) if self.id in live else 0
         if (rank, len(live)) != (self.rank, self.size):
             log.info("scanner %s: share %d of %d", self.id, rank, max(len(live), 1))
