@@ -10,16 +10,15 @@ the real list (fanout.lua).
 
 import secrets
 import time
-from typing import Callable, Iterator, NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import redis
 
-from relay.codec import make_record, parse_record
+from relay.codec import make_record
 from relay.store import keys
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.runner import Op, ScriptRunner, guarded, identity
 
-SIZE_COMMANDS = {b"list": "LLEN", b"zset": "ZCARD", b"hash": "HLEN", b"none": "EXISTS"}
 REGISTER_EVERY = 10.0
 STALE = b"stale"
 
@@ -213,48 +212,6 @@ class Store:
         """False if the topic did not exist; its channels go with it."""
         return self.drop(topic, delete=True) is not None
 
-    def trash_sizes(self, trash: Sequence[str]) -> list[tuple[bytes, int]]:
-        """(Redis type, entries) of each trash key."""
-        pipe = self.redis.pipeline(transaction=False)
-        for key in trash:
-            pipe.type(key)
-        kinds = self._guard(pipe.execute)
-        for key, kind in zip(trash, kinds):
-            pipe.execute_command(SIZE_COMMANDS[kind], key)
-        return list(zip(kinds, self._guard(pipe.execute)))
-
-    def free_trash(self, key: str, count: int) -> Iterator[int]:
-        """Free a trash key `count` entries per Redis call, so each call stays short;
-        yields how many each call freed."""
-        kind = self._guard(self.redis.type, key)
-        if kind == b"list":
-            return self._free_list(key, count)
-        if kind == b"zset":
-            return self._free_zset(key, count)
-        return self._free_hash(key, count)
-
-    def _free_list(self, key, count):
-        while True:
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.llen(key)
-            pipe.ltrim(key, count, -1)
-            length, _ = self._guard(pipe.execute)
-            if not length:
-                return
-            yield min(length, count)
-
-    def _free_zset(self, key, count):
-        while n := self._guard(self.redis.zremrangebyrank, key, 0, count - 1):
-            yield n
-
-    def _free_hash(self, key, count):
-        """HSCAN goes on from its cursor: nothing else writes a trash key."""
-        cursor = None
-        while cursor != 0:
-            cursor, fields = self._guard(lambda: self.redis.hscan(key, cursor or 0, count=count))
-            if fields:
-                yield self._guard(self.redis.hdel, key, *fields)
-
     def forget_topic(self, topic: str) -> None:
         self._registered.pop(topic, None)
         self.redis.srem(keys.TOPICS, topic)
@@ -330,31 +287,6 @@ class Store:
     def scan(self, topic, channel, limit=1000):
         return self.run(self.scan_op(topic, channel, limit))
 
-    # -- dead letters (relay/deadletter.py) ----------------------------------
-
-    def claim_dead(self, topic: str, channel: str, token: str, ms: int, count: int) -> list:
-        """Up to `count` records of the dead-letter outbox, if no other scanner holds it."""
-        c = ChannelKeys.of(topic, channel)
-        if not self._guard(lambda: self.redis.set(c.dead_lock, token, nx=True, px=ms)):
-            return []
-        records = self._guard(self.redis.lrange, c.dead, 0, count - 1)
-        if not records:
-            self._guard(self.redis.delete, c.dead_lock)
-        return records
-
-    def drop_dead(self, topic: str, channel: str, count: int) -> None:
-        """Forget the first `count` outbox records (published) and release the claim."""
-        c = ChannelKeys.of(topic, channel)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.ltrim(c.dead, count, -1)
-        pipe.delete(c.dead_lock)
-        self._guard(pipe.execute)
-
-    def redrive_op(self, topic: str, channel: str, records: Sequence[bytes]) -> Op:
-        """Queue records on one channel again: how many, or -1 if there is no such channel."""
-        t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
-        return Op("redrive", [t.channels, c.queue], [channel, t.wake, *records])
-
     def configure_channel(self, topic: str, channel: str, name: str, value) -> None:
         """Set (or with None, clear) a channel setting kept in its meta hash."""
         meta = ChannelKeys.of(topic, channel).meta
@@ -366,16 +298,6 @@ class Store:
     def channel_setting(self, topic: str, channel: str, name: str) -> str | None:
         value = self._guard(self.redis.hget, ChannelKeys.of(topic, channel).meta, name)
         return value.decode() if value is not None else None
-
-    def list_chunk(self, key: str, start: int, count: int) -> list:
-        return self._guard(self.redis.lrange, key, start, start + count - 1)
-
-    def remove_from_list(self, key: str, values: Sequence[bytes]) -> int:
-        """LREM each value once; how many were there."""
-        pipe = self.redis.pipeline(transaction=False)
-        for value in values:
-            pipe.lrem(key, 1, value)
-        return sum(self._guard(pipe.execute))
 
     # -- Spark micro-batches (relay/spark.py) --------------------------------
 
@@ -458,38 +380,6 @@ class Store:
         sec, usec = self._guard(self.redis.time)
         return sec * 1000 + usec // 1000
 
-    def in_flight(self, topic: str, channel: str, limit: int) -> list[dict]:
-        """The `limit` in-flight messages of a channel due first: id, deadline and
-        delivery time (ms), owner, attempts."""
-        c = ChannelKeys.of(topic, channel)
-        entries = self._guard(
-            lambda: self.redis.zrange(c.inflight, 0, limit - 1, withscores=True))
-        if not entries:
-            return []
-        ids = [msg_id for msg_id, _ in entries]
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hmget(c.leases, ids)
-        pipe.hmget(c.msgs, ids)
-        leases, records = self._guard(pipe.execute)
-        out = []
-        for (msg_id, deadline), lease, record in zip(entries, leases, records):
-            if lease is None or record is None:
-                continue  # finished meanwhile
-            delivered, _, owner = lease.decode().partition(" ")
-            out.append({"id": msg_id.decode(), "deadline_ms": int(deadline),
-                        "delivered_ms": int(delivered), "owner": owner,
-                        "attempts": parse_record(record)[1]})
-        return out
-
-    def in_flight_ids(self, topic: str, channel: str, count: int) -> Iterator[list[bytes]]:
-        """Every id in flight for the whole iteration, about `count` per Redis call
-        (ZSCAN: ids may repeat, and ids that come or go meanwhile may be missed)."""
-        key, cursor = ChannelKeys.of(topic, channel).inflight, None
-        while cursor != 0:
-            cursor, entries = self._guard(lambda: self.redis.zscan(key, cursor or 0, count=count))
-            if entries:
-                yield [msg_id for msg_id, _ in entries]
-
     def topic_names(self) -> list[str]:
         return sorted(n.decode() for n in self._guard(self.redis.smembers, keys.TOPICS))
 
@@ -508,32 +398,6 @@ class Store:
         return {"message_count": int(meta.get(b"message_count", 0)),
                 "message_bytes": int(meta.get(b"message_bytes", 0)),
                 "depth": backlog, "deferred_count": deferred, "paused": b"paused" in meta}
-
-    def add_e2e_buckets(self, slot: int, counts: dict, expire_at_ms: int) -> None:
-        """Add {(topic, channel): {bucket: FINs}} to half-window `slot` (relay/latency.py)."""
-        pipe = self.redis.pipeline(transaction=False)
-        for (topic, channel), buckets in counts.items():
-            key = ChannelKeys.of(topic, channel).e2e(slot)
-            for index, n in buckets.items():
-                pipe.hincrby(key, index, n)
-            pipe.pexpireat(key, expire_at_ms)
-        self._guard(pipe.execute)
-
-    def e2e_buckets(self, pairs: Sequence[tuple], slots: Sequence[int]) -> list[dict]:
-        """{bucket: FINs} of each (topic, channel), summed over `slots`."""
-        pipe = self.redis.pipeline(transaction=False)
-        for topic, channel in pairs:
-            for slot in slots:
-                pipe.hgetall(ChannelKeys.of(topic, channel).e2e(slot))
-        replies = iter(self._guard(pipe.execute))
-        out = []
-        for _ in pairs:
-            counts: dict = {}
-            for _ in slots:
-                for k, v in next(replies).items():
-                    counts[int(k)] = counts.get(int(k), 0) + int(v)
-            out.append(counts)
-        return out
 
     def read_channel(self, topic: str, channel: str) -> dict:
         """Depth, in-flight, deferred, counters and consumers of a channel as stored."""
