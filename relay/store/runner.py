@@ -52,16 +52,18 @@ class Script(NamedTuple):
 
 
 def load_scripts(sharded: bool = False) -> dict:
-    """Each script's source, with the files its first line names as
-    `-- include: X.lua, Y.lua` put before it. Where `sharded` (a cluster of Redis 7+):
-    wake-ups by SPUBLISH instead of PUBLISH, and CROSS_SLOT scripts flagged as such."""
+    """Each script's source, after the shared files (scripts/lib/) that its first line
+    names as `-- include: X.lua, Y.lua`, in that order. Where `sharded` (a cluster of
+    Redis 7+): wake-ups by SPUBLISH instead of PUBLISH, and CROSS_SLOT scripts flagged
+    as such on a first line of their own."""
     folder = resources.files("relay.store") / "scripts"
     scripts = {}
     for name in SCRIPT_NAMES:
         source = (folder / f"{name}.lua").read_bytes()
-        included = re.match(rb"-- include: (\S+)\n", source)
+        included = re.match(rb"-- include: ([^\n]+)\n", source)
         if included:
-            source = (folder / included.group(1).decode()).read_bytes() + source
+            libs = [lib.strip().decode() for lib in included.group(1).split(b",")]
+            source = b"".join((folder / "lib" / lib).read_bytes() for lib in libs) + source
         if sharded:
             source = source.replace(b"redis.call('PUBLISH'", b"redis.call('SPUBLISH'")
             if name in CROSS_SLOT:
