@@ -5,7 +5,6 @@ success and 1 with one line on stderr otherwise. empty, delete, requeue --all an
 redrive run as rq jobs (relay/jobs.py) when the target holds more than INLINE_LIMIT messages.
 """
 
-import datetime
 import functools
 import json
 import sys
@@ -17,6 +16,8 @@ from rq.job import JobStatus
 
 from relay import deadletter, jobs, registry
 from relay import stats as relay_stats
+from relay.admin_text import (clients_table, percent, preview, show, stats_text, summary,
+                               table, utc)
 from relay.errors import StoreConnectionError, StoreError
 from relay.codec import MSG_ID_LENGTH, is_valid_name
 from relay.store import Store
@@ -29,11 +30,6 @@ PUB_BATCH = 1000
 PUB_BATCH_BYTES = 1 << 20
 CLEAR = "\x1b[H\x1b[J"
 ENDED = (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED)
-
-STATS_COLUMNS = ["topic", "channel", "depth", "in_flight", "deferred", "messages",
-                 "requeued", "timed_out", "dead", "clients", "paused"]
-CLIENT_COLUMNS = ["broker", "channel", "client", "address", "user_agent", "ready",
-                  "in_flight", "messages", "finished", "requeued", "connected"]
 
 
 def redis_options(command):
@@ -62,33 +58,6 @@ def background_option(command):
 def fail(message: str):
     click.echo(f"relay-admin: {message}", err=True)
     sys.exit(1)
-
-
-# -- output ------------------------------------------------------------------------
-
-
-def table(rows: list[list], headers: list[str]) -> str:
-    """A plain aligned text table."""
-    cells = [headers] + [[cell(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
-    return "\n".join(lines)
-
-
-def cell(value) -> str:
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    return "-" if value is None else str(value)
-
-
-def show(data, as_json: bool, text: str) -> None:
-    click.echo(json.dumps(data, indent=2) if as_json else text)
-
-
-def utc(ms: int) -> str:
-    """A Redis ms timestamp as UTC ISO 8601."""
-    moment = datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
 # -- names ---------------------------------------------------------------------------
@@ -185,30 +154,6 @@ def stats_with_clients(store: Store, topic, channel) -> dict:
     return data
 
 
-def stats_text(data: dict) -> str:
-    rows, clients = [], []
-    for t in data["topics"]:
-        rows.append([t["topic_name"], "", t["depth"], "", t["deferred_count"],
-                     t["message_count"], "", "", "", "", t["paused"]])
-        for c in t["channels"]:
-            rows.append(["", c["channel_name"], c["depth"], c["in_flight_count"],
-                         c["deferred_count"], c["message_count"], c["requeue_count"],
-                         c["timeout_count"], c["dead_count"], c["client_count"], c["paused"]])
-            clients += c["clients"]
-    if not rows:
-        return "no topics"
-    text = table(rows, STATS_COLUMNS)
-    return text + "\n\n" + clients_table(clients) if clients else text
-
-
-def clients_table(clients: list[dict]) -> str:
-    rows = [[c["broker"], f"{c['topic']}/{c['channel']}", c["client_id"],
-             c["remote_address"], c["user_agent"], c["ready_count"], c["in_flight_count"],
-             c["message_count"], c["finish_count"], c["requeue_count"],
-             utc(c["connect_ts"] * 1000)] for c in clients]
-    return table(rows, CLIENT_COLUMNS)
-
-
 @main.command()
 @redis_options
 def brokers(store, as_json):
@@ -236,7 +181,7 @@ def inflight(store, as_json, target, limit):
     clients = {c["owner"]: c for c in registry.live_clients(
         store.redis, registry.live_brokers(store.redis))}
     rows = []
-    for m in store.in_flight(topic, channel, limit):
+    for m in relay_stats.in_flight(store, topic, channel, limit):
         broker, _, number = m["owner"].rpartition(":")
         client = clients.get(m["owner"], {})
         rows.append({"id": m["id"], "attempts": m["attempts"], "delivered": m["delivered_ms"],
@@ -268,13 +213,6 @@ def list_jobs(store, as_json):
          table([[r["job"], r["operation"], r["target"], r["state"], percent(r)]
                 for r in rows], ["job", "operation", "target", "state", "progress"])
          if rows else "no jobs")
-
-
-def percent(row: dict) -> str:
-    if row["total"] is None:
-        return "-"
-    done = 100 if not row["total"] else 100 * row["done"] // row["total"]
-    return f"{done}% ({row['done']}/{row['total']})"
 
 
 # -- changing --------------------------------------------------------------------------
@@ -415,16 +353,6 @@ def wait(job) -> dict:
     return job.return_value()
 
 
-def summary(result: dict) -> str:
-    target = result["target"]
-    if result["operation"] == "requeue":
-        return f"requeued {result['requeued']} messages in flight on {target}"
-    if result["operation"] == "redrive":
-        return f"redrove {result['requeued']} dead letters to {target}"
-    verb = "emptied" if result["operation"] == "empty" else "deleted"
-    return f"{verb} {target}: {result['messages']} messages dropped (ids up to {result['cut_id']})"
-
-
 SETTINGS = {"max-attempts": "max_attempts", "dead-letter-topic": "dead_letter_topic"}
 
 
@@ -483,11 +411,6 @@ def dlq(store, as_json, target, limit):
                  ["id", "attempts", "published", "reason", "body"]) if rows \
         else f"no dead letters for {target}"
     show(rows, as_json, text)
-
-
-def preview(body: str, width: int = 60) -> str:
-    body = body.replace("\n", "\\n")
-    return body if len(body) <= width else body[:width - 3] + "..."
 
 
 @main.command()

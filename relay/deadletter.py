@@ -19,11 +19,12 @@ import binascii
 import itertools
 import json
 import secrets
+from typing import Sequence
 
 from relay.errors import StoreError
 from relay.options import DEFAULT_DEAD_LETTER_TOPIC
 from relay import codec
-from relay.store import Store
+from relay.store import Op, Store, guarded
 from relay.store.keys import ChannelKeys, TopicKeys
 
 FORWARD_BATCH = 500
@@ -65,22 +66,43 @@ def read_envelope(body: bytes) -> dict | None:
         return None
 
 
+def claim_outbox(store: Store, topic: str, channel: str, token: str, ms: int,
+                 count: int) -> list:
+    """Up to `count` records of the dead-letter outbox, if no other scanner holds it."""
+    c = ChannelKeys.of(topic, channel)
+    if not guarded(lambda: store.redis.set(c.dead_lock, token, nx=True, px=ms)):
+        return []
+    records = guarded(store.redis.lrange, c.dead, 0, count - 1)
+    if not records:
+        guarded(store.redis.delete, c.dead_lock)
+    return records
+
+
+def drop_outbox(store: Store, topic: str, channel: str, count: int) -> None:
+    """Forget the first `count` outbox records (published) and release the claim."""
+    c = ChannelKeys.of(topic, channel)
+    pipe = store.redis.pipeline(transaction=False)
+    pipe.ltrim(c.dead, count, -1)
+    pipe.delete(c.dead_lock)
+    guarded(pipe.execute)
+
+
 def forward(store: Store, topic: str, channel: str, template: str) -> int:
     """Publish a channel's outbox to its dead-letter topic; how many were published."""
     token, done = secrets.token_hex(8), 0
     while True:
-        records = store.claim_dead(topic, channel, token, CLAIM_MS, FORWARD_BATCH)
+        records = claim_outbox(store, topic, channel, token, CLAIM_MS, FORWARD_BATCH)
         if not records:
             return done
         target = topic_for(store, topic, channel, template)
         if not codec.is_valid_name(target):
-            store.drop_dead(topic, channel, 0)
+            drop_outbox(store, topic, channel, 0)
             raise StoreError(f"dead-letter topic {target!r} of {topic}/{channel} is not a "
                              "valid topic name; set one with relay-admin config")
         store.publish(target, [envelope(topic, channel, r) for r in records])
         if store.channel_setting(topic, channel, LAST_TOPIC) != target:
             store.configure_channel(topic, channel, LAST_TOPIC, target)
-        store.drop_dead(topic, channel, len(records))
+        drop_outbox(store, topic, channel, len(records))
         done += len(records)
 
 
@@ -98,7 +120,7 @@ def letters(store: Store, topic: str, channel: str, chunk: int = 1000):
     for key in _sources(store, dead_topic):
         start = 0
         while True:
-            records = store.list_chunk(key, start, chunk)
+            records = guarded(store.redis.lrange, key, start, start + chunk - 1)
             for record in records:
                 letter = read_envelope(codec.parse_record(record)[3])
                 if letter and (letter["topic"], letter["channel"]) == (topic, channel):
@@ -106,6 +128,20 @@ def letters(store: Store, topic: str, channel: str, chunk: int = 1000):
             if len(records) < chunk:
                 break
             start += chunk
+
+
+def redrive_op(topic: str, channel: str, records: Sequence[bytes]) -> Op:
+    """Queue records on one channel again: how many, or -1 if there is no such channel."""
+    t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
+    return Op("redrive", [t.channels, c.queue], [channel, t.wake, *records])
+
+
+def _remove(store: Store, key: str, records: Sequence[bytes]) -> None:
+    """LREM each record once."""
+    pipe = store.redis.pipeline(transaction=False)
+    for record in records:
+        pipe.lrem(key, 1, record)
+    guarded(pipe.execute)
 
 
 def redrive(store: Store, topic: str, channel: str, chunk: int = 1000):
@@ -128,11 +164,11 @@ def redrive(store: Store, topic: str, channel: str, chunk: int = 1000):
                 fresh[letter["id"]] = codec.make_record(letter["timestamp"], 0,
                                                         letter["id"].encode(),
                                                         letter["body_bytes"])
-        if fresh and store.run(store.redrive_op(topic, channel, list(fresh.values()))) < 0:
+        if fresh and store.run(redrive_op(topic, channel, list(fresh.values()))) < 0:
             raise StoreError(f"channel {topic}/{channel} does not exist")
         seen.update(fresh)
         for key in {key for key, _, _ in batch}:
-            store.remove_from_list(key, [record for k, record, _ in batch if k == key])
+            _remove(store, key, [record for k, record, _ in batch if k == key])
         handled += len(batch)
         progress["done"], progress["requeued"] = handled, len(seen)
         yield progress

@@ -11,7 +11,7 @@ A new operation is a generator added to OPERATIONS.
 """
 
 import time
-from typing import Callable
+from typing import Callable, Iterator, Sequence
 
 from rq import Queue, Worker, get_current_job
 from rq.defaults import RQ_KEY_PREFIX
@@ -19,13 +19,15 @@ from rq.job import Job
 
 from relay import deadletter
 from relay.errors import RelayError
-from relay.store import Store
+from relay.store import Store, guarded
 from relay.store.connection import whole
+from relay.store.keys import ChannelKeys
 
 QUEUE = "relay"
 QUEUE_KEY = f"{RQ_KEY_PREFIX}:queue:{QUEUE}"
 CHUNK = 1000
 RESULT_TTL = 7 * 24 * 3600
+SIZE_COMMANDS = {b"list": "LLEN", b"zset": "ZCARD", b"hash": "HLEN", b"none": "EXISTS"}
 SAVE_INTERVAL = 0.2
 
 
@@ -48,15 +50,62 @@ def _drop(store, topic, channel, delete):
     dropped = store.detach(topic, channel, delete)
     if dropped is None:
         raise NotFound(f"{target(topic, channel)} not found")
-    sizes = store.trash_sizes(dropped.trash)
+    sizes = trash_sizes(store, dropped.trash)
     progress = {"cut_id": f"{dropped.last_id:016x}", "done": 0,
                 "total": sum(n for _, n in sizes),
                 "messages": sum(n for kind, n in sizes if kind != b"hash")}
     yield progress
     for key in dropped.trash:
-        for n in store.free_trash(key, CHUNK):
+        for n in free_trash(store, key, CHUNK):
             progress["done"] += n
             yield progress
+
+
+def trash_sizes(store: Store, trash: Sequence[str]) -> list[tuple[bytes, int]]:
+    """(Redis type, entries) of each trash key."""
+    pipe = store.redis.pipeline(transaction=False)
+    for key in trash:
+        pipe.type(key)
+    kinds = guarded(pipe.execute)
+    for key, kind in zip(trash, kinds):
+        pipe.execute_command(SIZE_COMMANDS[kind], key)
+    return list(zip(kinds, guarded(pipe.execute)))
+
+
+def free_trash(store: Store, key: str, count: int) -> Iterator[int]:
+    """Free a trash key `count` entries per Redis call, so each call stays short;
+    yields how many each call freed."""
+    kind = guarded(store.redis.type, key)
+    if kind == b"list":
+        return _free_list(store.redis, key, count)
+    if kind == b"zset":
+        return _free_zset(store.redis, key, count)
+    return _free_hash(store.redis, key, count)
+
+
+def _free_list(client, key, count):
+    while True:
+        pipe = client.pipeline(transaction=False)
+        pipe.llen(key)
+        pipe.ltrim(key, count, -1)
+        length, _ = guarded(pipe.execute)
+        if not length:
+            return
+        yield min(length, count)
+
+
+def _free_zset(client, key, count):
+    while n := guarded(client.zremrangebyrank, key, 0, count - 1):
+        yield n
+
+
+def _free_hash(client, key, count):
+    """HSCAN goes on from its cursor: nothing else writes a trash key."""
+    cursor = None
+    while cursor != 0:
+        cursor, fields = guarded(lambda: client.hscan(key, cursor or 0, count=count))
+        if fields:
+            yield guarded(client.hdel, key, *fields)
 
 
 def requeue_all(store: Store, topic: str, channel: str):
@@ -65,11 +114,21 @@ def requeue_all(store: Store, topic: str, channel: str):
     progress = {"cut_ms": store.now_ms(), "done": 0, "requeued": 0,
                 "total": store.read_channel(topic, channel)["in_flight_count"]}
     yield progress
-    for ids in store.in_flight_ids(topic, channel, CHUNK):
+    for ids in in_flight_ids(store, topic, channel, CHUNK):
         requeued = store.requeue_in_flight(topic, channel, ids, progress["cut_ms"])
         progress["requeued"] += sum(requeued)
         progress["done"] = min(progress["total"], progress["done"] + len(ids))
         yield progress
+
+
+def in_flight_ids(store: Store, topic: str, channel: str, count: int) -> Iterator[list[bytes]]:
+    """Every id in flight for the whole iteration, about `count` per Redis call
+    (ZSCAN: ids may repeat, and ids that come or go meanwhile may be missed)."""
+    key, cursor = ChannelKeys.of(topic, channel).inflight, None
+    while cursor != 0:
+        cursor, entries = guarded(lambda: store.redis.zscan(key, cursor or 0, count=count))
+        if entries:
+            yield [msg_id for msg_id, _ in entries]
 
 
 OPERATIONS = {"empty": empty, "delete": delete, "requeue": requeue_all,

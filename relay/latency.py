@@ -11,6 +11,10 @@ exact value.
 import math
 import time
 from collections import Counter, defaultdict
+from typing import Sequence
+
+from relay.store import Store, guarded
+from relay.store.keys import ChannelKeys
 
 GROWTH = 1.02
 _LOG_GROWTH = math.log(GROWTH)
@@ -78,15 +82,43 @@ class E2eLatency:
     def _slot(self) -> int:
         return int(self.clock() * 1000) // self.half_window_ms
 
-    def flush(self, store) -> None:
+    def flush(self, store: Store) -> None:
         """Add pending counts to this half-window's hashes; they expire after two."""
         if not self._pending:
             return
         pending, self._pending = self._pending, defaultdict(Counter)
         slot = self._slot()
-        store.add_e2e_buckets(slot, pending, (slot + 2) * self.half_window_ms)
+        add_buckets(store, slot, pending, (slot + 2) * self.half_window_ms)
 
-    def read(self, store, pairs) -> list[dict]:
+    def read(self, store: Store, pairs) -> list[dict]:
         """Bucket counts of each (topic, channel) over the current and previous half-window."""
         slot = self._slot()
-        return store.e2e_buckets(pairs, (slot - 1, slot))
+        return read_buckets(store, pairs, (slot - 1, slot))
+
+
+def add_buckets(store: Store, slot: int, counts: dict, expire_at_ms: int) -> None:
+    """Add {(topic, channel): {bucket: FINs}} to the hashes of half-window `slot`."""
+    pipe = store.redis.pipeline(transaction=False)
+    for (topic, channel), buckets in counts.items():
+        key = ChannelKeys.of(topic, channel).e2e(slot)
+        for index, n in buckets.items():
+            pipe.hincrby(key, index, n)
+        pipe.pexpireat(key, expire_at_ms)
+    guarded(pipe.execute)
+
+
+def read_buckets(store: Store, pairs: Sequence[tuple], slots: Sequence[int]) -> list[dict]:
+    """{bucket: FINs} of each (topic, channel), summed over `slots`."""
+    pipe = store.redis.pipeline(transaction=False)
+    for topic, channel in pairs:
+        for slot in slots:
+            pipe.hgetall(ChannelKeys.of(topic, channel).e2e(slot))
+    replies = iter(guarded(pipe.execute))
+    out = []
+    for _ in pairs:
+        counts: dict = {}
+        for _ in slots:
+            for k, v in next(replies).items():
+                counts[int(k)] = counts.get(int(k), 0) + int(v)
+        out.append(counts)
+    return out

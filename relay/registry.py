@@ -1,6 +1,6 @@
-"""The broker registry: each broker announces itself in Redis with a TTL heartbeat, so
-any broker can answer nsqlookupd's questions (/lookup, /nodes) for all of them, and
-`relay-admin` can show every broker's clients.
+"""The broker registry: each broker announces itself in Redis with a TTL heartbeat
+(relay/liveness.py), so any broker can answer nsqlookupd's questions (/lookup, /nodes)
+for all of them, and `relay-admin` can show every broker's clients.
 
 A broker killed with -9 drops out when its registration expires (3 heartbeats), and
 its clients with it. The clients are announced at each heartbeat and soon after one
@@ -9,13 +9,13 @@ subscribes or leaves, so their counters are up to a heartbeat old.
 
 import json
 import logging
-import time
 from typing import Callable
 
 import gevent
 import redis
 from gevent.event import Event
 
+from relay.liveness import Liveness
 from relay.store import keys
 
 log = logging.getLogger("relay.registry")
@@ -29,6 +29,7 @@ class Registry:
     def __init__(self, client: redis.Redis, broker_id: str):
         self.redis = client
         self.id = broker_id
+        self.brokers = broker_liveness(client)
         self.info: dict = {}
         self.clients: Callable[[], list] = list
         self._changed = Event()
@@ -55,13 +56,13 @@ class Registry:
         pipe.hset(key, mapping=self.info)
         pipe.pexpire(key, TTL_MS)
         pipe.set(keys.broker_clients_key(self.id), json.dumps(self.clients()), px=TTL_MS)
-        pipe.zadd(keys.BROKERS, {self.id: int(time.time() * 1000) + TTL_MS})
+        self.brokers.heartbeat(self.id, pipe)
         pipe.execute()
 
     def leave(self) -> None:
         try:
             pipe = self.redis.pipeline(transaction=False)
-            pipe.zrem(keys.BROKERS, self.id)
+            self.brokers.leave(self.id, pipe)
             pipe.delete(keys.broker_key(self.id))  # one key each: they may be on two nodes
             pipe.delete(keys.broker_clients_key(self.id))
             pipe.execute()
@@ -69,20 +70,21 @@ class Registry:
             log.warning("could not deregister broker %s: %s", self.id, e)
 
 
+def broker_liveness(client: redis.Redis) -> Liveness:
+    return Liveness(client, keys.BROKERS, TTL_MS)
+
+
 def live_brokers(client: redis.Redis) -> list[dict]:
     """Registrations that have not expired, oldest id first; expired ones are dropped."""
-    now = int(time.time() * 1000)
-    client.zremrangebyscore(keys.BROKERS, "-inf", now)
-    ids = client.zrangebyscore(keys.BROKERS, now, "+inf")
+    ids = broker_liveness(client).live()
     pipe = client.pipeline(transaction=False)
     for broker_id in ids:
-        pipe.hgetall(keys.broker_key(broker_id.decode()))
+        pipe.hgetall(keys.broker_key(broker_id))
     out = []
     for broker_id, info in zip(ids, pipe.execute()):
         if info:
-            out.append({"id": broker_id.decode(),
-                        **{k.decode(): v.decode() for k, v in info.items()}})
-    return sorted(out, key=lambda b: b["id"])
+            out.append({"id": broker_id, **{k.decode(): v.decode() for k, v in info.items()}})
+    return out
 
 
 def live_clients(client: redis.Redis, brokers: list[dict]) -> list[dict]:

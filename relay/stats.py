@@ -1,4 +1,5 @@
-"""Stats read from Redis, in nsqd's /stats field names (topics -> channels).
+"""Stats read from Redis, in nsqd's /stats field names (topics -> channels), and the
+in-flight messages of a channel (relay-admin inflight).
 
 Every message of relay is in Redis, so `backend_depth` equals `depth`;
 e2e_processing_latency comes from relay/latency.py.
@@ -9,8 +10,9 @@ import time
 from collections import Counter
 
 from relay.latency import NO_LATENCY, E2eLatency, describe, percentiles
-from relay.codec import is_ephemeral
-from relay.store import Store
+from relay.codec import is_ephemeral, parse_record
+from relay.store import Store, guarded
+from relay.store.keys import ChannelKeys
 
 
 def collect(store: Store, topic: str | None = None, channel: str | None = None,
@@ -53,6 +55,29 @@ def _add_latency(store: Store, topics: list, latency: E2eLatency) -> None:
             c["e2e_processing_latency"] = percentiles(buckets, latency.quantiles)
         if t["channels"]:
             t["e2e_processing_latency"] = percentiles(merged, latency.quantiles)
+
+
+def in_flight(store: Store, topic: str, channel: str, limit: int) -> list[dict]:
+    """The `limit` in-flight messages of a channel due first: id, deadline and
+    delivery time (ms), owner, attempts."""
+    c = ChannelKeys.of(topic, channel)
+    entries = guarded(lambda: store.redis.zrange(c.inflight, 0, limit - 1, withscores=True))
+    if not entries:
+        return []
+    ids = [msg_id for msg_id, _ in entries]
+    pipe = store.redis.pipeline(transaction=False)
+    pipe.hmget(c.leases, ids)
+    pipe.hmget(c.msgs, ids)
+    leases, records = guarded(pipe.execute)
+    out = []
+    for (msg_id, deadline), lease, record in zip(entries, leases, records):
+        if lease is None or record is None:
+            continue  # finished meanwhile
+        delivered, _, owner = lease.decode().partition(" ")
+        out.append({"id": msg_id.decode(), "deadline_ms": int(deadline),
+                    "delivered_ms": int(delivered), "owner": owner,
+                    "attempts": parse_record(record)[1]})
+    return out
 
 
 def client_stats(client) -> dict:

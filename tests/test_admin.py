@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from rq import Queue, SimpleWorker
 
-from relay import admin, embedded, jobs, transport
+from relay import admin, embedded, jobs, stats, transport
 from relay.registry import Registry
 from relay.stats import client_stats
 from relay.store import Store
@@ -217,7 +217,7 @@ def test_inflight_lists_ids_owners_attempts_and_deadlines(store, backend):
     store.requeue("t", "c", [("b1:4", b"0000000000000001", 0)])
     store.deliver("t", "c", [("b1:4", 60000, 2), ("b2:1", 90000, 1)])
     announce(backend, "b1", 4150, client("t", "c", "b1:4", "worker", 5001))
-    rows = store.in_flight("t", "c", 10)
+    rows = stats.in_flight(store, "t", "c", 10)
     assert [(m["id"], m["owner"], m["attempts"]) for m in rows] == [
         ("0000000000000002", "b1:4", 1), ("0000000000000003", "b1:4", 1),
         ("0000000000000001", "b2:1", 2)]

@@ -198,8 +198,8 @@ def test_a_redis_6_cluster_wakes_brokers_by_classic_pubsub(redis6_cluster, tmp_p
     SUBSCRIBE per broker. Consumers of topics on every master get each message at
     once, not at the channels' 1 s safety poll."""
     store = Store(connect(redis6_cluster))
-    store.load_scripts()
-    assert store.cluster and store.sharded is False
+    store.runner.load_scripts()
+    assert store.cluster and store.runner.sharded is False
     processes = Processes(redis6_cluster, str(tmp_path))
     try:
         _, port = processes.broker()

@@ -261,11 +261,11 @@ def test_later_submits_form_the_next_batch(fake_store, commit):
 
 def test_unreachable_redis_fails_every_submit(fake_store):
     store = fake_store
-    store.load_scripts()
+    store.runner.load_scripts()
 
     def refused(ops):
         raise redis.exceptions.ConnectionError("Connection refused")
-    store._execute = refused
+    store.runner._execute = refused
     commit = GroupCommit(store)
     try:
         results = [commit.submit(store.publish_op("t", [b"x"])),

@@ -107,9 +107,9 @@ def test_scanner_publishes_readable_letters_to_the_dead_letter_topic(channel):
 def test_a_claimed_outbox_is_left_to_its_scanner(channel):
     store = channel
     poison(store)
-    assert store.claim_dead("t", "c", "other scanner", 10_000, 10) == outbox(store)
+    assert deadletter.claim_outbox(store, "t", "c", "other scanner", 10_000, 10) == outbox(store)
     assert deadletter.forward(store, "t", "c", TEMPLATE) == 0
-    store.drop_dead("t", "c", 0)
+    deadletter.drop_outbox(store, "t", "c", 0)
     assert deadletter.forward(store, "t", "c", TEMPLATE) == 1
 
 

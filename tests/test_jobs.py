@@ -7,7 +7,7 @@ import time
 import fakeredis
 from rq import Queue, SimpleWorker
 
-from relay import jobs
+from relay import jobs, stats
 from relay.codec import parse_record
 from relay.store import Store
 from relay.store.keys import ChannelKeys, TopicKeys
@@ -35,7 +35,7 @@ def test_drop_detaches_into_trash_and_frees_it_in_chunks(store):
     assert dropped.last_id == 4
     assert [k.rsplit(":", 1)[1] for k in dropped.trash] == ["1", "2", "3", "4", "5"]
     assert all(k.startswith("relay:{t}:trash:") for k in dropped.trash)
-    assert store.trash_sizes(dropped.trash) == [(b"list", 2), (b"zset", 1), (b"zset", 1),
+    assert jobs.trash_sizes(store, dropped.trash) == [(b"list", 2), (b"zset", 1), (b"zset", 1),
                                                 (b"hash", 2), (b"hash", 1)]
     c = store.read_channel("t", "c")
     assert (c["depth"], c["in_flight_count"], c["deferred_count"], c["message_count"]) == (
@@ -44,7 +44,7 @@ def test_drop_detaches_into_trash_and_frees_it_in_chunks(store):
     store.publish("t", [b"after"])
     assert queued_bodies(store, "t", "c") == [b"after"]
 
-    assert [sum(store.free_trash(k, 1)) for k in dropped.trash] == [2, 1, 1, 2, 1]
+    assert [sum(jobs.free_trash(store, k, 1)) for k in dropped.trash] == [2, 1, 1, 2, 1]
     assert all_keys(store.redis, "relay:{t}:trash:*") == []
 
 
@@ -52,9 +52,9 @@ def test_free_trash_chunks(store):
     store.redis.rpush("relay:{t}:trash:x:1", *range(2500))
     store.redis.zadd("relay:{t}:trash:x:2", {str(i): i for i in range(2500)})
     store.redis.hset("relay:{t}:trash:x:3", mapping={str(i): i for i in range(2500)})
-    assert list(store.free_trash("relay:{t}:trash:x:1", 1000)) == [1000, 1000, 500]
-    assert list(store.free_trash("relay:{t}:trash:x:2", 1000)) == [1000, 1000, 500]
-    chunks = list(store.free_trash("relay:{t}:trash:x:3", 1000))
+    assert list(jobs.free_trash(store, "relay:{t}:trash:x:1", 1000)) == [1000, 1000, 500]
+    assert list(jobs.free_trash(store, "relay:{t}:trash:x:2", 1000)) == [1000, 1000, 500]
+    chunks = list(jobs.free_trash(store, "relay:{t}:trash:x:3", 1000))
     assert sum(chunks) == 2500 and len(chunks) >= 2
     assert all_keys(store.redis, "*") == []
 
@@ -66,10 +66,10 @@ def test_drop_deletes_channel_and_topic(store):
     assert store.detach("t", "nope", delete=True) is None
     channel = store.detach("t", "c", delete=True)
     assert store.channel_names("t") == ["d"]
-    assert store.trash_sizes(channel.trash) == [(b"list", 1)]
+    assert jobs.trash_sizes(store, channel.trash) == [(b"list", 1)]
     assert all_keys(store.redis, "relay:{t}:ch:c:*") == []
     topic = store.detach("t", delete=True)
-    assert store.trash_sizes(topic.trash) == [(b"list", 1)]
+    assert jobs.trash_sizes(store, topic.trash) == [(b"list", 1)]
     assert store.topic_names() == []
     assert store.detach("t", delete=True) is None
     assert sorted(all_keys(store.redis, "relay:{t}:*")) == sorted(
@@ -185,7 +185,7 @@ def test_requeue_all_leaves_later_deliveries_alone(store):
     for progress in steps:
         pass
     assert (progress["done"], progress["total"], progress["requeued"]) == (2400, 2400, 2400)
-    assert sorted(m["owner"] for m in store.in_flight("t", "c", 1000)) == ["b3:1"] * 200
+    assert sorted(m["owner"] for m in stats.in_flight(store, "t", "c", 1000)) == ["b3:1"] * 200
     c = store.read_channel("t", "c")
     assert (c["depth"], c["in_flight_count"], c["requeue_count"]) == (2400, 200, 2400)
     assert store.finish("t", "c", [("b1:1", b"0000000000000001")]) == [0]

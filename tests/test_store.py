@@ -6,12 +6,14 @@ as the wire would), the counters of read_topic / read_channel, and raw keys.
 
 import threading
 import time
+from importlib import resources
 
 import pytest
 
+from relay import codec
 from relay.errors import StoreError
 from relay.codec import make_record, parse_record
-from relay.store import keys
+from relay.store import keys, runner
 from relay.store.connection import is_cluster
 from relay.store.keys import ChannelKeys, TopicKeys
 from workers.scanner import Scanner
@@ -245,8 +247,8 @@ def test_mpub_of_2500_is_one_call_returning_the_last_id(store):
     store.publish("t", [b"first"])
     sent = [b"m%d" % i for i in range(2500)]
     calls = []
-    real_execute = store._execute
-    store._execute = lambda ops: calls.append(len(ops)) or real_execute(ops)
+    real_execute = store.runner._execute
+    store.runner._execute = lambda ops: calls.append(len(ops)) or real_execute(ops)
     assert store.publish("t", sent) == 2501
     assert calls == [1]
     q = queue(store, "t", "c")
@@ -808,10 +810,44 @@ def test_wake_notifications(store):
 
 # -- scripts, errors -----------------------------------------------------------
 
+def lua_lib(name: str) -> bytes:
+    return (resources.files("relay.store") / "scripts" / "lib" / name).read_bytes()
+
+
+def test_lua_record_layout_is_relay_codecs(store):
+    """record.lua's positions (1-based) and helpers agree with relay/codec.py."""
+    record = make_record(0x0102030405060708, 0x0203, b"00000000000000ff", b"body")
+    got = store.redis.eval(lua_lib("record.lua") + b"""
+        local r = ARGV[1]
+        return {RECORD_ATTEMPTS, RECORD_ID, RECORD_ID_END, record_attempts(r), record_id(r),
+                with_attempts(r, 65535), new_record(string.sub(r, 1, 8), record_id(r), 'x')}
+        """, 0, record)
+    id_start = codec.RECORD_HEADER - codec.MSG_ID_LENGTH
+    assert got[:3] == [id_start - 2 + 1, id_start + 1, codec.RECORD_HEADER]
+    assert got[3:5] == [0x0203, b"00000000000000ff"]
+    assert got[5] == make_record(0x0102030405060708, 65535, b"00000000000000ff", b"body")
+    assert got[6] == make_record(0x0102030405060708, 0, b"00000000000000ff", b"x")
+
+
+def test_included_files_come_first_and_the_cluster_flag_line_before_them(monkeypatch):
+    monkeypatch.setattr(runner, "CROSS_SLOT", ("due", "publish"))
+    plain, sharded = runner.load_scripts(), runner.load_scripts(sharded=True)
+    libs = b"".join(lua_lib(n) for n in ("fanout.lua", "time.lua", "chunked.lua", "record.lua"))
+    own = (resources.files("relay.store") / "scripts" / "publish.lua").read_bytes()
+    assert own.startswith(b"-- include: fanout.lua, time.lua, chunked.lua, record.lua\n")
+    assert plain["publish"].source == libs + own
+    flag = b"#!lua flags=allow-cross-slot-keys,no-writes\n"
+    assert sharded["publish"].source == flag + plain["publish"].source.replace(
+        b"redis.call('PUBLISH', wake", b"redis.call('SPUBLISH', wake")
+    assert b"'PUBLISH'" not in b"".join(s.source for s in sharded.values())
+    assert [n for n, s in sharded.items() if s.source.startswith(b"#!")] == ["publish", "due"]
+    assert not any(s.source.startswith(b"#!") for s in plain.values())
+
+
 def test_scripts_reloaded_after_script_flush(store):
     subscribed(store, "t", "c")
     assert store.publish("t", [b"1"]) == 1
-    shas = [s.sha for s in store.scripts.values()]
+    shas = [s.sha for s in store.runner.scripts.values()]
     assert store.redis.script_exists(*shas) == [True] * len(shas)
 
     store.redis.script_flush()

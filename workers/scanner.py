@@ -14,13 +14,13 @@ pass time to every wait (10,000 channels, 33k requeues/s: steady max lateness
 ~230 -> ~150 ms, scripts/scanner_scale.py).
 
 Scanners share the work by hash slot: each registers in `relay:scanners` with a
-heartbeat, and the one of rank i among the n live ones takes the topics whose
-slot is i modulo n. A scanner that joins or stops changes the share at the next
-heartbeat of the others; one killed with -9 leaves its share uncovered until its
-registration expires (SHARE_TTL), after which the others take it over: messages
-are requeued late, never lost. Overlaps while the share changes are harmless:
-scan.lua is atomic, so a message is requeued once. Scanners also publish dead
-letters to their dead-letter topic (relay/deadletter.py).
+heartbeat (relay/liveness.py, as brokers do), and the one of rank i among the n
+live ones takes the topics whose slot is i modulo n. A scanner that joins or stops
+changes the share at the next heartbeat of the others; one killed with -9 leaves
+its share uncovered until its registration expires (SHARE_TTL), after which the
+others take it over: messages are requeued late, never lost. Overlaps while the
+share changes are harmless: scan.lua is atomic, so a message is requeued once.
+Scanners also publish dead letters to their dead-letter topic (relay/deadletter.py).
 """
 
 import logging
@@ -30,13 +30,15 @@ import signal
 import socket
 import secrets
 import time
+from functools import cached_property
 
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException, RedisError
 
 from relay import deadletter
 from relay.errors import StoreConnectionError, StoreError
-from relay.store import Store, connect_redis, keys
+from relay.liveness import Liveness
+from relay.store import Store, connect_redis, guarded, keys
 from relay.store.keys import TopicKeys
 
 log = logging.getLogger("relay.scanner")
@@ -58,22 +60,20 @@ class Share:
         self.topics: list[str] = []
         self._renewed = float("-inf")
 
+    @cached_property
+    def scanners(self) -> Liveness:
+        """The live scanners, on the store's client (made at first use)."""
+        return Liveness(self.store.redis, keys.SCANNERS, SHARE_TTL_MS, self.clock)
+
     def renew(self) -> None:
         """Heartbeat, then learn the live scanners and the topics (every SHARE_HEARTBEAT)."""
         now = self.clock()
         if now - self._renewed < SHARE_HEARTBEAT:
             return
-        now_ms = int(now * 1000)
-        redis = self.store.redis
-        pipe = redis.pipeline(transaction=False)
-        pipe.zadd(keys.SCANNERS, {self.id: now_ms + SHARE_TTL_MS})
-        pipe.zremrangebyscore(keys.SCANNERS, "-inf", now_ms)
-        pipe.zrange(keys.SCANNERS, 0, -1)
-        live = sorted(s.decode() for s in self.store._guard(pipe.execute)[-1])
-        rank = live.index(self.id) if self.id in live else 0
-        if (rank, len(live)) != (self.rank, self.size):
-            log.info("scanner %s: share %d of %d", self.id, rank, max(len(live), 1))
-        self.rank, self.size = rank, max(len(live), 1)
+        rank, size = guarded(self.scanners.rank, self.id)
+        if (rank, size) != (self.rank, self.size):
+            log.info("scanner %s: share %d of %d", self.id, rank, size)
+        self.rank, self.size = rank, size
         self.topics = [t for t in self.store.topic_names() if self.covers(t)]
         self._renewed = now
 
@@ -82,7 +82,7 @@ class Share:
 
     def leave(self) -> None:
         try:
-            self.store.redis.zrem(keys.SCANNERS, self.id)
+            self.scanners.leave(self.id)
         except Exception as e:  # leaving is a courtesy: the registration expires anyway
             log.warning("scanner %s could not leave: %s", self.id, e)
 

@@ -14,7 +14,8 @@ import gevent
 from gevent.event import AsyncResult, Event
 
 from relay.errors import StoreConnectionError, StoreError
-from relay.store.store import Op, Store
+from relay.store.runner import Op
+from relay.store.store import Store
 
 log = logging.getLogger("relay.commit")
 

@@ -30,6 +30,13 @@ def connect(url: str, timeout: float | None = None, connect_timeout: float | Non
     return _patient(RedisCluster.from_url(_without_db(url), retry=_retry(), **kwargs))
 
 
+def connect_redis(options):
+    """A client with bounded waits, so an unreachable Redis fails calls instead of hanging;
+    a cluster client if the URL names a cluster node."""
+    timeout = options.redis_timeout / 1000
+    return connect(options.redis_url, timeout, min(timeout, 2.0), health_check_interval=30)
+
+
 def whole(client: redis.Redis):
     """A client for the whole deployment that `client` is one connection into: the
     cluster client if its server is a cluster node (rq hands jobs a plain client)."""

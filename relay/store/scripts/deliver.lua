@@ -1,6 +1,7 @@
+-- include: time.lua, chunked.lua, record.lua, lease.lua
 -- deliver: pop ready messages of one channel for this broker's clients and put
 -- them in flight, in one call for all of them. Each group is one client with its
--- own msg_timeout; attempts are incremented in the record (bytes 9-10).
+-- own msg_timeout; attempts are incremented in the record.
 -- A message already delivered max-attempts times goes to the channel's dead-letter
 -- outbox instead (the scanner forwards it to the dead-letter topic), and the
 -- group gets the next one.
@@ -11,12 +12,6 @@
 -- ARGV[1] channel name (its member in the due index)   ARGV[2] max attempts (0: unlimited)
 -- then groups of 3: owner, timeout ms, count
 -- Returns one list of records per group, in ARGV order.
--- Commands with many arguments go in chunks: Lua's unpack() has a stack limit.
-local function call_chunked(cmd, key, args)
-  for i = 1, #args, 1000 do
-    redis.call(cmd, key, unpack(args, i, math.min(i + 999, #args)))
-  end
-end
 
 local out = {}
 if redis.call('HEXISTS', KEYS[6], 'paused') == 1 then
@@ -24,8 +19,7 @@ if redis.call('HEXISTS', KEYS[6], 'paused') == 1 then
   return out
 end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local max_attempts = tonumber(redis.call('HGET', KEYS[6], 'max_attempts') or ARGV[2])
 local dead = {}
 
@@ -36,7 +30,7 @@ local function pop(count)
     local popped = redis.call('LPOP', KEYS[1], count)
     if not popped then break end
     for _, r in ipairs(popped) do
-      if max_attempts > 0 and string.byte(r, 9) * 256 + string.byte(r, 10) >= max_attempts then
+      if max_attempts > 0 and record_attempts(r) >= max_attempts then
         dead[#dead + 1] = r
       else
         records[#records + 1] = r
@@ -50,14 +44,12 @@ end
 local earliest = nil
 for g = 3, #ARGV, 3 do
   local deadline = now + tonumber(ARGV[g + 1])
-  local lease = string.format('%d %s', now, ARGV[g])
+  local lease = new_lease(now, ARGV[g])
   local records = pop(tonumber(ARGV[g + 2]))
   local msgs, inflight, leases = {}, {}, {}
   for i, r in ipairs(records) do
-    local attempts = math.min(string.byte(r, 9) * 256 + string.byte(r, 10) + 1, 65535)
-    r = string.sub(r, 1, 8) .. string.char(math.floor(attempts / 256), attempts % 256)
-        .. string.sub(r, 11)
-    local id = string.sub(r, 11, 26)
+    r = with_attempts(r, math.min(record_attempts(r) + 1, 65535))
+    local id = record_id(r)
     records[i] = r
     msgs[2 * i - 1], msgs[2 * i] = id, r
     inflight[2 * i - 1], inflight[2 * i] = deadline, id

@@ -1,3 +1,4 @@
+-- include: lease.lua
 -- finish: forget messages their owner finished (FIN), for any number of owners.
 --
 -- KEYS[1] inflight   KEYS[2] msgs   KEYS[3] leases
@@ -6,11 +7,9 @@
 local out = {}
 for i = 1, #ARGV, 2 do
   local owner, id = ARGV[i], ARGV[i + 1]
-  local lease = redis.call('HGET', KEYS[3], id)
-  if not lease then
-    out[#out + 1] = 0
-  elseif string.sub(lease, string.find(lease, ' ', 1, true) + 1) ~= owner then
-    out[#out + 1] = -1
+  local delivered, refused = held(KEYS[3], id, owner)
+  if not delivered then
+    out[#out + 1] = refused
   else
     redis.call('ZREM', KEYS[1], id)
     redis.call('HDEL', KEYS[2], id)

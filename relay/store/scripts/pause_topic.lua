@@ -1,4 +1,4 @@
--- include: fanout.lua
+-- include: fanout.lua, chunked.lua, record.lua, backlog.lua
 -- pause_topic: a paused topic keeps what is published in its backlog and fans nothing
 -- out (publish.lua and subscribe.lua check the flag); unpausing moves the backlog,
 -- deferred part included, to every channel and wakes the brokers.
@@ -21,16 +21,9 @@ end
 local records = redis.call('LRANGE', KEYS[3], 0, -1)
 local deferred = redis.call('ZRANGE', KEYS[4], 0, -1, 'WITHSCORES')
 for c = 1, N_CHANNELS do
-  for i = 1, #records, 1000 do
-    redis.call('RPUSH', channel_key(c, 'queue'), unpack(records, i, math.min(i + 999, #records)))
-  end
-  for i = 1, #deferred, 2 do
-    local record, due = deferred[i], deferred[i + 1]
-    local id = string.sub(record, 11, 26)
-    redis.call('HSET', channel_key(c, 'msgs'), id, record)
-    redis.call('ZADD', channel_key(c, 'deferred'), due, id)
-    redis.call('ZADD', KEYS[5], 'LT', due, channel_name(c))
-  end
+  call_chunked('RPUSH', channel_key(c, 'queue'), records)
+  hand_over_deferred(deferred, channel_key(c, 'msgs'), channel_key(c, 'deferred'), KEYS[5],
+                     channel_name(c))
   redis.call('HINCRBY', channel_key(c, 'meta'), 'message_count', #records + #deferred / 2)
 end
 redis.call('UNLINK', KEYS[3], KEYS[4])

@@ -1,4 +1,4 @@
--- include: fanout.lua
+-- include: fanout.lua, time.lua, chunked.lua, record.lua
 -- publish: append messages to every channel of a topic, now or deferred.
 -- With no channel yet, they wait in the topic backlog for the first one
 -- (nsqd keeps them in the topic queue the same way).
@@ -11,7 +11,7 @@
 -- Returns the id number of the last message (ids are consecutive), or the stale reply.
 local stale = stale_channels(KEYS[3])
 if stale then return stale end
-local wake, head = ARGV[ARG0 + 1], ARGV[ARG0 + 2] .. string.char(0, 0)
+local wake, timestamp = ARGV[ARG0 + 1], ARGV[ARG0 + 2]
 local defer = tonumber(ARGV[ARG0 + 3])
 local n = #ARGV - ARG0 - 3
 local last = redis.call('INCRBY', KEYS[1], n)
@@ -21,15 +21,8 @@ local ids, records, bytes = {}, {}, 0
 for i = 1, n do
   local body = ARGV[ARG0 + 3 + i]
   ids[i] = string.format('%016x', first + i - 1)
-  records[i] = head .. ids[i] .. body
+  records[i] = new_record(timestamp, ids[i], body)
   bytes = bytes + #body
-end
-
--- Commands with many arguments go in chunks: Lua's unpack() has a stack limit.
-local function call_chunked(cmd, key, args, step)
-  for i = 1, #args, step do
-    redis.call(cmd, key, unpack(args, i, math.min(i + step - 1, #args)))
-  end
 end
 
 -- {first[1], second[1], first[2], ...}; a non-table `first` repeats.
@@ -48,24 +41,23 @@ if redis.call('HEXISTS', KEYS[2], 'paused') == 1 then
 end
 if defer == 0 then
   if channels == 0 then
-    call_chunked('RPUSH', KEYS[4], records, 1000)
+    call_chunked('RPUSH', KEYS[4], records)
   end
   for c = 1, channels do
-    call_chunked('RPUSH', channel_key(c, 'queue'), records, 1000)
+    call_chunked('RPUSH', channel_key(c, 'queue'), records)
     redis.call('HINCRBY', channel_key(c, 'meta'), 'message_count', n)
   end
   if channels > 0 then
     redis.call('PUBLISH', wake, '')
   end
 else
-  local t = redis.call('TIME')
-  local due = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + defer
+  local due = now_ms() + defer
   if channels == 0 then
-    call_chunked('ZADD', KEYS[5], interleave(due, records), 1000)
+    call_chunked('ZADD', KEYS[5], interleave(due, records))
   end
   for c = 1, channels do
-    call_chunked('HSET', channel_key(c, 'msgs'), interleave(ids, records), 1000)
-    call_chunked('ZADD', channel_key(c, 'deferred'), interleave(due, ids), 1000)
+    call_chunked('HSET', channel_key(c, 'msgs'), interleave(ids, records))
+    call_chunked('ZADD', channel_key(c, 'deferred'), interleave(due, ids))
     redis.call('HINCRBY', channel_key(c, 'meta'), 'message_count', n)
     redis.call('ZADD', KEYS[6], 'LT', due, channel_name(c))
   end

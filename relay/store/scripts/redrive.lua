@@ -1,3 +1,4 @@
+-- include: chunked.lua
 -- redrive: put dead letters back at the end of their channel's queue, with their
 -- original id and timestamp and attempts reset, and wake the channel's consumers.
 --
@@ -7,8 +8,6 @@
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then
   return -1
 end
-for i = 3, #ARGV, 1000 do
-  redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
-end
+call_chunked('RPUSH', KEYS[2], ARGV, 3)
 redis.call('PUBLISH', ARGV[2], ARGV[1])
 return #ARGV - 2

@@ -1,3 +1,4 @@
+-- include: time.lua, lease.lua
 -- requeue: put messages their owner gave back (REQ, or the connection closed)
 -- at the tail of the queue, or deferred for a while.
 --
@@ -6,17 +7,14 @@
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] wake pub/sub channel
 -- then triples: owner, id, delay ms
 -- Returns per triple: 1 requeued, 0 not in flight, -1 in flight for another client.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local out = {}
 local requeued, ready = 0, 0
 for i = 3, #ARGV, 3 do
   local owner, id, delay = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
-  local lease = redis.call('HGET', KEYS[4], id)
-  if not lease then
-    out[#out + 1] = 0
-  elseif string.sub(lease, string.find(lease, ' ', 1, true) + 1) ~= owner then
-    out[#out + 1] = -1
+  local delivered, refused = held(KEYS[4], id, owner)
+  if not delivered then
+    out[#out + 1] = refused
   else
     redis.call('ZREM', KEYS[2], id)
     redis.call('HDEL', KEYS[4], id)

@@ -1,3 +1,4 @@
+-- include: time.lua, chunked.lua
 -- scan: the scanner's move for one channel. In-flight messages past their
 -- deadline go back to the queue (a timeout, as nsqd's processInFlightQueue),
 -- deferred messages that are due join the queue (processDeferredQueue), and the
@@ -11,28 +12,24 @@
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] wake pub/sub channel
 -- ARGV[3] at most this many messages of each kind per call
 -- Returns {timed out, promoted, next due ms or -1, messages in the dead-letter outbox}.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local limit = tonumber(ARGV[3])
 
--- One command per 1000 ids rather than per id: fewer calls and AOF entries.
+-- One command per CHUNK ids rather than per id: fewer calls and AOF entries.
 local function move(zset, release_lease)
   local ids = redis.call('ZRANGEBYSCORE', zset, '-inf', now, 'LIMIT', 0, limit)
-  for i = 1, #ids, 1000 do
-    local chunk = {unpack(ids, i, math.min(i + 999, #ids))}
-    local records = {}
-    for _, record in ipairs(redis.call('HMGET', KEYS[3], unpack(chunk))) do
+  local records = {}
+  for _, reply in ipairs(call_chunked('HMGET', KEYS[3], ids)) do
+    for _, record in ipairs(reply) do
       if record then records[#records + 1] = record end
     end
-    if #records > 0 then
-      redis.call('RPUSH', KEYS[1], unpack(records))
-    end
-    redis.call('HDEL', KEYS[3], unpack(chunk))
-    if release_lease then
-      redis.call('HDEL', KEYS[4], unpack(chunk))
-    end
-    redis.call('ZREM', zset, unpack(chunk))
   end
+  call_chunked('RPUSH', KEYS[1], records)
+  call_chunked('HDEL', KEYS[3], ids)
+  if release_lease then
+    call_chunked('HDEL', KEYS[4], ids)
+  end
+  call_chunked('ZREM', zset, ids)
   return #ids
 end
 

@@ -1,3 +1,4 @@
+-- include: record.lua, backlog.lua
 -- subscribe: create the channel if needed and count one more consumer on this broker
 -- (none when the broker id is empty: /channel/create).
 -- The first channel of a topic takes over the topic backlog, deferred part included.
@@ -29,13 +30,7 @@ if n > 0 then
 end
 
 local deferred = redis.call('ZRANGE', KEYS[3], 0, -1, 'WITHSCORES')
-for i = 1, #deferred, 2 do
-  local record, due = deferred[i], deferred[i + 1]
-  local id = string.sub(record, 11, 26)
-  redis.call('HSET', KEYS[6], id, record)
-  redis.call('ZADD', KEYS[5], due, id)
-  redis.call('ZADD', KEYS[9], 'LT', due, ARGV[1])
-end
+hand_over_deferred(deferred, KEYS[6], KEYS[5], KEYS[9], ARGV[1])
 if #deferred > 0 then
   redis.call('HINCRBY', KEYS[7], 'message_count', #deferred / 2)
   redis.call('DEL', KEYS[3])

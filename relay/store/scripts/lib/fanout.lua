@@ -1,5 +1,6 @@
--- fanout (included at the top of the scripts that touch every channel of a topic):
--- the caller names the channels, ARGV[1] = n and ARGV[2..n+1], and declares their
+-- fanout.lua provides N_CHANNELS, ARG0, channel_name(), channel_key() and
+-- stale_channels() to the scripts that touch every channel of a topic: the caller
+-- names the channels, ARGV[1] = n and ARGV[2..n+1], and declares their
 -- keys last in KEYS, 9 per channel in keys.CHANNEL_SUFFIXES order, so that on Redis
 -- Cluster every key is checked before the script runs. The caller's list may be
 -- stale: stale_channels() then gives the reply that makes it ask again with the

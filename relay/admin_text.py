@@ -1,0 +1,82 @@
+"""What relay-admin prints: aligned text tables, UTC times, and the text of each
+command's result (every command also takes --json)."""
+
+import datetime
+import json
+
+import click
+
+STATS_COLUMNS = ["topic", "channel", "depth", "in_flight", "deferred", "messages",
+                 "requeued", "timed_out", "dead", "clients", "paused"]
+CLIENT_COLUMNS = ["broker", "channel", "client", "address", "user_agent", "ready",
+                  "in_flight", "messages", "finished", "requeued", "connected"]
+
+
+def table(rows: list[list], headers: list[str]) -> str:
+    """A plain aligned text table."""
+    cells = [headers] + [[cell(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+def cell(value) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return "-" if value is None else str(value)
+
+
+def show(data, as_json: bool, text: str) -> None:
+    click.echo(json.dumps(data, indent=2) if as_json else text)
+
+
+def utc(ms: int) -> str:
+    """A Redis ms timestamp as UTC ISO 8601."""
+    moment = datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+def stats_text(data: dict) -> str:
+    rows, clients = [], []
+    for t in data["topics"]:
+        rows.append([t["topic_name"], "", t["depth"], "", t["deferred_count"],
+                     t["message_count"], "", "", "", "", t["paused"]])
+        for c in t["channels"]:
+            rows.append(["", c["channel_name"], c["depth"], c["in_flight_count"],
+                         c["deferred_count"], c["message_count"], c["requeue_count"],
+                         c["timeout_count"], c["dead_count"], c["client_count"], c["paused"]])
+            clients += c["clients"]
+    if not rows:
+        return "no topics"
+    text = table(rows, STATS_COLUMNS)
+    return text + "\n\n" + clients_table(clients) if clients else text
+
+
+def clients_table(clients: list[dict]) -> str:
+    rows = [[c["broker"], f"{c['topic']}/{c['channel']}", c["client_id"],
+             c["remote_address"], c["user_agent"], c["ready_count"], c["in_flight_count"],
+             c["message_count"], c["finish_count"], c["requeue_count"],
+             utc(c["connect_ts"] * 1000)] for c in clients]
+    return table(rows, CLIENT_COLUMNS)
+
+
+def percent(row: dict) -> str:
+    if row["total"] is None:
+        return "-"
+    done = 100 if not row["total"] else 100 * row["done"] // row["total"]
+    return f"{done}% ({row['done']}/{row['total']})"
+
+
+def summary(result: dict) -> str:
+    target = result["target"]
+    if result["operation"] == "requeue":
+        return f"requeued {result['requeued']} messages in flight on {target}"
+    if result["operation"] == "redrive":
+        return f"redrove {result['requeued']} dead letters to {target}"
+    verb = "emptied" if result["operation"] == "empty" else "deleted"
+    return f"{verb} {target}: {result['messages']} messages dropped (ids up to {result['cut_id']})"
+
+
+def preview(body: str, width: int = 60) -> str:
+    body = body.replace("\n", "\\n")
+    return body if len(body) <= width else body[:width - 3] + "..."

@@ -1,0 +1,52 @@
+"""Liveness: processes of one kind that announce they are alive, brokers
+(relay/registry.py: 5 s heartbeat, 15 s TTL) and scanners (workers/scanner.py: 1 s
+heartbeat, 5 s TTL).
+
+Each heartbeat scores the member in a sorted set with the expiry (ms) of its
+registration; a member killed with -9 stops renewing it and drops out when it
+expires, and the next read removes it. Members are plain commands on one key,
+outside any script, so on a cluster it may live on any node.
+"""
+
+import time
+
+import redis
+
+
+class Liveness:
+    def __init__(self, client: redis.Redis, key: str, ttl_ms: int, clock=time.time):
+        self.redis = client
+        self.key = key
+        self.ttl_ms = ttl_ms
+        self.clock = clock
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def heartbeat(self, member: str, pipe=None) -> None:
+        """Register `member` until ttl_ms from now: in `pipe`, sent by the caller with
+        its own writes, or at once."""
+        target = self.redis if pipe is None else pipe
+        target.zadd(self.key, {member: self._now_ms() + self.ttl_ms})
+
+    def live(self) -> list[str]:
+        """The members whose registration has not expired, sorted by id; expired ones
+        are removed."""
+        return self._live(self.redis.pipeline(transaction=False))
+
+    def rank(self, member: str) -> tuple[int, int]:
+        """Heartbeat `member`, then (its rank among the live members, sorted by id,
+        their number), in one round trip; (0, 1) if it is not among them."""
+        pipe = self.redis.pipeline(transaction=False)
+        self.heartbeat(member, pipe)
+        live = self._live(pipe)
+        return (live.index(member) if member in live else 0), max(len(live), 1)
+
+    def _live(self, pipe) -> list[str]:
+        pipe.zremrangebyscore(self.key, "-inf", self._now_ms())
+        pipe.zrange(self.key, 0, -1)
+        return sorted(m.decode() for m in pipe.execute()[-1])
+
+    def leave(self, member: str, pipe=None) -> None:
+        """Deregister `member` now rather than when its registration expires."""
+        (self.redis if pipe is None else pipe).zrem(self.key, member)

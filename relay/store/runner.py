@@ -1,0 +1,264 @@
+"""The ScriptRunner runs script calls (Ops) as pipelines of EVALSHA commands.
+
+Scripts are loaded once and called by SHA; after a Redis restart (NOSCRIPT) they
+are loaded again and the failed calls retried.
+
+On Redis Cluster the same calls go in one pipeline per node (_send_per_node). A call
+refused because its slot is being moved (TRYAGAIN, or ASK/MOVED that redis-py's own
+retries did not settle) did nothing, and is sent again until SLOT_MOVE_PATIENCE has
+passed; a call whose `redo` asks for it (a fan-out given a stale channel list, see
+Store._fanout_op) is sent again as redo builds it.
+"""
+
+import hashlib
+import re
+import time
+from importlib import resources
+from typing import Callable, NamedTuple, Sequence
+
+import redis
+from redis.exceptions import RedisClusterException, TryAgainError
+
+from relay.errors import StoreConnectionError, StoreError
+from relay.sockio import send_all
+from relay.store.connection import SLOT_MOVING, is_cluster, sharded_pubsub
+
+SCRIPT_NAMES = ("publish", "subscribe", "unsubscribe", "deliver", "finish", "requeue",
+                "touch", "scan", "pause_topic", "pause_channel", "drop", "redrive", "due")
+CROSS_SLOT = ("due",)  # read-only scripts that reach keys of many slots of one node
+SLOT_MOVE_PATIENCE = 30.0
+
+
+def identity(value):
+    return value
+
+
+class Op(NamedTuple):
+    """One script call; `pre` are plain commands sent just before it (results ignored).
+    `redo(result)` may return another Op to send instead of accepting the result."""
+
+    script: str
+    keys: Sequence[str]
+    args: Sequence
+    parse: Callable = identity
+    pre: tuple = ()
+    redo: Callable | None = None
+
+
+class Script(NamedTuple):
+    name: str
+    source: bytes
+    sha: str
+
+
+def load_scripts(sharded: bool = False) -> dict:
+    """Each script's source, after the shared files (scripts/lib/) that its first line
+    names as `-- include: X.lua, Y.lua`, in that order. Where `sharded` (a cluster of
+    Redis 7+): wake-ups by SPUBLISH instead of PUBLISH, and CROSS_SLOT scripts flagged
+    as such on a first line of their own."""
+    folder = resources.files("relay.store") / "scripts"
+    scripts = {}
+    for name in SCRIPT_NAMES:
+        source = (folder / f"{name}.lua").read_bytes()
+        included = re.match(rb"-- include: ([^\n]+)\n", source)
+        if included:
+            libs = [lib.strip().decode() for lib in included.group(1).split(b",")]
+            source = b"".join((folder / "lib" / lib).read_bytes() for lib in libs) + source
+        if sharded:
+            source = source.replace(b"redis.call('PUBLISH'", b"redis.call('SPUBLISH'")
+            if name in CROSS_SLOT:
+                source = b"#!lua flags=allow-cross-slot-keys,no-writes\n" + source
+        scripts[name] = Script(name, source, hashlib.sha1(source).hexdigest())
+    return scripts
+
+
+def guarded(fn, *args):
+    """fn(*args), with a lost or timed-out connection raised as StoreConnectionError."""
+    try:
+        return fn(*args)
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+        raise StoreConnectionError(str(e)) from e
+
+
+class ScriptRunner:
+    """Runs Ops on one client: a single server or a cluster."""
+
+    def __init__(self, client: redis.Redis, dedicated: bool = False):
+        """`dedicated`: pipelines go over one connection of their own; only for a
+        single caller at a time, as the broker's group commit (one server only)."""
+        self.redis = client
+        self.cluster = is_cluster(client)
+        self.dedicated = dedicated and not self.cluster
+        self._connection = None
+        self.scripts = load_scripts()
+        self.sharded = None
+        self._loaded = False
+
+    def load_scripts(self) -> None:
+        if self.sharded is None:
+            self.sharded = sharded_pubsub(self.redis)
+            self.scripts = load_scripts(self.sharded)
+        for script in self.scripts.values():
+            self.redis.script_load(script.source)
+        self._loaded = True
+
+    def ensure_loaded(self) -> None:
+        if not self._loaded:
+            guarded(self.load_scripts)
+
+    def run(self, op: Op):
+        result = self.run_many([op])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def run_many(self, ops: Sequence[Op]) -> list:
+        """Run ops in one pipeline; each result is a value or the exception for that op."""
+        self.ensure_loaded()
+        ops = list(ops)
+        results = guarded(self._execute, ops)
+        self._again(ops, results)
+        out = []
+        for op, r in zip(ops, results):
+            if isinstance(r, redis.exceptions.RedisError):
+                r = StoreError(f"{op.script}: {r}")
+            out.append(r if isinstance(r, Exception) else op.parse(r))
+        return out
+
+    def node_group(self, key: str):
+        """What calls of a CROSS_SLOT script on `key` share: its node where scripts may
+        reach other slots of their node (sharded: Redis 7+), else its slot."""
+        self.ensure_loaded()
+        return self.redis.get_node_from_key(key).name if self.sharded else self.redis.keyslot(key)
+
+    def refresh_slots(self) -> None:
+        try:
+            self.redis.nodes_manager.initialize()
+        except redis.exceptions.RedisError:
+            pass  # the next call tries again
+
+    def _again(self, ops: list, results: list) -> None:
+        """Send again, in place, the calls that found no script (a restarted server, or
+        a new cluster node: the scripts are loaded again first), that were refused while
+        their slot moved, and those whose redo asks for it."""
+        patience = time.monotonic() + SLOT_MOVE_PATIENCE
+        while time.monotonic() < patience:
+            again = []
+            if any(isinstance(r, redis.exceptions.NoScriptError) for r in results):
+                guarded(self.load_scripts)
+            for i, (op, r) in enumerate(zip(ops, results)):
+                if isinstance(r, (SLOT_MOVING, redis.exceptions.NoScriptError)):
+                    again.append(i)
+                elif op.redo is not None and not isinstance(r, Exception):
+                    redo = op.redo(r)
+                    if redo is not None:
+                        ops[i] = redo
+                        again.append(i)
+            if not again:
+                return
+            if any(isinstance(results[i], SLOT_MOVING) for i in again):
+                time.sleep(0.05)
+            for i, r in zip(again, guarded(self._execute, [ops[i] for i in again])):
+                results[i] = r
+
+    def _execute(self, ops: Sequence[Op]) -> list:
+        commands = []
+        for op in ops:
+            commands.extend(op.pre)
+            commands.append(("EVALSHA", self.scripts[op.script].sha, len(op.keys),
+                             *op.keys, *op.args))
+        if self.cluster:
+            raw = self._send_per_node(commands)
+        elif self.dedicated:
+            raw = self._send(commands)
+        else:
+            raw = self._pipeline(commands)
+        results, i = [], 0
+        for op in ops:
+            i += len(op.pre)
+            results.append(raw[i])
+            i += 1
+        return results
+
+    def _pipeline(self, commands: list) -> list:
+        pipe = self.redis.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return pipe.execute(raise_on_error=False)
+
+    def _send(self, commands: list) -> list:
+        """A pipeline on this runner's own connection, without redis-py's per-pipeline
+        pool checkout and health checks, written in one send (the broker's group commit
+        is its only user)."""
+        conn = self._connection
+        if conn is None:
+            conn = self._connection = self.redis.connection_pool.make_connection()
+        try:
+            if conn._sock is None:
+                conn.connect()
+            try:
+                send_all(conn._sock, b"".join(conn.pack_commands(commands)))
+            except OSError as e:
+                raise redis.exceptions.ConnectionError(f"Error writing to socket: {e}") from e
+            raw = []
+            for _ in commands:
+                try:
+                    raw.append(conn.read_response())
+                except redis.exceptions.ResponseError as e:
+                    raw.append(e)
+            return raw
+        except BaseException:
+            conn.disconnect()
+            raise
+
+    def _send_per_node(self, commands: list) -> list:
+        """A cluster pipeline of our own: each command goes to the node serving its first
+        key's slot (a script's keys share one), all nodes written before any is read.
+        redis-py's ClusterPipeline asks a server COMMAND GETKEYS for every EVALSHA it
+        sends, a round trip each. Commands a node redirected (MOVED, ASK) or refused
+        (TRYAGAIN) go again one by one through redis-py, which follows redirects and
+        keeps its slot map."""
+        groups: dict = {}
+        for i, command in enumerate(commands):
+            key = command[3] if command[0] == "EVALSHA" else command[1]
+            node = self.redis.get_node_from_key(key)
+            groups.setdefault(node.name, (node, []))[1].append(i)
+        raw: list = [None] * len(commands)
+        sent = []
+        try:
+            for node, indexes in groups.values():
+                pool = self.redis.get_redis_connection(node).connection_pool
+                conn = pool.get_connection()
+                sent.append((pool, conn, indexes))
+                conn.send_packed_command(conn.pack_commands([commands[i] for i in indexes]))
+            for _, conn, indexes in sent:
+                for i in indexes:
+                    try:
+                        raw[i] = conn.read_response()
+                    except redis.exceptions.ResponseError as e:
+                        raw[i] = e
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            for _, conn, _ in sent:
+                conn.disconnect()
+            self.refresh_slots()  # a node may have failed over
+            raise
+        finally:
+            for pool, conn, _ in sent:
+                pool.release(conn)
+        for i, r in enumerate(raw):
+            if isinstance(r, SLOT_MOVING):
+                raw[i] = self._redirected(commands[i])
+        return raw
+
+    def _redirected(self, command: tuple):
+        """A refused command through redis-py's cluster client, which follows MOVED/ASK.
+        When redis-py gives up without an answer ('TTL exhausted', or its slot map
+        caught half-updated), the command was not run: it counts as refused again, to
+        be sent once more after a fresh look at the slots."""
+        try:
+            return self.redis.execute_command(*command)
+        except redis.exceptions.RedisError as e:
+            return e
+        except (RedisClusterException, AttributeError) as e:
+            self.refresh_slots()
+            return TryAgainError(f"{command[0]} not routed: {e}")

@@ -1,0 +1,14 @@
+-- backlog.lua (after record.lua) provides hand_over_deferred(): the deferred part of
+-- a topic's backlog goes to a channel, to its first one (subscribe.lua) or to every
+-- one when the topic is unpaused (pause_topic.lua). Each message keeps its due time,
+-- and the channel's entry in the topic's due index is lowered to match.
+-- `deferred` is {record, due ms, ...}, as ZRANGE WITHSCORES gives the backlog.
+local function hand_over_deferred(deferred, msgs, channel_deferred, due_index, channel)
+  for i = 1, #deferred, 2 do
+    local record, due = deferred[i], deferred[i + 1]
+    local id = record_id(record)
+    redis.call('HSET', msgs, id, record)
+    redis.call('ZADD', channel_deferred, due, id)
+    redis.call('ZADD', due_index, 'LT', due, channel)
+  end
+end

@@ -1,0 +1,40 @@
+"""Liveness, shared by the broker registry and the scanners' shares: heartbeats into a
+sorted set scored with their expiry, the live list, ranks and leaving."""
+
+from relay import registry
+from relay.liveness import Liveness
+from relay.store import keys
+
+
+def test_members_expire_rank_by_id_and_leave(backend):
+    now = [1000.0]
+    scanners = Liveness(backend, keys.SCANNERS, 5_000, clock=lambda: now[0])
+    assert scanners.rank("b") == (0, 1)
+    assert scanners.rank("a") == (0, 2)
+    assert scanners.rank("c") == (2, 3)
+    assert scanners.live() == ["a", "b", "c"]
+    assert backend.zscore(keys.SCANNERS, "a") == 1_005_000
+    now[0] += 4.0
+    scanners.heartbeat("c")
+    now[0] += 1.0   # a and b expire now, c in 4 s
+    assert scanners.live() == ["c"]
+    assert backend.zrange(keys.SCANNERS, 0, -1) == [b"c"]
+    scanners.leave("c")
+    assert scanners.live() == [] and scanners.rank("a") == (0, 1)
+
+
+def test_a_broker_that_stopped_heartbeating_drops_out_with_its_clients(backend):
+    for broker_id in ("b1", "b2"):
+        broker = registry.Registry(backend, broker_id)
+        broker.info = {"tcp_port": "4150"}
+        broker.clients = lambda: [{"topic": "t", "channel": "c"}]
+        broker.announce()
+    late = Liveness(backend, keys.BROKERS, registry.TTL_MS, clock=lambda: 0.0)
+    late.heartbeat("b2")   # as if b2's last heartbeat was TTL_MS before the epoch
+    live = registry.live_brokers(backend)
+    assert live == [{"id": "b1", "tcp_port": "4150"}]
+    assert registry.live_clients(backend, live) == [{"broker": "b1", "topic": "t",
+                                                     "channel": "c"}]
+    assert backend.zrange(keys.BROKERS, 0, -1) == [b"b1"]
+    registry.Registry(backend, "b1").leave()
+    assert registry.live_brokers(backend) == []
