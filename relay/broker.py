@@ -33,6 +33,7 @@ from relay.latency import E2eLatency
 from relay.metrics import Metrics
 from relay import codec
 from relay.codec import NSQD_VERSION
+from relay.options import Options
 from relay.protocol.v2 import ProtocolV2, Reader
 from relay.registry import Registry
 from relay.sockio import listen, raise_open_file_limit
@@ -50,7 +51,7 @@ LATENCY_FLUSH_INTERVAL = 1.0
 
 
 class Broker:
-    def __init__(self, options, client: redis.Redis | None = None):
+    def __init__(self, options: Options, client: redis.Redis | None = None):
         self.options = options
         self.id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.redis = client or connect_redis(options)

@@ -12,6 +12,8 @@ import logging
 import gevent
 from gevent.event import Event
 
+from relay.client import Client
+from relay.context import BrokerContext
 from relay.errors import StoreError
 
 log = logging.getLogger("relay.channel")
@@ -21,11 +23,11 @@ RETRY_DELAY = 0.5
 
 
 class Channel:
-    def __init__(self, broker, topic: str, name: str):
+    def __init__(self, broker: BrokerContext, topic: str, name: str):
         self.broker = broker
         self.topic = topic
         self.name = name
-        self.clients: list = []
+        self.clients: list[Client] = []
         self.maybe_ready = True
         self.news = 0
         self.order = hash((topic, name))
@@ -45,12 +47,12 @@ class Channel:
         self.maybe_ready = True
         self._wake.set()
 
-    def add(self, client) -> None:
+    def add(self, client: Client) -> None:
         self.clients.append(client)
         client.channel = self
         self.wake()
 
-    def remove(self, client) -> None:
+    def remove(self, client: Client) -> None:
         if client in self.clients:
             self.clients.remove(client)
         self.wake()
@@ -69,7 +71,7 @@ class Channel:
                 continue
             self._deliver(groups)
 
-    def _deliver(self, groups) -> None:
+    def _deliver(self, groups: list[tuple[Client, int]]) -> None:
         store, commit = self.broker.store, self.broker.commit
         seen = self.news
         op = store.deliver_op(self.topic, self.name,

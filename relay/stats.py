@@ -8,6 +8,7 @@ import datetime
 import time
 from collections import Counter
 
+from relay.client import Client
 from relay.latency import NO_LATENCY, E2eLatency, describe, percentiles
 from relay.codec import is_ephemeral
 from relay.store import Store
@@ -55,7 +56,7 @@ def _add_latency(store: Store, topics: list, latency: E2eLatency) -> None:
             t["e2e_processing_latency"] = percentiles(merged, latency.quantiles)
 
 
-def client_stats(client) -> dict:
+def client_stats(client: Client) -> dict:
     """nsqd's ClientStats of a subscribed connection: in /stats, and announced to the
     broker registry for relay-admin."""
     return {"client_id": client.client_id, "hostname": client.hostname, "version": "V2",
@@ -68,7 +69,7 @@ def client_stats(client) -> dict:
             **client.tls_details}
 
 
-def producer_stats(client) -> dict:
+def producer_stats(client: Client) -> dict:
     """nsqd's ClientStats of a connection that published, with its pub_counts."""
     return {**client_stats(client), "state": 0,
             "pub_counts": [{"topic": t, "count": n} for t, n in client.pub_counts.items()]}

@@ -22,6 +22,7 @@ import logging
 import gevent
 import redis
 
+from relay.context import BrokerContext
 from relay.store import connect_redis
 from relay.store.connection import is_cluster, sharded_pubsub
 from relay.store.keys import TopicKeys
@@ -34,7 +35,7 @@ POLL = 0.05
 class WakeListener:
     """The wake channels of the topics this broker has consumers of."""
 
-    def __init__(self, broker):
+    def __init__(self, broker: BrokerContext):
         self.broker = broker
         self.topics: set[str] = set()
 

@@ -9,6 +9,7 @@ connections is batched by the group commit.
 
 import json
 import logging
+from typing import Any, Callable
 
 from gevent.event import AsyncResult
 from marshmallow import ValidationError
@@ -17,6 +18,7 @@ from relay import codec
 from relay.auth import AuthError
 from relay.client import CLOSING, INIT, SUBSCRIBED, Client
 from relay.codec import NSQD_VERSION, base10, go_quote, int64, split_mpub
+from relay.context import BrokerContext
 from relay.errors import ClientError, Disconnect, FatalClientError, StoreError
 from relay.schemas import IdentifySchema
 from relay.transport import CompressionError
@@ -32,11 +34,12 @@ class Pending:
 
     __slots__ = ("result", "finish")
 
-    def __init__(self, result, finish):
+    def __init__(self, result: AsyncResult,
+                 finish: Callable[[Any, StoreError | None], bytes | None]):
         self.result = result
         self.finish = finish
 
-    def resolve(self):
+    def resolve(self) -> bytes | None:
         try:
             value = self.result.get()
         except StoreError as e:
@@ -60,13 +63,16 @@ class Upgrade:
         return self._done.get()
 
 
+Reply = bytes | Pending | Upgrade | None
+
+
 class Reader:
     """Reads lines and sized bodies from a client's transport (which IDENTIFY may upgrade
     mid-connection) without ever allocating an announced size before it is checked."""
 
     CHUNK = 64 * 1024
 
-    def __init__(self, client):
+    def __init__(self, client: Client):
         self.client = client
         self.buf = bytearray()
         self.pos = 0
@@ -114,7 +120,7 @@ class Reader:
 
 
 class ProtocolV2:
-    def __init__(self, broker):
+    def __init__(self, broker: BrokerContext):
         self.broker = broker
         self.options = broker.options
         self.commands = {
@@ -194,13 +200,13 @@ class ProtocolV2:
         upgrade.finish(True)
 
     @staticmethod
-    def _send(client, frame_type, data):
+    def _send(client: Client, frame_type: int, data: bytes) -> None:
         try:
             client.send(codec.frame(frame_type, data))
         except OSError:
             client.close()
 
-    def exec(self, client: Client, params: list, reader: Reader):
+    def exec(self, client: Client, params: list[bytes], reader: Reader) -> Reply:
         handler = self.commands.get(params[0])
         if handler is None:
             raise FatalClientError("E_INVALID", "invalid command " + _text(params[0]))
@@ -211,10 +217,10 @@ class ProtocolV2:
 
     # -- commands ----------------------------------------------------------------
 
-    def nop(self, client, params, reader):
+    def nop(self, client: Client, params: list[bytes], reader: Reader) -> None:
         return None
 
-    def identify(self, client, params, reader):
+    def identify(self, client: Client, params: list[bytes], reader: Reader) -> bytes | Upgrade:
         if client.state != INIT:
             raise FatalClientError("E_INVALID", "cannot IDENTIFY in current state")
         body = self._read_body(reader, "IDENTIFY", "E_BAD_BODY", self.options.max_body_size,
@@ -260,7 +266,7 @@ class ProtocolV2:
             (lambda: client.upgrade_deflate(level), deflate)) if wanted]
         return Upgrade(response, steps) if steps else response
 
-    def auth(self, client, params, reader):
+    def auth(self, client: Client, params: list[bytes], reader: Reader) -> bytes:
         if client.state != INIT:
             raise FatalClientError("E_INVALID", "cannot AUTH in current state")
         if len(params) != 1:
@@ -277,7 +283,7 @@ class ProtocolV2:
             raise FatalClientError("E_UNAUTHORIZED", "AUTH no authorizations found")
         return client.grant.reply()
 
-    def _ask_auth(self, client) -> None:
+    def _ask_auth(self, client: Client) -> None:
         """Fetch the client's grant; a failure is E_AUTH_FAILED with no detail (the log
         has it), as nsqd does not leak auth server errors to clients."""
         try:
@@ -288,7 +294,7 @@ class ProtocolV2:
             log.warning("%r: AUTH failed: %s", client, e)
             raise FatalClientError("E_AUTH_FAILED", "AUTH failed") from None
 
-    def _check_auth(self, client, command: str, topic: str, channel: str = "") -> None:
+    def _check_auth(self, client: Client, command: str, topic: str, channel: str = "") -> None:
         """nsqd's CheckAuth: AUTH first, ask again once the grant's ttl is over."""
         if not self.broker.auth.enabled:
             return
@@ -300,7 +306,7 @@ class ProtocolV2:
             raise FatalClientError("E_UNAUTHORIZED", f"AUTH failed for {command} on "
                                                      f"{json.dumps(topic)} {json.dumps(channel)}")
 
-    def sub(self, client, params, reader):
+    def sub(self, client: Client, params: list[bytes], reader: Reader) -> bytes:
         if client.state != INIT:
             raise FatalClientError("E_INVALID", "cannot SUB in current state")
         if client.heartbeat_interval <= 0:
@@ -316,7 +322,7 @@ class ProtocolV2:
             raise FatalClientError("E_SUB_FAILED", f"SUB failed {e}") from None
         return codec.OK
 
-    def rdy(self, client, params, reader):
+    def rdy(self, client: Client, params: list[bytes], reader: Reader) -> None:
         if client.state == CLOSING:
             return None
         if client.state != SUBSCRIBED:
@@ -335,7 +341,8 @@ class ProtocolV2:
         client.channel.wake()
         return None
 
-    def _message_id(self, client, params, command, nparams):
+    def _message_id(self, client: Client, params: list[bytes], command: str,
+                    nparams: int) -> bytes:
         if client.state not in (SUBSCRIBED, CLOSING):
             raise FatalClientError("E_INVALID", f"cannot {command} in current state")
         if len(params) < nparams:
@@ -344,7 +351,7 @@ class ProtocolV2:
             raise FatalClientError("E_INVALID", "invalid message ID")
         return params[1]
 
-    def fin(self, client, params, reader):
+    def fin(self, client: Client, params: list[bytes], reader: Reader) -> Pending:
         msg_id = self._message_id(client, params, "FIN", 2)
         held = client.in_flight.pop(msg_id, None)
         if held is not None:
@@ -360,7 +367,7 @@ class ProtocolV2:
             return reply
         return Pending(result, done)
 
-    def req(self, client, params, reader):
+    def req(self, client: Client, params: list[bytes], reader: Reader) -> Pending:
         msg_id = self._message_id(client, params, "REQ", 3)
         try:
             delay = base10(params[2])
@@ -375,7 +382,7 @@ class ProtocolV2:
             client.number)
         return Pending(result, lambda codes, err: self._owned(client, "REQ", msg_id, codes, err))
 
-    def touch(self, client, params, reader):
+    def touch(self, client: Client, params: list[bytes], reader: Reader) -> Pending:
         msg_id = self._message_id(client, params, "TOUCH", 2)
         timeout = client.msg_timeout
         result = self.broker.commit.submit(self.broker.store.touch_op(
@@ -390,7 +397,8 @@ class ProtocolV2:
         return Pending(result, done)
 
     @staticmethod
-    def _owned(client, command, msg_id, codes, err):
+    def _owned(client: Client, command: str, msg_id: bytes, codes: list[int] | None,
+               err: StoreError | None) -> ClientError | None:
         """Map a finish/requeue/touch result to nsqd's non-fatal errors."""
         code = codes[0] if codes else None
         if err is not None:
@@ -407,21 +415,21 @@ class ProtocolV2:
             return None
         return ClientError(f"E_{command}_FAILED", f"{command} {_text(msg_id)} failed {reason}")
 
-    def cls(self, client, params, reader):
+    def cls(self, client: Client, params: list[bytes], reader: Reader) -> bytes:
         if client.state != SUBSCRIBED:
             raise FatalClientError("E_INVALID", "cannot CLS in current state")
         client.state = CLOSING
         client.ready_count = 0
         return codec.CLOSE_WAIT
 
-    def pub(self, client, params, reader):
+    def pub(self, client: Client, params: list[bytes], reader: Reader) -> Pending:
         if len(params) < 2:
             raise FatalClientError("E_INVALID", "PUB insufficient number of parameters")
         topic = self._name(params[1], "E_BAD_TOPIC", "PUB topic")
         body = self._read_message(reader, "PUB")
         return self._publish(client, topic, [body], 0, "PUB")
 
-    def dpub(self, client, params, reader):
+    def dpub(self, client: Client, params: list[bytes], reader: Reader) -> Pending:
         if len(params) < 3:
             raise FatalClientError("E_INVALID", "DPUB insufficient number of parameters")
         topic = self._name(params[1], "E_BAD_TOPIC", "DPUB topic")
@@ -437,7 +445,7 @@ class ProtocolV2:
         body = self._read_message(reader, "DPUB")
         return self._publish(client, topic, [body], defer, "DPUB")
 
-    def mpub(self, client, params, reader):
+    def mpub(self, client: Client, params: list[bytes], reader: Reader) -> Pending:
         if len(params) < 2:
             raise FatalClientError("E_INVALID", "MPUB insufficient number of parameters")
         if not codec.is_valid_name(params[1].decode("latin-1")):
@@ -448,7 +456,8 @@ class ProtocolV2:
         messages = split_mpub(body, self.options.max_body_size, self.options.max_msg_size)
         return self._publish(client, topic, messages, 0, "MPUB")
 
-    def _publish(self, client, topic: str, bodies: list, defer: int, command: str) -> Pending:
+    def _publish(self, client: Client, topic: str, bodies: list[bytes], defer: int,
+                 command: str) -> Pending:
         self._check_auth(client, command, topic)
         result = self.broker.commit.submit(self.broker.store.publish_op(topic, bodies, defer),
                                            client.number)
