@@ -2,8 +2,9 @@
 
 Handlers validate in nsqd's order and word errors as nsqd does. A handler returns
 the reply to queue: bytes (a response frame), None (no reply), or a Pending that
-resolves once Redis has answered. The writer sends replies strictly in command
-order, so pipelined PUBs get their OKs in order while Redis work from all
+resolves once Redis has answered; it raises ClientError for an error frame, and a
+Pending's resolve() raises it the same way. The writer sends replies strictly in
+command order, so pipelined PUBs get their OKs in order while Redis work from all
 connections is batched by the group commit.
 """
 
@@ -30,7 +31,8 @@ _identify_schema = IdentifySchema()
 
 
 class Pending:
-    """A reply that waits for Redis: `resolve()` gives bytes/None or raises ClientError."""
+    """A reply that waits for Redis: `finish(value, error)` makes it bytes/None or raises
+    ClientError, which `resolve()` passes on."""
 
     __slots__ = ("result", "finish")
 
@@ -64,6 +66,7 @@ class Upgrade:
 
 
 Reply = bytes | Pending | Upgrade | None
+"""A handler's reply; the queue to the writer also carries the ClientErrors they raise."""
 
 
 class Reader:
@@ -169,20 +172,18 @@ class ProtocolV2:
                 if isinstance(reply, Upgrade):
                     reply.finish(False)
                 continue
-            if isinstance(reply, Upgrade):
+            if isinstance(reply, Pending):
+                try:
+                    reply = reply.resolve()
+                except ClientError as e:
+                    self._send_error(client, e)
+                    continue
+            if isinstance(reply, ClientError):
+                self._send_error(client, reply)
+            elif isinstance(reply, Upgrade):
                 self._upgrade(client, reply)
-                continue
-            try:
-                data = reply.resolve() if isinstance(reply, Pending) else reply
-                if isinstance(data, ClientError):
-                    raise data
-            except ClientError as e:
-                self._send(client, codec.FRAME_ERROR, e.wire())
-                if e.fatal:
-                    client.close()
-                continue
-            if data is not None:
-                self._send(client, codec.FRAME_RESPONSE, data)
+            elif reply is not None:
+                self._send(client, codec.FRAME_RESPONSE, reply)
 
     def _upgrade(self, client: Client, upgrade: "Upgrade") -> None:
         """IDENTIFY's response in the clear, then each upgrade and an OK through it,
@@ -204,6 +205,11 @@ class ProtocolV2:
         try:
             client.send(codec.frame(frame_type, data))
         except OSError:
+            client.close()
+
+    def _send_error(self, client: Client, error: ClientError) -> None:
+        self._send(client, codec.FRAME_ERROR, error.wire())
+        if error.fatal:
             client.close()
 
     def exec(self, client: Client, params: list[bytes], reader: Reader) -> Reply:
@@ -361,10 +367,9 @@ class ProtocolV2:
             channel.topic, channel.name, [(client.owner, msg_id)]), client.number)
 
         def done(codes, err):
-            reply = self._owned(client, "FIN", msg_id, codes, err)
-            if reply is None and held is not None:
+            self._owned(client, "FIN", msg_id, codes, err)
+            if held is not None:
                 self.broker.e2e.record(channel.topic, channel.name, held[1])
-            return reply
         return Pending(result, done)
 
     def req(self, client: Client, params: list[bytes], reader: Reader) -> Pending:
@@ -390,16 +395,14 @@ class ProtocolV2:
             [(client.owner, msg_id, timeout)]), client.number)
 
         def done(codes, err):
-            reply = self._owned(client, "TOUCH", msg_id, codes, err)
-            if reply is None:
-                client.touched(msg_id, timeout)
-            return reply
+            self._owned(client, "TOUCH", msg_id, codes, err)
+            client.touched(msg_id, timeout)
         return Pending(result, done)
 
     @staticmethod
     def _owned(client: Client, command: str, msg_id: bytes, codes: list[int] | None,
-               err: StoreError | None) -> ClientError | None:
-        """Map a finish/requeue/touch result to nsqd's non-fatal errors."""
+               err: StoreError | None) -> None:
+        """Count a finish/requeue/touch that took; raise nsqd's non-fatal error if not."""
         code = codes[0] if codes else None
         if err is not None:
             reason = "redis unavailable"
@@ -412,8 +415,8 @@ class ProtocolV2:
                 client.finish_count += 1
             elif command == "REQ":
                 client.requeue_count += 1
-            return None
-        return ClientError(f"E_{command}_FAILED", f"{command} {_text(msg_id)} failed {reason}")
+            return
+        raise ClientError(f"E_{command}_FAILED", f"{command} {_text(msg_id)} failed {reason}")
 
     def cls(self, client: Client, params: list[bytes], reader: Reader) -> bytes:
         if client.state != SUBSCRIBED:
@@ -464,7 +467,7 @@ class ProtocolV2:
 
         def done(value, err):
             if err is not None:
-                return FatalClientError(f"E_{command}_FAILED", f"{command} failed {err}")
+                raise FatalClientError(f"E_{command}_FAILED", f"{command} failed {err}")
             self.broker.metrics.published.inc(len(bodies))
             client.pub_counts[topic] = client.pub_counts.get(topic, 0) + len(bodies)
             return codec.OK
