@@ -229,7 +229,7 @@ class Client:
         held_back = self._unsent >= MAX_UNSENT_BYTES
         self._unsent -= n
         if held_back and self._unsent < MAX_UNSENT_BYTES and self.channel is not None:
-            self.channel.wake()
+            self.channel.credit_changed()
 
     def heartbeat_changed(self) -> None:
         """Let the pump pick up a new heartbeat interval now."""

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 class BrokerContext(Protocol):
-    """What the protocol handlers, the channels' delivery loops, the wake listener,
+    """What the protocol handlers, the channels' delivery loops, the wake-up listener,
     /metrics and the HTTP API use of the broker they serve, so a reader (and a type
     checker) can follow the data path without the broker's lifecycle.
     relay.broker.Broker is the one implementation. Nothing here is imported at run

@@ -81,7 +81,7 @@ class Reader:
         self.pos = 0
 
     @property
-    def pending(self) -> int:
+    def buffered(self) -> int:
         """Bytes read from the transport and not yet consumed."""
         return len(self.buf) - self.pos
 
@@ -99,7 +99,7 @@ class Reader:
             end = self.buf.find(b"\n", self.pos)
             if end >= 0:
                 break
-            if self.pending > MAX_LINE:
+            if self.buffered > MAX_LINE:
                 raise Disconnect("command line too long")
             try:
                 self._fill()
@@ -112,7 +112,7 @@ class Reader:
         return line[:-1] if line.endswith(b"\r") else line
 
     def exact(self, n: int) -> bytes:
-        while self.pending < n:
+        while self.buffered < n:
             self._fill()
         data = bytes(self.buf[self.pos:self.pos + n])
         self.pos += n
@@ -156,7 +156,7 @@ class ProtocolV2:
                 return
             if isinstance(reply, Upgrade):
                 client.replies.put(reply)
-                if not reply.wait() or reader.pending:
+                if not reply.wait() or reader.buffered:
                     log.debug("%r: upgrade failed or bytes sent before it", client)
                     return
             elif reply is not None:
@@ -344,7 +344,7 @@ class ProtocolV2:
             raise FatalClientError(
                 "E_INVALID", f"RDY count {count} out of range 0-{self.options.max_rdy_count}")
         client.ready_count = count
-        client.channel.wake()
+        client.channel.credit_changed()
         return None
 
     def _message_id(self, client: Client, params: list[bytes], command: str,
@@ -361,7 +361,7 @@ class ProtocolV2:
         msg_id = self._message_id(client, params, "FIN", 2)
         held = client.in_flight.pop(msg_id, None)
         if held is not None:
-            client.channel.wake()
+            client.channel.credit_changed()
         channel = client.channel
         result = self.broker.commit.submit(self.broker.store.finish_op(
             channel.topic, channel.name, [(client.owner, msg_id)]), client.number)
@@ -381,7 +381,7 @@ class ProtocolV2:
                 "E_INVALID", "REQ could not parse timeout " + _text(params[2])) from None
         delay = min(delay, self.options.max_req_timeout)
         if client.in_flight.pop(msg_id, None) is not None:
-            client.channel.wake()
+            client.channel.credit_changed()
         result = self.broker.commit.submit(self.broker.store.requeue_op(
             client.channel.topic, client.channel.name, [(client.owner, msg_id, delay)]),
             client.number)
