@@ -23,7 +23,7 @@ import redis
 from gevent.event import Event
 from gevent.server import StreamServer
 
-from relay import stats, transport
+from relay import codec, stats, transport
 from relay.auth import Authorizer
 from relay.channel import Channel
 from relay.client import CLOSING, SUBSCRIBED, Client
@@ -32,14 +32,14 @@ from relay.http.lookupd import lookupd_server
 from relay.http.nsqd import nsqd_server
 from relay.latency import E2eLatency
 from relay.metrics import Metrics
-from relay import codec
 from relay.codec import NSQD_VERSION
+from relay.options import Options
 from relay.protocol.v2 import ProtocolV2, Reader
 from relay.registry import Registry
 from relay.sockio import listen, raise_open_file_limit
 from relay.store import Store, connect_redis
 from relay.store.commit import GroupCommit
-from relay.wake import WakeListener
+from relay.wakeups import WakeupListener
 
 log = logging.getLogger("relay.broker")
 
@@ -51,7 +51,7 @@ LATENCY_FLUSH_INTERVAL = 1.0
 
 
 class Broker:
-    def __init__(self, options, client: redis.Redis | None = None):
+    def __init__(self, options: Options, client: redis.Redis | None = None):
         self.options = options
         self.id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.redis = client or connect_redis(options)
@@ -64,7 +64,7 @@ class Broker:
         self.protocol = ProtocolV2(self)
         self.channels: dict[tuple, Channel] = {}
         self.clients: dict[int, Client] = {}
-        self.wake = WakeListener(self)
+        self.wakeups = WakeupListener(self)
         self.http = nsqd_server(self)
         self.lookupd = lookupd_server(self)
         self.registry = Registry(self.redis, self.id)
@@ -84,7 +84,7 @@ class Broker:
         self.max_clients = max(raise_open_file_limit() - FILES_RESERVED, 1)
         self._server = StreamServer(listen(self.options.tcp_address), self.handle)
         self._server.start()
-        self._greenlets = [gevent.spawn(self._expire_loop), gevent.spawn(self.wake.run)]
+        self._greenlets = [gevent.spawn(self._expire_loop), gevent.spawn(self.wakeups.run)]
         if self.e2e.enabled:
             self._greenlets.append(gevent.spawn(self._flush_latency_loop))
         address = self._server.socket.getsockname()[:2]
@@ -204,7 +204,7 @@ class Broker:
         channel = self.channels.get((topic, channel_name))
         if channel is None:
             channel = self.channels[(topic, channel_name)] = Channel(self, topic, channel_name)
-            self.wake.watch(topic)
+            self.wakeups.watch(topic)
         client.state = SUBSCRIBED
         channel.add(client)
         self.registry.clients_changed()
@@ -232,7 +232,7 @@ class Broker:
             channel.stop()
             del self.channels[(channel.topic, channel.name)]
             if not any(t == channel.topic for t, _ in self.channels):
-                self.wake.unwatch(channel.topic)
+                self.wakeups.unwatch(channel.topic)
         store = self.store
         try:
             if held:
@@ -255,7 +255,7 @@ class Broker:
             now = time.monotonic()
             for client in list(self.clients.values()):
                 if client.in_flight and client.expire(now) and client.channel:
-                    client.channel.wake()
+                    client.channel.credit_changed()
 
 
     def flush_latency(self) -> None:

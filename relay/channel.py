@@ -12,6 +12,8 @@ import logging
 import gevent
 from gevent.event import Event
 
+from relay.client import Client
+from relay.context import BrokerContext
 from relay.errors import StoreError
 
 log = logging.getLogger("relay.channel")
@@ -21,57 +23,58 @@ RETRY_DELAY = 0.5
 
 
 class Channel:
-    def __init__(self, broker, topic: str, name: str):
+    def __init__(self, broker: BrokerContext, topic: str, name: str):
         self.broker = broker
         self.topic = topic
         self.name = name
-        self.clients: list = []
+        self.clients: list[Client] = []
         self.maybe_ready = True
-        self.news = 0
+        self.arrivals = 0
         self.order = hash((topic, name))
-        self._wake = Event()
+        self._look_again = Event()
         self._greenlet = gevent.spawn(self._loop)
 
     def __repr__(self):
         return f"Channel({self.topic}/{self.name})"
 
-    def wake(self) -> None:
-        """Credit changed: look again."""
-        self._wake.set()
+    def credit_changed(self) -> None:
+        """A client's credit may have changed (RDY, FIN, REQ, a timeout, its unsent
+        messages written) or a client came or went: look again."""
+        self._look_again.set()
 
-    def notify(self) -> None:
-        """Messages may have arrived in Redis."""
-        self.news += 1
+    def messages_arrived(self) -> None:
+        """Messages may have arrived in Redis: a wake-up came, or one may have been missed."""
+        self.arrivals += 1
         self.maybe_ready = True
-        self._wake.set()
+        self._look_again.set()
 
-    def add(self, client) -> None:
+    def add(self, client: Client) -> None:
         self.clients.append(client)
         client.channel = self
-        self.wake()
+        self.credit_changed()
 
-    def remove(self, client) -> None:
+    def remove(self, client: Client) -> None:
         if client in self.clients:
             self.clients.remove(client)
-        self.wake()
+        self.credit_changed()
 
     def stop(self) -> None:
         self._greenlet.kill()
 
     def _loop(self) -> None:
         while True:
-            self._wake.clear()
+            self._look_again.clear()
             groups = [(c, c.credit()) for c in self.clients]
             groups = [(c, n) for c, n in groups if n > 0]
             if not groups or not self.maybe_ready:
-                if not self._wake.wait(SAFETY_POLL):
+                if not self._look_again.wait(SAFETY_POLL):
                     self.maybe_ready = True
                 continue
             self._deliver(groups)
 
-    def _deliver(self, groups) -> None:
+    def _deliver(self, groups: list[tuple[Client, int]]) -> None:
         store, commit = self.broker.store, self.broker.commit
-        seen = self.news
+        seen = self.arrivals
         op = store.deliver_op(self.topic, self.name,
                               [(c.owner, c.msg_timeout, n) for c, n in groups],
                               self.broker.options.max_attempts)
@@ -95,5 +98,5 @@ class Channel:
                 commit.submit(store.finish_op(self.topic, self.name,
                                               [(client.owner, i) for i in sampled_out]),
                               client.number)
-        if got < wanted and self.news == seen:
+        if got < wanted and self.arrivals == seen:
             self.maybe_ready = False

@@ -4,14 +4,17 @@ import random
 import socket
 import time
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import gevent
 from gevent.event import Event
 from gevent.lock import Semaphore
 from gevent.queue import Queue
 
-from relay import transport
-from relay import codec
+from relay import codec, transport
+
+if TYPE_CHECKING:
+    from relay.channel import Channel
 
 INIT, SUBSCRIBED, CLOSING = "init", "subscribed", "closing"
 DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024
@@ -51,7 +54,7 @@ class Client:
         self.output_buffer_timeout = options.output_buffer_timeout
         self.ready_count = 0
         self.in_flight: OrderedDict[bytes, tuple] = OrderedDict()
-        self.channel = None
+        self.channel: "Channel | None" = None
         self.message_count = self.finish_count = self.requeue_count = 0
         self.pub_counts: dict[str, int] = {}     # topic -> messages published
         self.connect_ts = int(time.time())
@@ -226,7 +229,7 @@ class Client:
         held_back = self._unsent >= MAX_UNSENT_BYTES
         self._unsent -= n
         if held_back and self._unsent < MAX_UNSENT_BYTES and self.channel is not None:
-            self.channel.wake()
+            self.channel.credit_changed()
 
     def heartbeat_changed(self) -> None:
         """Let the pump pick up a new heartbeat interval now."""

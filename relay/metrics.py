@@ -11,12 +11,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from relay import stats
+from relay.context import BrokerContext
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class Metrics:
-    def __init__(self, broker):
+    def __init__(self, broker: BrokerContext):
         self.registry = CollectorRegistry()
         self.published = Counter("relay_published_messages", "Messages published through "
                                  "this broker (PUB, MPUB, DPUB, HTTP)", registry=self.registry)
@@ -35,7 +36,7 @@ class Metrics:
 class _QueueCollector:
     """Topic and channel figures from Redis, clients and uptime of this broker."""
 
-    def __init__(self, broker):
+    def __init__(self, broker: BrokerContext):
         self.broker = broker
         self.started = time.time()
 

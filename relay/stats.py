@@ -8,11 +8,15 @@ e2e_processing_latency comes from relay/latency.py.
 import datetime
 import time
 from collections import Counter
+from typing import TYPE_CHECKING
 
-from relay.latency import NO_LATENCY, E2eLatency, describe, percentiles
 from relay.codec import is_ephemeral, parse_record
+from relay.latency import NO_LATENCY, E2eLatency, describe, percentiles
 from relay.store import Store, guarded
 from relay.store.keys import ChannelKeys
+
+if TYPE_CHECKING:  # relay-admin reads stats without the broker's gevent modules
+    from relay.client import Client
 
 
 def collect(store: Store, topic: str | None = None, channel: str | None = None,
@@ -80,7 +84,7 @@ def in_flight(store: Store, topic: str, channel: str, limit: int) -> list[dict]:
     return out
 
 
-def client_stats(client) -> dict:
+def client_stats(client: "Client") -> dict:
     """nsqd's ClientStats of a subscribed connection: in /stats, and announced to the
     broker registry for relay-admin."""
     return {"client_id": client.client_id, "hostname": client.hostname, "version": "V2",
@@ -93,7 +97,7 @@ def client_stats(client) -> dict:
             **client.tls_details}
 
 
-def producer_stats(client) -> dict:
+def producer_stats(client: "Client") -> dict:
     """nsqd's ClientStats of a connection that published, with its pub_counts."""
     return {**client_stats(client), "state": 0,
             "pub_counts": [{"topic": t, "count": n} for t, n in client.pub_counts.items()]}

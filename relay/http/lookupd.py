@@ -11,13 +11,14 @@ import logging
 import redis
 
 from relay.codec import NSQD_VERSION
+from relay.context import BrokerContext
 from relay.http.server import HttpError, HttpServer, Routes, existing_topic, from_store
 from relay.registry import live_brokers
 
 log = logging.getLogger("relay.http")
 
 
-def lookupd_server(broker) -> HttpServer:
+def lookupd_server(broker: BrokerContext) -> HttpServer:
     """The server of --lookupd-http-address: nsqlookupd's API and nothing of nsqd's."""
     return HttpServer(broker, LookupdApi(broker).routes())
 
@@ -25,7 +26,7 @@ def lookupd_server(broker) -> HttpServer:
 class LookupdApi:
     """nsqlookupd's endpoints of one broker."""
 
-    def __init__(self, broker):
+    def __init__(self, broker: BrokerContext):
         self.broker = broker
 
     def queries(self) -> Routes:

@@ -12,6 +12,7 @@ import time
 
 from relay import stats
 from relay.codec import NSQD_VERSION, split_mpub
+from relay.context import BrokerContext
 from relay.errors import ClientError, StoreError
 from relay.http.lookupd import LookupdApi
 from relay.http.server import (JSON, HttpError, HttpServer, Routes, Typed, existing_topic,
@@ -25,7 +26,7 @@ log = logging.getLogger("relay.http")
 BOOLS = {"true": True, "1": True, "false": False, "0": False}
 
 
-def nsqd_server(broker) -> HttpServer:
+def nsqd_server(broker: BrokerContext) -> HttpServer:
     """The server of --http-address and --https-address: nsqd's API and nsqlookupd's
     queries, so a client can use a broker as its lookupd."""
     api = NsqdApi(broker)
@@ -36,7 +37,7 @@ def nsqd_server(broker) -> HttpServer:
 class NsqdApi:
     """nsqd's endpoints of one broker."""
 
-    def __init__(self, broker):
+    def __init__(self, broker: BrokerContext):
         self.broker = broker
         self.options = broker.options
         self.start_time = int(time.time())

@@ -16,6 +16,7 @@ from gevent.pywsgi import WSGIServer
 
 from relay import codec
 from relay.auth import AuthError
+from relay.context import BrokerContext
 from relay.errors import RelayError, StoreError
 from relay.sockio import listen
 
@@ -122,7 +123,7 @@ class HttpServer:
     """One API's routes on one or more listening addresses (nsqd's API also on
     --https-address), with the TLS and Bearer auth checks in front of every route."""
 
-    def __init__(self, broker, routes: Routes, prefixes: Routes | None = None):
+    def __init__(self, broker: BrokerContext, routes: Routes, prefixes: Routes | None = None):
         self.broker = broker
         self.routes = routes
         self.prefixes = prefixes or {}      # routes for every path under a prefix
@@ -210,7 +211,7 @@ class BearerAuth:
     """AUTH on the HTTP API (beyond nsqd, whose HTTP API has none): the grant of each
     secret is kept for its ttl, so a busy publisher does not ask the auth server each time."""
 
-    def __init__(self, broker):
+    def __init__(self, broker: BrokerContext):
         self.broker = broker
         self._grants: dict = {}     # (secret, tls) -> auth Grant, for its ttl
 

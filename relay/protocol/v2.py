@@ -2,13 +2,15 @@
 
 Handlers validate in nsqd's order and word errors as nsqd does. A handler returns
 the reply to queue: bytes (a response frame), None (no reply), or a Pending that
-resolves once Redis has answered. The writer sends replies strictly in command
-order, so pipelined PUBs get their OKs in order while Redis work from all
+resolves once Redis has answered; it raises ClientError for an error frame, and a
+Pending's resolve() raises it the same way. The writer sends replies strictly in
+command order, so pipelined PUBs get their OKs in order while Redis work from all
 connections is batched by the group commit.
 """
 
 import json
 import logging
+from typing import Any, Callable
 
 from gevent.event import AsyncResult
 from marshmallow import ValidationError
@@ -17,6 +19,7 @@ from relay import codec
 from relay.auth import AuthError
 from relay.client import CLOSING, INIT, SUBSCRIBED, Client
 from relay.codec import NSQD_VERSION, base10, go_quote, int64, split_mpub
+from relay.context import BrokerContext
 from relay.errors import ClientError, Disconnect, FatalClientError, StoreError
 from relay.schemas import IdentifySchema
 from relay.transport import CompressionError
@@ -28,15 +31,17 @@ _identify_schema = IdentifySchema()
 
 
 class Pending:
-    """A reply that waits for Redis: `resolve()` gives bytes/None or raises ClientError."""
+    """A reply that waits for Redis: `finish(value, error)` makes it bytes/None or raises
+    ClientError, which `resolve()` passes on."""
 
     __slots__ = ("result", "finish")
 
-    def __init__(self, result, finish):
+    def __init__(self, result: AsyncResult,
+                 finish: Callable[[Any, StoreError | None], bytes | None]):
         self.result = result
         self.finish = finish
 
-    def resolve(self):
+    def resolve(self) -> bytes | None:
         try:
             value = self.result.get()
         except StoreError as e:
@@ -60,19 +65,23 @@ class Upgrade:
         return self._done.get()
 
 
+Reply = bytes | Pending | Upgrade | None
+"""A handler's reply; the queue to the writer also carries the ClientErrors they raise."""
+
+
 class Reader:
     """Reads lines and sized bodies from a client's transport (which IDENTIFY may upgrade
     mid-connection) without ever allocating an announced size before it is checked."""
 
     CHUNK = 64 * 1024
 
-    def __init__(self, client):
+    def __init__(self, client: Client):
         self.client = client
         self.buf = bytearray()
         self.pos = 0
 
     @property
-    def pending(self) -> int:
+    def buffered(self) -> int:
         """Bytes read from the transport and not yet consumed."""
         return len(self.buf) - self.pos
 
@@ -90,7 +99,7 @@ class Reader:
             end = self.buf.find(b"\n", self.pos)
             if end >= 0:
                 break
-            if self.pending > MAX_LINE:
+            if self.buffered > MAX_LINE:
                 raise Disconnect("command line too long")
             try:
                 self._fill()
@@ -103,7 +112,7 @@ class Reader:
         return line[:-1] if line.endswith(b"\r") else line
 
     def exact(self, n: int) -> bytes:
-        while self.pending < n:
+        while self.buffered < n:
             self._fill()
         data = bytes(self.buf[self.pos:self.pos + n])
         self.pos += n
@@ -114,7 +123,7 @@ class Reader:
 
 
 class ProtocolV2:
-    def __init__(self, broker):
+    def __init__(self, broker: BrokerContext):
         self.broker = broker
         self.options = broker.options
         self.commands = {
@@ -147,7 +156,7 @@ class ProtocolV2:
                 return
             if isinstance(reply, Upgrade):
                 client.replies.put(reply)
-                if not reply.wait() or reader.pending:
+                if not reply.wait() or reader.buffered:
                     log.debug("%r: upgrade failed or bytes sent before it", client)
                     return
             elif reply is not None:
@@ -163,20 +172,18 @@ class ProtocolV2:
                 if isinstance(reply, Upgrade):
                     reply.finish(False)
                 continue
-            if isinstance(reply, Upgrade):
+            if isinstance(reply, Pending):
+                try:
+                    reply = reply.resolve()
+                except ClientError as e:
+                    self._send_error(client, e)
+                    continue
+            if isinstance(reply, ClientError):
+                self._send_error(client, reply)
+            elif isinstance(reply, Upgrade):
                 self._upgrade(client, reply)
-                continue
-            try:
-                data = reply.resolve() if isinstance(reply, Pending) else reply
-                if isinstance(data, ClientError):
-                    raise data
-            except ClientError as e:
-                self._send(client, codec.FRAME_ERROR, e.wire())
-                if e.fatal:
-                    client.close()
-                continue
-            if data is not None:
-                self._send(client, codec.FRAME_RESPONSE, data)
+            elif reply is not None:
+                self._send(client, codec.FRAME_RESPONSE, reply)
 
     def _upgrade(self, client: Client, upgrade: "Upgrade") -> None:
         """IDENTIFY's response in the clear, then each upgrade and an OK through it,
@@ -194,13 +201,18 @@ class ProtocolV2:
         upgrade.finish(True)
 
     @staticmethod
-    def _send(client, frame_type, data):
+    def _send(client: Client, frame_type: int, data: bytes) -> None:
         try:
             client.send(codec.frame(frame_type, data))
         except OSError:
             client.close()
 
-    def exec(self, client: Client, params: list, reader: Reader):
+    def _send_error(self, client: Client, error: ClientError) -> None:
+        self._send(client, codec.FRAME_ERROR, error.wire())
+        if error.fatal:
+            client.close()
+
+    def exec(self, client: Client, params: list[bytes], reader: Reader) -> Reply:
         handler = self.commands.get(params[0])
         if handler is None:
             raise FatalClientError("E_INVALID", "invalid command " + _text(params[0]))
@@ -211,10 +223,10 @@ class ProtocolV2:
 
     # -- commands ----------------------------------------------------------------
 
-    def nop(self, client, params, reader):
+    def nop(self, client: Client, params: list[bytes], reader: Reader) -> None:
         return None
 
-    def identify(self, client, params, reader):
+    def identify(self, client: Client, params: list[bytes], reader: Reader) -> bytes | Upgrade:
         if client.state != INIT:
             raise FatalClientError("E_INVALID", "cannot IDENTIFY in current state")
         body = self._read_body(reader, "IDENTIFY", "E_BAD_BODY", self.options.max_body_size,
@@ -260,7 +272,7 @@ class ProtocolV2:
             (lambda: client.upgrade_deflate(level), deflate)) if wanted]
         return Upgrade(response, steps) if steps else response
 
-    def auth(self, client, params, reader):
+    def auth(self, client: Client, params: list[bytes], reader: Reader) -> bytes:
         if client.state != INIT:
             raise FatalClientError("E_INVALID", "cannot AUTH in current state")
         if len(params) != 1:
@@ -277,7 +289,7 @@ class ProtocolV2:
             raise FatalClientError("E_UNAUTHORIZED", "AUTH no authorizations found")
         return client.grant.reply()
 
-    def _ask_auth(self, client) -> None:
+    def _ask_auth(self, client: Client) -> None:
         """Fetch the client's grant; a failure is E_AUTH_FAILED with no detail (the log
         has it), as nsqd does not leak auth server errors to clients."""
         try:
@@ -288,7 +300,7 @@ class ProtocolV2:
             log.warning("%r: AUTH failed: %s", client, e)
             raise FatalClientError("E_AUTH_FAILED", "AUTH failed") from None
 
-    def _check_auth(self, client, command: str, topic: str, channel: str = "") -> None:
+    def _check_auth(self, client: Client, command: str, topic: str, channel: str = "") -> None:
         """nsqd's CheckAuth: AUTH first, ask again once the grant's ttl is over."""
         if not self.broker.auth.enabled:
             return
@@ -300,7 +312,7 @@ class ProtocolV2:
             raise FatalClientError("E_UNAUTHORIZED", f"AUTH failed for {command} on "
                                                      f"{json.dumps(topic)} {json.dumps(channel)}")
 
-    def sub(self, client, params, reader):
+    def sub(self, client: Client, params: list[bytes], reader: Reader) -> bytes:
         if client.state != INIT:
             raise FatalClientError("E_INVALID", "cannot SUB in current state")
         if client.heartbeat_interval <= 0:
@@ -316,7 +328,7 @@ class ProtocolV2:
             raise FatalClientError("E_SUB_FAILED", f"SUB failed {e}") from None
         return codec.OK
 
-    def rdy(self, client, params, reader):
+    def rdy(self, client: Client, params: list[bytes], reader: Reader) -> None:
         if client.state == CLOSING:
             return None
         if client.state != SUBSCRIBED:
@@ -332,10 +344,11 @@ class ProtocolV2:
             raise FatalClientError(
                 "E_INVALID", f"RDY count {count} out of range 0-{self.options.max_rdy_count}")
         client.ready_count = count
-        client.channel.wake()
+        client.channel.credit_changed()
         return None
 
-    def _message_id(self, client, params, command, nparams):
+    def _message_id(self, client: Client, params: list[bytes], command: str,
+                    nparams: int) -> bytes:
         if client.state not in (SUBSCRIBED, CLOSING):
             raise FatalClientError("E_INVALID", f"cannot {command} in current state")
         if len(params) < nparams:
@@ -344,23 +357,22 @@ class ProtocolV2:
             raise FatalClientError("E_INVALID", "invalid message ID")
         return params[1]
 
-    def fin(self, client, params, reader):
+    def fin(self, client: Client, params: list[bytes], reader: Reader) -> Pending:
         msg_id = self._message_id(client, params, "FIN", 2)
         held = client.in_flight.pop(msg_id, None)
         if held is not None:
-            client.channel.wake()
+            client.channel.credit_changed()
         channel = client.channel
         result = self.broker.commit.submit(self.broker.store.finish_op(
             channel.topic, channel.name, [(client.owner, msg_id)]), client.number)
 
         def done(codes, err):
-            reply = self._owned(client, "FIN", msg_id, codes, err)
-            if reply is None and held is not None:
+            self._owned(client, "FIN", msg_id, codes, err)
+            if held is not None:
                 self.broker.e2e.record(channel.topic, channel.name, held[1])
-            return reply
         return Pending(result, done)
 
-    def req(self, client, params, reader):
+    def req(self, client: Client, params: list[bytes], reader: Reader) -> Pending:
         msg_id = self._message_id(client, params, "REQ", 3)
         try:
             delay = base10(params[2])
@@ -369,13 +381,13 @@ class ProtocolV2:
                 "E_INVALID", "REQ could not parse timeout " + _text(params[2])) from None
         delay = min(delay, self.options.max_req_timeout)
         if client.in_flight.pop(msg_id, None) is not None:
-            client.channel.wake()
+            client.channel.credit_changed()
         result = self.broker.commit.submit(self.broker.store.requeue_op(
             client.channel.topic, client.channel.name, [(client.owner, msg_id, delay)]),
             client.number)
         return Pending(result, lambda codes, err: self._owned(client, "REQ", msg_id, codes, err))
 
-    def touch(self, client, params, reader):
+    def touch(self, client: Client, params: list[bytes], reader: Reader) -> Pending:
         msg_id = self._message_id(client, params, "TOUCH", 2)
         timeout = client.msg_timeout
         result = self.broker.commit.submit(self.broker.store.touch_op(
@@ -383,15 +395,14 @@ class ProtocolV2:
             [(client.owner, msg_id, timeout)]), client.number)
 
         def done(codes, err):
-            reply = self._owned(client, "TOUCH", msg_id, codes, err)
-            if reply is None:
-                client.touched(msg_id, timeout)
-            return reply
+            self._owned(client, "TOUCH", msg_id, codes, err)
+            client.touched(msg_id, timeout)
         return Pending(result, done)
 
     @staticmethod
-    def _owned(client, command, msg_id, codes, err):
-        """Map a finish/requeue/touch result to nsqd's non-fatal errors."""
+    def _owned(client: Client, command: str, msg_id: bytes, codes: list[int] | None,
+               err: StoreError | None) -> None:
+        """Count a finish/requeue/touch that took; raise nsqd's non-fatal error if not."""
         code = codes[0] if codes else None
         if err is not None:
             reason = "redis unavailable"
@@ -404,24 +415,24 @@ class ProtocolV2:
                 client.finish_count += 1
             elif command == "REQ":
                 client.requeue_count += 1
-            return None
-        return ClientError(f"E_{command}_FAILED", f"{command} {_text(msg_id)} failed {reason}")
+            return
+        raise ClientError(f"E_{command}_FAILED", f"{command} {_text(msg_id)} failed {reason}")
 
-    def cls(self, client, params, reader):
+    def cls(self, client: Client, params: list[bytes], reader: Reader) -> bytes:
         if client.state != SUBSCRIBED:
             raise FatalClientError("E_INVALID", "cannot CLS in current state")
         client.state = CLOSING
         client.ready_count = 0
         return codec.CLOSE_WAIT
 
-    def pub(self, client, params, reader):
+    def pub(self, client: Client, params: list[bytes], reader: Reader) -> Pending:
         if len(params) < 2:
             raise FatalClientError("E_INVALID", "PUB insufficient number of parameters")
         topic = self._name(params[1], "E_BAD_TOPIC", "PUB topic")
         body = self._read_message(reader, "PUB")
         return self._publish(client, topic, [body], 0, "PUB")
 
-    def dpub(self, client, params, reader):
+    def dpub(self, client: Client, params: list[bytes], reader: Reader) -> Pending:
         if len(params) < 3:
             raise FatalClientError("E_INVALID", "DPUB insufficient number of parameters")
         topic = self._name(params[1], "E_BAD_TOPIC", "DPUB topic")
@@ -437,7 +448,7 @@ class ProtocolV2:
         body = self._read_message(reader, "DPUB")
         return self._publish(client, topic, [body], defer, "DPUB")
 
-    def mpub(self, client, params, reader):
+    def mpub(self, client: Client, params: list[bytes], reader: Reader) -> Pending:
         if len(params) < 2:
             raise FatalClientError("E_INVALID", "MPUB insufficient number of parameters")
         if not codec.is_valid_name(params[1].decode("latin-1")):
@@ -448,14 +459,15 @@ class ProtocolV2:
         messages = split_mpub(body, self.options.max_body_size, self.options.max_msg_size)
         return self._publish(client, topic, messages, 0, "MPUB")
 
-    def _publish(self, client, topic: str, bodies: list, defer: int, command: str) -> Pending:
+    def _publish(self, client: Client, topic: str, bodies: list[bytes], defer: int,
+                 command: str) -> Pending:
         self._check_auth(client, command, topic)
         result = self.broker.commit.submit(self.broker.store.publish_op(topic, bodies, defer),
                                            client.number)
 
         def done(value, err):
             if err is not None:
-                return FatalClientError(f"E_{command}_FAILED", f"{command} failed {err}")
+                raise FatalClientError(f"E_{command}_FAILED", f"{command} failed {err}")
             self.broker.metrics.published.inc(len(bodies))
             client.pub_counts[topic] = client.pub_counts.get(topic, 0) + len(bodies)
             return codec.OK

@@ -1,4 +1,4 @@
-"""Wake-ups: how a broker hears that a topic it has consumers of has news.
+"""Wake-ups: how a broker hears that a topic it has consumers of has messages.
 
 Scripts publish on the topic's wake channel (`relay:{T}:wake`): "" the topic has
 messages, "C" channel C has, "!C" / "!" channel C / the topic was deleted. A
@@ -13,8 +13,8 @@ broker subscribes to the wake channels of the topics it has consumers of:
   every node, and SUBSCRIBE on any one node. Correct, but every wake-up crosses
   the whole cluster bus.
 
-Whenever a subscription is (re)made the topic is woken, as a message may have been
-missed meanwhile; channels also poll slowly as a safety net (relay/channel.py).
+Whenever a subscription is (re)made the topic's channels look again, as a wake-up
+may have been missed meanwhile; they also poll slowly as a safety net (relay/channel.py).
 """
 
 import logging
@@ -22,19 +22,20 @@ import logging
 import gevent
 import redis
 
+from relay.context import BrokerContext
 from relay.store import connect_redis
 from relay.store.connection import is_cluster, sharded_pubsub
 from relay.store.keys import TopicKeys
 
-log = logging.getLogger("relay.wake")
+log = logging.getLogger("relay.wakeups")
 
 POLL = 0.05
 
 
-class WakeListener:
-    """The wake channels of the topics this broker has consumers of."""
+class WakeupListener:
+    """Listens on the wake channels of the topics this broker has consumers of."""
 
-    def __init__(self, broker):
+    def __init__(self, broker: BrokerContext):
         self.broker = broker
         self.topics: set[str] = set()
 
@@ -47,10 +48,11 @@ class WakeListener:
     def wanted(self) -> dict:
         return {TopicKeys.of(t).wake.encode(): t for t in self.topics}
 
-    def wake(self, topic: str, channel: str | None = None) -> None:
+    def messages_arrived(self, topic: str, channel: str | None = None) -> None:
+        """Tell the topic's local channels (or the one named) to look in Redis."""
         for (t, c), local in list(self.broker.channels.items()):
             if t == topic and (channel is None or c == channel):
-                local.notify()
+                local.messages_arrived()
 
     def _deleted(self, topic: str, channel: str | None) -> None:
         """A channel (or the whole topic) was deleted: close its consumers, as nsqd."""
@@ -60,13 +62,13 @@ class WakeListener:
                 for client in list(local.clients):
                     client.close()
 
-    def news(self, topic: str, data: bytes) -> None:
+    def received(self, topic: str, data: bytes) -> None:
         """A wake-up: "" the topic, "C" one channel, "!C" / "!" deleted (drop.lua)."""
         text = data.decode()
         if text.startswith("!"):
             self._deleted(topic, text[1:] or None)
         else:
-            self.wake(topic, text or None)
+            self.messages_arrived(topic, text or None)
 
     def run(self) -> None:
         client = self.broker.redis
@@ -92,7 +94,7 @@ class WakeListener:
                 log.warning("wake-up subscription lost: %s; retrying", e)
                 gevent.sleep(1.0)
                 for topic in list(self.topics):
-                    self.wake(topic)
+                    self.messages_arrived(topic)
 
     def _listen(self, client) -> None:
         pubsub = client.pubsub(ignore_subscribe_messages=True)
@@ -108,7 +110,7 @@ class WakeListener:
                     pubsub.unsubscribe(*removed)
                 subscribed = want
                 for key in added:
-                    self.wake(want[key])
+                    self.messages_arrived(want[key])
                 if not subscribed:
                     gevent.sleep(POLL)
                     continue
@@ -116,7 +118,7 @@ class WakeListener:
                 if message and message["type"] == "message":
                     topic = subscribed.get(message["channel"])
                     if topic is not None:
-                        self.news(topic, message["data"])
+                        self.received(topic, message["data"])
         finally:
             pubsub.close()
 
@@ -124,7 +126,7 @@ class WakeListener:
 class ShardedSubscriptions:
     """SSUBSCRIBE each wake channel on the node that owns its slot (Redis Cluster 7+)."""
 
-    def __init__(self, listener: WakeListener, cluster):
+    def __init__(self, listener: WakeupListener, cluster):
         self.listener = listener
         self.cluster = cluster
         self.links: dict[str, NodeLink] = {}
@@ -191,7 +193,7 @@ class NodeLink:
                 topics = listener.wanted()
                 for channel in added:
                     if channel in topics:
-                        listener.wake(topics[channel])
+                        listener.messages_arrived(topics[channel])
                 if not self.subscribed:
                     gevent.sleep(POLL)
                     continue
@@ -208,20 +210,20 @@ class NodeLink:
         finally:
             self.dead = True
             for topic in listener.wanted().values():
-                listener.wake(topic)
+                listener.messages_arrived(topic)
             pubsub.close()
             self.client.close()
 
     def _handle(self, message: dict, topics: dict) -> None:
         kind, channel = message["type"], message["channel"]
         if kind == "smessage" and channel in topics:
-            self.owner.listener.news(topics[channel], message["data"])
+            self.owner.listener.received(topics[channel], message["data"])
         elif kind == "sunsubscribe" and channel in self.subscribed and channel in self.want:
             # the node gave the slot away: subscribe where it is now
             self.subscribed.discard(channel)
             self.owner.moved = True
             if channel in topics:
-                self.owner.listener.wake(topics[channel])
+                self.owner.listener.messages_arrived(topics[channel])
 
 
 def _auth(connection_pool_holder) -> dict:

@@ -1,0 +1,48 @@
+"""The type of the broker that the parts serving its clients hold."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import ssl
+
+    from redis import Redis
+    from redis.cluster import RedisCluster
+
+    from relay.auth import Authorizer
+    from relay.channel import Channel
+    from relay.client import Client
+    from relay.http.server import HttpServer
+    from relay.latency import E2eLatency
+    from relay.metrics import Metrics
+    from relay.options import Options
+    from relay.store import Store
+    from relay.store.commit import GroupCommit
+
+
+class BrokerContext(Protocol):
+    """What the protocol handlers, the channels' delivery loops, the wake-up listener,
+    /metrics and the HTTP API use of the broker they serve, so a reader (and a type
+    checker) can follow the data path without the broker's lifecycle.
+    relay.broker.Broker is the one implementation. Nothing here is imported at run
+    time, so any module can name this type without an import cycle."""
+
+    options: Options                        # replaced whole by PUT /config/log_level
+    redis: Redis | RedisCluster
+    store: Store
+    commit: GroupCommit                     # batches the Store's ops of all connections
+    channels: dict[tuple[str, str], Channel]    # (topic, channel) with local consumers
+    clients: dict[int, Client]              # every connection, by number
+    metrics: Metrics
+    e2e: E2eLatency
+    auth: Authorizer
+    tls_context: ssl.SSLContext | None
+    tcp_port: int
+    http: HttpServer                        # the nsqd API server; /info reports its port
+
+    def subscribe(self, client: Client, topic: str, channel_name: str) -> None: ...
+
+    def subscribed_clients(self) -> list[Client]: ...
+
+    def flush_latency(self) -> None: ...
