@@ -34,7 +34,8 @@ from relay.latency import E2eLatency
 from relay.metrics import Metrics
 from relay.codec import NSQD_VERSION
 from relay.options import Options
-from relay.protocol.v2 import ProtocolV2, Reader
+from relay.protocol.reader import Reader
+from relay.protocol.v2 import ProtocolV2
 from relay.registry import Registry
 from relay.sockio import listen, raise_open_file_limit
 from relay.store import Store, connect_redis

@@ -1,0 +1,60 @@
+"""Reading a client's commands: lines and sized bodies off its transport."""
+
+from relay import codec
+from relay.client import Client
+from relay.errors import Disconnect
+
+MAX_LINE = 16 * 1024
+
+
+class Reader:
+    """Reads lines and sized bodies from a client's transport (which IDENTIFY may upgrade
+    mid-connection) without ever allocating an announced size before it is checked."""
+
+    CHUNK = 64 * 1024
+
+    def __init__(self, client: Client):
+        self.client = client
+        self.buf = bytearray()
+        self.pos = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes read from the transport and not yet consumed."""
+        return len(self.buf) - self.pos
+
+    def _fill(self) -> None:
+        chunk = self.client.transport.recv(self.CHUNK)
+        if not chunk:
+            raise EOFError
+        if self.pos:
+            del self.buf[:self.pos]
+            self.pos = 0
+        self.buf += chunk
+
+    def line(self) -> bytes:
+        while True:
+            end = self.buf.find(b"\n", self.pos)
+            if end >= 0:
+                break
+            if self.buffered > MAX_LINE:
+                raise Disconnect("command line too long")
+            try:
+                self._fill()
+            except EOFError:
+                raise Disconnect("eof") from None
+        if end - self.pos > MAX_LINE:
+            raise Disconnect("command line too long")
+        line = bytes(self.buf[self.pos:end])
+        self.pos = end + 1
+        return line[:-1] if line.endswith(b"\r") else line
+
+    def exact(self, n: int) -> bytes:
+        while self.buffered < n:
+            self._fill()
+        data = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        return data
+
+    def size(self) -> int:
+        return codec.read_size(self.exact(4))
