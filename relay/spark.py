@@ -126,7 +126,7 @@ class ChannelStream(DataSourceStreamReader):
         [records] = store.deliver(self.topic, self.channel,
                                   [(self._owner(batch), self.lease_ms, self.limit)])
         if records:
-            store.save_spark_batch(self.topic, self.channel, self.consumer, batch, records)
+            self._batches(store).save(batch, records)
         return bool(records)
 
     def partitions(self, start: dict, end: dict):
@@ -134,8 +134,7 @@ class ChannelStream(DataSourceStreamReader):
 
     def read(self, partition):
         store = _store(self.options)
-        for record in store.spark_batch(self.topic, self.channel, self.consumer,
-                                        partition.batch):
+        for record in self._batches(store).records(partition.batch):
             yield _row(self.topic, self.channel, record)
 
     def commit(self, end: dict) -> None:
@@ -144,22 +143,26 @@ class ChannelStream(DataSourceStreamReader):
         progress = self._progress()
         self._finish_through(store, end["batch"], progress)
         for batch in range(progress["committed"] + 1, end["batch"] + 1):
-            store.close_spark_batch(self.topic, self.channel, self.consumer, batch)
+            self._batches(store).close(batch)
 
     def _finish_through(self, store, last: int, progress: dict) -> None:
         """FIN the claims of the batches after the last finished one, up to `last`. The
         records stay for a re-run of the batch until Spark commits it."""
         from relay.codec import record_id
         for batch in range(progress["finished"] + 1, last + 1):
-            records = store.spark_batch(self.topic, self.channel, self.consumer, batch)
+            records = self._batches(store).records(batch)
             if records:
                 store.finish(self.topic, self.channel,
                              [(self._owner(batch), record_id(r)) for r in records])
-            store.spark_finished(self.topic, self.channel, self.consumer, batch)
+            self._batches(store).finished(batch)
             progress["finished"] = batch
 
     def _progress(self) -> dict:
-        return _store(self.options).spark_progress(self.topic, self.channel, self.consumer)
+        return self._batches(_store(self.options)).progress()
+
+    def _batches(self, store):
+        from relay.spark_batches import QueryBatches
+        return QueryBatches(store, self.topic, self.channel, self.consumer)
 
     def _owner(self, batch: int) -> str:
         return f"spark:{self.consumer}:{batch}"

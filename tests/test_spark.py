@@ -12,6 +12,7 @@ pyspark = pytest.importorskip("pyspark")
 
 import relay.spark  # noqa: E402
 from relay.spark import ChannelStream  # noqa: E402
+from relay.spark_batches import QueryBatches  # noqa: E402
 from relay.store import Store  # noqa: E402
 from relay.store.connection import connect  # noqa: E402
 from tests.conftest import flush  # noqa: E402
@@ -118,7 +119,7 @@ def test_nsq_consumers_and_spark_share_a_channel(store, redis_url):
                             "max_messages_per_batch": "4"})
     stream.latestOffset({"batch": 0})
     [others] = store.deliver("events", "spark", [("b1:1", 60_000, 10)])
-    claimed = store.spark_batch("events", "spark", "spark", 1)
+    claimed = QueryBatches(store, "events", "spark", "spark").records(1)
     assert len(claimed) == 4 and len(others) == 2
     assert not set(claimed) & set(others)
 
