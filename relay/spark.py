@@ -6,14 +6,13 @@
          .option("topic", "events").option("channel", "spark").load()
 
 Streaming read: each micro-batch claims up to max_messages_per_batch messages of the
-channel through deliver.lua, in flight under the batch's owner ("spark:<consumer>:<n>")
-for lease_timeout ms, so NSQ consumers of the same channel never get them meanwhile.
-The claimed records are kept in Redis per batch, so a batch Spark reads again after a
-failure has the same messages. They are finished (finish.lua) once Spark is done with
-the batch: when it plans the next one (which it does only after the previous batch
-completed) or commits it, whichever comes first. A query that dies for good leaves its
-claims to expire: the scanner requeues them after lease_timeout. Delivery is at least
-once: a batch still running when its lease runs out is delivered again.
+channel (relay/spark_batches.py): in flight under the batch's owner, so NSQ consumers of
+the same channel never get them, with their records kept so that a batch Spark runs
+again has the same messages. A batch is finished when Spark's checkpoint holds it as
+done, which Spark shows by asking for the offsets after it. While the query lives its
+claims are renewed; when it ends, what is not confirmed is parked for park_timeout,
+for the next run to confirm or run again. availableNow takes what is queued at the start,
+in batches, and confirms the last one before it ends.
 
 Batch read: a snapshot of the channel's ready queue (not its in-flight or deferred
 messages), read without taking anything. Write (batch and streaming): the `body` column
@@ -21,16 +20,25 @@ messages), read without taking anything. Write (batch and streaming): the `body`
 """
 
 import datetime
+import logging
+import signal
+import sys
+import threading
 
 from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader,
                                     DataSourceStreamWriter, DataSourceWriter, InputPartition,
                                     WriterCommitMessage)
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows,
+                                              SupportsTriggerAvailableNow)
+
+from relay.spark_batches import LEASE_MS, PARK_MS, QueryBatches
 
 SCHEMA = ("id string, topic string, channel string, body binary, timestamp timestamp, "
           "attempts int")
 PUBLISH_CHUNK = 500
 SNAPSHOT_CHUNK = 1000
+SOURCE_RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
+log = logging.getLogger("relay.spark")
 
 
 def register(spark) -> None:
@@ -85,84 +93,128 @@ class BatchPartition(InputPartition):
         self.batch = batch
 
 
-class ChannelStream(DataSourceStreamReader):
-    """Micro-batches of claimed messages; offsets are {"batch": n}."""
+class ChannelStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches of claimed messages; offsets are {"batch": n}, the query's own batch
+    numbers (relay/spark_batches.py). Spark calls every method but read() in one process
+    of the driver that lives as long as the query: the first call starts the lease keeper
+    there, and stop() parks what is not confirmed."""
 
     def __init__(self, options):
         self.options = dict(options)
         self.topic, self.channel = _required(options, "topic", "channel")
         self.consumer = options.get("consumer", "spark")
         self.limit = int(options.get("max_messages_per_batch", 1000))
-        self.lease_ms = int(options.get("lease_timeout", 60_000))
+        self.lease_ms = int(options.get("lease_timeout", LEASE_MS))
+        self.park_ms = int(options.get("park_timeout", PARK_MS))
+        self.available = None       # availableNow: how many messages this run may still claim
+        self._query = None
+        self._keeper = None
+
+    def _batches(self) -> QueryBatches:
+        return QueryBatches(_store(self.options), self.topic, self.channel, self.consumer,
+                            self.lease_ms, self.park_ms)
+
+    def _driver(self) -> QueryBatches:
+        if self._query is None:
+            self._query = self._batches()
+            self._keeper = LeaseKeeper(self._batches())
+            if _in_source_runner():
+                signal.signal(signal.SIGTERM, _exit)
+        return self._query
 
     def getDefaultReadLimit(self):
-        """One claimed batch per micro-batch; a trigger that asks for everything
-        (availableNow) gets ReadAllAvailable instead."""
         return ReadMaxRows(self.limit)
 
-    def initialOffset(self) -> dict:
-        return {"batch": self._progress()["committed"]}
+    def prepareForTriggerAvailableNow(self) -> None:
+        """availableNow: this run takes what is queued now, in batches of the read limit."""
+        self.available = self._driver().store.read_channel(self.topic, self.channel)["depth"]
 
-    def latestOffset(self, start: dict | None = None, limit=None) -> dict:
-        """Batches up to `start` were processed (Spark plans one batch at a time): FIN
-        them. Then the batch claimed but not planned yet (after a restart), else a newly
-        claimed one, else `start` again (nothing new); with ReadAllAvailable
-        (availableNow), everything queued now as well."""
-        store = _store(self.options)
-        progress = self._progress()
-        planned = start["batch"] if start else progress["committed"]
-        self._finish_through(store, planned, progress)
+    def initialOffset(self) -> dict:
+        return {"batch": self._driver().progress()["finished"]}
+
+    def latestOffset(self, start: dict, limit) -> dict:
+        """Spark asks for what follows `start` only once its checkpoint holds every batch
+        up to `start` as done: confirm them. Then the batch a run claimed but did not get
+        to plan, else a newly claimed one, else `start` again (nothing new); with
+        ReadAllAvailable (Trigger.Once), everything queued."""
+        query = self._driver()
+        progress = query.confirm(start["batch"])
         claimed = progress["claimed"]
-        everything = isinstance(limit, ReadAllAvailable)
-        if claimed > planned and not everything:
+        if claimed > start["batch"]:
             return {"batch": claimed}
-        while self._claim(store, claimed + 1):
-            claimed += 1
-            if not everything:
-                break       # ReadMaxRows: one batch of max_messages_per_batch
+        if isinstance(limit, ReadAllAvailable):
+            while query.claim(self.limit):
+                claimed += 1
+        elif self.available is None:
+            claimed += bool(query.claim(limit.max_rows))
+        elif self.available > 0:
+            count = query.claim(min(limit.max_rows, self.available))
+            self.available = self.available - count if count else 0
+            claimed += bool(count)
         return {"batch": claimed}
 
-    def _claim(self, store, batch: int) -> bool:
-        [records] = store.deliver(self.topic, self.channel,
-                                  [(self._owner(batch), self.lease_ms, self.limit)])
-        if records:
-            store.save_spark_batch(self.topic, self.channel, self.consumer, batch, records)
-        return bool(records)
-
     def partitions(self, start: dict, end: dict):
+        self._driver()
         return [BatchPartition(b) for b in range(start["batch"] + 1, end["batch"] + 1)]
 
     def read(self, partition):
-        store = _store(self.options)
-        for record in store.spark_batch(self.topic, self.channel, self.consumer,
-                                        partition.batch):
+        for record in self._batches().records(partition.batch):
             yield _row(self.topic, self.channel, record)
 
     def commit(self, end: dict) -> None:
-        """FIN what is not finished yet, and forget the batches up to `end`."""
-        store = _store(self.options)
-        progress = self._progress()
-        self._finish_through(store, end["batch"], progress)
-        for batch in range(progress["committed"] + 1, end["batch"] + 1):
-            store.close_spark_batch(self.topic, self.channel, self.consumer, batch)
+        self._driver().confirm(end["batch"])
 
-    def _finish_through(self, store, last: int, progress: dict) -> None:
-        """FIN the claims of the batches after the last finished one, up to `last`. The
-        records stay for a re-run of the batch until Spark commits it."""
-        from relay.codec import record_id
-        for batch in range(progress["finished"] + 1, last + 1):
-            records = store.spark_batch(self.topic, self.channel, self.consumer, batch)
-            if records:
-                store.finish(self.topic, self.channel,
-                             [(self._owner(batch), record_id(r)) for r in records])
-            store.spark_finished(self.topic, self.channel, self.consumer, batch)
-            progress["finished"] = batch
+    def stop(self) -> None:
+        """The query ended, cleanly or not (Spark ends this process with SIGTERM, or it
+        sees the driver's JVM go): park every batch not confirmed yet."""
+        if self._keeper is not None:
+            if _in_source_runner():
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            self._keeper.stop()
+            self._keeper.batches.park()
 
-    def _progress(self) -> dict:
-        return _store(self.options).spark_progress(self.topic, self.channel, self.consumer)
 
-    def _owner(self, batch: int) -> str:
-        return f"spark:{self.consumer}:{batch}"
+class LeaseKeeper(threading.Thread):
+    """Renews the claims of the query's unconfirmed batches every third of lease_timeout
+    while the query lives, so a batch slower than the lease keeps its messages."""
+
+    def __init__(self, batches: QueryBatches):
+        super().__init__(name=f"relay-lease-{batches.consumer}", daemon=True)
+        self.batches = batches
+        self.done = threading.Event()
+        self.lost = 0
+        self.start()
+
+    def run(self) -> None:
+        while not self.done.wait(self.batches.lease_ms / 3000):
+            try:
+                lost = self.batches.renew()
+            except Exception:
+                log.exception("renewing the claims of Spark query %s failed; trying again",
+                              self.batches.consumer)
+                continue
+            if lost > self.lost:
+                log.warning("%d claims of Spark query %s ran out before their batch was "
+                            "confirmed: copies it claims again are skipped", lost,
+                            self.batches.consumer)
+            self.lost = lost
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(timeout=10)
+
+
+def _in_source_runner() -> bool:
+    """Whether this is Spark's process for the source's driver calls, on its main thread."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return (spec is not None and spec.name == SOURCE_RUNNER
+            and threading.current_thread() is threading.main_thread())
+
+
+def _exit(signum, frame):
+    """Spark ends the source's process with SIGTERM without calling stop(): exit through
+    the runner's `finally`, which calls it."""
+    raise SystemExit(0)
 
 
 class ChannelSnapshot(DataSourceReader):

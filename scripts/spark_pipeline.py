@@ -7,8 +7,10 @@ a cluster; only the master differs.
         --topic events --out-topic event-counts --parquet var/event-counts
 
 Events look like {"key": "checkout", ...}; the window is on the message's publish
-time. Each micro-batch rewrites the Parquet folder with every window's count and
-publishes the counts that changed as JSON lines to --out-topic.
+time. Each micro-batch rewrites the Parquet folder with every window's count (the
+complete result as of that batch, so a batch run again after a failure writes the same)
+and publishes every count as a JSON line to --out-topic (a batch run again publishes
+its lines again: keep the latest per window and key).
 """
 
 import argparse
@@ -51,7 +53,8 @@ def run(args) -> None:
     relay.spark.register(spark)
     events = (spark.readStream.format("relay").option("redis_url", args.redis_url)
               .option("topic", args.topic).option("channel", args.channel)
-              .option("max_messages_per_batch", args.batch).load())
+              .option("max_messages_per_batch", args.batch)
+              .option("lease_timeout", args.lease_timeout).load())
     writer = (counts(events, args.window).writeStream.outputMode("complete")
               .foreachBatch(write_batch(args))
               .option("checkpointLocation", args.checkpoint))
@@ -70,6 +73,8 @@ def parse(argv=None):
     p.add_argument("--checkpoint", default="var/event-counts.checkpoint")
     p.add_argument("--window", default="1 minute")
     p.add_argument("--batch", type=int, default=10_000, help="max messages per micro-batch")
+    p.add_argument("--lease-timeout", type=int, default=60_000,
+                   help="ms a claim lasts unless the running query renews it")
     p.add_argument("--master", default=None, help="e.g. local[2]; spark-submit's by default")
     p.add_argument("--available-now", action="store_true",
                    help="process what is there, then stop (else run until stopped)")

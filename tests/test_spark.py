@@ -1,23 +1,30 @@
-"""The PySpark connector against the embedded Redis, with a local[2] SparkSession."""
+"""The PySpark connector against the embedded Redis (and the cluster, for tests marked
+`cluster`), with a local[2] SparkSession. Spark drives every confirmation: no test
+calls the source's methods itself."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 
 import pytest
 
 pyspark = pytest.importorskip("pyspark")
 
 import relay.spark  # noqa: E402
-from relay.spark import ChannelStream  # noqa: E402
+from relay.codec import record_id  # noqa: E402
+from relay.spark_batches import QueryBatches  # noqa: E402
 from relay.store import Store  # noqa: E402
 from relay.store.connection import connect  # noqa: E402
 from tests.conftest import flush  # noqa: E402
 from workers.scanner import Scanner  # noqa: E402
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPARK_ENV = {**os.environ, "PYSPARK_PYTHON": sys.executable}
 
 
 @pytest.fixture(scope="module")
@@ -47,81 +54,182 @@ def source(spark, redis_url, batch=10, **extra):
     return reader.load()
 
 
+def channel_state(store, channel="spark") -> tuple:
+    state = store.read_channel("events", channel)
+    return state["depth"], state["in_flight_count"], state["timeout_count"]
+
+
+def wait_for(condition, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return condition()
+
+
+# -- the query's batches in Redis, without Spark -----------------------------------
+
 @pytest.mark.cluster
-def test_stream_claims_batches_and_finishes_them_on_commit(spark, store, redis_url, tmp_path):
+def test_nsq_consumers_and_spark_share_a_channel(store):
+    store.subscribe("events", "spark", "b1")
+    store.publish("events", [b"s%d" % i for i in range(6)])
+    query = QueryBatches(store, "events", "spark", "spark")
+    assert query.claim(4) == 4
+    [others] = store.deliver("events", "spark", [("b1:1", 60_000, 10)])
+    claimed = query.records(1)
+    assert len(claimed) == 4 and len(others) == 2
+    assert not set(claimed) & set(others)
+    assert query.progress() == {"claimed": 1, "finished": 0, "parked": 0}
+
+
+@pytest.mark.cluster
+def test_a_claim_that_ran_out_is_skipped_when_the_query_claims_it_again(store):
+    store.subscribe("events", "spark", "")
+    store.publish("events", [b"x%d" % i for i in range(5)])
+    query = QueryBatches(store, "events", "spark", "spark", lease_ms=300)
+    assert query.claim(10) == 5
+    time.sleep(0.4)                     # the driver's machine died: nothing renewed
+    Scanner(store).scan_once()
+    assert channel_state(store) == (5, 0, 5)
+    assert query.confirm(1) == {"claimed": 1, "finished": 1, "parked": 0}
+    assert query.records(1) == []
+    assert query.claim(10) == 0         # the five copies: finished, not a batch
+    assert channel_state(store) == (0, 0, 5)
+    store.publish("events", [b"new"])
+    assert query.claim(10) == 1
+    assert [r[26:] for r in query.records(2)] == [b"new"]
+
+
+@pytest.mark.cluster
+def test_parked_claims_outlast_the_lease_and_come_back_after_the_park(store):
+    store.subscribe("events", "spark", "")
+    store.publish("events", [b"p%d" % i for i in range(5)])
+    query = QueryBatches(store, "events", "spark", "spark", lease_ms=300, park_ms=3000)
+    query.claim(10)
+    query.park()
+    assert query.progress() == {"claimed": 1, "finished": 0, "parked": 1}
+    time.sleep(0.5)                     # past the lease
+    assert query.renew() == 0           # a new run leaves a parked batch parked
+    scanner = Scanner(store)
+    scanner.scan_once()
+    assert channel_state(store) == (0, 5, 0)
+    time.sleep(3)                       # a query that never comes back
+    scanner.scan_once()
+    assert channel_state(store) == (5, 0, 5)
+
+
+# -- streaming queries --------------------------------------------------------------
+
+@pytest.mark.cluster
+def test_available_now_reads_each_message_once_and_leaves_nothing_in_flight(
+        spark, store, redis_url, tmp_path):
     store.subscribe("events", "spark", "")
     store.publish("events", [b"m%02d" % i for i in range(30)])
-    rows = []
+    batches = {}
     query = (source(spark, redis_url).writeStream
-             .foreachBatch(lambda df, _: rows.extend(df.collect()))
+             .foreachBatch(lambda df, batch_id: batches.update({batch_id: df.collect()}))
              .option("checkpointLocation", str(tmp_path / "ck"))
              .trigger(availableNow=True).start())
-    query.awaitTermination(120)
+    query.awaitTermination(180)
+    rows = [r for batch in batches.values() for r in batch]
     assert sorted(r.body for r in rows) == [b"m%02d" % i for i in range(30)]
+    assert sorted(len(batch) for batch in batches.values()) == [10, 10, 10]
     assert {(r.topic, r.channel, r.attempts) for r in rows} == {("events", "spark", 1)}
     assert len({r.id for r in rows}) == 30 and rows[0].timestamp.year >= 2026
-    ChannelStream({"redis_url": redis_url, "topic": "events", "channel": "spark"}).commit(
-        {"batch": 3})
-    state = store.read_channel("events", "spark")
-    assert (state["depth"], state["in_flight_count"]) == (0, 0)
+    assert channel_state(store) == (0, 0, 0)
+    progress = QueryBatches(store, "events", "spark", "spark").progress()
+    assert (progress["claimed"], progress["finished"]) == (3, 3)
 
 
 def test_a_failed_query_restarted_from_its_checkpoint_loses_nothing(spark, store, redis_url,
                                                                     tmp_path):
     store.subscribe("events", "spark", "")
     store.publish("events", [b"e%02d" % i for i in range(40)])
-    seen, failures = [], []
+    seen, failed = [], []
 
     def sink(df, batch_id):
-        if not failures:
-            failures.append(batch_id)
+        bodies = sorted(r.body for r in df.collect())
+        if not failed:
+            failed.append((batch_id, bodies))
             raise RuntimeError("the sink fails once")
-        seen.extend(r.body for r in df.collect())
+        seen.append((batch_id, bodies))
 
-    def start():
-        return (source(spark, redis_url).writeStream.foreachBatch(sink)
-                .option("checkpointLocation", str(tmp_path / "ck"))
-                .trigger(processingTime="100 milliseconds").start())
+    def start(writer):
+        return (writer.foreachBatch(sink)
+                .option("checkpointLocation", str(tmp_path / "ck")).start())
     with pytest.raises(Exception, match="the sink fails once"):
-        start().awaitTermination(120)
-    assert failures == [0]
-    assert store.read_channel("events", "spark")["in_flight_count"] == 10
-    query = start()                 # from the same checkpoint
-    deadline = time.monotonic() + 90
-    while len(set(seen)) < 40 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(0.5)                 # a trigger more, so the last batch is finished
-    query.stop()
-    assert sorted(set(seen)) == [b"e%02d" % i for i in range(40)]
-    assert len(seen) == 40          # the failed batch ran again with the same messages
-    state = store.read_channel("events", "spark")
-    assert (state["depth"], state["timeout_count"]) == (0, 0)
+        start(source(spark, redis_url).writeStream
+              .trigger(processingTime="100 milliseconds")).awaitTermination(180)
+    assert failed[0][0] == 0 and len(failed[0][1]) == 10
+    assert channel_state(store) == (30, 10, 0)
+    start(source(spark, redis_url).writeStream
+          .trigger(availableNow=True)).awaitTermination(180)     # the same checkpoint
+    assert seen[0] == failed[0]             # batch 0 again, with the same messages
+    assert sorted(b for _, bodies in seen for b in bodies) == [b"e%02d" % i for i in range(40)]
+    assert channel_state(store) == (0, 0, 0)
 
 
-def test_claims_of_a_dead_query_come_back_after_the_lease(store, redis_url):
+@pytest.mark.cluster
+def test_a_query_stopped_mid_stream_keeps_its_batch_parked_until_it_runs_again(
+        spark, store, redis_url, tmp_path):
     store.subscribe("events", "spark", "")
-    store.publish("events", [b"x%d" % i for i in range(5)])
-    stream = ChannelStream({"redis_url": redis_url, "topic": "events", "channel": "spark",
-                            "lease_timeout": "300"})
-    assert stream.latestOffset({"batch": 0}) == {"batch": 1}
-    assert store.read_channel("events", "spark")["in_flight_count"] == 5
-    time.sleep(0.4)
+    store.publish("events", [b"q%02d" % i for i in range(30)])
+    out, running, release = {}, threading.Event(), threading.Event()
+
+    def sink(df, batch_id):             # idempotent per batch id
+        out[batch_id] = sorted(r.body for r in df.collect())
+        if batch_id == 1:
+            running.set()
+            release.wait(120)
+
+    def start(trigger):
+        return (source(spark, redis_url, lease_timeout=2000).writeStream.foreachBatch(sink)
+                .option("checkpointLocation", str(tmp_path / "ck")).trigger(**trigger).start())
+    query = start({"processingTime": "100 milliseconds"})
+    assert running.wait(180)
+    stopping = threading.Thread(target=query.stop)
+    stopping.start()
+    time.sleep(0.5)
+    release.set()
+    stopping.join(120)
+    assert not query.isActive
+    query_batches = QueryBatches(store, "events", "spark", "spark")
+    assert wait_for(lambda: query_batches.progress()["parked"] == 2)
+    time.sleep(2.5)                     # past lease_timeout
     Scanner(store).scan_once()
-    state = store.read_channel("events", "spark")
-    assert (state["depth"], state["in_flight_count"], state["timeout_count"]) == (5, 0, 5)
+    assert channel_state(store) == (10, 10, 0)
+    [nsq] = store.deliver("events", "spark", [("nsq", 60_000, 100)])
+    assert len(nsq) == 10 and not {r[26:] for r in nsq} & set(out[0] + out[1])
+    store.finish("events", "spark", [("nsq", record_id(r)) for r in nsq])
+
+    start({"availableNow": True}).awaitTermination(180)
+    assert sorted(out) == [0, 1]
+    counted = Counter(b for bodies in out.values() for b in bodies)
+    counted.update(r[26:] for r in nsq)
+    assert counted == Counter(b"q%02d" % i for i in range(30))
+    assert channel_state(store) == (0, 0, 0)
 
 
-def test_nsq_consumers_and_spark_share_a_channel(store, redis_url):
-    store.subscribe("events", "spark", "b1")
-    store.publish("events", [b"s%d" % i for i in range(6)])
-    stream = ChannelStream({"redis_url": redis_url, "topic": "events", "channel": "spark",
-                            "max_messages_per_batch": "4"})
-    stream.latestOffset({"batch": 0})
-    [others] = store.deliver("events", "spark", [("b1:1", 60_000, 10)])
-    claimed = store.spark_batch("events", "spark", "spark", 1)
-    assert len(claimed) == 4 and len(others) == 2
-    assert not set(claimed) & set(others)
+@pytest.mark.cluster
+def test_a_batch_slower_than_the_lease_keeps_its_messages(spark, store, redis_url, tmp_path):
+    store.subscribe("events", "spark", "")
+    store.publish("events", [b"w%02d" % i for i in range(20)])
+    seen, during = [], []
 
+    def sink(df, batch_id):
+        if batch_id == 0:
+            time.sleep(4.5)             # three leases
+            Scanner(store).scan_once()
+            during.append(channel_state(store))
+        seen.extend(r.body for r in df.collect())
+    (source(spark, redis_url, lease_timeout=1500).writeStream.foreachBatch(sink)
+     .option("checkpointLocation", str(tmp_path / "ck"))
+     .trigger(availableNow=True).start().awaitTermination(180))
+    assert during == [(10, 10, 0)]
+    assert sorted(seen) == [b"w%02d" % i for i in range(20)]
+    assert channel_state(store) == (0, 0, 0)
+
+
+# -- batch read and write -----------------------------------------------------------
 
 def test_snapshot_read_leaves_the_queue_alone(spark, store, redis_url):
     store.subscribe("events", "spark", "")
@@ -129,8 +237,7 @@ def test_snapshot_read_leaves_the_queue_alone(spark, store, redis_url):
     df = (spark.read.format("relay").option("redis_url", redis_url).option("topic", "events")
           .option("channel", "spark").load())
     assert sorted(r.body for r in df.collect()) == [b"a", b"b", b"c"]
-    state = store.read_channel("events", "spark")
-    assert (state["depth"], state["in_flight_count"]) == (3, 0)
+    assert channel_state(store) == (3, 0, 0)
 
 
 @pytest.mark.cluster
@@ -154,32 +261,109 @@ def test_sink_publishes_to_every_channel(spark, store, redis_url, tmp_path):
              .option("redis_url", redis_url).option("topic", "piped")
              .option("checkpointLocation", str(tmp_path / "ck"))
              .trigger(availableNow=True).start())
-    query.awaitTermination(120)
+    query.awaitTermination(180)
     assert store.read_topic("piped")["message_count"] == 12
 
 
-def test_example_pipeline_counts_per_key_and_window(store, redis_url, tmp_path):
-    store.publish("events", [json.dumps({"key": k}).encode()
-                             for k in ["a"] * 5 + ["b"] * 3 + ["c"]])
-    store.create_channel("events", "event-counts")
-    store.publish("events", [json.dumps({"key": k}).encode() for k in ["a", "c"]] + [b"junk"])
-    store.subscribe("event-counts", "check", "")
-    out = subprocess.run(
-        [sys.executable, os.path.join(HERE, "scripts", "spark_pipeline.py"),
-         "--redis-url", redis_url, "--master", "local[2]", "--available-now",
-         "--parquet", str(tmp_path / "counts"), "--checkpoint", str(tmp_path / "ck"),
-         "--window", "1 hour"],
-        capture_output=True, text=True, timeout=240,
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+# -- the example pipeline (scripts/spark_pipeline.py) -------------------------------
+
+def events(keys) -> list:
+    return [json.dumps({"key": k}).encode() for k in keys]
+
+
+def pipeline_args(redis_url, tmp_path) -> list:
+    return ["--redis-url", redis_url, "--master", "local[2]", "--available-now",
+            "--parquet", str(tmp_path / "counts"), "--checkpoint", str(tmp_path / "ck"),
+            "--window", "1 hour", "--lease-timeout", "2000"]
+
+
+def run_pipeline(redis_url, tmp_path) -> None:
+    out = subprocess.run([sys.executable, os.path.join(HERE, "scripts", "spark_pipeline.py"),
+                          *pipeline_args(redis_url, tmp_path)],
+                         capture_output=True, text=True, timeout=600, env=SPARK_ENV)
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+def parquet_counts(tmp_path) -> dict:
+    """Counts per key over all windows (the events may straddle an hour)."""
     import pyarrow.parquet as pq
-    table = pq.read_table(str(tmp_path / "counts")).to_pylist()
-    assert sorted((r["key"], r["count"]) for r in table) in (
-        [("a", 6), ("b", 3), ("c", 2)],                 # one window
-        sorted([("a", 6), ("b", 3), ("c", 2)]))
-    [records] = store.deliver("event-counts", "check", [("x", 60_000, 100)])
+    rows = pq.read_table(str(tmp_path / "counts")).to_pylist()
+    assert len({(r["window_start"], r["key"]) for r in rows}) == len(rows)
+    total = Counter()
+    for r in rows:
+        total[r["key"]] += r["count"]
+    return dict(total)
+
+
+def published_counts(store) -> dict:
+    """The latest count published per window and key, summed per key."""
+    [records] = store.deliver("event-counts", "check", [("x", 60_000, 1000)])
     latest = {}
     for r in records:
         row = json.loads(r[26:])
-        latest[row["key"]] = row["count"]
-    assert latest == {"a": 6, "b": 3, "c": 2}
+        latest[row["window_start"], row["key"]] = row["count"]
+    total = Counter()
+    for (_, key), count in latest.items():
+        total[key] += count
+    return dict(total)
+
+
+@pytest.mark.cluster
+def test_example_pipeline_run_twice_counts_each_event_once(store, redis_url, tmp_path):
+    store.publish("events", events(["a"] * 5 + ["b"] * 3 + ["c"]))
+    store.create_channel("events", "event-counts")
+    store.publish("events", events(["a", "c"]) + [b"junk"])
+    store.subscribe("event-counts", "check", "")
+    run_pipeline(redis_url, tmp_path)
+    assert parquet_counts(tmp_path) == {"a": 6, "b": 3, "c": 2}
+    assert published_counts(store) == {"a": 6, "b": 3, "c": 2}
+    assert channel_state(store, "event-counts") == (0, 0, 0)
+
+    time.sleep(2.5)                     # past lease_timeout: nothing left to time out
+    Scanner(store).scan_once()
+    assert channel_state(store, "event-counts") == (0, 0, 0)
+    store.publish("events", events(["b", "d"]))
+    run_pipeline(redis_url, tmp_path)
+    assert parquet_counts(tmp_path) == {"a": 6, "b": 4, "c": 2, "d": 1}
+    assert published_counts(store) == {"a": 6, "b": 4, "c": 2, "d": 1}
+    assert channel_state(store, "event-counts") == (0, 0, 0)
+
+
+SLOW_PIPELINE = """
+import pathlib, sys, time
+from scripts import spark_pipeline
+
+def write_batch(args):
+    def write(batch, batch_id):
+        pathlib.Path(sys.argv[1]).write_text(str(batch_id))
+        time.sleep(3600)
+    return write
+
+spark_pipeline.write_batch = write_batch
+spark_pipeline.run(spark_pipeline.parse(sys.argv[2:]))
+"""
+
+
+@pytest.mark.cluster
+def test_example_pipeline_killed_mid_batch_counts_each_event_once(store, redis_url, tmp_path):
+    store.create_channel("events", "event-counts")
+    store.publish("events", events(["a"] * 4 + ["b"] * 2))
+    writing = tmp_path / "writing"
+    driver = subprocess.Popen(
+        [sys.executable, "-c", SLOW_PIPELINE, str(writing), *pipeline_args(redis_url, tmp_path)],
+        cwd=HERE, env=SPARK_ENV, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(writing.exists, timeout=300)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)   # the driver's machine goes: nothing parks
+        driver.wait()
+    kept = QueryBatches(store, "events", "event-counts", "spark").records(1)
+    assert len(kept) == 6
+    time.sleep(2.5)                     # past lease_timeout
+    Scanner(store).scan_once()
+    assert channel_state(store, "event-counts") == (6, 0, 6)
+
+    run_pipeline(redis_url, tmp_path)   # batch 0 again, from its kept records
+    assert parquet_counts(tmp_path) == {"a": 4, "b": 2}
+    assert channel_state(store, "event-counts") == (0, 0, 6)

@@ -36,10 +36,12 @@ plain commands, never in a script, so on Redis Cluster they may live anywhere.
     relay:{T}:ch:C:dead               LIST  records past max attempts, until a scanner has
                                             published them to the dead-letter topic
     relay:{T}:ch:C:dead:lock          STRING the scanner forwarding them (short TTL)
-    relay:{T}:ch:C:spark:Q:progress   HASH  claimed, finished, committed: micro-batches of
-                                            Spark query consumer Q (relay/spark.py)
-    relay:{T}:ch:C:spark:Q:batch:N    LIST  the records Spark's batch N claimed, until its
-                                            commit
+    relay:{T}:ch:C:spark:Q:progress   HASH  claimed, finished, parked: micro-batches of
+                                            Spark query consumer Q (relay/spark_batches.py)
+    relay:{T}:ch:C:spark:Q:batch:N    LIST  the records Spark's batch N claimed, until the
+                                            query's checkpoint holds it as done
+    relay:{T}:ch:C:spark:Q:strays     SET   ids whose claim ran out before their batch was
+                                            done: skipped when claimed again (expires)
     relay:{T}:ch:C:e2e:N              HASH  latency bucket -> FINs in half-window N of
                                             --e2e-processing-latency-window-time (expires)
     {rq}:*                            rq's queue "relay": relay-admin's jobs and the
@@ -124,7 +126,7 @@ class ChannelKeys:
         return cls(topic, channel, *(p + s for s in CHANNEL_SUFFIXES))
 
     def spark(self, consumer: str, part: str) -> str:
-        """A Spark query's progress or one batch's claims (relay/spark.py)."""
+        """A Spark query's progress, strays or one batch's claims (relay/spark_batches.py)."""
         return f"{channel_prefix(self.topic)}{self.name}:spark:{consumer}:{part}"
 
     def e2e(self, slot: int) -> str:

@@ -299,38 +299,6 @@ class Store:
         value = self._guard(self.redis.hget, ChannelKeys.of(topic, channel).meta, name)
         return value.decode() if value is not None else None
 
-    # -- Spark micro-batches (relay/spark.py) --------------------------------
-
-    def spark_progress(self, topic: str, channel: str, consumer: str) -> dict:
-        """The last micro-batch claimed, finished and committed (0: none)."""
-        raw = self._guard(self.redis.hgetall,
-                          ChannelKeys.of(topic, channel).spark(consumer, "progress"))
-        return {k: int(raw.get(k.encode(), 0)) for k in ("claimed", "finished", "committed")}
-
-    def save_spark_batch(self, topic: str, channel: str, consumer: str, batch: int,
-                         records: Sequence[bytes]) -> None:
-        """Keep what a batch claimed, so Spark reading it again gets the same records."""
-        c = ChannelKeys.of(topic, channel)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.rpush(c.spark(consumer, f"batch:{batch}"), *records)
-        pipe.hset(c.spark(consumer, "progress"), "claimed", batch)
-        self._guard(pipe.execute)
-
-    def spark_batch(self, topic: str, channel: str, consumer: str, batch: int) -> list:
-        key = ChannelKeys.of(topic, channel).spark(consumer, f"batch:{batch}")
-        return self._guard(self.redis.lrange, key, 0, -1)
-
-    def spark_finished(self, topic: str, channel: str, consumer: str, batch: int) -> None:
-        key = ChannelKeys.of(topic, channel).spark(consumer, "progress")
-        self._guard(self.redis.hset, key, "finished", batch)
-
-    def close_spark_batch(self, topic: str, channel: str, consumer: str, batch: int) -> None:
-        c = ChannelKeys.of(topic, channel)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.delete(c.spark(consumer, f"batch:{batch}"))
-        pipe.hset(c.spark(consumer, "progress"), "committed", batch)
-        self._guard(pipe.execute)
-
     def queued_records(self, topic: str, channel: str, chunk: int):
         """The channel's ready queue, `chunk` records at a time, without taking them."""
         queue, start = ChannelKeys.of(topic, channel).queue, 0
