@@ -18,7 +18,7 @@ import pytest
 from relay.codec import FRAME_ERROR, FRAME_RESPONSE
 from tests.test_http import Api
 from tests.test_tls import Secure, pki, tls_broker  # noqa: F401 (pki is a fixture)
-from tests.wire import Wire
+from tests.helpers.wire import Wire
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GRANTS = {

@@ -304,7 +304,7 @@ def test_brokers_share_one_port_with_so_reuseport(processes):
 
 def test_identify_msg_timeout_applies_to_that_client(broker):
     """A raw client asks for msg_timeout 1000 ms (the broker default is 60 s)."""
-    from tests.wire import Wire
+    from tests.helpers.wire import Wire
     c = Wire(broker)
     frame_type, reply = c.identify(feature_negotiation=True, msg_timeout=1000)
     assert json.loads(reply)["msg_timeout"] == 1000

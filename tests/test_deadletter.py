@@ -11,7 +11,7 @@ from relay.codec import parse_record
 from relay.store import keys
 from relay.store.keys import ChannelKeys, TopicKeys
 from tests.test_http import Api
-from tests.wire import FRAME_RESPONSE, Wire
+from tests.helpers.wire import FRAME_RESPONSE, Wire
 from workers.scanner import Scanner
 
 TEMPLATE = "{topic}.dead"

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.wire import FRAME_RESPONSE, Wire
+from tests.helpers.wire import FRAME_RESPONSE, Wire
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

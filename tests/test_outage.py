@@ -13,7 +13,7 @@ from relay import embedded
 from relay.jobs import QUEUE as JOBS_QUEUE
 from tests.test_http import Api
 from relay.codec import FRAME_ERROR
-from tests.wire import FRAME_RESPONSE, Wire
+from tests.helpers.wire import FRAME_RESPONSE, Wire
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.wire import Wire
+from tests.helpers.wire import Wire
 
 RESPONSE, ERROR, MESSAGE = 0, 1, 2
 OK = (RESPONSE, b"OK")

@@ -17,7 +17,7 @@ import trustme
 
 from relay.codec import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, parse_record
 from tests.test_http import Api
-from tests.wire import Wire
+from tests.helpers.wire import Wire
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIZES = [1, 100, 65_536, 1_048_576]
