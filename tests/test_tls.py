@@ -94,7 +94,7 @@ class Secure(Wire):
         self.sock.sendall(self.compress(data) if self.compress else data)
         return self
 
-    def _exact(self, n):
+    def exact(self, n):
         while len(self.pending) < n:
             chunk = self.sock.recv(1 << 16)
             if not chunk:
