@@ -11,7 +11,7 @@ from relay import jobs
 from relay.codec import parse_record
 from relay.store import Store
 from relay.store.keys import ChannelKeys, TopicKeys
-from tests.conftest import all_keys
+from tests.helpers.servers import all_keys
 from workers.jobs import worker_connection
 
 

@@ -14,7 +14,7 @@ import relay.spark  # noqa: E402
 from relay.spark import ChannelStream  # noqa: E402
 from relay.store import Store  # noqa: E402
 from relay.store.connection import connect  # noqa: E402
-from tests.conftest import flush  # noqa: E402
+from tests.helpers.servers import flush  # noqa: E402
 from workers.scanner import Scanner  # noqa: E402
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
