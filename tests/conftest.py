@@ -1,4 +1,5 @@
-"""Fixtures: the store on both backends (fakeredis and the embedded real server)."""
+"""Fixtures: Redis (fakeredis, a real server, a cluster), the store on it, real broker and
+scanner processes, and a test PKI; the plain helpers they use are in tests/helpers/."""
 
 import os
 import shutil
@@ -6,6 +7,7 @@ import tempfile
 
 import fakeredis
 import pytest
+import trustme
 
 from relay import embedded
 from relay.store import Store
@@ -102,6 +104,25 @@ def broker(processes):
     _, port = processes.broker()
     processes.scanner()
     return port
+
+
+# -- TLS -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A CA, the broker's certificate for 127.0.0.1, and a client certificate."""
+    folder = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    client = ca.issue_cert("worker-7@example.com", common_name="worker-7")
+    paths = {"ca": folder / "ca.pem", "cert": folder / "server.pem",
+             "key": folder / "server.key", "client": folder / "client.pem"}
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    server.cert_chain_pems[0].write_to_path(str(paths["cert"]))
+    server.private_key_pem.write_to_path(str(paths["key"]))
+    client.private_key_and_cert_chain_pem.write_to_path(str(paths["client"]))
+    return {k: str(v) for k, v in paths.items()}
 
 
 @pytest.hookimpl(hookwrapper=True)

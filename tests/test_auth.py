@@ -16,8 +16,8 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from relay.codec import FRAME_ERROR, FRAME_RESPONSE
-from tests.test_http import Api
-from tests.test_tls import Secure, pki, tls_broker  # noqa: F401 (pki is a fixture)
+from tests.helpers.api import Api
+from tests.helpers.tls import Secure, tls_broker
 from tests.helpers.wire import Wire
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests.helpers.api import Api
 from tests.helpers.wire import FRAME_RESPONSE, Wire
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -22,35 +23,6 @@ def api(processes):
     _, port = processes.broker("--max-msg-size", "100", "--max-body-size", "1000")
     processes.scanner()
     return Api(port, processes.http_ports[port])
-
-
-class Api:
-    def __init__(self, tcp_port, http_port):
-        self.tcp_port = tcp_port
-        self.http_port = http_port
-
-    def request(self, method, path, body=None, headers=None):
-        """(status, body bytes, headers dict)."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=5)
-        conn.request(method, path, body=body, headers=headers or {})
-        resp = conn.getresponse()
-        data = resp.read()
-        conn.close()
-        return resp.status, data, dict(resp.getheaders())
-
-    def json(self, method, path, body=None):
-        status, data, headers = self.request(method, path, body)
-        assert headers["Content-Type"] == "application/json; charset=utf-8"
-        return status, json.loads(data)
-
-    def consume(self, topic, n):
-        wire = Wire(self.tcp_port)
-        wire.identify()
-        assert wire.sub(topic, "c", rdy=100) == (FRAME_RESPONSE, b"OK")
-        bodies = [wire.message()[3] for _ in range(n)]
-        assert wire.nothing()
-        wire.close()
-        return bodies
 
 
 def test_ping_and_info(api):

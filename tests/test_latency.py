@@ -9,7 +9,7 @@ import pytest
 from relay import stats
 from relay.latency import NO_LATENCY, E2eLatency, bucket, bucket_value, describe, human, \
     percentiles
-from tests.test_http import Api
+from tests.helpers.api import Api
 from tests.helpers.wire import FRAME_RESPONSE, Wire
 
 

@@ -9,7 +9,7 @@ import time
 from relay import jobs as relay_jobs
 from relay.codec import CLOSE_WAIT
 from relay.store.connection import connect
-from tests.test_http import Api
+from tests.helpers.api import Api
 from tests.helpers.wire import FRAME_RESPONSE, Wire
 
 

@@ -6,7 +6,7 @@ import socket
 import threading
 import time
 
-from tests.test_http import Api
+from tests.helpers.api import Api
 from tests.helpers.wire import FRAME_RESPONSE, Wire
 
 BODY = 100 * 1024
