@@ -13,54 +13,9 @@ import gnsq
 
 from relay.store import Store
 from relay.store.connection import connect
+from tests.helpers.gnsq_clients import addr, consumer, publish, stop, wait_for
 
 HERE = os.path.dirname(__file__)
-
-
-def addr(port):
-    return f"127.0.0.1:{port}"
-
-
-def publish(port, topic, bodies, defer=None):
-    producer = gnsq.Producer([addr(port)])
-    producer.start()
-    try:
-        for body in bodies:
-            producer.publish(topic, body, defer=defer)
-    finally:
-        producer.close()
-        producer.join(5)
-
-
-def consumer(port, topic, channel, handler, ports=None, **kwargs):
-    """A started gnsq Consumer calling handler(message); messages are async (no auto-FIN)."""
-    c = gnsq.Consumer(topic, channel, [addr(p) for p in (ports or [port])],
-                      max_in_flight=kwargs.pop("max_in_flight", 10), **kwargs)
-
-    def on_message(_, message):
-        message.enable_async()
-        handler(message)
-
-    c.on_message.connect(on_message, weak=False)
-
-    c.start(block=False)
-    return c
-
-
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        gevent.sleep(0.02)
-    return predicate()
-
-
-def stop(*consumers):
-    for c in consumers:
-        c.close()
-    for c in consumers:
-        c.join(5)
 
 
 def test_gnsq_publish_consume_finish(broker, redis_url):
