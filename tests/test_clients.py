@@ -2,10 +2,7 @@
 broker and scanner processes."""
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import gevent
@@ -14,8 +11,7 @@ import gnsq
 from relay.store import Store
 from relay.store.connection import connect
 from tests.helpers.gnsq_clients import addr, consumer, publish, stop, wait_for
-
-HERE = os.path.dirname(__file__)
+from tests.helpers.pynsq import run_pynsq_client
 
 
 def test_gnsq_publish_consume_finish(broker, redis_url):
@@ -226,22 +222,16 @@ def test_deferred_message_survives_broker_restart(processes):
     assert seen == [b"wake me"]
 
 
-def _pynsq(*args, timeout=40):
-    out = subprocess.run([sys.executable, os.path.join(HERE, "pynsq_client.py"), *map(str, args)],
-                         capture_output=True, text=True, timeout=timeout)
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-
-
 def test_pynsq_writer_and_reader(broker):
-    assert _pynsq("publish", broker, "py", "alpha", "beta") == [{"published": ["OK", "OK"]}]
-    events = _pynsq("consume", broker, "py", "c", 2)
+    assert run_pynsq_client("publish", broker, "py", "alpha", "beta") == [{"published": ["OK", "OK"]}]
+    events = run_pynsq_client("consume", broker, "py", "c", 2)
     assert sorted((e["body"], e["attempts"]) for e in events) == [("alpha", 1), ("beta", 1)]
     assert all(len(e["id"]) == 16 for e in events)
 
 
 def test_pynsq_requeue_with_delay(broker):
     publish(broker, "pyreq", [b"retry me"])
-    events = _pynsq("consume", broker, "pyreq", "c", 1, "--requeue-first", 500)
+    events = run_pynsq_client("consume", broker, "pyreq", "c", 1, "--requeue-first", 500)
     assert [(e["body"], e["attempts"]) for e in events] == [("retry me", 1), ("retry me", 2)]
 
 

@@ -2,20 +2,16 @@
 
 import http.client
 import json
-import os
 import re
 import socket
 import struct
-import subprocess
-import sys
 import time
 
 import pytest
 
 from tests.helpers.api import Api
+from tests.helpers.pynsq import run_pynsq_client
 from tests.helpers.wire import FRAME_RESPONSE, Wire
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture
@@ -314,10 +310,7 @@ def test_pynsq_reader_with_only_a_lookupd_address_finds_both_brokers(processes):
     api = Api(port1, processes.http_ports[port1])
     bodies = [f"m{i}" for i in range(20)]
     assert api.request("POST", "/mpub?topic=t", "\n".join(bodies).encode())[:2] == (200, b"OK")
-    out = subprocess.run([sys.executable, os.path.join(HERE, "pynsq_client.py"), "lookup",
-                          str(processes.http_ports[port1]), "t", "c", "20"],
-                         capture_output=True, text=True, timeout=40)
-    [result] = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    [result] = run_pynsq_client("lookup", processes.http_ports[port1], "t", "c", 20)
     assert result["bodies"] == sorted(bodies)
     assert result["connections"] == sorted([f"127.0.0.1:{port1}", f"127.0.0.1:{port2}"])
 

@@ -3,21 +3,17 @@ for exact bytes, and pynsq for what a real client does."""
 
 import hashlib
 import http.client
-import json
-import os
 import ssl
-import subprocess
-import sys
 import time
 
 import pytest
 
 from relay.codec import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, parse_record
 from tests.helpers.api import Api
+from tests.helpers.pynsq import run_pynsq_secure
 from tests.helpers.tls import Secure, body_of, tls_broker
 from tests.helpers.wire import Wire
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 SIZES = [1, 100, 65_536, 1_048_576]
 
 
@@ -117,11 +113,7 @@ def test_pynsq_with_tls_snappy_and_deflate(processes, pki):
     for features in ({"tls_v1": True, "snappy": True}, {"deflate": True, "deflate_level": 3}):
         conn = {**features, "tls_options": {"ca_certs": pki["ca"]}}
         topic = "tls" if features.get("tls_v1") else "deflate"
-        out = subprocess.run(
-            [sys.executable, os.path.join(HERE, "pynsq_secure.py"), str(port), topic,
-             json.dumps(conn), *map(str, SIZES)], capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, out.stderr
-        assert json.loads(out.stdout.splitlines()[-1]) == {
+        assert run_pynsq_secure(port, topic, conn, SIZES) == {
             "published": len(SIZES),
             "received": sorted(hashlib.sha256(body_of(n)).hexdigest() for n in SIZES)}
 
