@@ -21,13 +21,6 @@ def mpub_body(bodies, count=None) -> bytes:
     return data
 
 
-def subscribed(port: int, topic="t", channel="ch", rdy=None) -> "Wire":
-    """A new connection subscribed to topic/channel (and RDY rdy if given)."""
-    w = Wire(port)
-    assert w.sub(topic, channel, rdy=rdy) == (FRAME_RESPONSE, b"OK")
-    return w
-
-
 class Wire:
     def __init__(self, port, magic=b"  V2", timeout=5.0):
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
@@ -142,3 +135,10 @@ class Wire:
 
     def close(self):
         self.sock.close()
+
+
+def subscribed(port: int, topic="t", channel="ch", rdy=None) -> Wire:
+    """A new connection subscribed to topic/channel (and RDY rdy if given)."""
+    w = Wire(port)
+    assert w.sub(topic, channel, rdy=rdy) == (FRAME_RESPONSE, b"OK")
+    return w
