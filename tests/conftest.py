@@ -1,18 +1,19 @@
-"""Fixtures: the store on both backends (fakeredis and the embedded real server)."""
+"""Fixtures: Redis (fakeredis, a real server, a cluster), the store on it, real broker and
+scanner processes, and a test PKI; the plain helpers they use are in tests/helpers/."""
 
-import contextlib
 import os
-import subprocess
-import sys
 import shutil
 import tempfile
 
 import fakeredis
 import pytest
+import trustme
 
 from relay import embedded
 from relay.store import Store
-from relay.store.connection import connect, is_cluster
+from relay.store.connection import connect
+from tests.helpers.processes import Processes
+from tests.helpers.servers import flush, local_cluster
 
 
 # Modules whose tests run against a one-node Redis and again against a 3-master
@@ -36,23 +37,6 @@ def redis_url(deployment, request):
                                    else "single_redis_url")
 
 
-def flush(url: str) -> None:
-    """Empty every database of a server, or every master of a cluster."""
-    client = connect(url)
-    if is_cluster(client):
-        client.flushall(target_nodes=client.PRIMARIES)
-    else:
-        client.flushdb()
-    client.close()
-
-
-def all_keys(client, pattern: str) -> list:
-    """KEYS on every master of a cluster, or on the one server."""
-    if is_cluster(client):
-        return client.keys(pattern, target_nodes=client.PRIMARIES)
-    return client.keys(pattern)
-
-
 @pytest.fixture(scope="session")
 def cluster_url():
     """A local Redis Cluster of 3 masters from the embedded Valkey server;
@@ -62,22 +46,6 @@ def cluster_url():
         return
     with local_cluster([embedded.free_port() for _ in range(3)]) as url:
         yield url
-
-
-@contextlib.contextmanager
-def local_cluster(ports: list, binary: str | None = None):
-    """A cluster of one master per port, without persistence, removed at the end."""
-    data = tempfile.mkdtemp(prefix="relay-test-cluster-")
-    procs = embedded.start_cluster(ports, data, extra=("--save", "", "--appendonly", "no"),
-                                   binary=binary)
-    try:
-        yield f"redis://127.0.0.1:{ports[0]}/0"
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(10)
-        shutil.rmtree(data, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -119,65 +87,6 @@ def store(backend):
 
 # -- real processes ------------------------------------------------------------
 
-class Processes:
-    """Broker and scanner processes for one test, on the shared real Redis (flushed)."""
-
-    def __init__(self, redis_url, tmpdir):
-        self.redis_url = redis_url
-        self.tmpdir = tmpdir
-        self.procs = []
-        self.http_ports: dict[int, int] = {}
-        self.lookupd_ports: dict[int, int] = {}
-
-    def _start(self, command, args, env=None):
-        log = open(os.path.join(self.tmpdir, f"{command}-{len(self.procs)}.log"), "w")
-        full_env = {**os.environ, "REDIS_URL": self.redis_url, **(env or {})}
-        proc = subprocess.Popen([sys.executable, "-m", "relay", command, *args],
-                                stdout=log, stderr=subprocess.STDOUT, env=full_env,
-                                cwd=self.tmpdir)
-        self.procs.append(proc)
-        return proc
-
-    def broker(self, *args, port=None, env=None):
-        """Start a broker; returns (proc, port) once it accepts connections. Its HTTP
-        port is `http_ports[port]`, its lookupd port `lookupd_ports[port]`."""
-        port = port or embedded.free_port()
-        http_port = self.http_ports.setdefault(port, embedded.free_port())
-        lookupd_port = self.lookupd_ports.setdefault(port, embedded.free_port())
-        proc = self._start("broker", ["--tcp-address", f"127.0.0.1:{port}",
-                                      "--http-address", f"127.0.0.1:{http_port}",
-                                      "--lookupd-http-address", f"127.0.0.1:{lookupd_port}",
-                                      *args], env)
-        embedded.wait_for_port("127.0.0.1", port, proc)
-        embedded.wait_for_port("127.0.0.1", http_port, proc)
-        embedded.wait_for_port("127.0.0.1", lookupd_port, proc)
-        return proc, port
-
-    def scanner(self, *args):
-        return self._start("scanner", list(args))
-
-    def jobs(self, *args):
-        """`relay jobs`: the rq worker for relay-admin's jobs."""
-        return self._start("jobs", list(args))
-
-    def stop_all(self):
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-    def logs(self):
-        out = []
-        for name in sorted(os.listdir(self.tmpdir)):
-            if name.endswith(".log"):
-                with open(os.path.join(self.tmpdir, name)) as f:
-                    out.append(f"--- {name}\n{f.read()}")
-        return "\n".join(out)
-
 
 @pytest.fixture
 def processes(redis_url, tmp_path, request):
@@ -195,6 +104,25 @@ def broker(processes):
     _, port = processes.broker()
     processes.scanner()
     return port
+
+
+# -- TLS -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A CA, the broker's certificate for 127.0.0.1, and a client certificate."""
+    folder = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    client = ca.issue_cert("worker-7@example.com", common_name="worker-7")
+    paths = {"ca": folder / "ca.pem", "cert": folder / "server.pem",
+             "key": folder / "server.key", "client": folder / "client.pem"}
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    server.cert_chain_pems[0].write_to_path(str(paths["cert"]))
+    server.private_key_pem.write_to_path(str(paths["key"]))
+    client.private_key_and_cert_chain_pem.write_to_path(str(paths["client"]))
+    return {k: str(v) for k, v in paths.items()}
 
 
 @pytest.hookimpl(hookwrapper=True)

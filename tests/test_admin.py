@@ -9,44 +9,17 @@ from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
-from rq import Queue, SimpleWorker
 
 from relay import admin, embedded, jobs, stats, transport
 from relay.registry import Registry
 from relay.stats import client_stats
 from relay.store import Store
 from relay.store.connection import connect
-from workers.jobs import worker_connection
+from tests.helpers.admin import ok, ok_json, run
+from tests.helpers.jobs import work
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 KEYS_PY = Path(admin.__file__).parent / "store" / "keys.py"
-
-
-def run(backend, *args, input=None, color=False):
-    """relay-admin against the test backend (fakeredis or the real server); `color`
-    as on a terminal (click drops escape codes otherwise)."""
-    original = admin.connect
-    admin.connect = lambda *a, **k: backend
-    try:
-        return CliRunner().invoke(admin.main, list(args), input=input, color=color)
-    finally:
-        admin.connect = original
-
-
-def ok(backend, *args, input=None) -> list[str]:
-    result = run(backend, *args, input=input)
-    assert result.exit_code == 0, result.output
-    return result.stdout.splitlines()
-
-
-def ok_json(backend, *args):
-    return json.loads("\n".join(ok(backend, *args, "--json")))
-
-
-def work(backend):
-    """Run every queued job with a real rq worker, in this process (burst mode)."""
-    connection = worker_connection(backend)
-    SimpleWorker([Queue(jobs.QUEUE, connection=connection)], connection=connection).work(burst=True)
 
 
 def announce(backend, broker_id, port, *clients):

@@ -5,7 +5,8 @@ import json
 from relay import admin, deadletter
 from relay.codec import parse_record
 from relay.store.keys import ChannelKeys
-from tests.test_admin import ok, ok_json, run, work
+from tests.helpers.admin import ok, ok_json, run
+from tests.helpers.jobs import work
 
 
 def dead_letters(store, *bodies, max_attempts=1):

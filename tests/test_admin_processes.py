@@ -15,8 +15,8 @@ from relay.codec import parse_record
 from relay.store import Store
 from relay.store.connection import connect
 from relay.store.keys import ChannelKeys
-from tests.test_clients import consumer, publish, stop, wait_for
-from tests.test_jobs import Producer, fill
+from tests.helpers.gnsq_clients import consumer, publish, stop, wait_for
+from tests.helpers.jobs import Producer, fill
 
 RELAY_ADMIN = os.path.join(os.path.dirname(sys.executable), "relay-admin")
 

@@ -3,7 +3,6 @@ auth file, and the HTTP API; every denial with nsqd's exact error."""
 
 import hashlib
 import json
-import os
 import struct
 import subprocess
 import sys
@@ -16,11 +15,11 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from relay.codec import FRAME_ERROR, FRAME_RESPONSE
-from tests.test_http import Api
-from tests.test_tls import Secure, pki, tls_broker  # noqa: F401 (pki is a fixture)
-from tests.wire import Wire
+from tests.helpers.api import Api
+from tests.helpers.pynsq import run_pynsq_secure
+from tests.helpers.tls import Secure, body_of, tls_broker
+from tests.helpers.wire import Wire
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 GRANTS = {
     "pub-secret": {"ttl": 1, "identity": "producer", "identity_url": "http://ids/p",
                    "authorizations": [{"topic": "^orders$", "channels": [".*"],
@@ -224,15 +223,9 @@ def test_secrets_never_reach_the_logs(broker, processes):
 
 def test_pynsq_with_auth_secret(broker):
     sizes = [1, 1000]
-    out = subprocess.run(
-        [sys.executable, os.path.join(HERE, "pynsq_secure.py"), str(broker), "orders",
-         json.dumps({"auth_secret": "both-secret"}), *map(str, sizes)],
-        capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    expected = sorted(hashlib.sha256(
-        (hashlib.sha256(str(n).encode()).digest() * (n // 32 + 1))[:n]).hexdigest()
-        for n in sizes)
-    assert json.loads(out.stdout.splitlines()[-1]) == {"published": 2, "received": expected}
+    expected = sorted(hashlib.sha256(body_of(n)).hexdigest() for n in sizes)
+    assert run_pynsq_secure(broker, "orders", {"auth_secret": "both-secret"}, sizes) == {
+        "published": 2, "received": expected}
 
 
 def test_the_auth_server_learns_tls_and_the_certificate_name(processes, auth_server, pki):

@@ -2,10 +2,7 @@
 broker and scanner processes."""
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import gevent
@@ -13,54 +10,8 @@ import gnsq
 
 from relay.store import Store
 from relay.store.connection import connect
-
-HERE = os.path.dirname(__file__)
-
-
-def addr(port):
-    return f"127.0.0.1:{port}"
-
-
-def publish(port, topic, bodies, defer=None):
-    producer = gnsq.Producer([addr(port)])
-    producer.start()
-    try:
-        for body in bodies:
-            producer.publish(topic, body, defer=defer)
-    finally:
-        producer.close()
-        producer.join(5)
-
-
-def consumer(port, topic, channel, handler, ports=None, **kwargs):
-    """A started gnsq Consumer calling handler(message); messages are async (no auto-FIN)."""
-    c = gnsq.Consumer(topic, channel, [addr(p) for p in (ports or [port])],
-                      max_in_flight=kwargs.pop("max_in_flight", 10), **kwargs)
-
-    def on_message(_, message):
-        message.enable_async()
-        handler(message)
-
-    c.on_message.connect(on_message, weak=False)
-
-    c.start(block=False)
-    return c
-
-
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        gevent.sleep(0.02)
-    return predicate()
-
-
-def stop(*consumers):
-    for c in consumers:
-        c.close()
-    for c in consumers:
-        c.join(5)
+from tests.helpers.gnsq_clients import addr, consumer, publish, stop, wait_for
+from tests.helpers.pynsq import run_pynsq_client
 
 
 def test_gnsq_publish_consume_finish(broker, redis_url):
@@ -271,22 +222,16 @@ def test_deferred_message_survives_broker_restart(processes):
     assert seen == [b"wake me"]
 
 
-def _pynsq(*args, timeout=40):
-    out = subprocess.run([sys.executable, os.path.join(HERE, "pynsq_client.py"), *map(str, args)],
-                         capture_output=True, text=True, timeout=timeout)
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-
-
 def test_pynsq_writer_and_reader(broker):
-    assert _pynsq("publish", broker, "py", "alpha", "beta") == [{"published": ["OK", "OK"]}]
-    events = _pynsq("consume", broker, "py", "c", 2)
+    assert run_pynsq_client("publish", broker, "py", "alpha", "beta") == [{"published": ["OK", "OK"]}]
+    events = run_pynsq_client("consume", broker, "py", "c", 2)
     assert sorted((e["body"], e["attempts"]) for e in events) == [("alpha", 1), ("beta", 1)]
     assert all(len(e["id"]) == 16 for e in events)
 
 
 def test_pynsq_requeue_with_delay(broker):
     publish(broker, "pyreq", [b"retry me"])
-    events = _pynsq("consume", broker, "pyreq", "c", 1, "--requeue-first", 500)
+    events = run_pynsq_client("consume", broker, "pyreq", "c", 1, "--requeue-first", 500)
     assert [(e["body"], e["attempts"]) for e in events] == [("retry me", 1), ("retry me", 2)]
 
 
@@ -304,7 +249,7 @@ def test_brokers_share_one_port_with_so_reuseport(processes):
 
 def test_identify_msg_timeout_applies_to_that_client(broker):
     """A raw client asks for msg_timeout 1000 ms (the broker default is 60 s)."""
-    from tests.wire import Wire
+    from tests.helpers.wire import Wire
     c = Wire(broker)
     frame_type, reply = c.identify(feature_negotiation=True, msg_timeout=1000)
     assert json.loads(reply)["msg_timeout"] == 1000

@@ -15,8 +15,9 @@ from relay.store import Store, keys
 from relay.store.connection import connect
 from relay.store.keys import TopicKeys
 from workers.scanner import SHARE_TTL_MS, Scanner, Share
-from tests.conftest import Processes, flush, local_cluster
-from tests.test_clients import addr, stop, wait_for
+from tests.helpers.gnsq_clients import addr, stop, wait_for
+from tests.helpers.processes import Processes
+from tests.helpers.servers import flush, local_cluster
 
 TOPICS = [f"moving{i}" for i in range(6)]
 

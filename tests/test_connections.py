@@ -13,8 +13,8 @@ import threading
 import time
 
 from relay import embedded
-from tests.test_http import Api
-from tests.wire import FRAME_RESPONSE, Wire
+from tests.helpers.api import Api
+from tests.helpers.wire import FRAME_RESPONSE, Wire
 
 HEARTBEAT = b"\x00\x00\x00\x0f\x00\x00\x00\x00_heartbeat_"
 

@@ -10,8 +10,8 @@ from relay.errors import StoreError
 from relay.codec import parse_record
 from relay.store import keys
 from relay.store.keys import ChannelKeys, TopicKeys
-from tests.test_http import Api
-from tests.wire import FRAME_RESPONSE, Wire
+from tests.helpers.api import Api
+from tests.helpers.wire import FRAME_RESPONSE, Wire
 from workers.scanner import Scanner
 
 TEMPLATE = "{topic}.dead"

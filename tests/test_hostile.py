@@ -10,7 +10,7 @@ import struct
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from relay.codec import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE
-from tests.wire import Wire
+from tests.helpers.wire import Wire
 
 ERROR = re.compile(rb"^E_(INVALID|BAD_BODY|BAD_TOPIC|BAD_CHANNEL|BAD_MESSAGE|PUB_FAILED|"
                    rb"MPUB_FAILED|DPUB_FAILED|FIN_FAILED|REQ_FAILED|TOUCH_FAILED|SUB_FAILED|"

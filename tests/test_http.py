@@ -2,19 +2,16 @@
 
 import http.client
 import json
-import os
 import re
 import socket
 import struct
-import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.wire import FRAME_RESPONSE, Wire
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from tests.helpers.api import Api
+from tests.helpers.pynsq import run_pynsq_client
+from tests.helpers.wire import FRAME_RESPONSE, Wire
 
 
 @pytest.fixture
@@ -22,35 +19,6 @@ def api(processes):
     _, port = processes.broker("--max-msg-size", "100", "--max-body-size", "1000")
     processes.scanner()
     return Api(port, processes.http_ports[port])
-
-
-class Api:
-    def __init__(self, tcp_port, http_port):
-        self.tcp_port = tcp_port
-        self.http_port = http_port
-
-    def request(self, method, path, body=None, headers=None):
-        """(status, body bytes, headers dict)."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=5)
-        conn.request(method, path, body=body, headers=headers or {})
-        resp = conn.getresponse()
-        data = resp.read()
-        conn.close()
-        return resp.status, data, dict(resp.getheaders())
-
-    def json(self, method, path, body=None):
-        status, data, headers = self.request(method, path, body)
-        assert headers["Content-Type"] == "application/json; charset=utf-8"
-        return status, json.loads(data)
-
-    def consume(self, topic, n):
-        wire = Wire(self.tcp_port)
-        wire.identify()
-        assert wire.sub(topic, "c", rdy=100) == (FRAME_RESPONSE, b"OK")
-        bodies = [wire.message()[3] for _ in range(n)]
-        assert wire.nothing()
-        wire.close()
-        return bodies
 
 
 def test_ping_and_info(api):
@@ -342,10 +310,7 @@ def test_pynsq_reader_with_only_a_lookupd_address_finds_both_brokers(processes):
     api = Api(port1, processes.http_ports[port1])
     bodies = [f"m{i}" for i in range(20)]
     assert api.request("POST", "/mpub?topic=t", "\n".join(bodies).encode())[:2] == (200, b"OK")
-    out = subprocess.run([sys.executable, os.path.join(HERE, "pynsq_client.py"), "lookup",
-                          str(processes.http_ports[port1]), "t", "c", "20"],
-                         capture_output=True, text=True, timeout=40)
-    [result] = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    [result] = run_pynsq_client("lookup", processes.http_ports[port1], "t", "c", 20)
     assert result["bodies"] == sorted(bodies)
     assert result["connections"] == sorted([f"127.0.0.1:{port1}", f"127.0.0.1:{port2}"])
 

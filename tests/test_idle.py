@@ -4,7 +4,7 @@ import time
 
 from relay.store.connection import connect
 
-from tests.wire import Wire
+from tests.helpers.wire import Wire
 
 
 def script_calls(client):

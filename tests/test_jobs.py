@@ -1,28 +1,21 @@
 """Long admin operations: drop.lua's cut, freeing trash in chunks, admin requeue, and
 the rq jobs that run them (rq's SimpleWorker in burst mode, on both backends)."""
 
-import threading
 import time
 
 import fakeredis
-from rq import Queue, SimpleWorker
 
 from relay import jobs, stats
 from relay.codec import parse_record
 from relay.store import Store
 from relay.store.keys import ChannelKeys, TopicKeys
-from tests.conftest import all_keys
-from workers.jobs import worker_connection
+from tests.helpers.jobs import Producer, fill, work
+from tests.helpers.servers import all_keys
 
 
 def queued_bodies(store, topic, channel):
     return [parse_record(r)[3] for r in store.redis.lrange(ChannelKeys.of(topic, channel).queue,
                                                            0, -1)]
-
-
-def fill(store, topic, n, batch=10_000):
-    for start in range(0, n, batch):
-        store.publish(topic, [b"old%d" % i for i in range(start, min(n, start + batch))])
 
 
 def test_drop_detaches_into_trash_and_frees_it_in_chunks(store):
@@ -87,41 +80,6 @@ def test_requeue_in_flight_takes_messages_from_any_holder(store):
     cut = store.redis.hget(ChannelKeys.of("t", "c").leases, b"0000000000000002").split()[0]
     assert store.requeue_in_flight("t", "c", [b"0000000000000002"], int(cut) - 1) == [0]
     assert store.requeue_in_flight("t", "c", [b"0000000000000002"], int(cut)) == [1]
-
-
-def work(backend):
-    """Run every queued job with a real rq worker, in this process (burst mode)."""
-    connection = worker_connection(backend)
-    SimpleWorker([Queue(jobs.QUEUE, connection=connection)], connection=connection).work(burst=True)
-
-
-class Producer(threading.Thread):
-    """Publishes 10 messages at a time until stopped; remembers each id's body and the
-    slowest publish."""
-
-    def __init__(self, store, topic):
-        super().__init__(daemon=True)
-        self.store, self.topic = store, topic
-        self.bodies: dict[int, bytes] = {}
-        self.times: list[float] = []
-        self.slowest = 0.0
-        self.stopped = threading.Event()
-
-    def run(self):
-        n = 0
-        while not self.stopped.is_set():
-            batch = [b"new%d" % i for i in range(n, n + 10)]
-            started = time.monotonic()
-            last = self.store.publish(self.topic, batch)
-            self.slowest = max(self.slowest, time.monotonic() - started)
-            self.times.append(time.time())
-            self.bodies.update(zip(range(last - 9, last + 1), batch))
-            n += 10
-            time.sleep(0.001)
-
-    def stop(self):
-        self.stopped.set()
-        self.join(10)
 
 
 def test_empty_job_of_a_million_messages_keeps_what_is_published_meanwhile(store, backend):

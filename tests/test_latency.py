@@ -9,8 +9,8 @@ import pytest
 from relay import stats
 from relay.latency import NO_LATENCY, E2eLatency, bucket, bucket_value, describe, human, \
     percentiles
-from tests.test_http import Api
-from tests.wire import FRAME_RESPONSE, Wire
+from tests.helpers.api import Api
+from tests.helpers.wire import FRAME_RESPONSE, Wire
 
 
 def test_bucket_value_is_within_one_percent_of_what_went_in():

@@ -11,9 +11,9 @@ import rq
 
 from relay import embedded
 from relay.jobs import QUEUE as JOBS_QUEUE
-from tests.test_http import Api
+from tests.helpers.api import Api
 from relay.codec import FRAME_ERROR
-from tests.wire import FRAME_RESPONSE, Wire
+from tests.helpers.wire import FRAME_RESPONSE, Wire
 
 
 @pytest.fixture

@@ -8,14 +8,13 @@ nsqd's behaviour and is marked xfail(strict=True) with the deviation as reason.
 import json
 import random
 import socket
-import struct
 import time
 
 import pytest
 
-from tests.wire import Wire
+from tests.helpers.wire import Wire, mpub_body, size, subscribed
 
-RESPONSE, ERROR, MESSAGE = 0, 1, 2
+RESPONSE, ERROR = 0, 1
 OK = (RESPONSE, b"OK")
 HEARTBEAT = (RESPONSE, b"_heartbeat_")
 CLOSE_WAIT = (RESPONSE, b"CLOSE_WAIT")
@@ -34,37 +33,6 @@ BOGUS_ID = b"deadbeefdeadbeef"  # 16 bytes, never a real id
 # -- helpers -----------------------------------------------------------------------
 
 
-def size(n: int) -> bytes:
-    return struct.pack(">i", n)
-
-
-def mpub_body(bodies, count=None) -> bytes:
-    data = size(len(bodies) if count is None else count)
-    for b in bodies:
-        data += size(len(b)) + b
-    return data
-
-
-def rest(w: Wire, timeout: float = 4.0) -> bytes:
-    """Everything the server still sends until it closes; fails if it does not close."""
-    w.sock.settimeout(timeout)
-    data = b""
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            chunk = w.sock.recv(65536)
-            if not chunk:
-                return data
-            data += chunk
-            if time.monotonic() > deadline:
-                break
-    except (ConnectionResetError, BrokenPipeError):
-        return data
-    except (socket.timeout, TimeoutError):
-        pass
-    raise AssertionError(f"connection still open after {timeout}s (got {data!r})")
-
-
 def assert_serving(port: int) -> None:
     """A second, fresh client can still publish."""
     w = Wire(port)
@@ -77,7 +45,7 @@ def assert_serving(port: int) -> None:
 def assert_fatal(port: int, w: Wire, payload: bytes) -> None:
     """Exactly this error frame, then the connection is closed with nothing more."""
     assert w.frame() == (ERROR, payload)
-    assert rest(w) == b""
+    assert w.rest() == b""
     w.close()
     assert_serving(port)
 
@@ -86,20 +54,6 @@ def assert_usable(w: Wire) -> None:
     """After a non-fatal error: the same connection still works."""
     w.command("NOP")
     assert w.pub("other", b"after non-fatal") == OK
-
-
-def subscribed(port: int, topic="t", channel="ch", rdy=None) -> Wire:
-    w = Wire(port)
-    assert w.sub(topic, channel, rdy=rdy) == OK
-    return w
-
-
-def send_quietly(w: Wire, data: bytes) -> None:
-    """Send, ignoring the server having closed already."""
-    try:
-        w.send(data)
-    except OSError:
-        pass
 
 
 @pytest.fixture
@@ -124,13 +78,13 @@ def dead_redis_broker(processes):
 def test_bad_magic_gets_e_bad_protocol_then_close(broker):
     w = Wire(broker, magic=b"  V1")
     assert w.frame() == (ERROR, b"E_BAD_PROTOCOL")
-    assert rest(w) == b""
+    assert w.rest() == b""
     assert_serving(broker)
 
 
 def test_bad_magic_frame_bytes_exact(broker):
     w = Wire(broker, magic=b"HTTP")
-    assert rest(w) == b"\x00\x00\x00\x12\x00\x00\x00\x01E_BAD_PROTOCOL"
+    assert w.rest() == b"\x00\x00\x00\x12\x00\x00\x00\x01E_BAD_PROTOCOL"
     assert_serving(broker)
 
 
@@ -159,7 +113,7 @@ def test_e_invalid_fatal_stops_pipelined_commands(broker):
     w = Wire(broker)
     w.send(b"ASDF\n" + b"PUB t\n" + size(2) + b"hi")
     assert w.frame() == (ERROR, b"E_INVALID invalid command ASDF")
-    assert rest(w) == b""  # the PUB after the fatal error is never answered
+    assert w.rest() == b""  # the PUB after the fatal error is never answered
     assert_serving(broker)
 
 
@@ -492,7 +446,7 @@ def test_mpub_declared_body_size_longer_than_messages(broker):
     w.send(b"MPUB t\n" + size(100) + mpub_body([b"a", b"b"]))
     w.sock.shutdown(socket.SHUT_WR)
     assert w.frame() == OK
-    assert rest(w) == b""
+    assert w.rest() == b""
 
 
 # -- E_BAD_TOPIC / E_BAD_CHANNEL ------------------------------------------------------
@@ -752,7 +706,7 @@ def test_publish_failed_when_redis_unreachable(dead_redis_broker, line, body, pr
     assert frame_type == ERROR
     assert payload.startswith(prefix), payload
     assert len(payload) > len(prefix)
-    assert rest(w) == b""
+    assert w.rest() == b""
 
 
 def test_sub_failed_when_redis_unreachable(dead_redis_broker):
@@ -761,7 +715,7 @@ def test_sub_failed_when_redis_unreachable(dead_redis_broker):
     frame_type, payload = w.frame()
     assert frame_type == ERROR
     assert payload.startswith(b"E_SUB_FAILED SUB failed "), payload
-    assert rest(w) == b""
+    assert w.rest() == b""
 
 
 # -- IDENTIFY ----------------------------------------------------------------------------
@@ -877,7 +831,7 @@ def test_heartbeat_frame_bytes_exact(broker):
     w = Wire(broker, timeout=3.0)
     assert w.identify(heartbeat_interval=1000) == OK
     w.sock.settimeout(3.0)
-    assert w._exact(19) == b"\x00\x00\x00\x0f\x00\x00\x00\x00_heartbeat_"
+    assert w.exact(19) == b"\x00\x00\x00\x0f\x00\x00\x00\x00_heartbeat_"
 
 
 def test_silent_client_closed_after_two_heartbeat_intervals(broker):
@@ -1008,7 +962,7 @@ def test_random_bytes_after_magic(broker, processes):
         rnd = random.Random(seed)
         w = Wire(broker)
         for _ in range(16):
-            send_quietly(w, rnd.randbytes(4096))
+            w.send_quietly(rnd.randbytes(4096))
         w.close()
         assert_serving(broker)
     for seed in range(4):  # garbage lines of printable words
@@ -1016,7 +970,7 @@ def test_random_bytes_after_magic(broker, processes):
         w = Wire(broker)
         words = [b"PUB", b"MPUB", b"DPUB", b"SUB", b"RDY", b"FIN", b"IDENTIFY", b"t", b"ch",
                  b"\xff\xff\xff\xff", b"\x7f\xff\xff\xff", b"\x00\x00\x00\x05", b"-1", b"\n"]
-        send_quietly(w, b" ".join(rnd.choice(words) for _ in range(2000)))
+        w.send_quietly(b" ".join(rnd.choice(words) for _ in range(2000)))
         w.close()
         assert_serving(broker)
     assert processes.procs[0].poll() is None
@@ -1040,8 +994,8 @@ def test_huge_size_header_rejected_without_reading(broker, processes, line, payl
 def test_long_line_without_newline_closes(broker, processes):
     for prefix in (b"", b"PUB ", b"SUB t "):
         w = Wire(broker)
-        send_quietly(w, prefix + b"A" * 100_000)
-        assert rest(w) == b""  # closed, no error frame
+        w.send_quietly(prefix + b"A" * 100_000)
+        assert w.rest() == b""  # closed, no error frame
         w.close()
         assert_serving(broker)
     assert processes.procs[0].poll() is None
@@ -1066,5 +1020,5 @@ def test_negative_sizes(broker, processes, data, payload):
 def test_short_magic_then_close(broker):
     w = Wire(broker, magic=b"  V")
     w.sock.shutdown(socket.SHUT_WR)
-    assert rest(w) == b""  # nsqd: short read of the magic closes without a frame
+    assert w.rest() == b""  # nsqd: short read of the magic closes without a frame
     assert_serving(broker)

@@ -9,8 +9,8 @@ import time
 from relay import jobs as relay_jobs
 from relay.codec import CLOSE_WAIT
 from relay.store.connection import connect
-from tests.test_http import Api
-from tests.wire import FRAME_RESPONSE, Wire
+from tests.helpers.api import Api
+from tests.helpers.wire import FRAME_RESPONSE, Wire
 
 
 def test_sigterm_drains_consumers_then_requeues_what_they_keep(processes):

@@ -6,8 +6,8 @@ import socket
 import threading
 import time
 
-from tests.test_http import Api
-from tests.wire import FRAME_RESPONSE, Wire
+from tests.helpers.api import Api
+from tests.helpers.wire import FRAME_RESPONSE, Wire
 
 BODY = 100 * 1024
 

@@ -1,4 +1,4 @@
-from tests.wire import Wire
+from tests.helpers.wire import Wire
 
 
 def test_pub_sub_fin(broker):

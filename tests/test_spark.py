@@ -20,7 +20,7 @@ from relay.codec import record_id  # noqa: E402
 from relay.spark_batches import QueryBatches  # noqa: E402
 from relay.store import Store  # noqa: E402
 from relay.store.connection import connect  # noqa: E402
-from tests.conftest import flush  # noqa: E402
+from tests.helpers.servers import flush  # noqa: E402
 from workers.scanner import Scanner  # noqa: E402
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -17,7 +17,7 @@ from relay.store import keys, runner
 from relay.store.connection import is_cluster
 from relay.store.keys import ChannelKeys, TopicKeys
 from workers.scanner import Scanner
-from tests.conftest import all_keys
+from tests.helpers.servers import all_keys
 
 
 # -- helpers -----------------------------------------------------------------

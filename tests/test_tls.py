@@ -3,109 +3,18 @@ for exact bytes, and pynsq for what a real client does."""
 
 import hashlib
 import http.client
-import json
-import os
 import ssl
-import subprocess
-import sys
 import time
-import zlib
 
 import pytest
-import snappy
-import trustme
 
 from relay.codec import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, parse_record
-from tests.test_http import Api
-from tests.wire import Wire
+from tests.helpers.api import Api
+from tests.helpers.pynsq import run_pynsq_secure
+from tests.helpers.tls import Secure, body_of, tls_broker
+from tests.helpers.wire import Wire
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 SIZES = [1, 100, 65_536, 1_048_576]
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    """A CA, the broker's certificate for 127.0.0.1, and a client certificate."""
-    folder = tmp_path_factory.mktemp("pki")
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1", "localhost")
-    client = ca.issue_cert("worker-7@example.com", common_name="worker-7")
-    paths = {"ca": folder / "ca.pem", "cert": folder / "server.pem",
-             "key": folder / "server.key", "client": folder / "client.pem"}
-    ca.cert_pem.write_to_path(str(paths["ca"]))
-    server.cert_chain_pems[0].write_to_path(str(paths["cert"]))
-    server.private_key_pem.write_to_path(str(paths["key"]))
-    client.private_key_and_cert_chain_pem.write_to_path(str(paths["client"]))
-    return {k: str(v) for k, v in paths.items()}
-
-
-def tls_broker(processes, pki, *extra):
-    https_port = processes_free_port()
-    _, port = processes.broker("--tls-cert", pki["cert"], "--tls-key", pki["key"],
-                               "--https-address", f"127.0.0.1:{https_port}", *extra)
-    return port, https_port
-
-
-def processes_free_port():
-    from relay import embedded
-    return embedded.free_port()
-
-
-class Secure(Wire):
-    """A raw V2 client whose transport IDENTIFY can upgrade, as a client library does."""
-
-    def __init__(self, port):
-        super().__init__(port)
-        self.compress = self.decompress = None
-        self.pending = b""
-
-    def negotiate(self, pki=None, client_cert=False, **features):
-        """IDENTIFY with feature negotiation; upgrade as the response says; returns it."""
-        self.command("IDENTIFY", json.dumps({"feature_negotiation": True, **features}).encode())
-        kind, data = self.frame()
-        if kind != FRAME_RESPONSE:
-            return kind, data
-        response = json.loads(data)
-        if response["tls_v1"]:
-            context = ssl.create_default_context(cafile=pki["ca"])
-            if client_cert:
-                context.load_cert_chain(pki["client"])
-            self.sock = context.wrap_socket(self.sock, server_hostname="127.0.0.1")
-            assert self.frame() == (FRAME_RESPONSE, b"OK")
-        if response["snappy"]:
-            encoder, decoder = snappy.StreamCompressor(), snappy.StreamDecompressor()
-            self.compress, self.decompress = encoder.add_chunk, decoder.decompress
-            self._compressed_from_here()
-            assert self.frame() == (FRAME_RESPONSE, b"OK")
-        if response["deflate"]:
-            encoder, decoder = zlib.compressobj(6, zlib.DEFLATED, -15), zlib.decompressobj(-15)
-            self.compress = lambda d: encoder.compress(d) + encoder.flush(zlib.Z_SYNC_FLUSH)
-            self.decompress = decoder.decompress
-            self._compressed_from_here()
-            assert self.frame() == (FRAME_RESPONSE, b"OK")
-        return response
-
-    def _compressed_from_here(self):
-        """Bytes that came in the same recv as the IDENTIFY response are already the
-        compressed stream (seen: 1 run in ~30 read them as a frame header)."""
-        self.pending = self.decompress(self.pending) if self.pending else b""
-
-    def send(self, data: bytes):
-        self.sock.sendall(self.compress(data) if self.compress else data)
-        return self
-
-    def _exact(self, n):
-        while len(self.pending) < n:
-            chunk = self.sock.recv(1 << 16)
-            if not chunk:
-                raise EOFError("closed")
-            self.pending += self.decompress(chunk) if self.decompress else chunk
-        data, self.pending = self.pending[:n], self.pending[n:]
-        return data
-
-
-def body_of(size: int) -> bytes:
-    return (hashlib.sha256(str(size).encode()).digest() * (size // 32 + 1))[:size]
 
 
 def roundtrip(port, pki=None, **features):
@@ -204,11 +113,7 @@ def test_pynsq_with_tls_snappy_and_deflate(processes, pki):
     for features in ({"tls_v1": True, "snappy": True}, {"deflate": True, "deflate_level": 3}):
         conn = {**features, "tls_options": {"ca_certs": pki["ca"]}}
         topic = "tls" if features.get("tls_v1") else "deflate"
-        out = subprocess.run(
-            [sys.executable, os.path.join(HERE, "pynsq_secure.py"), str(port), topic,
-             json.dumps(conn), *map(str, SIZES)], capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, out.stderr
-        assert json.loads(out.stdout.splitlines()[-1]) == {
+        assert run_pynsq_secure(port, topic, conn, SIZES) == {
             "published": len(SIZES),
             "received": sorted(hashlib.sha256(body_of(n)).hexdigest() for n in SIZES)}
 

@@ -3,8 +3,22 @@
 import json
 import socket
 import struct
+import time
 
 from relay.codec import FRAME_MESSAGE, FRAME_RESPONSE, HEARTBEAT, parse_record
+
+
+def size(n: int) -> bytes:
+    """A size field: 4 bytes, big-endian, signed."""
+    return struct.pack(">i", n)
+
+
+def mpub_body(bodies, count=None) -> bytes:
+    """An MPUB body; `count` declares another number of messages than it holds."""
+    data = size(len(bodies) if count is None else count)
+    for b in bodies:
+        data += size(len(b)) + b
+    return data
 
 
 class Wire:
@@ -21,10 +35,18 @@ class Wire:
         line = line.encode() if isinstance(line, str) else line
         data = line + b"\n"
         if body is not None:
-            data += struct.pack(">i", len(body)) + body
+            data += size(len(body)) + body
         return self.send(data)
 
-    def _exact(self, n):
+    def send_quietly(self, data: bytes):
+        """Send, ignoring the server having closed already."""
+        try:
+            self.send(data)
+        except OSError:
+            pass
+
+    def exact(self, n):
+        """The next n bytes."""
         data = b""
         while len(data) < n:
             chunk = self.sock.recv(n - len(data))
@@ -36,8 +58,8 @@ class Wire:
     def frame(self, skip_heartbeats=True):
         """(frame type, data) of the next frame."""
         while True:
-            size, frame_type = struct.unpack(">ii", self._exact(8))
-            data = self._exact(size - 4)
+            length, frame_type = struct.unpack(">ii", self.exact(8))
+            data = self.exact(length - 4)
             if not (skip_heartbeats and frame_type == FRAME_RESPONSE and data == HEARTBEAT):
                 return frame_type, data
 
@@ -59,10 +81,7 @@ class Wire:
         return self.frame()
 
     def mpub(self, topic, bodies):
-        payload = struct.pack(">i", len(bodies))
-        for b in bodies:
-            payload += struct.pack(">i", len(b)) + b
-        self.command(f"MPUB {topic}", payload)
+        self.command(f"MPUB {topic}", mpub_body(bodies))
         return self.frame()
 
     def sub(self, topic, channel, rdy=None):
@@ -84,6 +103,25 @@ class Wire:
         except ConnectionResetError:
             return True
 
+    def rest(self, timeout: float = 4.0) -> bytes:
+        """Everything the server still sends until it closes; fails if it does not close."""
+        self.sock.settimeout(timeout)
+        data = b""
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    return data
+                data += chunk
+                if time.monotonic() > deadline:
+                    break
+        except (ConnectionResetError, BrokenPipeError):
+            return data
+        except (socket.timeout, TimeoutError):
+            pass
+        raise AssertionError(f"connection still open after {timeout}s (got {data!r})")
+
     def nothing(self, wait=0.3) -> bool:
         """True if no frame other than heartbeats arrives within `wait` seconds."""
         self.sock.settimeout(wait)
@@ -97,3 +135,10 @@ class Wire:
 
     def close(self):
         self.sock.close()
+
+
+def subscribed(port: int, topic="t", channel="ch", rdy=None) -> Wire:
+    """A new connection subscribed to topic/channel (and RDY rdy if given)."""
+    w = Wire(port)
+    assert w.sub(topic, channel, rdy=rdy) == (FRAME_RESPONSE, b"OK")
+    return w

@@ -1,8 +1,8 @@
 """Drive the real pynsq (tornado) client in its own process; prints one JSON line per event.
 
-    python tests/pynsq_client.py publish PORT TOPIC BODY...
-    python tests/pynsq_client.py consume PORT TOPIC CHANNEL COUNT [--requeue-first DELAY_MS]
-    python tests/pynsq_client.py lookup HTTP_PORT TOPIC CHANNEL COUNT
+    python -m tests.helpers.pynsq_client publish PORT TOPIC BODY...
+    python -m tests.helpers.pynsq_client consume PORT TOPIC CHANNEL COUNT [--requeue-first DELAY_MS]
+    python -m tests.helpers.pynsq_client lookup HTTP_PORT TOPIC CHANNEL COUNT
 """
 
 import json

@@ -1,7 +1,7 @@
 """pynsq with negotiated features: publish bodies of the given sizes with a Writer, read
 them back with a Reader on the same connection settings, print what arrived.
 
-    python tests/pynsq_secure.py PORT TOPIC '{"tls_v1": true, "snappy": true, ...}' SIZE...
+    python -m tests.helpers.pynsq_secure PORT TOPIC '{"tls_v1": true, "snappy": true, ...}' SIZE...
 """
 
 import hashlib
@@ -11,10 +11,7 @@ import sys
 import nsq
 from tornado.ioloop import IOLoop
 
-
-def body_of(size: int) -> bytes:
-    """The same bodies as tests/test_tls.py."""
-    return (hashlib.sha256(str(size).encode()).digest() * (size // 32 + 1))[:size]
+from tests.helpers.tls import body_of
 
 
 def main(port, topic, conn, sizes):

@@ -1,0 +1,57 @@
+"""gnsq producers and consumers in the test's own process (on gevent), and waiting for
+what they do."""
+
+import time
+
+import gevent
+import gnsq
+
+
+def addr(port):
+    """The address of a local broker."""
+    return f"127.0.0.1:{port}"
+
+
+def publish(port, topic, bodies, defer=None):
+    """Publish each body with a gnsq Producer, deferred by `defer` ms if given."""
+    producer = gnsq.Producer([addr(port)])
+    producer.start()
+    try:
+        for body in bodies:
+            producer.publish(topic, body, defer=defer)
+    finally:
+        producer.close()
+        producer.join(5)
+
+
+def consumer(port, topic, channel, handler, ports=None, **kwargs):
+    """A started gnsq Consumer calling handler(message); messages are async (no auto-FIN)."""
+    c = gnsq.Consumer(topic, channel, [addr(p) for p in (ports or [port])],
+                      max_in_flight=kwargs.pop("max_in_flight", 10), **kwargs)
+
+    def on_message(_, message):
+        message.enable_async()
+        handler(message)
+
+    c.on_message.connect(on_message, weak=False)
+
+    c.start(block=False)
+    return c
+
+
+def wait_for(predicate, timeout=10.0):
+    """Whether predicate() holds within timeout seconds; sleeps on gevent, so gnsq runs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        gevent.sleep(0.02)
+    return predicate()
+
+
+def stop(*consumers):
+    """Close consumers and wait for them to finish."""
+    for c in consumers:
+        c.close()
+    for c in consumers:
+        c.join(5)

@@ -1,0 +1,67 @@
+"""relay's own processes (broker, scanner, jobs) for one test."""
+
+import os
+import subprocess
+import sys
+
+from relay import embedded
+
+
+class Processes:
+    """Broker and scanner processes for one test, on the shared real Redis (flushed)."""
+
+    def __init__(self, redis_url, tmpdir):
+        self.redis_url = redis_url
+        self.tmpdir = tmpdir
+        self.procs = []
+        self.http_ports: dict[int, int] = {}
+        self.lookupd_ports: dict[int, int] = {}
+
+    def _start(self, command, args, env=None):
+        log = open(os.path.join(self.tmpdir, f"{command}-{len(self.procs)}.log"), "w")
+        full_env = {**os.environ, "REDIS_URL": self.redis_url, **(env or {})}
+        proc = subprocess.Popen([sys.executable, "-m", "relay", command, *args],
+                                stdout=log, stderr=subprocess.STDOUT, env=full_env,
+                                cwd=self.tmpdir)
+        self.procs.append(proc)
+        return proc
+
+    def broker(self, *args, port=None, env=None):
+        """Start a broker; returns (proc, port) once it accepts connections. Its HTTP
+        port is `http_ports[port]`, its lookupd port `lookupd_ports[port]`."""
+        port = port or embedded.free_port()
+        http_port = self.http_ports.setdefault(port, embedded.free_port())
+        lookupd_port = self.lookupd_ports.setdefault(port, embedded.free_port())
+        proc = self._start("broker", ["--tcp-address", f"127.0.0.1:{port}",
+                                      "--http-address", f"127.0.0.1:{http_port}",
+                                      "--lookupd-http-address", f"127.0.0.1:{lookupd_port}",
+                                      *args], env)
+        embedded.wait_for_port("127.0.0.1", port, proc)
+        embedded.wait_for_port("127.0.0.1", http_port, proc)
+        embedded.wait_for_port("127.0.0.1", lookupd_port, proc)
+        return proc, port
+
+    def scanner(self, *args):
+        return self._start("scanner", list(args))
+
+    def jobs(self, *args):
+        """`relay jobs`: the rq worker for relay-admin's jobs."""
+        return self._start("jobs", list(args))
+
+    def stop_all(self):
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    def logs(self):
+        out = []
+        for name in sorted(os.listdir(self.tmpdir)):
+            if name.endswith(".log"):
+                with open(os.path.join(self.tmpdir, name)) as f:
+                    out.append(f"--- {name}\n{f.read()}")
+        return "\n".join(out)

@@ -1,0 +1,42 @@
+"""Redis for tests: a local cluster, and emptying or listing keys on one server or on
+every master of a cluster."""
+
+import contextlib
+import shutil
+import tempfile
+
+from relay import embedded
+from relay.store.connection import connect, is_cluster
+
+
+def flush(url: str) -> None:
+    """Empty every database of a server, or every master of a cluster."""
+    client = connect(url)
+    if is_cluster(client):
+        client.flushall(target_nodes=client.PRIMARIES)
+    else:
+        client.flushdb()
+    client.close()
+
+
+def all_keys(client, pattern: str) -> list:
+    """KEYS on every master of a cluster, or on the one server."""
+    if is_cluster(client):
+        return client.keys(pattern, target_nodes=client.PRIMARIES)
+    return client.keys(pattern)
+
+
+@contextlib.contextmanager
+def local_cluster(ports: list, binary: str | None = None):
+    """A cluster of one master per port, without persistence, removed at the end."""
+    data = tempfile.mkdtemp(prefix="relay-test-cluster-")
+    procs = embedded.start_cluster(ports, data, extra=("--save", "", "--appendonly", "no"),
+                                   binary=binary)
+    try:
+        yield f"redis://127.0.0.1:{ports[0]}/0"
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(10)
+        shutil.rmtree(data, ignore_errors=True)
