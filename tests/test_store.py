@@ -773,7 +773,7 @@ def test_wake_notifications(store):
     """Brokers learn of news on a topic's wake channel: "" = whole topic, "C" = channel C."""
     wake = TopicKeys.of("t").wake
     sub = store.redis.pubsub()
-    if is_cluster(store.redis):  # sharded pub/sub (relay/wake.py)
+    if is_cluster(store.redis):  # sharded pub/sub (relay/wakeups.py)
         sub.ssubscribe(wake)
         get, kind = sub.get_sharded_message, "smessage"
     else:
