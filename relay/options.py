@@ -56,6 +56,8 @@ class Options:
                                      "e.g. 0.0.0.0:4161 (default none: it is on "
                                      "--http-address too)")
     broadcast_address: str = _opt(socket.gethostname(), "address this broker is known by")
+    tombstone_lifetime: int = _opt(45_000, "how long a broker tombstoned for a topic (nsqlookupd's "
+                                   "/topic/tombstone) is left out of /lookup", DURATION)
     redis_url: str = _opt("redis://127.0.0.1:6379/0", "Redis holding all queue state",
                           used_by=(BROKER, SCANNER, JOBS, REDIS), secret=True)
     msg_timeout: int = _opt(60_000, "default time to wait for a FIN before requeueing", DURATION)
@@ -206,6 +208,7 @@ class OptionsSchema(Schema):
     http_address = fields.String(validate=lambda v: v == "" or _address(v))
     lookupd_http_address = fields.String(validate=lambda v: v == "" or _address(v))
     broadcast_address = fields.String(validate=validate.Length(min=1))
+    tombstone_lifetime = _Duration(validate=_positive)
     redis_url = fields.String(validate=validate.Regexp(r"^(redis|rediss|unix)://"))
     msg_timeout = _Duration(validate=_positive)
     max_msg_timeout = _Duration(validate=_positive)
