@@ -112,7 +112,7 @@ def topics(store, as_json):
 def channels(store, as_json, topic):
     """Channels of a topic, their clients (on every broker), and whether they are paused."""
     existing(store, topic)
-    [t] = relay_stats.collect(store, topic)["topics"]
+    [t] = stats_with_clients(store, topic, None)["topics"]
     rows = [{"channel": c["channel_name"], "clients": c["client_count"], "paused": c["paused"]}
             for c in t["channels"]]
     show({"topic": topic, "channels": rows}, as_json,
@@ -143,7 +143,9 @@ def stats(store, as_json, target, watch):
 
 
 def stats_with_clients(store: Store, topic, channel) -> dict:
-    """relay/stats.py's figures, each channel with the clients brokers announced."""
+    """relay/stats.py's figures, each channel with the clients live brokers announced and
+    their number as client_count (rather than the channel's consumer counts, which keep
+    those of a broker killed with -9), so the table counts the clients it lists."""
     data = relay_stats.collect(store, topic, channel)
     clients = registry.live_clients(store.redis, registry.live_brokers(store.redis))
     for t in data["topics"]:
@@ -151,6 +153,7 @@ def stats_with_clients(store: Store, topic, channel) -> dict:
             c["clients"] = [client for client in clients
                             if (client["topic"], client["channel"]) ==
                             (t["topic_name"], c["channel_name"])]
+            c["client_count"] = len(c["clients"])
     return data
 
 

@@ -78,18 +78,19 @@ def test_stats_table_and_json(store, backend):
     store.deliver("orders", "billing", [("b1:1", 60000, 1)])
     store.publish("orders", [b"d"], defer_ms=60000)
     store.pause_channel("orders", "billing", True)
+    # b1 is not a live broker (it never announced itself): its consumer is not counted
 
     assert ok(backend, "stats") == [
         "topic   channel  depth  in_flight  deferred  messages  requeued  timed_out  dead"
         "  clients  paused",
         "orders           0                 0         4                                             no",
-        "        billing  2      1          1         4         0         0          0     1        yes",
+        "        billing  2      1          1         4         0         0          0     0        yes",
     ]
     [topic] = ok_json(backend, "stats", "orders/billing")["topics"]
     assert topic["channels"] == [{
         "channel_name": "billing", "paused": True, "ephemeral": False, "depth": 2,
         "in_flight_count": 1, "deferred_count": 1, "message_count": 4, "requeue_count": 0,
-        "timeout_count": 0, "dead_count": 0, "client_count": 1, "backend_depth": 2,
+        "timeout_count": 0, "dead_count": 0, "client_count": 0, "backend_depth": 2,
         "e2e_processing_latency": {"count": 0, "percentiles": None}, "clients": []}]
 
 
@@ -159,6 +160,7 @@ def test_stats_watch_redraws_in_place(store, backend, monkeypatch):
 def test_topics_and_channels(store, backend):
     assert ok(backend, "topics") == ["no topics"]
     store.subscribe("orders", "billing", "b1")
+    announce(backend, "b1", 4150, client("orders", "billing", "b1:1", "worker-1", 5001))
     store.create_channel("orders", "audit")
     store.create_topic("idle")
     store.pause_topic("idle", True)
@@ -397,7 +399,8 @@ def test_readme_redis_cli_commands_agree_with_stats(redis_url, monkeypatch):
     store.deliver("orders", "billing", [("b1:1", 60000, 2)])
     cli = str(Path(embedded.server_binary()).with_name("redis-cli"))
     counts = {}
-    commands = readme_block("For a channel (here `orders/billing`), with `redis-cli`:")
+    commands = readme_block("For a channel (here `orders/billing`), with `redis-cli` "
+                            "(`.venv/bin/redis-cli`):")
     for line in commands.splitlines():
         command, _, name = line.partition("#")
         argv = shlex.split(command.replace("$REDIS_URL", redis_url))
