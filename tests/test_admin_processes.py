@@ -70,6 +70,16 @@ def test_tail_reads_through_an_ephemeral_channel(processes, redis_url):
     assert store.read_channel("t", "archive")["depth"] == 5
 
 
+def test_tail_aimed_at_an_http_port_says_so_in_one_line(processes, redis_url):
+    _, port = processes.broker("--broadcast-address", "127.0.0.1")
+    Store(connect(redis_url)).create_topic("t")
+    for http in (processes.http_ports[port], processes.lookupd_ports[port]):
+        tail = relay_admin(redis_url, "tail", "t", "--broker", f"127.0.0.1:{http}")
+        assert (tail.returncode, tail.stdout, tail.stderr) == (
+            1, "", f"relay-admin: cannot tail t on 127.0.0.1:{http}: it answers HTTP: give "
+                   "the broker's TCP port (--tcp-address, e.g. 4150), not an HTTP port\n")
+
+
 def test_stats_and_brokers_show_the_clients_of_two_real_brokers(processes, redis_url):
     proc1, port1 = processes.broker("--broadcast-address", "127.0.0.1")
     _, port2 = processes.broker("--broadcast-address", "127.0.0.1")
