@@ -19,6 +19,7 @@ from relay.codec import is_valid_name
 from relay.log import LEVELS
 
 DURATION = "duration"
+DEFAULT_CONFIG = "conf/relay.toml"
 DEFAULT_DEAD_LETTER_TOPIC = "{topic}.dead"
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
@@ -301,6 +302,28 @@ def _read_env(environ) -> dict:
     if "redis_url" not in values and environ.get("REDIS_URL"):
         values["redis_url"] = environ["REDIS_URL"]
     return values
+
+
+def config_file(given: str | None = None, environ=None) -> str | None:
+    """The config file: the one given, else RELAY_CONFIG, else conf/relay.toml if present
+    (run from the project folder), else none."""
+    environ = os.environ if environ is None else environ
+    if given or environ.get("RELAY_CONFIG"):
+        return given or environ["RELAY_CONFIG"]
+    return DEFAULT_CONFIG if os.path.exists(DEFAULT_CONFIG) else None
+
+
+def option_source(name: str, config: str | None, environ=None) -> str:
+    """Where load_options takes an option from when no flag gives it: its environment
+    variable, the config file, or the default."""
+    environ = os.environ if environ is None else environ
+    if f"RELAY_{name.upper()}" in environ:
+        return f"RELAY_{name.upper()}"
+    if name == "redis_url" and environ.get("REDIS_URL"):
+        return "REDIS_URL"
+    if config and name in _read_file(config):
+        return config
+    return "default"
 
 
 def load_options(flags: dict | None = None, config: str | None = None,
