@@ -159,8 +159,8 @@ def test_a_consumer_that_goes_away_without_cls_leaves_both_views_within_a_second
             proc.send_signal(15)  # Python's default: the process ends, the kernel closes
         left = time.monotonic()
         seen = set()
-        while views() != (0, 0) and time.monotonic() - left < 10:
-            seen.add(views())
+        while (view := views()) != (0, 0) and time.monotonic() - left < 10:
+            seen.add(view)
         gone = time.monotonic() - left
         proc.wait(5)
         assert gone < 1.0, (ends, gone)
