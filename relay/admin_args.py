@@ -74,7 +74,7 @@ def existing(store: Store, target: str | None, channel_required: bool = False):
     return topic, channel
 
 
-class UsageError(click.ClickException):
+class OneLineUsageError(click.ClickException):
     """A usage error told in one line, as every error of relay-admin (exit 2)."""
     exit_code = 2
 
@@ -90,7 +90,7 @@ def one_line_usage():
         raise           # `relay-admin` alone: its help
     except click.UsageError as e:
         where = " ".join(["relay-admin", *(e.ctx.command_path.split()[1:] if e.ctx else [])])
-        raise UsageError(f"{e.format_message().rstrip('.')} (see {where} --help)") from None
+        raise OneLineUsageError(f"{e.format_message().rstrip('.')} (see {where} --help)") from None
 
 
 class AdminGroup(click.Group):
