@@ -1,94 +1,46 @@
 """`relay-admin`: inspect and steer relay's state straight in Redis.
 
 Every command prints an aligned table (or one line) and takes --json; it exits 0 on
-success and 1 with one line on stderr otherwise. empty, delete, requeue --all and
-redrive run as rq jobs (relay/jobs.py) when the target holds more than INLINE_LIMIT messages.
+success, 1 with one line on stderr on an error and 2 with one line on a usage error.
+empty, delete, requeue --all and redrive run as rq jobs (relay/jobs.py) when the target
+holds more than INLINE_LIMIT messages.
 """
 
-import functools
 import json
 import sys
+import tempfile
 import time
 
 import click
-import redis
 from rq.job import JobStatus
 
 from relay import deadletter, jobs, registry
 from relay import stats as relay_stats
+from relay.admin_args import (REDIS_ENV, AdminGroup, background_option, existing, fail,
+                              parse_target, redis_options, relay_options)
 from relay.admin_text import (clients_table, percent, preview, show, stats_text, summary,
                                table, utc)
-from relay.errors import StoreConnectionError, StoreError
 from relay.codec import MSG_ID_LENGTH, is_valid_name
+from relay.options import DEFAULT_CONFIG, Options, option_source
 from relay.store import Store
-from relay.store.connection import connect
 from relay.tail import Tail, TailError
 
 INLINE_LIMIT = 10_000
 POLL = 0.1
 PUB_BATCH = 1000
 PUB_BATCH_BYTES = 1 << 20
+PUB_SPOOL_BYTES = 64 << 20      # pub's input is kept in memory up to this, then on disk
 CLEAR = "\x1b[H\x1b[J"
 ENDED = (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED)
 
 
-def redis_options(command):
-    """--redis-url (REDIS_URL / RELAY_REDIS_URL) and --json, shared by every command."""
-    @click.option("--redis-url", envvar=["RELAY_REDIS_URL", "REDIS_URL"],
-                  default="redis://127.0.0.1:6379/0", show_default=True)
-    @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-    @functools.wraps(command)
-    def wrapper(redis_url, as_json, **kwargs):
-        try:
-            store = Store(connect(redis_url, timeout=5, connect_timeout=2))
-            return command(store, as_json, **kwargs)
-        except (StoreConnectionError, redis.exceptions.ConnectionError,
-                redis.exceptions.TimeoutError) as e:
-            fail(f"redis at {redis_url} is unreachable: {e}")
-        except (StoreError, jobs.NotFound) as e:
-            fail(str(e))
-    return wrapper
-
-
-def background_option(command):
-    return click.option("--background", is_flag=True,
-                        help="queue the job and return at once")(command)
-
-
-def fail(message: str):
-    click.echo(f"relay-admin: {message}", err=True)
-    sys.exit(1)
-
-
-# -- names ---------------------------------------------------------------------------
-
-
-def parse_target(target: str | None, channel_required: bool = False):
-    """TOPIC or TOPIC/CHANNEL, validated as nsqd names."""
-    if not target:
-        return None, None
-    topic, _, channel = target.partition("/")
-    if channel_required and not channel:
-        fail(f"{target!r} names no channel: give TOPIC/CHANNEL")
-    for name in (topic, channel) if channel else (topic,):
-        if not is_valid_name(name):
-            fail(f"invalid name {name!r}: 1-64 characters of [.a-zA-Z0-9_-], "
-                 "optionally ending in #ephemeral")
-    return topic, channel or None
-
-
-def existing(store: Store, target: str | None, channel_required: bool = False):
-    """parse_target, and fail unless the topic (and channel) exist."""
-    topic, channel = parse_target(target, channel_required)
-    if topic and topic not in store.topic_names():
-        fail(f"topic {topic!r} not found")
-    if channel and channel not in store.channel_names(topic):
-        fail(f"channel {topic}/{channel} not found")
-    return topic, channel
-
-
-@click.group()
-def main():
+@click.group(cls=AdminGroup)
+@click.option("--redis-url", envvar=REDIS_ENV, default=Options.redis_url, show_default=True,
+              show_envvar=True, metavar="URL", help="Redis holding relay's state")
+@click.option("--config", type=click.Path(dir_okay=False),
+              help=f"relay's TOML config file, for the options pub and config read "
+                   f"(default: RELAY_CONFIG, else {DEFAULT_CONFIG} if present)")
+def main(redis_url, config):
     """Inspect and steer relay (topics, channels and messages in Redis)."""
 
 
@@ -112,7 +64,7 @@ def topics(store, as_json):
 def channels(store, as_json, topic):
     """Channels of a topic, their clients (on every broker), and whether they are paused."""
     existing(store, topic)
-    [t] = relay_stats.collect(store, topic)["topics"]
+    [t] = stats_with_clients(store, topic, None)["topics"]
     rows = [{"channel": c["channel_name"], "clients": c["client_count"], "paused": c["paused"]}
             for c in t["channels"]]
     show({"topic": topic, "channels": rows}, as_json,
@@ -143,7 +95,9 @@ def stats(store, as_json, target, watch):
 
 
 def stats_with_clients(store: Store, topic, channel) -> dict:
-    """relay/stats.py's figures, each channel with the clients brokers announced."""
+    """relay/stats.py's figures, each channel with the clients live brokers announced and
+    their number as client_count (rather than the channel's consumer counts, which keep
+    those of a broker killed with -9), so the table counts the clients it lists."""
     data = relay_stats.collect(store, topic, channel)
     clients = registry.live_clients(store.redis, registry.live_brokers(store.redis))
     for t in data["topics"]:
@@ -151,6 +105,7 @@ def stats_with_clients(store: Store, topic, channel) -> dict:
             c["clients"] = [client for client in clients
                             if (client["topic"], client["channel"]) ==
                             (t["topic_name"], c["channel_name"])]
+            c["client_count"] = len(c["clients"])
     return data
 
 
@@ -222,8 +177,10 @@ def list_jobs(store, as_json):
 @click.argument("target", metavar="TOPIC[/CHANNEL]")
 @redis_options
 def create(store, as_json, target):
-    """Create a topic, or a channel (and its topic)."""
+    """Create a topic, or a channel of an existing topic (as the HTTP API)."""
     topic, channel = parse_target(target)
+    if channel and topic not in store.topic_names():
+        fail(f"topic {topic!r} not found: create it first (as /channel/create asks)")
     created = store.create_channel(topic, channel) if channel else store.create_topic(topic)
     show({"target": target, "created": created}, as_json,
          f"created {target}" if created else f"{target} exists already")
@@ -363,8 +320,9 @@ SETTINGS = {"max-attempts": "max_attempts", "dead-letter-topic": "dead_letter_to
 @click.option("--unset", is_flag=True, help="back to the brokers' and scanners' option")
 @redis_options
 def config(store, as_json, target, name, value, unset):
-    """Show a channel's settings, or set one: max-attempts N (0: unlimited) overrides
-    --max-attempts, dead-letter-topic NAME overrides --dead-letter-topic."""
+    """Show a channel's settings in force and where each comes from, or set one:
+    max-attempts N (0: unlimited) overrides --max-attempts, dead-letter-topic NAME
+    overrides --dead-letter-topic."""
     topic, channel = existing(store, target, channel_required=True)
     if name and not unset:
         if value is None:
@@ -372,10 +330,16 @@ def config(store, as_json, target, name, value, unset):
         store.configure_channel(topic, channel, SETTINGS[name], setting_value(name, value))
     elif name:
         store.configure_channel(topic, channel, SETTINGS[name], None)
-    current = {flag: store.channel_setting(topic, channel, field)
-               for flag, field in SETTINGS.items()}
-    show(current, as_json, table([[k, "(option)" if v is None else v]
-                                  for k, v in current.items()], ["setting", "value"]))
+    options, config_path = relay_options()
+    current = {}
+    for flag, field in SETTINGS.items():
+        own = store.channel_setting(topic, channel, field)
+        value, source = (own, "channel setting") if own is not None else \
+            (getattr(options, field), option_source(field, config_path))
+        current[flag] = {"value": int(value) if field == "max_attempts"
+                         else value.format(topic=topic), "source": source}
+    show(current, as_json, table([[k, v["value"], v["source"]] for k, v in current.items()],
+                                 ["setting", "value", "source"]))
 
 
 def setting_value(name: str, value: str) -> str:
@@ -431,27 +395,44 @@ def redrive(store, as_json, target, background):
               help="read the messages from this file instead of stdin")
 @redis_options
 def pub(store, as_json, topic, source):
-    """Publish each non-empty line of stdin (or --file) as a message, in batches."""
+    """Publish each non-empty line of stdin (or --file) as a message, in batches of at
+    most --max-body-size; a line over --max-msg-size is refused and, as nsqd's /mpub,
+    nothing is published."""
     parse_target(topic)
-    count = 0
-    for batch in batches(source):
-        store.publish(topic, batch)
-        count += len(batch)
+    options, _ = relay_options()
+    with tempfile.SpooledTemporaryFile(PUB_SPOOL_BYTES) as lines:
+        refused = []
+        for number, line in enumerate(source, 1):
+            size = len(line.rstrip(b"\r\n"))
+            if size > options.max_msg_size:
+                refused.append((number, size))
+            lines.write(line if line.endswith(b"\n") else line + b"\n")
+        for number, size in refused:
+            click.echo(f"relay-admin: line {number}: {size} bytes, over --max-msg-size "
+                       f"{options.max_msg_size} (MSG_TOO_BIG): nothing published", err=True)
+        if refused:
+            sys.exit(1)
+        lines.seek(0)
+        count = 0
+        for batch in batches(lines, min(PUB_BATCH_BYTES, options.max_body_size)):
+            store.publish(topic, batch)
+            count += len(batch)
     show({"topic": topic, "published": count}, as_json, f"published {count} messages to {topic}")
 
 
-def batches(lines):
-    """Non-empty lines without their line end, PUB_BATCH or PUB_BATCH_BYTES at a time."""
+def batches(lines, limit: int):
+    """Non-empty lines without their line end, PUB_BATCH at a time and at most `limit`
+    bytes as /mpub's body (a newline each), or one line alone."""
     batch, size = [], 0
     for line in lines:
         line = line.rstrip(b"\r\n")
         if not line:
             continue
-        batch.append(line)
-        size += len(line)
-        if len(batch) >= PUB_BATCH or size >= PUB_BATCH_BYTES:
+        if batch and (len(batch) == PUB_BATCH or size + len(line) + 1 > limit):
             yield batch
             batch, size = [], 0
+        batch.append(line)
+        size += len(line) + 1
     if batch:
         yield batch
 

@@ -187,6 +187,8 @@ class Broker:
             pump.kill()
             self._disconnect(client)
             del self.clients[client.number]
+            if client.channel is not None:
+                self.registry.clients_changed()  # announced once it is off the list
             log.debug("%r disconnected", client)
 
     def _refuse(self, sock: socket.socket, address) -> None:
@@ -228,7 +230,6 @@ class Broker:
         held = list(client.in_flight)
         client.in_flight.clear()
         channel.remove(client)
-        self.registry.clients_changed()
         if not channel.clients:
             channel.stop()
             del self.channels[(channel.topic, channel.name)]

@@ -9,10 +9,8 @@ from urllib.parse import urlparse
 import click
 
 from relay.errors import ConfigError
-from relay.options import (BROKER, JOBS, REDIS, SCANNER, Options, load_options, option_flag,
-                           option_help, process_options)
-
-DEFAULT_CONFIG = "conf/relay.toml"
+from relay.options import (BROKER, DEFAULT_CONFIG, JOBS, REDIS, SCANNER, Options, config_file,
+                           load_options, option_flag, option_help, process_options)
 
 
 def option_flags(process: str):
@@ -30,10 +28,8 @@ def option_flags(process: str):
 
 def load(config, flags) -> Options:
     """Options or exit 2 with one line saying what is wrong."""
-    if config is None and "RELAY_CONFIG" not in os.environ and os.path.exists(DEFAULT_CONFIG):
-        config = DEFAULT_CONFIG
     try:
-        options = load_options(flags, config)
+        options = load_options(flags, config_file(config))
     except ConfigError as e:
         click.echo(f"relay: {e}", err=True)
         sys.exit(2)

@@ -19,6 +19,7 @@ from relay.codec import is_valid_name
 from relay.log import LEVELS
 
 DURATION = "duration"
+DEFAULT_CONFIG = "conf/relay.toml"
 DEFAULT_DEAD_LETTER_TOPIC = "{topic}.dead"
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
@@ -56,6 +57,8 @@ class Options:
                                      "e.g. 0.0.0.0:4161 (default none: it is on "
                                      "--http-address too)")
     broadcast_address: str = _opt(socket.gethostname(), "address this broker is known by")
+    tombstone_lifetime: int = _opt(45_000, "how long a broker tombstoned for a topic (nsqlookupd's "
+                                   "/topic/tombstone) is left out of /lookup", DURATION)
     redis_url: str = _opt("redis://127.0.0.1:6379/0", "Redis holding all queue state",
                           used_by=(BROKER, SCANNER, JOBS, REDIS), secret=True)
     msg_timeout: int = _opt(60_000, "default time to wait for a FIN before requeueing", DURATION)
@@ -206,6 +209,7 @@ class OptionsSchema(Schema):
     http_address = fields.String(validate=lambda v: v == "" or _address(v))
     lookupd_http_address = fields.String(validate=lambda v: v == "" or _address(v))
     broadcast_address = fields.String(validate=validate.Length(min=1))
+    tombstone_lifetime = _Duration(validate=_positive)
     redis_url = fields.String(validate=validate.Regexp(r"^(redis|rediss|unix)://"))
     msg_timeout = _Duration(validate=_positive)
     max_msg_timeout = _Duration(validate=_positive)
@@ -298,6 +302,28 @@ def _read_env(environ) -> dict:
     if "redis_url" not in values and environ.get("REDIS_URL"):
         values["redis_url"] = environ["REDIS_URL"]
     return values
+
+
+def config_file(given: str | None = None, environ=None) -> str | None:
+    """The config file: the one given, else RELAY_CONFIG, else conf/relay.toml if present
+    (run from the project folder), else none."""
+    environ = os.environ if environ is None else environ
+    if given or environ.get("RELAY_CONFIG"):
+        return given or environ["RELAY_CONFIG"]
+    return DEFAULT_CONFIG if os.path.exists(DEFAULT_CONFIG) else None
+
+
+def option_source(name: str, config: str | None, environ=None) -> str:
+    """Where load_options takes an option from when no flag gives it: its environment
+    variable, the config file, or the default."""
+    environ = os.environ if environ is None else environ
+    if f"RELAY_{name.upper()}" in environ:
+        return f"RELAY_{name.upper()}"
+    if name == "redis_url" and environ.get("REDIS_URL"):
+        return "REDIS_URL"
+    if config and name in _read_file(config):
+        return config
+    return "default"
 
 
 def load_options(flags: dict | None = None, config: str | None = None,

@@ -5,10 +5,17 @@ for all of them, and `relay-admin` can show every broker's clients.
 A broker killed with -9 drops out when its registration expires (3 heartbeats), and
 its clients with it. The clients are announced at each heartbeat and soon after one
 subscribes or leaves, so their counters are up to a heartbeat old.
+
+A broker tombstoned for a topic (nsqlookupd's /topic/tombstone) is named by its HTTP
+address in the topic's tombstones hash, with the time its tombstone ends; a topic or
+channel nsqlookupd's /topic/delete or /channel/delete forgot is named likewise in the
+topic's deregistered hash. Every broker reads them; each hash expires with its last
+entry.
 """
 
 import json
 import logging
+import time
 from typing import Callable
 
 import gevent
@@ -17,6 +24,7 @@ from gevent.event import Event
 
 from relay.liveness import Liveness
 from relay.store import keys
+from relay.store.keys import TopicKeys
 
 log = logging.getLogger("relay.registry")
 
@@ -97,3 +105,47 @@ def live_clients(client: redis.Redis, brokers: list[dict]) -> list[dict]:
     announced = pipe.execute()
     return [{"broker": b["id"], **c}
             for b, data in zip(brokers, announced) for c in json.loads(data or "[]")]
+
+
+def node(broker: dict) -> str:
+    """A registered broker's HTTP address, as nsqlookupd and nsqadmin name a node."""
+    return f"{broker['broadcast_address']}:{broker['http_port']}"
+
+
+def tombstone(client: redis.Redis, topic: str, address: str, lifetime_ms: int) -> None:
+    """Leave the broker at HTTP `address` out of the topic's producers for lifetime_ms."""
+    _hold(client, TopicKeys.of(topic).tombstones, address, lifetime_ms)
+
+
+def tombstoned(client: redis.Redis, topics: list[str]) -> dict[str, set[str]]:
+    """The HTTP addresses of the brokers whose tombstone for each topic still holds."""
+    return dict(zip(topics, _holding(client, [TopicKeys.of(t).tombstones for t in topics])))
+
+
+def deregister(client: redis.Redis, topic: str, channel: str, lifetime_ms: int) -> None:
+    """nsqlookupd forgot the topic ("") or channel: nsqadmin now sends its delete to
+    every broker, of which only the first finds it (see deregistered)."""
+    _hold(client, TopicKeys.of(topic).deregistered, channel, lifetime_ms)
+
+
+def deregistered(client: redis.Redis, topic: str, channel: str) -> bool:
+    [fields] = _holding(client, [TopicKeys.of(topic).deregistered])
+    return channel in fields
+
+
+def _hold(client: redis.Redis, key: str, field: str, lifetime_ms: int) -> None:
+    """Set a hash field to the time (ms) it ends; the hash expires with the last one."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hset(key, field, int(time.time() * 1000) + lifetime_ms)
+    pipe.pexpire(key, lifetime_ms)
+    pipe.execute()
+
+
+def _holding(client: redis.Redis, hashes: list[str]) -> list[set[str]]:
+    """The fields of each hash that have not ended yet."""
+    pipe = client.pipeline(transaction=False)  # not one key: on a cluster they spread
+    for key in hashes:
+        pipe.hgetall(key)
+    now = time.time() * 1000
+    return [{f.decode() for f, end in ends.items() if int(end) > now}
+            for ends in (pipe.execute() if hashes else [])]

@@ -65,6 +65,9 @@ class Tail:
 
     def _frame(self) -> tuple[int, bytes]:
         header = self.file.read(8)
+        if header.startswith(b"HTTP/"):
+            raise TailError("it answers HTTP: give the broker's TCP port (--tcp-address, "
+                            "e.g. 4150), not an HTTP port")
         if len(header) < 8:
             raise TailError("the broker closed the connection")
         size, kind = struct.unpack(">ii", header)

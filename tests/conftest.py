@@ -19,7 +19,7 @@ from tests.helpers.servers import flush, local_cluster
 # Modules whose tests run against a one-node Redis and again against a 3-master
 # Redis Cluster (the `deployment` parameter): the integration suite.
 CLUSTER_MODULES = {"test_clients", "test_protocol", "test_http", "test_admin_processes",
-                   "test_deadletter", "test_shutdown", "test_auth"}
+                   "test_deadletter", "test_shutdown", "test_auth", "test_nsqadmin"}
 
 
 def pytest_generate_tests(metafunc):

@@ -51,18 +51,19 @@ def test_stats_table_and_json(store, backend):
     store.deliver("orders", "billing", [("b1:1", 60000, 1)])
     store.publish("orders", [b"d"], defer_ms=60000)
     store.pause_channel("orders", "billing", True)
+    # b1 is not a live broker (it never announced itself): its consumer is not counted
 
     assert ok(backend, "stats") == [
         "topic   channel  depth  in_flight  deferred  messages  requeued  timed_out  dead"
         "  clients  paused",
         "orders           0                 0         4                                             no",
-        "        billing  2      1          1         4         0         0          0     1        yes",
+        "        billing  2      1          1         4         0         0          0     0        yes",
     ]
     [topic] = ok_json(backend, "stats", "orders/billing")["topics"]
     assert topic["channels"] == [{
         "channel_name": "billing", "paused": True, "ephemeral": False, "depth": 2,
         "in_flight_count": 1, "deferred_count": 1, "message_count": 4, "requeue_count": 0,
-        "timeout_count": 0, "dead_count": 0, "client_count": 1, "backend_depth": 2,
+        "timeout_count": 0, "dead_count": 0, "client_count": 0, "backend_depth": 2,
         "e2e_processing_latency": {"count": 0, "percentiles": None}, "clients": []}]
 
 
@@ -132,6 +133,7 @@ def test_stats_watch_redraws_in_place(store, backend, monkeypatch):
 def test_topics_and_channels(store, backend):
     assert ok(backend, "topics") == ["no topics"]
     store.subscribe("orders", "billing", "b1")
+    announce(backend, "b1", 4150, client("orders", "billing", "b1:1", "worker-1", 5001))
     store.create_channel("orders", "audit")
     store.create_topic("idle")
     store.pause_topic("idle", True)
@@ -151,6 +153,8 @@ def test_topics_and_channels(store, backend):
 
 
 def test_create_pause_unpause(store, backend):
+    assert run(backend, "create", "orders/billing").exit_code == 1  # as /channel/create
+    assert store.topic_names() == []
     assert ok(backend, "create", "orders") == ["created orders"]
     assert ok(backend, "create", "orders") == ["orders exists already"]
     assert ok_json(backend, "create", "orders/billing") == {"target": "orders/billing",
@@ -167,6 +171,7 @@ def test_create_pause_unpause(store, backend):
 
 
 def test_pub_from_stdin_and_file_in_batches(store, backend, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)     # relay's default options
     store.subscribe("t", "c", "b1")
     calls = []
     publish = store.publish
@@ -181,6 +186,33 @@ def test_pub_from_stdin_and_file_in_batches(store, backend, monkeypatch, tmp_pat
     assert calls == [2, 1, 2]
     delivered = store.deliver("t", "c", [("b1:1", 60000, 10)])[0]
     assert [r[26:] for r in delivered] == [b"one", b"two", b"three", b"four", b"five"]
+
+
+def test_pub_keeps_to_max_msg_size_and_max_body_size(store, backend, monkeypatch, tmp_path):
+    """A line over --max-msg-size is refused with one line and, as nsqd's /mpub refuses
+    the whole body, nothing is published; batches stay within --max-body-size."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("RELAY_CONFIG", "RELAY_MAX_MSG_SIZE", "RELAY_MAX_BODY_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    store.subscribe("t", "c", "b1")
+    calls = []
+    publish = store.publish
+    monkeypatch.setattr(Store, "publish", lambda self, t, bodies: (
+        calls.append([len(b) for b in bodies]), publish(t, bodies))[1])
+    result = run(backend, "pub", "t", input="fine\n" + "x" * 2_000_000 + "\n")
+    assert (result.exit_code, result.output) == (
+        1, "relay-admin: line 2: 2000000 bytes, over --max-msg-size 1048576 (MSG_TOO_BIG): "
+           "nothing published\n")
+    monkeypatch.setenv("RELAY_MAX_MSG_SIZE", "10")
+    monkeypatch.setenv("RELAY_MAX_BODY_SIZE", "25")
+    result = run(backend, "pub", "t", input="fine\n" + "x" * 11 + "\nok\n" + "y" * 12)
+    assert (result.exit_code, result.output) == (1, "".join(
+        f"relay-admin: line {n}: {size} bytes, over --max-msg-size 10 (MSG_TOO_BIG): "
+        "nothing published\n" for n, size in ((2, 11), (4, 12))))
+    assert calls == [] and store.read_channel("t", "c")["depth"] == 0
+    assert ok(backend, "pub", "t", input="123456789\n" * 5 + "0123456789\n") == [
+        "published 6 messages to t"]
+    assert calls == [[9, 9], [9, 9], [9, 10]]    # /mpub bodies of 20, 20 and 21 bytes
 
 
 def test_inflight_lists_ids_owners_attempts_and_deadlines(store, backend):
@@ -308,6 +340,7 @@ NAME_RULE = "1-64 characters of [.a-zA-Z0-9_-], optionally ending in #ephemeral"
     (("pause", "t/nope"), "channel t/nope not found"),
     (("unpause", "nope"), "topic 'nope' not found"),
     (("create", "t/bad/name"), f"invalid name 'bad/name': {NAME_RULE}"),
+    (("create", "nope/c"), "topic 'nope' not found: create it first (as /channel/create asks)"),
     (("empty", "nope"), "topic 'nope' not found"),
     (("delete", "t/nope"), "channel t/nope not found"),
     (("pub", "bad name"), f"invalid name 'bad name': {NAME_RULE}"),
@@ -325,6 +358,48 @@ def test_errors_exit_1_with_one_line(store, backend, args, message):
     store.subscribe("t", "c", "")
     result = run(backend, *args)
     assert (result.exit_code, result.output) == (1, f"relay-admin: {message}\n")
+    assert store.topic_names() == ["t"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (("stats", "--foo"), "No such option '--foo' (see relay-admin stats --help)"),
+    (("--foo", "stats"), "No such option '--foo' (see relay-admin --help)"),
+    (("nope",), "No such command 'nope' (see relay-admin --help)"),
+    (("inflight",), "Missing argument 'TOPIC/CHANNEL' (see relay-admin inflight --help)"),
+    (("inflight", "t/c", "-n", "0"), "Invalid value for '-n' / '--limit': 0 is not in the "
+                                     "range x>=1 (see relay-admin inflight --help)"),
+])
+def test_usage_errors_exit_2_with_one_line(backend, args, message):
+    result = run(backend, *args)
+    assert (result.exit_code, result.output) == (2, f"relay-admin: {message}\n")
+
+
+def test_redis_url_before_or_after_the_command(single_redis_url, monkeypatch):
+    Store(connect(single_redis_url)).create_topic("here")
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("RELAY_REDIS_URL", "redis://127.0.0.1:2/0")
+    for args in (["--redis-url", single_redis_url, "topics"],
+                 ["topics", "--redis-url", single_redis_url],
+                 ["--redis-url", "redis://127.0.0.1:3/0", "topics", "--redis-url",
+                  single_redis_url]):
+        result = CliRunner().invoke(admin.main, args)
+        assert (result.exit_code, result.output) == (0, "topic  channels  paused\n"
+                                                        "here   0         no\n"), args
+    result = CliRunner().invoke(admin.main, ["topics"])
+    assert result.output.startswith("relay-admin: redis at redis://127.0.0.1:2/0 is ")
+    monkeypatch.delenv("RELAY_REDIS_URL")
+    result = CliRunner().invoke(admin.main, ["topics"])
+    assert result.output.startswith("relay-admin: redis at redis://127.0.0.1:1/0 is ")
+    Store(connect(single_redis_url)).redis.flushdb()
+
+
+def test_help_names_the_redis_url_variables():
+    top = CliRunner().invoke(admin.main, ["--help"]).output
+    assert "[env var: RELAY_REDIS_URL,\n                   REDIS_URL; default:" in top
+    command = " ".join(CliRunner().invoke(admin.main, ["stats", "--help"]).output.split())
+    assert ("--redis-url URL Redis holding relay's state; default: the one given before the "
+            "command, else RELAY_REDIS_URL, else REDIS_URL, else redis://127.0.0.1:6379/0"
+            ) in command
 
 
 @pytest.mark.parametrize("args", [
@@ -370,7 +445,8 @@ def test_readme_redis_cli_commands_agree_with_stats(redis_url, monkeypatch):
     store.deliver("orders", "billing", [("b1:1", 60000, 2)])
     cli = str(Path(embedded.server_binary()).with_name("redis-cli"))
     counts = {}
-    commands = readme_block("For a channel (here `orders/billing`), with `redis-cli`:")
+    commands = readme_block("For a channel (here `orders/billing`), with `redis-cli` "
+                            "(`.venv/bin/redis-cli`):")
     for line in commands.splitlines():
         command, _, name = line.partition("#")
         argv = shlex.split(command.replace("$REDIS_URL", redis_url))

@@ -20,17 +20,39 @@ def dead_letters(store, *bodies, max_attempts=1):
     assert deadletter.forward(store, "t", "c", deadletter.DEFAULT_TEMPLATE) == len(bodies)
 
 
-def test_config_sets_shows_and_unsets_channel_settings(store, backend):
+def test_config_shows_the_value_in_force_and_where_it_comes_from(store, backend, monkeypatch,
+                                                                  tmp_path):
+    monkeypatch.chdir(tmp_path)     # no conf/relay.toml, no RELAY_ variable
+    for name in ("RELAY_CONFIG", "RELAY_MAX_ATTEMPTS", "RELAY_DEAD_LETTER_TOPIC"):
+        monkeypatch.delenv(name, raising=False)
     store.subscribe("t", "c", "b1")
-    assert ok(backend, "config", "t/c") == [
-        "setting            value", "max-attempts       (option)", "dead-letter-topic  (option)"]
+    assert ok(backend, "config", "t/c") == ["setting            value   source",
+                                            "max-attempts       0       default",
+                                            "dead-letter-topic  t.dead  default"]
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "relay.toml").write_text('dead_letter_topic = "{topic}-dlq"\n')
+    monkeypatch.setenv("RELAY_MAX_ATTEMPTS", "3")
+    assert ok_json(backend, "config", "t/c") == {
+        "max-attempts": {"value": 3, "source": "RELAY_MAX_ATTEMPTS"},
+        "dead-letter-topic": {"value": "t-dlq", "source": "conf/relay.toml"}}
+    (tmp_path / "other.toml").write_text("max_attempts = 4\n")
+    monkeypatch.delenv("RELAY_MAX_ATTEMPTS")
+    assert ok(backend, "--config", "other.toml", "config", "t/c")[1:] == [
+        "max-attempts       4       other.toml", "dead-letter-topic  t.dead  default"]
+
     ok(backend, "config", "t/c", "max-attempts", "5")
     ok(backend, "config", "t/c", "dead-letter-topic", "poison")
-    assert ok_json(backend, "config", "t/c") == {"dead-letter-topic": "poison",
-                                                 "max-attempts": "5"}
+    assert ok(backend, "config", "t/c") == ["setting            value   source",
+                                            "max-attempts       5       channel setting",
+                                            "dead-letter-topic  poison  channel setting"]
     assert store.channel_setting("t", "c", "max_attempts") == "5"
     assert ok_json(backend, "config", "t/c", "max-attempts", "--unset") == {
-        "dead-letter-topic": "poison", "max-attempts": None}
+        "max-attempts": {"value": 0, "source": "default"},
+        "dead-letter-topic": {"value": "poison", "source": "channel setting"}}
+    monkeypatch.setenv("RELAY_MAX_ATTEMPTS", "many")
+    result = run(backend, "config", "t/c")
+    assert (result.exit_code, result.stderr) == (
+        1, "relay-admin: invalid max_attempts: Not a valid integer.\n")
 
 
 def test_config_refuses_bad_values_and_targets(store, backend):

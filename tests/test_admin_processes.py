@@ -70,6 +70,16 @@ def test_tail_reads_through_an_ephemeral_channel(processes, redis_url):
     assert store.read_channel("t", "archive")["depth"] == 5
 
 
+def test_tail_aimed_at_an_http_port_says_so_in_one_line(processes, redis_url):
+    _, port = processes.broker("--broadcast-address", "127.0.0.1")
+    Store(connect(redis_url)).create_topic("t")
+    for http in (processes.http_ports[port], processes.lookupd_ports[port]):
+        tail = relay_admin(redis_url, "tail", "t", "--broker", f"127.0.0.1:{http}")
+        assert (tail.returncode, tail.stdout, tail.stderr) == (
+            1, "", f"relay-admin: cannot tail t on 127.0.0.1:{http}: it answers HTTP: give "
+                   "the broker's TCP port (--tcp-address, e.g. 4150), not an HTTP port\n")
+
+
 def test_stats_and_brokers_show_the_clients_of_two_real_brokers(processes, redis_url):
     proc1, port1 = processes.broker("--broadcast-address", "127.0.0.1")
     _, port2 = processes.broker("--broadcast-address", "127.0.0.1")
@@ -113,3 +123,45 @@ def test_stats_and_brokers_show_the_clients_of_two_real_brokers(processes, redis
     assert list(clients()) == ["a", "b"] and clients()["a"] == []
     assert [c["broker"] for c in clients()["b"]] == [ids[port2]]
     stop(c2)
+
+
+CONSUMER = """
+import socket, struct, sys, time
+sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+sock.sendall(b"  V2SUB t c\\nRDY 1\\n")
+assert sock.recv(10)[-2:] == b"OK"
+print("subscribed", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_consumer_that_goes_away_without_cls_leaves_both_views_within_a_second(
+        processes, redis_url):
+    """Killed with -9 (its socket closed by the kernel) or its socket closed: the list of
+    clients and the clients column agree, and it is out of both within a second."""
+    brokers = [processes.broker("--broadcast-address", "127.0.0.1")[1] for _ in range(2)]
+
+    def views():
+        result = CliRunner().invoke(admin.main, ["stats", "t/c", "--json", "--redis-url",
+                                                 redis_url])
+        [channel] = json.loads(result.stdout)["topics"][0]["channels"]
+        return channel["client_count"], len(channel["clients"])
+
+    for port, ends in zip(brokers, ("kill -9", "close")):
+        proc = subprocess.Popen([sys.executable, "-c", CONSUMER, str(port)],
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline() == "subscribed\n"
+        assert wait_for(lambda: views() == (1, 1), 5)
+        time.sleep(1)   # the broker's announcement of it is done: it waits for news
+        if ends == "kill -9":
+            proc.kill()
+        else:
+            proc.send_signal(15)  # Python's default: the process ends, the kernel closes
+        left = time.monotonic()
+        seen = set()
+        while (view := views()) != (0, 0) and time.monotonic() - left < 10:
+            seen.add(view)
+        gone = time.monotonic() - left
+        proc.wait(5)
+        assert gone < 1.0, (ends, gone)
+        assert seen <= {(1, 1)}, ends   # never 0 counted with the client still listed

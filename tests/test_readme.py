@@ -1,5 +1,8 @@
 """What the README tells a newcomer to run, run as written (ports moved to free ones)."""
 
+import ast
+import dataclasses
+import glob
 import os
 import re
 import shutil
@@ -9,7 +12,7 @@ import sys
 
 import pytest
 
-from relay import embedded
+from relay import admin, cli, embedded, options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -106,3 +109,152 @@ def test_links_lead_to_the_project_own_files_and_sections():
             assert full.startswith(ROOT + os.sep) and os.path.exists(full), target
         else:
             assert anchor in anchors, target
+
+
+# -- what the README names exists: options, defaults, error codes, files --------------
+
+def readme_text() -> str:
+    with open(os.path.join(ROOT, "README.md")) as f:
+        return f.read()
+
+
+def script_options() -> dict:
+    """--flag -> default of every argparse option of scripts/*.py, read from the source."""
+    found = {}
+    for name in sorted(os.listdir(os.path.join(ROOT, "scripts"))):
+        if not name.endswith(".py"):
+            continue
+        with open(os.path.join(ROOT, "scripts", name)) as f:
+            tree = ast.parse(f.read())
+        for call in ast.walk(tree):
+            if (isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "add_argument"
+                    and call.args and isinstance(call.args[0], ast.Constant)
+                    and str(call.args[0].value).startswith("--")):
+                default = [k.value for k in call.keywords if k.arg == "default"]
+                try:
+                    found[call.args[0].value] = ast.literal_eval(default[0]) if default else None
+                except ValueError:
+                    found[call.args[0].value] = ast.unparse(default[0])  # computed
+    return found
+
+
+def click_options() -> dict:
+    """--flag -> click parameter of `relay` and `relay-admin` and their commands."""
+    found = {"--help": None}
+    for group in (cli.main, admin.main):
+        for command in (group, *group.commands.values()):
+            for param in command.params:
+                for flag in (*param.opts, *param.secondary_opts):
+                    if flag.startswith("--"):
+                        found.setdefault(flag, param)
+    return found
+
+
+RELAY_OPTIONS = {"--" + options.option_flag(f.name): f
+                 for f in dataclasses.fields(options.Options)}
+# Flags of other tools in the README's commands.
+EXTERNAL = {"--cacert": "curl", "--cert": "curl", "--key": "curl", "--master": "spark-submit"}
+
+
+def test_every_option_the_readme_names_exists():
+    known = {*RELAY_OPTIONS, *click_options(), *script_options(), *EXTERNAL}
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", readme_text()))
+    assert named - known == set()
+
+
+def default_matches(flag: str, text: str) -> bool:
+    """The README's default `text` of `flag` is the option's default."""
+    if flag in RELAY_OPTIONS:
+        spec = RELAY_OPTIONS[flag]
+        default = spec.default
+        if spec.metadata.get("kind") == options.DURATION:
+            return options.parse_duration(text) == default
+    elif flag in script_options():
+        default = script_options()[flag]
+    else:
+        return False
+    if isinstance(default, bool):
+        return {"on": True, "off": False}[text] == default
+    if isinstance(default, (int, float)):
+        return float(text.replace(",", "")) == default
+    return (text if text != "none" else "") == default
+
+
+def test_every_default_the_readme_gives_is_the_option_default():
+    text = " ".join(readme_text().split())
+    [row] = [line for line in readme_text().splitlines() if line.startswith("| options |")]
+    claims = re.findall(r"`(--[a-z0-9-]+) ([^`]+)`", row)
+    claims += re.findall(r"`(--[a-z0-9-]+)`(?: \([^)]*\)| seconds| times|, e\.g\. `[^`]*`)?"
+                         r",? \(?(?:default:?|defaults to) `?([^`,;)\s]+)", text)
+    assert len(claims) >= 15
+    assert [(flag, value) for flag, value in claims if not default_matches(flag, value)] == []
+
+
+def source_text(*patterns) -> str:
+    return "\n".join(open(path).read() for pattern in patterns
+                     for path in sorted(glob.glob(os.path.join(ROOT, pattern))))
+
+
+def http_codes() -> set:
+    """The error codes relay's HTTP servers can answer: the upper-case literals of
+    relay/http, MISSING_ARG_<NAME> for each argument they require, and the codec's
+    MPUB errors without their E_ (nsqd.py answers e.code[2:])."""
+    http = source_text("relay/http/*.py")
+    codec = source_text("relay/codec.py")
+    assert "e.code[2:]" in http and 'f"MISSING_ARG_{name.upper()}"' in http
+    return ({*re.findall(r'"([A-Z][A-Z_]+)\b', http)}
+            | {"MISSING_ARG_" + name.upper() for name in re.findall(r'required\("(\w+)"\)', http)}
+            | {code[2:] for code in re.findall(r'"(E_[A-Z_]+)', codec)})
+
+
+def protocol_codes() -> str:
+    """The TCP protocol's sources, with f"E_{command}_FAILED" written out for each command
+    that v2.py names in a str literal (FIN, REQ, TOUCH, PUB, MPUB, DPUB pass theirs)."""
+    protocol = source_text("relay/protocol/*.py", "relay/codec.py", "relay/auth.py",
+                           "relay/broker.py")
+    assert 'f"E_{command}_FAILED"' in protocol
+    commands = re.findall(r'b"([A-Z]+)": self\.', protocol)
+    return protocol + " ".join(f"E_{c}_FAILED" for c in commands if f'"{c}"' in protocol)
+
+
+def test_every_error_code_the_readme_names_is_emitted():
+    text = " ".join(readme_text().split())
+    protocol = protocol_codes()
+    after_status = [code for run in re.findall(r"\b[45]\d\d ((?:`[^`]+`(?:, )?)+)", text)
+                    for code in re.findall(r'`(?:\{"message":")?([A-Z][A-Z_]+)', run)]
+    named = set(re.findall(r"`(?:\{\"message\":\")?([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)", text))
+    env = {c for c in named if c.startswith("RELAY_") or c == "REDIS_URL"}
+    in_protocol = {c for c in named - env if re.search(rf"\b{c}\b", protocol)}
+    assert len(after_status) >= 20
+    assert set(after_status) - http_codes() == set()
+    assert named - env - in_protocol - http_codes() == set()
+    variables = {f"RELAY_{n.upper()}" for n in options.OPTION_NAMES} | {
+        "RELAY_CONFIG", "RELAY_<NAME>", "REDIS_URL",
+        *re.findall(r'"(RELAY_TEST_\w+)"', source_text("tests/conftest.py"))}
+    assert env - variables == set()
+
+
+def openssl_outputs() -> set:
+    """The files the README's openssl commands write."""
+    return {word for command in readme_commands("openssl req")
+            for flag, word in zip(command.split(), command.split()[1:])
+            if flag in ("-out", "-keyout")}
+
+
+def test_every_file_the_readme_names_exists():
+    tops = "|".join(["relay", "tests", "scripts", "conf", "workers", r"\.venv"])
+    named = {path.rstrip(".") for path in re.findall(
+        rf"(?<![\w./:-])((?:{tops})/[\w./*<>-]*|Procfile|pyproject\.toml|[A-Z]+\.md)",
+        readme_text())}
+    missing = []
+    for path in sorted(named):
+        if "*" in path or "<" in path:
+            continue    # a pattern, not a file
+        if path.startswith(".venv/"):
+            full = os.path.join(sys.prefix, path[len(".venv/"):])
+        else:
+            full = os.path.join(ROOT, path)
+        if not os.path.exists(full) and path not in openssl_outputs():
+            missing.append(path)
+    assert len(named) >= 30
+    assert missing == []

@@ -3,16 +3,17 @@
 Every live broker is a producer of every topic (the state is shared in Redis), so a
 client given any broker as its lookupd finds all of them. The queries (/lookup,
 /topics, /channels, /nodes) are also served on nsqd's port; --lookupd-http-address
-serves them alone, with nsqlookupd's own /ping, /info and topic/channel registration.
+serves them alone, with nsqlookupd's own /ping, /info, topic/channel registration and
+tombstones.
 """
 
 import logging
 
-import redis
-
-from relay.codec import NSQD_VERSION
+from relay import registry
+from relay.codec import NSQD_VERSION, is_valid_name
 from relay.context import BrokerContext
-from relay.http.server import HttpError, HttpServer, Routes, existing_topic, from_store
+from relay.http.server import (HttpError, HttpServer, Routes, existing_topic, from_registry,
+                               from_store)
 from relay.registry import live_brokers
 
 log = logging.getLogger("relay.http")
@@ -42,14 +43,19 @@ class LookupdApi:
             "/info": {"GET": lambda request: {"version": NSQD_VERSION}},
             "/topic/create": {"POST": self.topic_create},
             "/topic/delete": {"POST": self.topic_delete},
+            "/topic/tombstone": {"POST": self.topic_tombstone},
             "/channel/create": {"POST": self.channel_create},
             "/channel/delete": {"POST": self.channel_delete},
         }
 
     def lookup(self, request):
+        """Every live broker but those tombstoned for the topic."""
         topic = existing_topic(self.broker, request.required("topic"))
-        return {"channels": from_store(self.broker, lambda s: s.channel_names(topic)),
-                "producers": [_peer(b) for b in self._brokers()]}
+        channels = from_store(self.broker, lambda s: s.channel_names(topic))
+        brokers, tombstones = from_registry(
+            self.broker, lambda r: (live_brokers(r), registry.tombstoned(r, [topic])[topic]))
+        return {"channels": channels,
+                "producers": [_peer(b) for b in brokers if registry.node(b) not in tombstones]}
 
     def topics(self, request):
         return {"topics": from_store(self.broker, lambda s: s.topic_names())}
@@ -59,18 +65,41 @@ class LookupdApi:
         return {"channels": from_store(self.broker, lambda s: s.channel_names(topic))}
 
     def nodes(self, request):
+        """Every live broker, tombstoned or not, with a tombstone flag per topic."""
         topics = from_store(self.broker, lambda s: s.topic_names())
-        return {"producers": [{**_peer(b), "tombstones": [False] * len(topics), "topics": topics}
-                              for b in self._brokers()]}
+        brokers, tombstones = from_registry(
+            self.broker, lambda r: (live_brokers(r), registry.tombstoned(r, topics)))
+        return {"producers": [{**_peer(b), "topics": topics,
+                               "tombstones": [registry.node(b) in tombstones[t] for t in topics]}
+                              for b in brokers]}
 
     def topic_create(self, request):
-        topic = request.topic()
+        """nsqlookupd registers the topic; a bad name is its INVALID_ARG_TOPIC."""
+        topic = request.required("topic")
+        if not is_valid_name(topic):
+            raise HttpError(400, "INVALID_ARG_TOPIC")
         from_store(self.broker, lambda s: s.create_topic(topic))
 
     def topic_delete(self, request):
-        """nsqlookupd answers 200 whether or not the topic was registered."""
+        """nsqlookupd forgets the topic and answers 200, known or not. relay's
+        registrations are the topic itself, shared by every broker, so the data stays for
+        the nsqd API's /topic/delete that nsqadmin sends each producer next; the first
+        deletes it, and the others answer 200 as well (relay/http/nsqd.py)."""
         topic = request.required("topic")
-        from_store(self.broker, lambda s: s.delete_topic(topic))
+        if is_valid_name(topic):
+            self._deregister(topic, "")
+
+    def topic_tombstone(self, request):
+        """Leave the broker whose HTTP address is `node` out of /lookup for the topic
+        for --tombstone-lifetime; nothing is deleted, and nsqlookupd answers 200 for
+        any node."""
+        topic = request.required("topic")
+        address = request.required("node")
+        if not is_valid_name(topic):
+            return      # no topic has that name: nothing to leave out
+        lifetime = self.broker.options.tombstone_lifetime
+        log.info("tombstoning broker %s for topic %s for %d ms", address, topic, lifetime)
+        from_registry(self.broker, lambda r: registry.tombstone(r, topic, address, lifetime))
 
     def channel_create(self, request):
         """nsqlookupd registers the topic with its channel."""
@@ -78,18 +107,16 @@ class LookupdApi:
         from_store(self.broker, lambda s: (s.create_topic(topic), s.create_channel(topic, channel)))
 
     def channel_delete(self, request):
-        """Unlike nsqd, nsqlookupd does not ask for the topic first."""
+        """As nsqlookupd: 404 for a channel it does not know, else 200, the data left to
+        the nsqd API's /channel/delete (see topic_delete)."""
         topic, channel = request.topic_channel()
-        if not from_store(self.broker, lambda s: s.delete_channel(topic, channel)):
+        if channel not in from_store(self.broker, lambda s: s.channel_names(topic)):
             raise HttpError(404, "CHANNEL_NOT_FOUND")
+        self._deregister(topic, channel)
 
-    def _brokers(self) -> list:
-        try:
-            return live_brokers(self.broker.redis)
-        except redis.exceptions.RedisError as e:
-            log.warning("http: %s", e)
-            raise HttpError(500, "INTERNAL_ERROR") from None
-
+    def _deregister(self, topic: str, channel: str) -> None:
+        lifetime = self.broker.options.tombstone_lifetime
+        from_registry(self.broker, lambda r: registry.deregister(r, topic, channel, lifetime))
 
 def _peer(broker: dict) -> dict:
     """nsqlookupd's PeerInfo of a registered broker."""

@@ -10,13 +10,13 @@ import logging
 import socket
 import time
 
-from relay import stats
+from relay import registry, stats
 from relay.codec import NSQD_VERSION, split_mpub
 from relay.context import BrokerContext
 from relay.errors import ClientError, StoreError
 from relay.http.lookupd import LookupdApi
 from relay.http.server import (JSON, HttpError, HttpServer, Routes, Typed, existing_topic,
-                               from_store)
+                               from_registry, from_store)
 from relay.log import LEVELS, set_level
 from relay.metrics import CONTENT_TYPE
 from relay.options import DURATION
@@ -144,9 +144,31 @@ class NsqdApi:
         from_store(self.broker, lambda s: s.create_topic(topic))
 
     def topic_delete(self, request):
+        """On a broker tombstoned for the topic (nsqadmin's "tombstone" sends this right
+        after /topic/tombstone), only this broker's share goes: its consumers of the topic
+        are closed, to find the other brokers through /lookup; the messages, shared by
+        every broker, stay."""
         topic = request.required("topic")
-        if not from_store(self.broker, lambda s: s.delete_topic(topic)):
+        if self._tombstoned(topic):
+            existing_topic(self.broker, topic)
+            for client in self.broker.subscribed_clients():
+                if client.channel.topic == topic:
+                    client.close()
+            return
+        if not from_store(self.broker, lambda s: s.delete_topic(topic)) \
+                and not self._deregistered(topic, ""):
             raise HttpError(404, "TOPIC_NOT_FOUND")
+
+    def _deregistered(self, topic: str, channel: str) -> bool:
+        """nsqadmin sends a delete to every producer after the lookupd's: on relay's brokers,
+        which share one copy, the first deletes it and the others find it gone. Once
+        relay's lookupd forgot it (lookupd.py), they answer 200 too, as each nsqd would."""
+        return from_registry(self.broker, lambda r: registry.deregistered(r, topic, channel))
+
+    def _tombstoned(self, topic: str) -> bool:
+        address = f"{self.options.broadcast_address}:{self.broker.http.port}"
+        return address in from_registry(self.broker,
+                                        lambda r: registry.tombstoned(r, [topic])[topic])
 
     def topic_empty(self, request):
         topic = existing_topic(self.broker, request.topic())
@@ -164,7 +186,8 @@ class NsqdApi:
     def channel_delete(self, request):
         topic, channel = request.topic_channel()
         existing_topic(self.broker, topic)
-        if not from_store(self.broker, lambda s: s.delete_channel(topic, channel)):
+        if not from_store(self.broker, lambda s: s.delete_channel(topic, channel)) \
+                and not self._deregistered(topic, channel):
             raise HttpError(404, "CHANNEL_NOT_FOUND")
 
     def channel_empty(self, request):

@@ -12,6 +12,7 @@ import logging
 from typing import Callable, NamedTuple
 from urllib.parse import parse_qs
 
+import redis
 from gevent.pywsgi import WSGIServer
 
 from relay import codec
@@ -108,6 +109,16 @@ def from_store(broker, fn):
     try:
         return fn(broker.store)
     except StoreError as e:
+        log.warning("http: %s", e)
+        raise HttpError(500, "INTERNAL_ERROR") from None
+
+
+def from_registry(broker, fn):
+    """fn(broker.redis), for the broker registry's plain commands (relay/registry.py);
+    a Redis failure answers 500 INTERNAL_ERROR."""
+    try:
+        return fn(broker.redis)
+    except redis.exceptions.RedisError as e:
         log.warning("http: %s", e)
         raise HttpError(500, "INTERNAL_ERROR") from None
 

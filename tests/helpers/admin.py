@@ -4,18 +4,18 @@ import json
 
 from click.testing import CliRunner
 
-from relay import admin
+from relay import admin, admin_args
 
 
 def run(backend, *args, input=None, color=False):
     """relay-admin against the test backend (fakeredis or the real server); `color`
     as on a terminal (click drops escape codes otherwise)."""
-    original = admin.connect
-    admin.connect = lambda *a, **k: backend
+    original = admin_args.connect
+    admin_args.connect = lambda *a, **k: backend
     try:
         return CliRunner().invoke(admin.main, list(args), input=input, color=color)
     finally:
-        admin.connect = original
+        admin_args.connect = original
 
 
 def ok(backend, *args, input=None) -> list[str]:

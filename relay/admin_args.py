@@ -1,0 +1,115 @@
+"""relay-admin's command line apart from its commands: the options every command takes,
+usage errors in one line, TOPIC[/CHANNEL] names, relay's options as relay-admin reads
+them, and fail()."""
+
+import contextlib
+import functools
+import sys
+
+import click
+import redis
+
+from relay import jobs
+from relay.codec import is_valid_name
+from relay.errors import ConfigError, StoreConnectionError, StoreError
+from relay.options import Options, config_file, load_options
+from relay.store import Store
+from relay.store.connection import connect
+
+NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())     # click 8.2+: no command
+REDIS_ENV = ["RELAY_REDIS_URL", "REDIS_URL"]
+
+
+def redis_options(command):
+    """--redis-url (else relay-admin's) and --json, shared by every command."""
+    @click.option("--redis-url", metavar="URL",
+                  help=f"Redis holding relay's state; default: the one given before the "
+                       f"command, else {', else '.join(REDIS_ENV)}, else {Options.redis_url}")
+    @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+    @functools.wraps(command)
+    def wrapper(redis_url, as_json, **kwargs):
+        redis_url = redis_url or click.get_current_context().find_root().params["redis_url"]
+        try:
+            store = Store(connect(redis_url, timeout=5, connect_timeout=2))
+            return command(store, as_json, **kwargs)
+        except (StoreConnectionError, redis.exceptions.ConnectionError,
+                redis.exceptions.TimeoutError) as e:
+            fail(f"redis at {redis_url} is unreachable: {e}")
+        except (StoreError, jobs.NotFound) as e:
+            fail(str(e))
+    return wrapper
+
+
+def background_option(command):
+    return click.option("--background", is_flag=True,
+                        help="queue the job and return at once")(command)
+
+
+def fail(message: str):
+    click.echo(f"relay-admin: {message}", err=True)
+    sys.exit(1)
+
+
+def parse_target(target: str | None, channel_required: bool = False):
+    """TOPIC or TOPIC/CHANNEL, validated as nsqd names."""
+    if not target:
+        return None, None
+    topic, _, channel = target.partition("/")
+    if channel_required and not channel:
+        fail(f"{target!r} names no channel: give TOPIC/CHANNEL")
+    for name in (topic, channel) if channel else (topic,):
+        if not is_valid_name(name):
+            fail(f"invalid name {name!r}: 1-64 characters of [.a-zA-Z0-9_-], "
+                 "optionally ending in #ephemeral")
+    return topic, channel or None
+
+
+def existing(store: Store, target: str | None, channel_required: bool = False):
+    """parse_target, and fail unless the topic (and channel) exist."""
+    topic, channel = parse_target(target, channel_required)
+    if topic and topic not in store.topic_names():
+        fail(f"topic {topic!r} not found")
+    if channel and channel not in store.channel_names(topic):
+        fail(f"channel {topic}/{channel} not found")
+    return topic, channel
+
+
+class OneLineUsageError(click.ClickException):
+    """A usage error told in one line, as every error of relay-admin (exit 2)."""
+    exit_code = 2
+
+    def show(self, file=None) -> None:
+        click.echo(f"relay-admin: {self.format_message()}", err=True)
+
+
+@contextlib.contextmanager
+def one_line_usage():
+    try:
+        yield
+    except NO_ARGS:
+        raise           # `relay-admin` alone: its help
+    except click.UsageError as e:
+        where = " ".join(["relay-admin", *(e.ctx.command_path.split()[1:] if e.ctx else [])])
+        raise OneLineUsageError(f"{e.format_message().rstrip('.')} (see {where} --help)") from None
+
+
+class AdminGroup(click.Group):
+    """Parses the command line (its own, then the command's) with one_line_usage."""
+
+    def make_context(self, *args, **kwargs):
+        with one_line_usage():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx):
+        with one_line_usage():
+            return super().invoke(ctx)
+
+
+def relay_options() -> tuple[Options, str | None]:
+    """relay's options as relay-admin reads them (--config, RELAY_CONFIG or conf/relay.toml,
+    and RELAY_<NAME> variables), with the config file read."""
+    config = config_file(click.get_current_context().find_root().params["config"])
+    try:
+        return load_options(config=config), config
+    except ConfigError as e:
+        fail(str(e))
