@@ -5,9 +5,9 @@ stops its rq worker."""
 import signal
 import time
 
-
 from relay import jobs as relay_jobs
 from relay.codec import CLOSE_WAIT
+from relay.store import keys
 from relay.store.connection import connect
 from tests.helpers.api import Api
 from tests.helpers.wire import FRAME_RESPONSE, Wire
@@ -54,7 +54,11 @@ def test_sigterm_drains_consumers_then_requeues_what_they_keep(processes):
 
 def test_sigterm_stops_the_scanner(processes):
     scanner = processes.scanner()
-    time.sleep(0.5)
+    connection = connect(processes.redis_url)
+    deadline = time.monotonic() + 15
+    while not connection.zcard(keys.SCANNERS) and time.monotonic() < deadline:
+        time.sleep(0.05)  # registered: its first pass ran, after its signal handlers
+    assert connection.zcard(keys.SCANNERS) == 1
     started = time.monotonic()
     scanner.send_signal(signal.SIGTERM)
     assert scanner.wait(5) == 0
