@@ -106,10 +106,12 @@ class Broker:
         return address
 
     def serve_forever(self) -> None:
-        address = self.start()
+        """Serve until SIGTERM or SIGINT; the handlers come first, so a signal that
+        arrives as soon as the port accepts still stops the broker cleanly."""
         stop = Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             gevent.signal_handler(sig, stop.set)
+        address = self.start()
         stop.wait()
         log.info("broker %s stopping (tcp=%s:%s)", self.id, *address)
         self.stop()
