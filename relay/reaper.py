@@ -10,10 +10,12 @@ rather than at their timeout: reap.lua, one call per channel, single-slot.
 Each scanner looks for dead brokers among the consumers of its share of the topics
 when a broker leaves the live set, and every SWEEP_EVERY seconds. An id seen to leave
 is reaped at once, one never seen live once it stays unregistered for GRACE seconds
-(a starting broker may count a consumer just before its first heartbeat), by the one
-scanner that claims it (SET NX); the claim
+(a starting broker may count a consumer just before its first heartbeat). The reap
+of an id is done by the one scanner that claims it (SET NX) for all topics; the claim
 expires if that scanner dies half way, and reap.lua is safe to run again, so another
-then finishes the reap.
+then finishes the reap. A broker whose heartbeats stall past its registration's TTL
+is taken for dead too: what it held in flight may then be delivered twice (at least
+once, as after a timeout).
 """
 
 import logging
