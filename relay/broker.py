@@ -6,8 +6,8 @@ each has in flight. Everything else is in Redis, so brokers can run side by side
 
 In-flight messages of a connection that closes (EOF, client timeout, fatal
 error, broker shutdown) are requeued at once, under the owner check, so they
-are never delivered twice. If the broker process itself dies, they are
-redelivered when their deadline passes, by a scanner.
+are never delivered twice. If the broker process itself dies, a scanner requeues
+them when its registration expires (relay/reaper.py).
 """
 
 import itertools

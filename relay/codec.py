@@ -112,28 +112,45 @@ def int64(n: int) -> int:
     return n - 2 ** 64 if n >= 2 ** 63 else n
 
 
-def split_mpub(body: bytes, max_body_size: int, max_msg_size: int) -> list:
-    """The messages of an MPUB body; counts and sizes that lie are errors, not allocations."""
-    if len(body) < 4:
-        raise FatalClientError("E_BAD_BODY", "MPUB failed to read message count")
-    count = read_size(body[:4])
+def read_mpub(read, max_body_size: int, max_msg_size: int) -> list:
+    """The messages of an MPUB body, read as nsqd's readMPUB reads them off the stream:
+    read(n) gives n bytes or raises EOFError (or OSError), and each count and size is checked as it
+    arrives, so a count or size that lies is an error before anything more is read."""
+    try:
+        count = read_size(read(4))
+    except (EOFError, OSError):
+        raise FatalClientError("E_BAD_BODY", "MPUB failed to read message count") from None
     if count <= 0 or count > (max_body_size - 4) // 5:
         raise FatalClientError("E_BAD_BODY", f"MPUB invalid message count {count}")
-    messages, pos = [], 4
+    messages = []
     for i in range(count):
-        if pos + 4 > len(body):
+        try:
+            size = read_size(read(4))
+        except (EOFError, OSError):
             raise FatalClientError("E_BAD_MESSAGE",
-                                   f"MPUB failed to read message({i}) body size")
-        size = read_size(body[pos:pos + 4])
-        pos += 4
+                                   f"MPUB failed to read message({i}) body size") from None
         if size <= 0:
             raise FatalClientError("E_BAD_MESSAGE",
                                    f"MPUB invalid message({i}) body size {size}")
         if size > max_msg_size:
             raise FatalClientError(
                 "E_BAD_MESSAGE", f"MPUB message too big {size} > {max_msg_size}")
-        if pos + size > len(body):
-            raise FatalClientError("E_BAD_MESSAGE", "MPUB failed to read message body")
-        messages.append(body[pos:pos + size])
-        pos += size
+        try:
+            messages.append(read(size))
+        except (EOFError, OSError):
+            raise FatalClientError("E_BAD_MESSAGE", "MPUB failed to read message body") from None
     return messages
+
+
+def split_mpub(body: bytes, max_body_size: int, max_msg_size: int) -> list:
+    """The messages of an MPUB body held whole (HTTP's binary /mpub); bytes after the
+    counted messages are ignored, as nsqd ignores the rest of the request body."""
+    pos = 0
+
+    def read(n: int) -> bytes:
+        nonlocal pos
+        if pos + n > len(body):
+            raise EOFError
+        pos += n
+        return body[pos - n:pos]
+    return read_mpub(read, max_body_size, max_msg_size)

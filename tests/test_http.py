@@ -90,6 +90,34 @@ def test_error_publishes_nothing(api):
     assert stats["topics"][0]["message_count"] == 0
 
 
+@pytest.mark.parametrize("path,body,code,message", [
+    ("/mpub?topic=made&binary=1", b"", 413, "BAD_BODY"),
+    ("/mpub?topic=made&binary=1", struct.pack(">ii", 1, 0), 413, "BAD_MESSAGE"),
+    ("/mpub?topic=made&binary=1", struct.pack(">ii", 1, 101) + b"x" * 101, 413, "BAD_MESSAGE"),
+    ("/mpub?topic=made", b"ok\n" + b"x" * 101, 413, "MSG_TOO_BIG"),
+    ("/mpub?topic=made", b"\n\n", 200, None),
+    ("/pub?topic=made&defer=soon", b"x", 400, "INVALID_DEFER"),
+])
+def test_rejected_publish_creates_the_topic_as_nsqd(api, path, body, code, message):
+    """nsqd gets the topic before it reads the body (/mpub) or the defer (/pub)."""
+    status, data, _ = api.request("POST", path, body)
+    assert (status, data if message is None else json.loads(data)) == (
+        code, b"OK" if message is None else {"message": message})
+    assert [(t["topic_name"], t["message_count"], t["depth"]) for t in _stats(api, "made")] == [
+        ("made", 0, 0)]
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/pub?topic=unmade", b""),
+    ("/pub?topic=unmade", b"x" * 101),
+    ("/mpub?topic=unmade", b"x" * 1001),
+])
+def test_publish_rejected_before_the_topic_leaves_none(api, path, body):
+    """nsqd checks /pub's body and /mpub's Content-Length before it gets the topic."""
+    assert api.request("POST", path, body)[0] in (400, 413)
+    assert _stats(api, "unmade") == []
+
+
 def test_oversized_declared_body_is_refused_before_it_is_sent(api):
     conn = http.client.HTTPConnection("127.0.0.1", api.http_port, timeout=5)
     conn.putrequest("POST", "/pub?topic=t")

@@ -415,21 +415,15 @@ def test_mpub_count_that_lies_high_mid_size(broker):
     assert_fatal(broker, w, b"E_BAD_MESSAGE MPUB failed to read message(1) body size")
 
 
-@pytest.mark.xfail(strict=True, reason="nsqd's readMPUB reads messages straight off the stream and "
-                   "never checks the declared body size, so bytes after the counted messages are "
-                   "parsed as the next command (here: E_INVALID invalid command ASDF, then close); "
-                   "relay reads the whole declared body and silently drops the surplus (OK, stays open)")
 def test_mpub_count_that_lies_low(broker):
+    """nsqd's readMPUB reads the counted messages off the stream and never checks the
+    declared body size: the bytes after them are the next command."""
     w = Wire(broker)
     w.command("MPUB t", mpub_body([b"a"], count=1) + b"ASDF\n")
     assert w.frame() == OK
     assert_fatal(broker, w, b"E_INVALID invalid command ASDF")
 
 
-@pytest.mark.xfail(strict=True, reason="nsqd never reads an MPUB body as a whole: with 2 bytes sent "
-                   "of a declared 10 it fails in readMPUB with 'E_BAD_BODY MPUB failed to read "
-                   "message count'; relay reads the declared size first and answers "
-                   "'E_BAD_BODY MPUB failed to read body' (a text nsqd has no MPUB path for)")
 def test_mpub_truncated_before_count(broker):
     w = Wire(broker)
     w.send(b"MPUB t\n" + size(10) + b"\x00\x00")
@@ -437,16 +431,26 @@ def test_mpub_truncated_before_count(broker):
     assert_fatal(broker, w, b"E_BAD_BODY MPUB failed to read message count")
 
 
-@pytest.mark.xfail(strict=True, reason="nsqd only range-checks the declared MPUB body size: a body "
-                   "shorter than declared but holding all counted messages is published (OK), "
-                   "then EOF closes; relay waits for the declared size and answers "
-                   "'E_BAD_BODY MPUB failed to read body'")
 def test_mpub_declared_body_size_longer_than_messages(broker):
+    """nsqd only range-checks the declared size: the counted messages are published."""
     w = Wire(broker)
     w.send(b"MPUB t\n" + size(100) + mpub_body([b"a", b"b"]))
     w.sock.shutdown(socket.SHUT_WR)
     assert w.frame() == OK
     assert w.rest() == b""
+
+
+def test_mpub_count_is_checked_as_it_arrives(small_broker):
+    """The error comes while the client still holds the declared body back."""
+    w = Wire(small_broker)
+    w.send(b"MPUB t\n" + size(1000) + size(200))
+    assert_fatal(small_broker, w, b"E_BAD_BODY MPUB invalid message count 200")
+
+
+def test_mpub_message_size_is_checked_as_it_arrives(small_broker):
+    w = Wire(small_broker)
+    w.send(b"MPUB t\n" + size(1000) + size(2) + size(1) + b"a" + size(101))
+    assert_fatal(small_broker, w, b"E_BAD_MESSAGE MPUB message too big 101 > 100")
 
 
 # -- E_BAD_TOPIC / E_BAD_CHANNEL ------------------------------------------------------

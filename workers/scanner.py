@@ -20,7 +20,8 @@ changes the share at the next heartbeat of the others; one killed with -9 leaves
 its share uncovered until its registration expires (SHARE_TTL), after which the
 others take it over: messages are requeued late, never lost. Overlaps while the
 share changes are harmless: scan.lua is atomic, so a message is requeued once.
-Scanners also publish dead letters to their dead-letter topic (relay/deadletter.py).
+Scanners also publish dead letters to their dead-letter topic (relay/deadletter.py)
+and reap what dead brokers left (relay/reaper.py).
 """
 
 import logging
@@ -38,6 +39,7 @@ from redis.exceptions import RedisClusterException, RedisError
 from relay import deadletter
 from relay.errors import StoreConnectionError, StoreError
 from relay.liveness import Liveness
+from relay.reaper import Reaper
 from relay.store import Store, connect_redis, guarded, keys
 from relay.store.keys import TopicKeys
 
@@ -98,6 +100,7 @@ class Scanner:
         self.clock = clock
         self.dead_letter_topic = dead_letter_topic
         self.share = share or Share(store, scanner_id())
+        self.reaper = Reaper(store, self.share.id, clock)
         self.running = True
         self.timed_out = self.promoted = self.dead = 0
 
@@ -105,6 +108,7 @@ class Scanner:
         """One pass over the due channels of this scanner's share; True if some are
         still due (loop again)."""
         self.share.renew()
+        self.reaper.check(self.share.topics)
         if not self.share.topics:
             return False
         now, due, busy, _ = self.store.due_channels(self.share.topics, CHANNELS_PER_TOPIC)
@@ -150,8 +154,8 @@ class Scanner:
             if not busy:
                 self.sleep(max(0.0, started + self.interval - self.clock()))
         self.share.leave()
-        log.info("scanner stopped timed_out=%d promoted=%d dead=%d", self.timed_out,
-                 self.promoted, self.dead)
+        log.info("scanner stopped timed_out=%d promoted=%d dead=%d reaped=%d", self.timed_out,
+                 self.promoted, self.dead, self.reaper.reaped)
 
     def stop(self, *_) -> None:
         self.running = False

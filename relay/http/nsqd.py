@@ -94,7 +94,7 @@ class NsqdApi:
         body = request.body(self.options.max_msg_size, "MSG_TOO_BIG")
         if not body:
             raise HttpError(400, "MSG_EMPTY")
-        topic = request.topic()
+        topic = self._topic(request)
         defer = 0
         raw = request.arg("defer")
         if raw is not None:
@@ -110,7 +110,7 @@ class NsqdApi:
         declared = request.environ.get("CONTENT_LENGTH")
         if declared and declared.isdigit() and int(declared) > self.options.max_body_size:
             raise HttpError(413, "BODY_TOO_BIG")
-        topic = request.topic()
+        topic = self._topic(request)
         raw = request.arg("binary")
         binary = raw is not None and BOOLS.get(raw, True)
         body = request.body(self.options.max_body_size, "BODY_TOO_BIG")
@@ -127,15 +127,28 @@ class NsqdApi:
             return "OK"
         return self._publish(topic, bodies)
 
+    def _topic(self, request) -> str:
+        """The topic of /pub or /mpub, created as nsqd's getTopicFromQuery creates it:
+        before the arguments or body after it are checked, so a rejected publish leaves it."""
+        topic = request.topic()
+        self._publishing(topic, lambda: self.broker.store.create_topic(topic))
+        return topic
+
     def _publish(self, topic: str, bodies: list, defer: int = 0) -> str:
         broker = self.broker
+        self._publishing(topic, lambda: broker.commit.call(
+            broker.store.publish_op(topic, bodies, defer)))
+        broker.metrics.published.inc(len(bodies))
+        return "OK"
+
+    @staticmethod
+    def _publishing(topic: str, step) -> None:
+        """A step of a publish; Redis failing is nsqd's 503 EXITING of a publish."""
         try:
-            broker.commit.call(broker.store.publish_op(topic, bodies, defer))
+            step()
         except StoreError as e:
             log.warning("http publish to %s failed: %s", topic, e)
             raise HttpError(503, "EXITING") from None
-        broker.metrics.published.inc(len(bodies))
-        return "OK"
 
     # -- topics and channels -------------------------------------------------------
 

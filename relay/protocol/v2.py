@@ -18,7 +18,7 @@ from marshmallow import ValidationError
 from relay import codec
 from relay.auth import AuthError
 from relay.client import CLOSING, INIT, SUBSCRIBED, Client
-from relay.codec import NSQD_VERSION, base10, go_quote, int64, split_mpub
+from relay.codec import NSQD_VERSION, base10, go_quote, int64, read_mpub
 from relay.context import BrokerContext
 from relay.errors import ClientError, Disconnect, FatalClientError, StoreError
 from relay.protocol.reader import Reader
@@ -377,6 +377,7 @@ class ProtocolV2:
             raise FatalClientError("E_INVALID", "PUB insufficient number of parameters")
         topic = self._name(params[1], "E_BAD_TOPIC", "PUB topic")
         body = self._read_message(reader, "PUB")
+        self._check_auth(client, "PUB", topic)
         return self._publish(client, topic, [body], 0, "PUB")
 
     def dpub(self, client: Client, params: list[bytes], reader: Reader) -> Pending:
@@ -393,6 +394,7 @@ class ProtocolV2:
                 "E_INVALID",
                 f"DPUB timeout {defer} out of range 0-{self.options.max_req_timeout}")
         body = self._read_message(reader, "DPUB")
+        self._check_auth(client, "DPUB", topic)
         return self._publish(client, topic, [body], defer, "DPUB")
 
     def mpub(self, client: Client, params: list[bytes], reader: Reader) -> Pending:
@@ -402,13 +404,14 @@ class ProtocolV2:
             raise FatalClientError(
                 "E_BAD_TOPIC", f"E_BAD_TOPIC MPUB topic name {go_quote(params[1])} is not valid")
         topic = params[1].decode()
-        body = self._read_body(reader, "MPUB", "E_BAD_BODY", self.options.max_body_size)
-        messages = split_mpub(body, self.options.max_body_size, self.options.max_msg_size)
+        self._check_auth(client, "MPUB", topic)
+        self._body_size(reader, "MPUB", "E_BAD_BODY", self.options.max_body_size)
+        messages = read_mpub(reader.exact, self.options.max_body_size,
+                             self.options.max_msg_size)
         return self._publish(client, topic, messages, 0, "MPUB")
 
     def _publish(self, client: Client, topic: str, bodies: list[bytes], defer: int,
                  command: str) -> Pending:
-        self._check_auth(client, command, topic)
         result = self.broker.commit.submit(self.broker.store.publish_op(topic, bodies, defer),
                                            client.number)
 
@@ -446,9 +449,19 @@ class ProtocolV2:
             raise FatalClientError("E_BAD_MESSAGE",
                                    f"{command} failed to read message body") from None
 
-    @staticmethod
-    def _read_body(reader: Reader, command: str, code: str, limit: int,
+    @classmethod
+    def _read_body(cls, reader: Reader, command: str, code: str, limit: int,
                    big_first: bool = False) -> bytes:
+        size = cls._body_size(reader, command, code, limit, big_first)
+        try:
+            return reader.exact(size)
+        except (EOFError, OSError):
+            raise FatalClientError(code, f"{command} failed to read body") from None
+
+    @staticmethod
+    def _body_size(reader: Reader, command: str, code: str, limit: int,
+                   big_first: bool = False) -> int:
+        """A body's declared size, range-checked in the order nsqd checks it for command."""
         try:
             size = reader.size()
         except (EOFError, OSError):
@@ -460,10 +473,7 @@ class ProtocolV2:
         for failed, text in checks:
             if failed:
                 raise FatalClientError(code, text)
-        try:
-            return reader.exact(size)
-        except (EOFError, OSError):
-            raise FatalClientError(code, f"{command} failed to read body") from None
+        return size
 
 
 def _text(raw: bytes) -> str:

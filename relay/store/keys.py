@@ -7,13 +7,15 @@ rather than failing half way on a key that moved. Scripts that fan out to a
 topic's channels are given each channel's keys (CHANNEL_SUFFIXES order) and
 check that they were given exactly the topic's channels.
 
-The keys outside any topic (topics, brokers, scanners, rq's) are only used by
+The keys outside any topic (topics, brokers, reap claims, scanners, rq's) are only used by
 plain commands, never in a script, so on Redis Cluster they may live anywhere.
 
     relay:topics                      SET   topic names (registry, outside scripts)
     relay:brokers                     ZSET  broker id -> expiry (ms) of its registration
     relay:broker:ID                   HASH  a live broker's addresses, ports, version (TTL)
     relay:broker:ID:clients           STRING JSON list of that broker's subscribed clients (TTL)
+    relay:reap:ID                     STRING the reaper cleaning up after dead broker ID,
+                                            then "done" (TTL; relay/reaper.py)
     relay:scanners                    ZSET  scanner id -> expiry (ms) of its registration;
                                             the live ones split the slots between them
     relay:{T}:meta                    HASH  message_count, message_bytes
@@ -68,6 +70,10 @@ def broker_key(broker_id: str) -> str:
 
 def broker_clients_key(broker_id: str) -> str:
     return f"{PREFIX}:broker:{broker_id}:clients"
+
+
+def reap_claim_key(broker_id: str) -> str:
+    return f"{PREFIX}:reap:{broker_id}"
 
 
 # The keys that hold a channel's messages (an empty drops them), then the rest.

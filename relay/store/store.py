@@ -14,7 +14,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import redis
 
-from relay.codec import make_record
+from relay.codec import is_ephemeral, make_record
 from relay.store import keys
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.runner import Op, ScriptRunner, guarded, identity
@@ -44,6 +44,12 @@ class DueView(NamedTuple):
 
 def _channel_keys(topic: str, channels) -> list:
     return [k for c in channels for k in ChannelKeys.of(topic, c).all()]
+
+
+def _leave_keys(topic: str, channel: str) -> list:
+    """The keys of a consumer leaving a channel (lib/leave.lua's layout)."""
+    t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
+    return [t.channels, t.meta, c.consumers, t.due, *(k for k in c.all() if k != c.consumers)]
 
 
 def _stale(raw) -> list | None:
@@ -140,10 +146,15 @@ class Store:
     def unsubscribe_op(self, topic: str, channel: str, broker_id: str,
                        channel_ephemeral: bool, topic_ephemeral: bool) -> Op:
         """A consumer left: 0 kept, 1 ephemeral channel deleted, 2 topic deleted too."""
-        t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
-        others = [k for k in c.all() if k != c.consumers]
-        return Op("unsubscribe", [t.channels, t.meta, c.consumers, t.due, *others],
+        return Op("unsubscribe", _leave_keys(topic, channel),
                   [channel, broker_id, int(channel_ephemeral), int(topic_ephemeral)], int)
+
+    def reap_op(self, topic: str, channel: str, broker_id: str) -> Op:
+        """A dead broker's part of a channel (relay/reaper.py): (0 kept, 1 ephemeral
+        channel deleted, 2 topic deleted too; in-flight messages requeued)."""
+        return Op("reap", _leave_keys(topic, channel),
+                  [channel, broker_id, int(is_ephemeral(channel)), int(is_ephemeral(topic)),
+                   TopicKeys.of(topic).wake], tuple)
 
     def create_topic(self, topic: str) -> bool:
         """/topic/create: a topic is its name in the registry until something is published.
@@ -354,6 +365,17 @@ class Store:
     def channel_names(self, topic: str) -> list[str]:
         names = self._guard(self.redis.smembers, TopicKeys.of(topic).channels)
         return sorted(n.decode() for n in names)
+
+    def consumer_brokers(self, topics: Sequence[str]) -> set[str]:
+        """The broker ids counted among the consumers of the topics' channels."""
+        pipe = self.redis.pipeline(transaction=False)
+        for topic in topics:
+            pipe.smembers(TopicKeys.of(topic).channels)
+        channels = [(t, c.decode()) for t, names in zip(topics, self._guard(pipe.execute))
+                    for c in names]
+        for topic, channel in channels:
+            pipe.hkeys(ChannelKeys.of(topic, channel).consumers)
+        return {b.decode() for ids in self._guard(pipe.execute) for b in ids}
 
     def read_topic(self, topic: str) -> dict:
         """Depth and counters of a topic as stored."""

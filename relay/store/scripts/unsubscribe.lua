@@ -1,3 +1,4 @@
+-- include: leave.lua
 -- unsubscribe: count one consumer less on this broker; an ephemeral channel whose
 -- last consumer (on any broker) left is deleted, and an ephemeral topic with it
 -- when that was its last channel.
@@ -10,14 +11,4 @@
 if redis.call('HINCRBY', KEYS[3], ARGV[2], -1) <= 0 then
   redis.call('HDEL', KEYS[3], ARGV[2])
 end
-if ARGV[3] ~= '1' or redis.call('HLEN', KEYS[3]) > 0 then
-  return 0
-end
-redis.call('SREM', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[4], ARGV[1])
-redis.call('UNLINK', KEYS[3], unpack(KEYS, 5))
-if ARGV[4] == '1' and redis.call('SCARD', KEYS[1]) == 0 then
-  redis.call('UNLINK', KEYS[2])
-  return 2
-end
-return 1
+return drop_if_unused(ARGV[1], ARGV[3], ARGV[4])

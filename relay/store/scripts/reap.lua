@@ -1,0 +1,40 @@
+-- include: leave.lua
+-- reap: remove from one channel what a dead broker left (relay/reaper.py): its
+-- consumers, then the channel if it is ephemeral and that leaves it without one
+-- (as unsubscribe.lua), else its connections' in-flight messages go back to the
+-- queue at once. Safe to run again: a second run finds nothing of the broker, nor
+-- does a run on a channel that is gone.
+--
+-- KEYS[1] topic channels   KEYS[2] topic meta   KEYS[3] channel consumers
+-- KEYS[4] topic due index   KEYS[5] queue   KEYS[6] inflight   KEYS[7] deferred
+-- KEYS[8] msgs   KEYS[9] leases   KEYS[10] channel meta   KEYS[11..] the channel's other keys
+-- ARGV[1] channel name   ARGV[2] dead broker id   ARGV[3] 1 if the channel is ephemeral
+-- ARGV[4] 1 if the topic is ephemeral   ARGV[5] wake pub/sub channel
+-- Returns {0 kept, 1 channel deleted, 2 channel and topic deleted; messages requeued}.
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then
+  return {0, 0}
+end
+redis.call('HDEL', KEYS[3], ARGV[2])
+local gone = drop_if_unused(ARGV[1], ARGV[3], ARGV[4])
+if gone > 0 then
+  return {gone, 0}
+end
+local prefix = ARGV[2] .. ':'
+local leases = redis.call('HGETALL', KEYS[9])
+local requeued = 0
+for i = 1, #leases, 2 do
+  local id, lease = leases[i], leases[i + 1]
+  local owner = string.sub(lease, string.find(lease, ' ', 1, true) + 1)
+  if string.sub(owner, 1, #prefix) == prefix then
+    redis.call('ZREM', KEYS[6], id)
+    redis.call('HDEL', KEYS[9], id)
+    redis.call('RPUSH', KEYS[5], redis.call('HGET', KEYS[8], id))
+    redis.call('HDEL', KEYS[8], id)
+    requeued = requeued + 1
+  end
+end
+if requeued > 0 then
+  redis.call('HINCRBY', KEYS[10], 'requeue_count', requeued)
+  redis.call('PUBLISH', ARGV[5], ARGV[1])
+end
+return {0, requeued}
