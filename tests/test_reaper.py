@@ -12,8 +12,8 @@ from relay.reaper import GRACE, Reaper
 from relay.registry import TTL_MS
 from relay.store import keys
 from relay.store.keys import ChannelKeys, TopicKeys
-from tests.test_store import bodies, empty_channel, queue, subscribed
-from tests.wire import FRAME_RESPONSE, Wire
+from tests.helpers.store import bodies, empty_channel, queue, subscribed
+from tests.helpers.wire import FRAME_RESPONSE, Wire
 
 
 def leased(store, topic, channel, owner, n):

@@ -18,69 +18,8 @@ from relay.store.connection import is_cluster
 from relay.store.keys import ChannelKeys, TopicKeys
 from workers.scanner import Scanner
 from tests.helpers.servers import all_keys
-
-
-# -- helpers -----------------------------------------------------------------
-
-def now_ms(store) -> int:
-    sec, usec = store.redis.time()
-    return sec * 1000 + usec // 1000
-
-
-def wait_past(store, ms: int) -> None:
-    """Sleep until Redis time is at least `ms` (what the scripts compare with)."""
-    while now_ms(store) < ms:
-        time.sleep(0.002)
-
-
-def mid(n: int) -> bytes:
-    return b"%016x" % n
-
-
-def ids(records) -> list:
-    return [parse_record(r)[2] for r in records]
-
-
-def bodies(records) -> list:
-    return [parse_record(r)[3] for r in records]
-
-
-def attempts(records) -> list:
-    return [parse_record(r)[1] for r in records]
-
-
-def queue(store, topic, channel) -> list:
-    return store.redis.lrange(ChannelKeys.of(topic, channel).queue, 0, -1)
-
-
-def due_score(store, topic, channel):
-    score = store.redis.zscore(TopicKeys.of(topic).due, channel)
-    return None if score is None else int(score)
-
-
-def lease_of(store, topic, channel, msg_id: bytes):
-    raw = store.redis.hget(ChannelKeys.of(topic, channel).leases, msg_id)
-    if raw is None:
-        return None
-    delivered, owner = raw.decode().split(" ", 1)
-    return int(delivered), owner
-
-
-def inflight_score(store, topic, channel, msg_id: bytes):
-    score = store.redis.zscore(ChannelKeys.of(topic, channel).inflight, msg_id)
-    return None if score is None else int(score)
-
-
-def empty_channel(**overrides) -> dict:
-    base = {"depth": 0, "in_flight_count": 0, "deferred_count": 0, "message_count": 0,
-            "requeue_count": 0, "timeout_count": 0, "dead_count": 0, "client_count": 0,
-            "paused": False}
-    return {**base, **overrides}
-
-
-def subscribed(store, topic="t", channel="c", broker="b1"):
-    assert store.subscribe(topic, channel, broker) is True
-    return store
+from tests.helpers.store import (attempts, bodies, due_score, empty_channel, ids, inflight_score,
+                                 lease_of, mid, now_ms, queue, subscribed, wait_past)
 
 
 # -- publish and the topic backlog ----------------------------------------------
