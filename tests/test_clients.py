@@ -10,8 +10,10 @@ import gnsq
 
 from relay.store import Store
 from relay.store.connection import connect
+from tests.helpers.api import client_count
 from tests.helpers.gnsq_clients import addr, consumer, publish, stop, wait_for
 from tests.helpers.pynsq import run_pynsq_client
+from tests.helpers.wire import subscribed
 
 
 def test_gnsq_publish_consume_finish(broker, redis_url):
@@ -25,11 +27,11 @@ def test_gnsq_publish_consume_finish(broker, redis_url):
     assert (stats["depth"], stats["in_flight_count"], stats["message_count"]) == (0, 0, 3)
 
 
-def test_gnsq_multipublish_fans_out_to_two_channels(broker):
+def test_gnsq_multipublish_fans_out_to_two_channels(broker, processes):
     a, b = [], []
     ca = consumer(broker, "fan", "a", lambda m: (a.append(m.body), m.finish()))
     cb = consumer(broker, "fan", "b", lambda m: (b.append(m.body), m.finish()))
-    gevent.sleep(0.3)
+    assert wait_for(lambda: client_count(processes.http_ports[broker], "fan") == 2)
     producer = gnsq.Producer([addr(broker)])
     producer.start()
     producer.multipublish("fan", [b"m%d" % i for i in range(100)])
@@ -39,17 +41,21 @@ def test_gnsq_multipublish_fans_out_to_two_channels(broker):
     assert sorted(a) == sorted(b) == sorted(b"m%d" % i for i in range(100))
 
 
-def test_backlog_before_first_channel_goes_to_it(broker):
+def test_backlog_before_first_channel_goes_to_it(broker, processes):
+    """The backlog goes to the first channel only; a later channel gets what is
+    published after it subscribed."""
     publish(broker, "early", [b"x", b"y"])
     got = []
     c = consumer(broker, "early", "late-comer", lambda m: (got.append(m.body), m.finish()))
     assert wait_for(lambda: len(got) == 2)
     later = []
     c2 = consumer(broker, "early", "second", lambda m: (later.append(m.body), m.finish()))
-    gevent.sleep(0.5)
+    assert wait_for(lambda: client_count(processes.http_ports[broker], "early", "second") == 1)
+    publish(broker, "early", [b"z"])
+    assert wait_for(lambda: later and len(got) == 3)
     stop(c, c2)
-    assert sorted(got) == [b"x", b"y"]
-    assert later == []
+    assert sorted(got) == [b"x", b"y", b"z"]
+    assert later == [b"z"]
 
 
 def test_requeue_now_and_with_delay(broker):
@@ -116,10 +122,10 @@ def test_touch_keeps_a_message_in_flight(processes):
     assert seen == [1]
 
 
-def test_dpub_is_delivered_after_the_defer(broker):
+def test_dpub_is_delivered_after_the_defer(broker, processes):
     seen = []
     c = consumer(broker, "later", "c", lambda m: (seen.append(time.monotonic()), m.finish()))
-    gevent.sleep(0.3)
+    assert wait_for(lambda: client_count(processes.http_ports[broker], "later") == 1)
     start = time.monotonic()
     publish(broker, "later", [b"tick"], defer=1000)
     assert wait_for(lambda: seen)
@@ -160,7 +166,8 @@ def test_two_brokers_behave_as_one(processes):
     on_a, on_b = [], []
     ca = consumer(port_a, "shared", "work", lambda m: (on_a.append(m.body), m.finish()))
     cb = consumer(port_b, "shared", "work", lambda m: (on_b.append(m.body), m.finish()))
-    gevent.sleep(0.3)
+    assert wait_for(lambda: [client_count(processes.http_ports[p], "shared")
+                             for p in (port_a, port_b)] == [1, 1])
     bodies = [b"%d" % i for i in range(200)]
     producer = gnsq.Producer([addr(port_a)])
     producer.start()
@@ -209,7 +216,7 @@ def test_deferred_message_survives_broker_restart(processes):
     proc, port = processes.broker()
     processes.scanner()
     c = consumer(port, "dlater", "c", lambda m: m.finish())
-    gevent.sleep(0.3)
+    assert wait_for(lambda: client_count(processes.http_ports[port], "dlater") == 1)
     stop(c)
     publish(port, "dlater", [b"wake me"], defer=1500)
     proc.send_signal(signal.SIGKILL)
@@ -233,18 +240,27 @@ def test_pynsq_requeue_with_delay(broker):
     publish(broker, "pyreq", [b"retry me"])
     events = run_pynsq_client("consume", broker, "pyreq", "c", 1, "--requeue-first", 500)
     assert [(e["body"], e["attempts"]) for e in events] == [("retry me", 1), ("retry me", 2)]
+    assert 0.45 <= events[1]["at"] - events[0]["at"] < 5
 
 
 def test_brokers_share_one_port_with_so_reuseport(processes):
+    """Each broker serves on its own HTTP port, and the kernel spreads connections to
+    the shared TCP port over both: each broker's /stats lists some of the clients."""
     first, port = processes.broker()
-    second, _ = processes.broker(port=port)
+    second, second_http = processes.broker_sharing(port)
     processes.scanner()
-    assert first.poll() is None and second.poll() is None
+    wires = [subscribed(port, "shared-port", "c") for _ in range(16)]
+    counts = [client_count(http, "shared-port") for http in (processes.http_ports[port],
+                                                              second_http)]
+    assert sum(counts) == 16 and min(counts) > 0, counts
+    for w in wires:
+        w.close()
     publish(port, "shared-port", [b"%d" % i for i in range(20)])
     got = []
     c = consumer(port, "shared-port", "c", lambda m: (got.append(m.body), m.finish()))
     assert wait_for(lambda: len(got) == 20)
     stop(c)
+    assert first.poll() is None and second.poll() is None
 
 
 def test_identify_msg_timeout_applies_to_that_client(broker):

@@ -10,6 +10,7 @@ import struct
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from relay.codec import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE
+from relay.protocol.reader import MAX_LINE
 from tests.helpers.wire import Wire
 
 ERROR = re.compile(rb"^E_(INVALID|BAD_BODY|BAD_TOPIC|BAD_CHANNEL|BAD_MESSAGE|PUB_FAILED|"
@@ -57,6 +58,24 @@ def assert_nsqd_like(frames):
     assert len(fatal) <= 1 and (not fatal or frames[-1][1] == fatal[0]), frames
 
 
+def reply_due(data: bytes) -> bool:
+    """Whether nsqd answers this input: it does every command line but NOP, with a
+    response or an error frame, until the first line it answers."""
+    for line in data.split(b"\n")[:-1]:
+        if len(line) > MAX_LINE:
+            return False
+        if line.removesuffix(b"\r").split(b" ")[0] != b"NOP":
+            return True
+    return False
+
+
+def assert_answered(data: bytes, frames):
+    """nsqd's frames, and at least one where nsqd gives one: a broker that closed
+    silently on every input must not pass."""
+    assert_nsqd_like(frames)
+    assert frames or not reply_due(data), data[:200]
+
+
 def rss_kb(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
@@ -66,6 +85,7 @@ def body(data: bytes, size=None) -> bytes:
     return struct.pack(">i", len(data) if size is None else size) + data
 
 
+lines = st.binary(max_size=100).map(lambda b: b.replace(b"\n", b"") + b"\n")
 sizes = st.one_of(st.integers(-2**31, 2**31 - 1), st.sampled_from([-1, 0, 2**31 - 1]))
 names = st.one_of(st.text(max_size=70).map(str.encode), st.binary(max_size=70),
                   st.sampled_from([b"t", b"c", b"t#ephemeral", b"a" * 65]))
@@ -111,21 +131,24 @@ def test_hostile_clients_get_nsqd_errors_and_hurt_nobody(processes):
         assert witness.pub("witness", b"alive") == (FRAME_RESPONSE, b"OK")
 
     @SETTINGS
-    @given(st.binary(max_size=300))
+    @given(st.one_of(st.binary(max_size=300), lines))
     def random_bytes(data):
-        assert_nsqd_like(exchange(port, data))
+        assert_answered(data, exchange(port, data))
         still_serving()
 
     @SETTINGS
     @given(st.lists(commands(), min_size=1, max_size=4))
     def command_sequences(sequence):
-        assert_nsqd_like(exchange(port, b"".join(sequence)))
+        data = b"".join(sequence)
+        assert_answered(data, exchange(port, data))
         still_serving()
 
     @SETTINGS
     @given(lying_mpubs())
     def mpub_counts_that_lie(data):
-        assert_nsqd_like(exchange(port, data))
+        frames = exchange(port, data)
+        assert_nsqd_like(frames)
+        assert frames and frames[0][0] in (FRAME_RESPONSE, FRAME_ERROR), (data[:200], frames)
         still_serving()
 
     @SETTINGS
@@ -133,6 +156,7 @@ def test_hostile_clients_get_nsqd_errors_and_hurt_nobody(processes):
     def identify_json(fields):
         frames = exchange(port, b"IDENTIFY\n" + body(json.dumps(fields).encode()))
         assert_nsqd_like(frames)
+        assert frames and frames[0][0] in (FRAME_RESPONSE, FRAME_ERROR), (fields, frames)
         still_serving()
 
     random_bytes()

@@ -5,12 +5,13 @@ import json
 import re
 import socket
 import struct
-import time
 
 import pytest
 
 from tests.helpers.api import Api
+from tests.helpers.gnsq_clients import wait_for
 from tests.helpers.pynsq import run_pynsq_client
+from tests.helpers.servers import wake_listeners
 from tests.helpers.wire import FRAME_RESPONSE, Wire
 
 
@@ -388,7 +389,7 @@ def test_separate_lookupd_port_answers_as_nsqlookupd(processes):
     assert lookupd.json("POST", "/pub?topic=t", b"x") == (404, {"message": "NOT_FOUND"})
 
 
-def test_deleting_a_channel_or_topic_closes_its_consumers(api):
+def test_deleting_a_channel_or_topic_closes_its_consumers(api, processes):
     assert api.request("POST", "/topic/create?topic=t")[0] == 200
     consumers = {}
     for channel in ("gone", "stays"):
@@ -396,7 +397,7 @@ def test_deleting_a_channel_or_topic_closes_its_consumers(api):
         wire.identify()
         assert wire.sub("t", channel, rdy=1) == (FRAME_RESPONSE, b"OK")
         consumers[channel] = wire
-    time.sleep(0.3)     # the broker's wake-up subscription to the topic (50 ms polls)
+    assert wait_for(lambda: wake_listeners(processes.redis_url, "t") == 1)
     assert api.request("POST", "/channel/delete?topic=t&channel=gone")[:2] == (200, b"")
     assert consumers["gone"].closed(timeout=3)
     assert not consumers["stays"].closed(timeout=0.5)
@@ -428,8 +429,7 @@ def test_put_config_log_level_changes_it_at_run_time(api, processes):
     assert api.json("PUT", "/config/log_level", b"debug") == (200, "debug")
     assert api.json("GET", "/config/log_level") == (200, "debug")
     Wire(api.tcp_port).close()
-    time.sleep(0.3)
-    assert "level=debug" in processes.logs()
+    assert wait_for(lambda: "level=debug" in processes.logs())
     assert api.json("PUT", "/config/log_level", b"loud") == (400, {"message": "INVALID_VALUE"})
     assert api.json("PUT", "/config/log_level", b"") == (413, {"message": "INVALID_VALUE"})
     assert api.json("PUT", "/config/msg_timeout", b"1000") == (

@@ -3,6 +3,7 @@ No timing is asserted: benchmarks are not tests."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -26,6 +27,7 @@ def test_loadgen_modes(broker, mode, args, count_key):
     assert result[count_key] > 0
     if mode == "sub":
         assert result["messages"] == 200
+    assert result["window_end"] > result["window_start"]
     if mode == "e2e":
         assert result["received"] == result["sent"]
         assert result["p50_ms"] is not None
@@ -42,9 +44,11 @@ def test_bench_script_writes_benchmarks_md(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     text = out.read_text()
-    assert "| relay scripts |" in text and "| plain Redis |" in text
-    assert "| e2e fixed 10,000 msgs/s, 200 B |" in text
-    assert "10,000 queued messages of 200 B" in text
+    assert re.search(r"^\| publish \| [\d,]+ \| [\d,]+ \|$", text, re.M)
+    assert re.search(r"^\| e2e fixed 10,000 msgs/s, 200 B \| [\d,]+ \| .* \| ([\d,]+) sent = "
+                     r"received \| loop \|", text, re.M)
+    assert "10,000 messages of 200 B published through the broker" in text
+    assert "(10,000 queued after)" in text
     assert "over 10 samples" in text
     assert "`.venv/bin/python scripts/scanner_scale.py --topics 2" in text
     assert "| requeued (timeout_count) | 1,000 of 1,000, 0 left in flight |" in text

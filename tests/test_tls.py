@@ -9,6 +9,8 @@ import time
 import pytest
 
 from relay.codec import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, parse_record
+from relay.store import Store
+from relay.store.connection import connect
 from tests.helpers.api import Api
 from tests.helpers.pynsq import run_pynsq_secure
 from tests.helpers.tls import Secure, body_of, tls_broker
@@ -88,7 +90,9 @@ def test_tls_required_for_tcp_and_http(processes, pki):
     https = http.client.HTTPSConnection(
         "127.0.0.1", https_port, context=ssl.create_default_context(cafile=pki["ca"]))
     https.request("POST", "/pub?topic=t", body=b"over https")
-    assert (https.getresponse().status, Api(port, 0).tcp_port) == (200, port)
+    reply = https.getresponse()
+    assert (reply.status, reply.read()) == (200, b"OK")
+    assert Store(connect(processes.redis_url)).read_topic("t")["message_count"] == 2
 
     port, _ = tls_broker(processes, pki, "--tls-required", "tcp-https")
     assert Api(port, processes.http_ports[port]).request("POST", "/pub?topic=t", b"x")[:2] \

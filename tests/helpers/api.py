@@ -33,3 +33,11 @@ class Api:
         assert wire.nothing()
         wire.close()
         return bodies
+
+
+def client_count(http_port, topic, channel=None) -> int:
+    """How many clients one broker has subscribed to `topic` (or one of its channels),
+    from its /stats."""
+    _, stats = Api(None, http_port).json("GET", f"/stats?format=json&topic={topic}")
+    return sum(len(ch["clients"]) for t in stats["topics"] for ch in t["channels"]
+               if channel in (None, ch["channel_name"]))

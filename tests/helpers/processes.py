@@ -32,6 +32,16 @@ class Processes:
         port = port or embedded.free_port()
         http_port = self.http_ports.setdefault(port, embedded.free_port())
         lookupd_port = self.lookupd_ports.setdefault(port, embedded.free_port())
+        return self._broker(args, port, http_port, lookupd_port, env), port
+
+    def broker_sharing(self, port, *args):
+        """Another broker on a running broker's TCP port (SO_REUSEPORT) with HTTP and
+        lookupd ports of its own, so waiting for them waits for this broker; returns
+        (proc, http_port) once it serves."""
+        http_port = embedded.free_port()
+        return self._broker(args, port, http_port, embedded.free_port(), None), http_port
+
+    def _broker(self, args, port, http_port, lookupd_port, env):
         proc = self._start("broker", ["--tcp-address", f"127.0.0.1:{port}",
                                       "--http-address", f"127.0.0.1:{http_port}",
                                       "--lookupd-http-address", f"127.0.0.1:{lookupd_port}",
@@ -39,7 +49,7 @@ class Processes:
         embedded.wait_for_port("127.0.0.1", port, proc)
         embedded.wait_for_port("127.0.0.1", http_port, proc)
         embedded.wait_for_port("127.0.0.1", lookupd_port, proc)
-        return proc, port
+        return proc
 
     def scanner(self, *args):
         return self._start("scanner", list(args))

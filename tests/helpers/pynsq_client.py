@@ -6,6 +6,7 @@
 """
 
 import json
+import time
 import sys
 
 import nsq
@@ -36,7 +37,8 @@ def consume(port, topic, channel, count, requeue_first=None):
 
     def handler(message):
         print(json.dumps({"id": message.id.decode(), "body": message.body.decode(),
-                          "attempts": message.attempts}), flush=True)
+                          "attempts": message.attempts, "at": time.monotonic()}),
+              flush=True)
         if requeue_first is not None and message.attempts == 1:
             message.requeue(time_ms=requeue_first, backoff=False)
             return None

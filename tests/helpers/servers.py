@@ -7,6 +7,7 @@ import tempfile
 
 from relay import embedded
 from relay.store.connection import connect, is_cluster
+from relay.store.keys import TopicKeys
 
 
 def flush(url: str) -> None:
@@ -24,6 +25,17 @@ def all_keys(client, pattern: str) -> list:
     if is_cluster(client):
         return client.keys(pattern, target_nodes=client.PRIMARIES)
     return client.keys(pattern)
+
+
+def wake_listeners(url: str, topic: str) -> int:
+    """How many brokers listen to a topic's wake-ups: sharded subscribers on a cluster
+    node (Redis 7+, Valkey), classic ones on one server."""
+    client = connect(url)
+    channel = TopicKeys.of(topic).wake
+    if is_cluster(client):
+        node = client.get_node_from_key(channel).redis_connection
+        return int(node.execute_command("PUBSUB", "SHARDNUMSUB", channel)[1])
+    return client.pubsub_numsub(channel)[0][1]
 
 
 @contextlib.contextmanager
