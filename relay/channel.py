@@ -31,6 +31,7 @@ class Channel:
         self.maybe_ready = True
         self.arrivals = 0
         self.order = hash((topic, name))
+        self.stopped = False
         self._look_again = Event()
         self._greenlet = gevent.spawn(self._loop)
 
@@ -59,10 +60,14 @@ class Channel:
         self.credit_changed()
 
     def stop(self) -> None:
-        self._greenlet.kill()
+        """End the loop once its deliver call in the air, if any, is back: killing it
+        there would lose that reply's records until their msg_timeout. What it brings
+        for clients that left is given back (Client.accept)."""
+        self.stopped = True
+        self._look_again.set()
 
     def _loop(self) -> None:
-        while True:
+        while not self.stopped:
             self._look_again.clear()
             groups = [(c, c.credit()) for c in self.clients]
             groups = [(c, n) for c, n in groups if n > 0]

@@ -1,0 +1,63 @@
+"""A channel's life across brokers on one Redis: deletes, empties and connections that
+go away while deliveries are on their way (issue 16)."""
+
+import time
+
+from relay.store import Store
+from relay.store.connection import connect
+from tests.test_http import Api
+from tests.wire import FRAME_RESPONSE, Wire
+
+
+def wait_for(predicate, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def test_no_message_stays_in_flight_after_its_consumer_drops_the_connection(
+        processes, redis_url):
+    _, port = processes.broker()
+    processes.scanner()
+    store = Store(connect(redis_url))
+    producer = Wire(port)
+    for _ in range(5):
+        assert producer.mpub("drop", [b"x" * 10] * 5000) == (FRAME_RESPONSE, b"OK")
+    for attempt in range(3):
+        consumer = Wire(port)
+        consumer.identify(msg_timeout=60000)
+        assert consumer.sub("drop", "c", rdy=2500) == (FRAME_RESPONSE, b"OK")
+        for _ in range(3000):
+            msg_id = consumer.message()[2]
+            consumer.command(f"FIN {msg_id.decode()}")
+        consumer.close()    # no CLS: the connection just goes
+        assert wait_for(lambda: store.read_channel("drop", "c")["in_flight_count"] == 0,
+                        2.0), (attempt, store.read_channel("drop", "c"))
+    producer.close()
+
+
+def test_empty_frees_a_live_consumers_credit_on_every_broker(processes, redis_url):
+    _, port1 = processes.broker()
+    _, port2 = processes.broker()
+    processes.scanner()
+    api = Api(port1, processes.http_ports[port1])
+    producer = Wire(port1)
+    assert producer.mpub("full", [b"old"] * 5) == (FRAME_RESPONSE, b"OK")
+    consumer = Wire(port2)
+    consumer.identify(msg_timeout=60000)
+    assert consumer.sub("full", "c", rdy=5) == (FRAME_RESPONSE, b"OK")
+    assert [consumer.message()[3] for _ in range(5)] == [b"old"] * 5
+    assert api.request("POST", "/channel/empty?topic=full&channel=c")[0] == 200
+    assert producer.pub("full", b"new") == (FRAME_RESPONSE, b"OK")
+    started = time.monotonic()
+    assert consumer.message()[3] == b"new"
+    assert time.monotonic() - started < 1.0
+    status, stats = Api(port2, processes.http_ports[port2]).json(
+        "GET", "/stats?format=json&topic=full&channel=c")
+    channel = stats["topics"][0]["channels"][0]
+    assert (channel["in_flight_count"], channel["clients"][0]["in_flight_count"]) == (1, 1)
+    consumer.close()
+    producer.close()
