@@ -26,6 +26,10 @@ plain commands, never in a script, so on Redis Cluster they may live anywhere.
     relay:{T}:trash:X:N               any   what an empty or delete took out (drop.lua), until
                                             freed (relay/jobs.py); X is one drop's token
     relay:{T}:wake                    pub/sub: "" = whole topic has news, "C" = one channel
+                                            (relay/wakeups.py lists the rest)
+    relay:{T}:version                 STRING bumped with every wake-up: brokers read it
+                                            for all their topics once a second, so a
+                                            missed one is caught (never deleted)
     relay:{T}:ch:C:queue              LIST  ready records
     relay:{T}:ch:C:inflight           ZSET  id -> deadline (ms)
     relay:{T}:ch:C:deferred           ZSET  id -> due time (ms)
@@ -93,13 +97,14 @@ class TopicKeys:
     backlog_deferred: str
     due: str
     wake: str
+    version: str
 
     @classmethod
     @lru_cache(maxsize=16384)
     def of(cls, topic: str) -> "TopicKeys":
         p = topic_prefix(topic)
         return cls(topic, p + "meta", p + "ids", p + "channels", p + "backlog",
-                   p + "backlog:deferred", p + "due", p + "wake")
+                   p + "backlog:deferred", p + "due", p + "wake", p + "version")
 
 
 @dataclass(frozen=True)
