@@ -13,6 +13,8 @@ from tests.test_clients import wait_for
 from tests.test_http import Api
 from tests.wire import FRAME_RESPONSE, Wire
 
+pytestmark = pytest.mark.cluster     # on one Redis and on a cluster (tests/conftest.py)
+
 
 def test_no_message_stays_in_flight_after_its_consumer_drops_the_connection(
         processes, redis_url):
