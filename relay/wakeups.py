@@ -101,14 +101,16 @@ class WakeupListener:
         unchecked, self.unchecked = self.unchecked, set()
         try:
             read = self.broker.store.versions(sorted(self.topics))
-            moved = {t for t, v in read.items() if self.versions.get(t) != v or t in unchecked}
-            channels = [local for t in moved for local in self._local(t)]
+            moved = {t for t, v in read.items() if self.versions.get(t) != v}
+            channels = [local for t in moved | (unchecked & read.keys())
+                        for local in self._local(t)]
             if channels:
                 states = self.broker.store.channel_states([(c.topic, c.name)
                                                            for c in channels])
                 for local, (incarnation, empties) in zip(channels, states):
                     local.check(incarnation, empties)
-                    local.messages_arrived()
+                    if local.topic in moved:
+                        local.messages_arrived()
         except StoreError:
             self.unchecked |= unchecked
             raise

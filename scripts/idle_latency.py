@@ -48,14 +48,21 @@ class Consumer:
         self.buffer = b""
 
     def frames(self) -> list:
-        self.buffer += self.sock.recv(65536)
+        """The frames that arrived; heartbeats are answered (NOP), not returned."""
+        data = self.sock.recv(65536)
+        if not data:
+            raise EOFError(f"the broker closed a consumer of {self.topic}")
+        self.buffer += data
         out = []
         while len(self.buffer) >= 8:
             size, kind = struct.unpack(">ii", self.buffer[:8])
             if len(self.buffer) < 4 + size:
                 break
-            out.append((kind, self.buffer[8:4 + size]))
-            self.buffer = self.buffer[4 + size:]
+            frame, self.buffer = (kind, self.buffer[8:4 + size]), self.buffer[4 + size:]
+            if frame == (0, b"_heartbeat_"):
+                self.sock.sendall(b"NOP\n")
+            else:
+                out.append(frame)
         return out
 
 

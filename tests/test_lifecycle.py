@@ -48,6 +48,7 @@ def test_empty_frees_a_live_consumers_credit_on_every_broker(processes, redis_ur
     consumer.identify(msg_timeout=60000)
     assert consumer.sub("full", "c", rdy=5) == (FRAME_RESPONSE, b"OK")
     assert [consumer.message()[3] for _ in range(5)] == [b"old"] * 5
+    time.sleep(1.0)     # a live consumer: broker 2 listens to the topic's wake-ups by now
     assert api.request("POST", "/channel/empty?topic=full&channel=c")[0] == 200
     assert producer.pub("full", b"new") == (FRAME_RESPONSE, b"OK")
     started = time.monotonic()

@@ -27,9 +27,11 @@ plain commands, never in a script, so on Redis Cluster they may live anywhere.
                                             freed (relay/jobs.py); X is one drop's token
     relay:{T}:wake                    pub/sub: "" = whole topic has news, "C" = one channel
                                             (relay/wakeups.py lists the rest)
-    relay:{T}:version                 STRING bumped with every wake-up: brokers read it
-                                            for all their topics once a second, so a
-                                            missed one is caught (never deleted)
+    relay:{T}:version                 HASH  news: bumped with every wake-up, brokers read
+                                            it for all their topics once a second, so a
+                                            missed one is caught; channels: the last
+                                            channel incarnation handed out (subscribe.lua);
+                                            never deleted
     relay:{T}:ch:C:queue              LIST  ready records
     relay:{T}:ch:C:inflight           ZSET  id -> deadline (ms)
     relay:{T}:ch:C:deferred           ZSET  id -> due time (ms)

@@ -9,7 +9,8 @@
 -- KEYS[10] topic meta (a paused topic keeps its backlog)   KEYS[11] topic version
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] broker id
 -- Returns {1 if the channel was created else 0, its incarnation, its empties}: the
--- incarnation (a number from the topic version, new each time the channel is created)
+-- incarnation (a number from the topic version key's field `channels`, new each time
+-- a channel of the topic is created; not news: brokers need not look again)
 -- and the count of empties (drop.lua) are what brokers compare to see that the
 -- channel their consumers joined was deleted or emptied (relay/wakeups.py).
 local created = redis.call('SADD', KEYS[1], ARGV[1])
@@ -18,7 +19,7 @@ if ARGV[2] ~= '' then
 end
 local incarnation = redis.call('HGET', KEYS[7], 'incarnation')
 if not incarnation then
-  incarnation = redis.call('INCR', KEYS[11])
+  incarnation = redis.call('HINCRBY', KEYS[11], 'channels', 1)
   redis.call('HSET', KEYS[7], 'incarnation', incarnation)
 end
 local reply = {created, tonumber(incarnation),
