@@ -31,7 +31,7 @@ import redis
 
 from relay.context import BrokerContext
 from relay.errors import StoreError
-from relay.store import connect_redis
+from relay.store import Store, connect_redis
 from relay.store.connection import is_cluster, sharded_pubsub
 from relay.store.keys import TopicKeys
 
@@ -46,6 +46,8 @@ class WakeupListener:
 
     def __init__(self, broker: BrokerContext):
         self.broker = broker
+        # a Store of its own: broker.store's connection belongs to the group commit
+        self.store = Store(broker.redis)
         self.topics: set[str] = set()
         self.versions: dict[str, int] = {}     # as last read, per topic
         self.unchecked: set[str] = set()       # topics with a channel new here
@@ -94,18 +96,20 @@ class WakeupListener:
                 self.check_versions()
             except StoreError as e:
                 log.warning("could not read the topics' versions: %s", e)
+            except Exception:  # never stop catching up
+                log.exception("the topics' versions not checked")
 
     def check_versions(self) -> None:
         """Read the versions of the topics served; the channels of those that moved (or
         are new here) look again and check their incarnation and empties."""
         unchecked, self.unchecked = self.unchecked, set()
         try:
-            read = self.broker.store.versions(sorted(self.topics))
+            read = self.store.versions(sorted(self.topics))
             moved = {t for t, v in read.items() if self.versions.get(t) != v}
             channels = [local for t in moved | (unchecked & read.keys())
                         for local in self._local(t)]
             if channels:
-                states = self.broker.store.channel_states([(c.topic, c.name)
+                states = self.store.channel_states([(c.topic, c.name)
                                                            for c in channels])
                 for local, (incarnation, empties) in zip(channels, states):
                     local.check(incarnation, empties)

@@ -146,15 +146,20 @@ def main():
            "PYTHONPATH": source}
     broker = subprocess.Popen([sys.executable, "-m", "relay", "broker", "--tcp-address",
                                f"127.0.0.1:{tcp_port}", "--http-address", ""],
-                              env=env, stderr=subprocess.DEVNULL, cwd=source)
+                              env=env, stderr=open(os.path.join(data, "broker.log"), "w"),
+                              cwd=source)
     try:
         embedded.wait_for_port("127.0.0.1", tcp_port, broker)
         client = redis.Redis(port=redis_port)
-        result = measure(tcp_port, broker.pid, client, args)
+        try:
+            result = measure(tcp_port, broker.pid, client, args)
+        except Exception:
+            print(f"the broker's log: {data}/broker.log", file=sys.stderr)
+            raise
         print(json.dumps({**result, "revision": args.rev or "this checkout"}))
     finally:
         broker.terminate()
-        broker.wait(10)
+        broker.wait(30)
         redis_proc.terminate()
         redis_proc.wait(10)
         if args.rev:
