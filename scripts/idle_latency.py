@@ -37,14 +37,16 @@ from scripts.compare import ROOT, checkout  # noqa: E402
 SETTLE = 3.0
 
 
-class Consumer:
-    """One connection, read without blocking: whole frames out of what arrived."""
+class Connection:
+    """One connection, consumer (with a topic and channel) or producer; whole frames
+    out of what arrived."""
 
-    def __init__(self, port: int, topic: str, channel: str):
+    def __init__(self, port: int, topic: str = "", channel: str = ""):
         self.topic = topic
         self.sock = socket.create_connection(("127.0.0.1", port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.sendall(b"  V2" + f"SUB {topic} {channel}\nRDY 1\n".encode())
+        sub = f"SUB {topic} {channel}\nRDY 1\n".encode() if topic else b""
+        self.sock.sendall(b"  V2" + sub)
         self.buffer = b""
 
     def frames(self) -> list:
@@ -84,7 +86,7 @@ def measure(port: int, broker_pid: int, client, args) -> dict:
     selector = selectors.DefaultSelector()
     consumers = []
     for i in range(args.channels):
-        consumer = Consumer(port, f"idle{i % args.topics}", f"c{i}")
+        consumer = Connection(port, f"idle{i % args.topics}", f"c{i}")
         consumers.append(consumer)
         selector.register(consumer.sock, selectors.EVENT_READ, consumer)
     subscribed = 0
@@ -100,16 +102,14 @@ def measure(port: int, broker_pid: int, client, args) -> dict:
     per_topic = {}
     for consumer in consumers:
         per_topic[consumer.topic] = per_topic.get(consumer.topic, 0) + 1
-    producer = socket.create_connection(("127.0.0.1", port))
-    producer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    producer.sendall(b"  V2")
+    producer = Connection(port)
     samples = []
     for i in range(args.samples):
         time.sleep(args.gap_ms / 1000)
         topic = f"idle{i % args.topics}"
         body = b"%d" % i
         started = time.perf_counter()
-        producer.sendall(f"PUB {topic}\n".encode() + struct.pack(">i", len(body)) + body)
+        producer.sock.sendall(f"PUB {topic}\n".encode() + struct.pack(">i", len(body)) + body)
         waiting = per_topic[topic]
         while waiting:
             for key, _ in selector.select(5):
@@ -118,7 +118,10 @@ def measure(port: int, broker_pid: int, client, args) -> dict:
                         samples.append((time.perf_counter() - started) * 1000)
                         key.data.sock.sendall(b"FIN " + payload[10:26] + b"\n")
                         waiting -= 1
-        assert producer.recv(64).endswith(b"OK")
+        replies = []
+        while not replies:
+            replies = producer.frames()
+        assert replies == [(0, b"OK")], replies
     samples.sort()
     return {"workload": "idle consumers", "channels": args.channels, "topics": args.topics,
             "broker_cpu_pct": round(idle_cpu * 100, 1),
