@@ -187,7 +187,7 @@ class ShardedSubscriptions:
         while True:
             try:
                 self._reconcile()
-            except Exception:  # the safety poll covers us meanwhile; never stop listening
+            except Exception:  # the catch-up read covers us meanwhile; never stop listening
                 log.exception("wake-up subscriptions not reconciled")
                 self.moved = True
             gevent.sleep(POLL)

@@ -196,7 +196,7 @@ def _free(port: int) -> bool:
 def test_a_redis_6_cluster_wakes_brokers_by_classic_pubsub(redis6_cluster, tmp_path):
     """The documented fallback: PUBLISH in the scripts, copied to every node, and one
     SUBSCRIBE per broker. Consumers of topics on every master get each message at
-    once, not at the channels' 1 s safety poll."""
+    once, not at the brokers' 1 s catch-up read."""
     store = Store(connect(redis6_cluster))
     store.runner.load_scripts()
     assert store.cluster and store.runner.sharded is False

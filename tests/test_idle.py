@@ -20,7 +20,7 @@ def test_idle_broker_with_a_waiting_consumer_barely_touches_redis(processes, red
     before = script_calls(client)
     time.sleep(3.0)
     during = script_calls(client) - before
-    # the only traffic is the once-a-second safety poll of the channel
+    # the only traffic is the once-a-second read of the topics' versions
     assert during <= 4, during
     producer = Wire(port)
     assert producer.pub("quiet", b"wake up") == (0, b"OK")
