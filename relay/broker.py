@@ -85,7 +85,8 @@ class Broker:
         self.max_clients = max(raise_open_file_limit() - FILES_RESERVED, 1)
         self._server = StreamServer(listen(self.options.tcp_address), self.handle)
         self._server.start()
-        self._greenlets = [gevent.spawn(self._expire_loop), gevent.spawn(self.wakeups.run)]
+        self._greenlets = [gevent.spawn(self._expire_loop), gevent.spawn(self.wakeups.run),
+                           gevent.spawn(self.wakeups.catch_up)]
         if self.e2e.enabled:
             self._greenlets.append(gevent.spawn(self._flush_latency_loop))
         address = self._server.socket.getsockname()[:2]
@@ -204,12 +205,21 @@ class Broker:
                         "limit allows %d", *address[:2], len(self.clients), self.max_clients)
 
     def subscribe(self, client: Client, topic: str, channel_name: str) -> None:
-        """SUB: register the consumer in Redis, then join the local delivery loop."""
-        self.commit.call(self.store.subscribe_op(topic, channel_name, self.id), client.number)
+        """SUB: register the consumer in Redis, then join the local delivery loop. A
+        local channel of an incarnation since deleted closes its consumers first."""
+        joined = self.commit.call(self.store.subscribe_op(topic, channel_name, self.id),
+                                  client.number)
         channel = self.channels.get((topic, channel_name))
         if channel is None:
-            channel = self.channels[(topic, channel_name)] = Channel(self, topic, channel_name)
+            channel = self.channels[(topic, channel_name)] = \
+                Channel(self, topic, channel_name, joined)
             self.wakeups.watch(topic)
+        elif channel.incarnation != joined.incarnation:
+            channel.deleted()
+            channel.incarnation, channel.empties = joined.incarnation, joined.empties
+        else:
+            channel.emptied(joined.empties)
+        client.incarnation = joined.incarnation
         client.state = SUBSCRIBED
         channel.add(client)
         self.registry.clients_changed()
@@ -245,7 +255,7 @@ class Broker:
                                  client.number)
             gone = self.commit.call(store.unsubscribe_op(
                 channel.topic, channel.name, self.id, codec.is_ephemeral(channel.name),
-                codec.is_ephemeral(channel.topic)), client.number)
+                codec.is_ephemeral(channel.topic), client.incarnation), client.number)
             if gone == 2:
                 store.forget_topic(channel.topic)
         except StoreError as e:

@@ -133,7 +133,7 @@ def letters(store: Store, topic: str, channel: str, chunk: int = 1000):
 def redrive_op(topic: str, channel: str, records: Sequence[bytes]) -> Op:
     """Queue records on one channel again: how many, or -1 if there is no such channel."""
     t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
-    return Op("redrive", [t.channels, c.queue], [channel, t.wake, *records])
+    return Op("redrive", [t.channels, c.queue, t.version], [channel, t.wake, *records])
 
 
 def _remove(store: Store, key: str, records: Sequence[bytes]) -> None:

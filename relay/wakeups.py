@@ -1,8 +1,9 @@
 """Wake-ups: how a broker hears that a topic it has consumers of has messages.
 
 Scripts publish on the topic's wake channel (`relay:{T}:wake`): "" the topic has
-messages, "C" channel C has, "!C" / "!" channel C / the topic was deleted. A
-broker subscribes to the wake channels of the topics it has consumers of:
+messages, "C" channel C has, "!C" / "!" channel C / the topic was deleted, "~N:C"
+channel C was emptied (the Nth time). A broker subscribes to the wake channels of
+the topics it has consumers of:
 
 - one Redis server: SUBSCRIBE on one connection;
 - Redis Cluster 7+ (and Valkey): sharded pub/sub, SPUBLISH in the scripts and
@@ -14,7 +15,13 @@ broker subscribes to the wake channels of the topics it has consumers of:
   the whole cluster bus.
 
 Whenever a subscription is (re)made the topic's channels look again, as a wake-up
-may have been missed meanwhile; they also poll slowly as a safety net (relay/channel.py).
+may have been missed meanwhile. Pub/sub is fire-and-forget, so nothing depends on a
+wake-up arriving: each script that publishes one also bumps the topic's version key
+(scripts/lib/news.lua), and once every CATCH_UP seconds the broker reads the versions
+of all the topics it serves in one call per node. The channels of a topic whose
+version moved look in Redis again and compare their incarnation and empties with
+Redis', so a missed delete, empty, unpause or publish is applied within a second,
+at a cost that does not grow with idle channels.
 """
 
 import logging
@@ -23,13 +30,15 @@ import gevent
 import redis
 
 from relay.context import BrokerContext
-from relay.store import connect_redis
+from relay.errors import StoreError
+from relay.store import Store, connect_redis
 from relay.store.connection import is_cluster, sharded_pubsub
 from relay.store.keys import TopicKeys
 
 log = logging.getLogger("relay.wakeups")
 
 POLL = 0.05
+CATCH_UP = 1.0
 
 
 class WakeupListener:
@@ -37,38 +46,80 @@ class WakeupListener:
 
     def __init__(self, broker: BrokerContext):
         self.broker = broker
+        # a Store of its own: broker.store's connection belongs to the group commit
+        self.store = Store(broker.redis)
         self.topics: set[str] = set()
+        self.versions: dict[str, int] = {}     # as last read, per topic
+        self.unchecked: set[str] = set()       # topics with a channel new here
 
     def watch(self, topic: str) -> None:
+        """A channel of the topic is new here: listen, and check it on the next read
+        (a delete may have come before the listening)."""
         self.topics.add(topic)
+        self.unchecked.add(topic)
 
     def unwatch(self, topic: str) -> None:
         self.topics.discard(topic)
+        self.versions.pop(topic, None)
 
     def wanted(self) -> dict:
         return {TopicKeys.of(t).wake.encode(): t for t in self.topics}
 
     def messages_arrived(self, topic: str, channel: str | None = None) -> None:
         """Tell the topic's local channels (or the one named) to look in Redis."""
-        for (t, c), local in list(self.broker.channels.items()):
-            if t == topic and (channel is None or c == channel):
-                local.messages_arrived()
+        for local in self._local(topic, channel):
+            local.messages_arrived()
 
-    def _deleted(self, topic: str, channel: str | None) -> None:
-        """A channel (or the whole topic) was deleted: close its consumers, as nsqd."""
-        for (t, c), local in list(self.broker.channels.items()):
-            if t == topic and (channel is None or c == channel):
-                log.info("%s/%s deleted: closing its %d consumers", t, c, len(local.clients))
-                for client in list(local.clients):
-                    client.close()
+    def _local(self, topic: str, channel: str | None = None) -> list:
+        return [local for (t, c), local in list(self.broker.channels.items())
+                if t == topic and (channel is None or c == channel)]
 
     def received(self, topic: str, data: bytes) -> None:
-        """A wake-up: "" the topic, "C" one channel, "!C" / "!" deleted (drop.lua)."""
+        """A wake-up: "" the topic, "C" one channel, "!C" / "!" deleted, "~N:C" emptied
+        (drop.lua)."""
         text = data.decode()
         if text.startswith("!"):
-            self._deleted(topic, text[1:] or None)
+            for local in self._local(topic, text[1:] or None):
+                local.deleted()
+        elif text.startswith("~"):
+            empties, _, channel = text[1:].partition(":")
+            for local in self._local(topic, channel):
+                local.emptied(int(empties))
         else:
             self.messages_arrived(topic, text or None)
+
+    def catch_up(self) -> None:
+        """Every CATCH_UP seconds, apply what a missed wake-up would have told."""
+        while True:
+            gevent.sleep(CATCH_UP)
+            try:
+                self.check_versions()
+            except StoreError as e:
+                log.warning("could not read the topics' versions: %s", e)
+            except Exception:  # never stop catching up
+                log.exception("the topics' versions not checked")
+
+    def check_versions(self) -> None:
+        """Read the versions of the topics served; the channels of those that moved (or
+        are new here) look again and check their incarnation and empties."""
+        unchecked, self.unchecked = self.unchecked, set()
+        try:
+            read = self.store.versions(sorted(self.topics))
+            moved = {t for t, v in read.items() if self.versions.get(t) != v}
+            channels = [local for t in moved | (unchecked & read.keys())
+                        for local in self._local(t)]
+            if channels:
+                states = self.store.channel_states([(c.topic, c.name)
+                                                           for c in channels])
+                for local, (incarnation, empties) in zip(channels, states):
+                    local.check(incarnation, empties)
+                    if local.topic in moved:
+                        local.messages_arrived()
+        except StoreError:
+            self.unchecked |= unchecked
+            raise
+        self.versions.update((t, v) for t, v in read.items() if t in self.topics)
+        self.unchecked |= unchecked - read.keys()
 
     def run(self) -> None:
         client = self.broker.redis
@@ -136,7 +187,7 @@ class ShardedSubscriptions:
         while True:
             try:
                 self._reconcile()
-            except Exception:  # the safety poll covers us meanwhile; never stop listening
+            except Exception:  # the catch-up read covers us meanwhile; never stop listening
                 log.exception("wake-up subscriptions not reconciled")
                 self.moved = True
             gevent.sleep(POLL)

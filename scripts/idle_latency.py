@@ -1,15 +1,24 @@
-"""How long an idle consumer waits for a newly published message (issue 2, item 7).
+"""What idle consumers cost a broker, and how long one waits for a new message
+(issue 2 item 7, issue 24).
 
-Starts an embedded Redis and one broker on free ports, subscribes one consumer
-(RDY 1), then publishes N single messages spaced apart so the consumer is idle
-each time, and prints one JSON line: p50/p99/max of publish-to-receive in ms.
+Starts an embedded Redis and one broker on free ports, subscribes `--channels`
+consumers at RDY 1, each on a channel of its own, spread over `--topics` topics,
+and leaves them idle for `--idle-seconds`: the broker's CPU (share of one core)
+and Redis' commands per second over that time are the idle cost. Then it
+publishes `--samples` single messages, `--gap-ms` apart, each to the next topic
+in turn, and times publish-to-receive at every consumer of that topic (each FINs
+what it gets). Prints one JSON line. `--rev REV` runs the broker of another git
+revision (checked out into a temporary worktree, as scripts/compare.py does).
 
-    .venv/bin/python scripts/idle_latency.py [--samples 200] [--gap-ms 20]
+    .venv/bin/python scripts/idle_latency.py [--channels 1] [--topics 1]
+        [--idle-seconds 10] [--samples 200] [--gap-ms 20] [--rev REV]
 """
 
 import argparse
 import json
 import os
+import resource
+import selectors
 import socket
 import struct
 import subprocess
@@ -17,63 +26,147 @@ import sys
 import tempfile
 import time
 
-from relay import embedded
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import redis  # noqa: E402
+
+from relay import embedded  # noqa: E402
+from scripts.compare import ROOT, checkout  # noqa: E402
+
+SETTLE = 3.0
 
 
-def frame(sock):
-    def exact(n):
-        data = b""
-        while len(data) < n:
-            data += sock.recv(n - len(data))
-        return data
-    size, kind = struct.unpack(">ii", exact(8))
-    return kind, exact(size - 4)
+class Connection:
+    """One connection, consumer (with a topic and channel) or producer; whole frames
+    out of what arrived."""
+
+    def __init__(self, port: int, topic: str = "", channel: str = ""):
+        self.topic = topic
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sub = f"SUB {topic} {channel}\nRDY 1\n".encode() if topic else b""
+        self.sock.sendall(b"  V2" + sub)
+        self.buffer = b""
+
+    def frames(self) -> list:
+        """The frames that arrived; heartbeats are answered (NOP), not returned."""
+        data = self.sock.recv(65536)
+        if not data:
+            raise EOFError(f"the broker closed a consumer of {self.topic}")
+        self.buffer += data
+        out = []
+        while len(self.buffer) >= 8:
+            size, kind = struct.unpack(">ii", self.buffer[:8])
+            if len(self.buffer) < 4 + size:
+                break
+            frame, self.buffer = (kind, self.buffer[8:4 + size]), self.buffer[4 + size:]
+            if frame == (0, b"_heartbeat_"):
+                self.sock.sendall(b"NOP\n")
+            else:
+                out.append(frame)
+        return out
 
 
-def connect(port):
-    sock = socket.create_connection(("127.0.0.1", port))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.sendall(b"  V2")
-    return sock
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def commands(client) -> int:
+    return client.info("stats")["total_commands_processed"]
+
+
+def percentile(samples: list, q: float) -> float:
+    return round(samples[max(int(len(samples) * q) - 1, 0)], 2)
+
+
+def measure(port: int, broker_pid: int, client, args) -> dict:
+    selector = selectors.DefaultSelector()
+    consumers = []
+    for i in range(args.channels):
+        consumer = Connection(port, f"idle{i % args.topics}", f"c{i}")
+        consumers.append(consumer)
+        selector.register(consumer.sock, selectors.EVENT_READ, consumer)
+    subscribed = 0
+    while subscribed < len(consumers):
+        for key, _ in selector.select(10):
+            subscribed += sum(1 for kind, _ in key.data.frames() if kind == 0)
+    time.sleep(SETTLE)
+    cpu, sent, start = cpu_seconds(broker_pid), commands(client), time.monotonic()
+    time.sleep(args.idle_seconds)
+    elapsed = time.monotonic() - start
+    idle_cpu = (cpu_seconds(broker_pid) - cpu) / elapsed
+    idle_commands = (commands(client) - sent - 1) / elapsed
+    per_topic = {}
+    for consumer in consumers:
+        per_topic[consumer.topic] = per_topic.get(consumer.topic, 0) + 1
+    producer = Connection(port)
+    samples = []
+    for i in range(args.samples):
+        time.sleep(args.gap_ms / 1000)
+        topic = f"idle{i % args.topics}"
+        body = b"%d" % i
+        started = time.perf_counter()
+        producer.sock.sendall(f"PUB {topic}\n".encode() + struct.pack(">i", len(body)) + body)
+        waiting = per_topic[topic]
+        while waiting:
+            for key, _ in selector.select(5):
+                for kind, payload in key.data.frames():
+                    if kind == 2 and payload[26:] == body:
+                        samples.append((time.perf_counter() - started) * 1000)
+                        key.data.sock.sendall(b"FIN " + payload[10:26] + b"\n")
+                        waiting -= 1
+        replies = []
+        while not replies:
+            replies = producer.frames()
+        assert replies == [(0, b"OK")], replies
+    samples.sort()
+    return {"workload": "idle consumers", "channels": args.channels, "topics": args.topics,
+            "broker_cpu_pct": round(idle_cpu * 100, 1),
+            "redis_commands_per_s": round(idle_commands),
+            "deliveries": len(samples), "p50_ms": percentile(samples, 0.5),
+            "p99_ms": percentile(samples, 0.99), "max_ms": round(samples[-1], 2)}
 
 
 def main():
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--channels", type=int, default=1)
+    parser.add_argument("--topics", type=int, default=1)
+    parser.add_argument("--idle-seconds", type=float, default=10.0)
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--gap-ms", type=int, default=20)
+    parser.add_argument("--rev", help="run the broker of this git revision")
     args = parser.parse_args()
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     redis_port, tcp_port = embedded.free_port(), embedded.free_port()
     data = tempfile.mkdtemp()
+    source = checkout(args.rev, tempfile.mkdtemp(prefix="relay-idle-")) if args.rev else ROOT
     redis_proc = embedded.start(redis_port, data, extra=("--save", "", "--appendonly", "no"))
-    env = {**os.environ, "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0"}
+    env = {**os.environ, "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+           "PYTHONPATH": source}
     broker = subprocess.Popen([sys.executable, "-m", "relay", "broker", "--tcp-address",
-                               f"127.0.0.1:{tcp_port}"], env=env, stderr=subprocess.DEVNULL)
+                               f"127.0.0.1:{tcp_port}", "--http-address", ""],
+                              env=env, stderr=open(os.path.join(data, "broker.log"), "w"),
+                              cwd=source)
     try:
         embedded.wait_for_port("127.0.0.1", tcp_port, broker)
-        consumer, producer = connect(tcp_port), connect(tcp_port)
-        consumer.sendall(b"SUB latency c\nRDY 1\n")
-        assert frame(consumer) == (0, b"OK")
-        samples = []
-        for i in range(args.samples):
-            time.sleep(args.gap_ms / 1000)
-            body = b"%d" % i
-            start = time.perf_counter()
-            producer.sendall(b"PUB latency\n" + struct.pack(">i", len(body)) + body)
-            kind, payload = frame(consumer)
-            samples.append((time.perf_counter() - start) * 1000)
-            assert kind == 2 and payload[26:] == body
-            consumer.sendall(b"FIN " + payload[10:26] + b"\n")
-            assert frame(producer) == (0, b"OK")
-        samples.sort()
-        print(json.dumps({"workload": "idle consumer latency", "samples": len(samples),
-                          "p50_ms": round(samples[len(samples) // 2], 2),
-                          "p99_ms": round(samples[int(len(samples) * 0.99) - 1], 2),
-                          "max_ms": round(samples[-1], 2)}))
+        client = redis.Redis(port=redis_port)
+        try:
+            result = measure(tcp_port, broker.pid, client, args)
+        except Exception:
+            print(f"the broker's log: {data}/broker.log", file=sys.stderr)
+            raise
+        print(json.dumps({**result, "revision": args.rev or "this checkout"}))
     finally:
         broker.terminate()
-        broker.wait(10)
+        broker.wait(30)
         redis_proc.terminate()
         redis_proc.wait(10)
+        if args.rev:
+            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", source])
 
 
 if __name__ == "__main__":

@@ -197,8 +197,8 @@ def _free(port: int) -> bool:
 def test_a_redis_6_cluster_wakes_brokers_by_classic_pubsub(redis6_cluster, tmp_path):
     """The documented fallback: PUBLISH in the scripts, copied to every node, and one
     SUBSCRIBE per broker. Consumers of topics on every master get each message at
-    once, not at the safety poll (about 1 s): each message after the first on a topic
-    is published right after the previous one arrived, when a poll is furthest away."""
+    once, not at the brokers' 1 s catch-up read: each message after the first on a topic
+    is published right after the previous one arrived, when a read is furthest away."""
     store = Store(connect(redis6_cluster))
     store.runner.load_scripts()
     assert store.cluster and store.runner.sharded is False

@@ -608,6 +608,11 @@ def test_scanner_passes_start_every_interval():
 
 # -- unsubscribe ---------------------------------------------------------------
 
+def incarnation(store, topic, channel):
+    """The channel's incarnation, as SUB returned it to the broker."""
+    return int(store.redis.hget(ChannelKeys.of(topic, channel).meta, "incarnation"))
+
+
 def test_consumer_counts_per_broker(store):
     c = ChannelKeys.of("t", "c")
     assert store.subscribe("t", "c", "b1") is True
@@ -615,12 +620,12 @@ def test_consumer_counts_per_broker(store):
     assert store.subscribe("t", "c", "b2") is False
     assert store.redis.hgetall(c.consumers) == {b"b1": b"2", b"b2": b"1"}
     assert store.read_channel("t", "c")["client_count"] == 3
-    unsub = store.unsubscribe_op("t", "c", "b1", False, False)
+    unsub = store.unsubscribe_op("t", "c", "b1", False, False, incarnation(store, "t", "c"))
     assert store.run(unsub) == 0
     assert store.redis.hgetall(c.consumers) == {b"b1": b"1", b"b2": b"1"}
     assert store.run(unsub) == 0
     assert store.redis.hgetall(c.consumers) == {b"b2": b"1"}
-    assert store.run(store.unsubscribe_op("t", "c", "b2", False, False)) == 0
+    assert store.run(store.unsubscribe_op("t", "c", "b2", False, False, incarnation(store, "t", "c"))) == 0
     assert not store.redis.exists(c.consumers)
     assert store.read_channel("t", "c")["client_count"] == 0
 
@@ -629,7 +634,7 @@ def test_non_ephemeral_channel_kept_when_last_consumer_leaves(store):
     subscribed(store, "t", "c")
     store.publish("t", [b"1", b"2"])
     store.deliver("t", "c", [("a", 60_000, 1)])
-    assert store.run(store.unsubscribe_op("t", "c", "b1", False, False)) == 0
+    assert store.run(store.unsubscribe_op("t", "c", "b1", False, False, incarnation(store, "t", "c"))) == 0
     assert store.channel_names("t") == ["c"]
     assert due_score(store, "t", "c") is not None
     assert store.read_channel("t", "c") == empty_channel(
@@ -656,9 +661,9 @@ def test_ephemeral_channel_deleted_when_last_consumer_leaves(store):
     assert due_score(store, "t", ch) is not None
 
     # a consumer on another broker keeps it alive
-    assert store.run(store.unsubscribe_op("t", ch, "b1", True, False)) == 0
+    assert store.run(store.unsubscribe_op("t", ch, "b1", True, False, incarnation(store, "t", ch))) == 0
     assert store.channel_names("t") == ["c#ephemeral", "keep"]
-    assert store.run(store.unsubscribe_op("t", ch, "b2", True, False)) == 1
+    assert store.run(store.unsubscribe_op("t", ch, "b2", True, False, incarnation(store, "t", ch))) == 1
 
     assert [k for k in c.all() if store.redis.exists(k)] == []
     assert store.channel_names("t") == ["keep"]
@@ -678,9 +683,9 @@ def test_ephemeral_topic_deleted_with_its_last_ephemeral_channel(store):
     subscribed(store, topic, "a#ephemeral")
     subscribed(store, topic, "b#ephemeral")
     store.publish(topic, [b"1"])
-    assert store.run(store.unsubscribe_op(topic, "a#ephemeral", "b1", True, True)) == 1
+    assert store.run(store.unsubscribe_op(topic, "a#ephemeral", "b1", True, True, incarnation(store, topic, "a#ephemeral"))) == 1
     assert store.read_topic(topic)["message_count"] == 1
-    assert store.run(store.unsubscribe_op(topic, "b#ephemeral", "b1", True, True)) == 2
+    assert store.run(store.unsubscribe_op(topic, "b#ephemeral", "b1", True, True, incarnation(store, topic, "b#ephemeral"))) == 2
     assert not store.redis.exists(t.meta)
     assert not store.redis.exists(t.channels)
     assert store.redis.zcard(TopicKeys.of("t").due) == 0
@@ -691,8 +696,8 @@ def test_ephemeral_topic_deleted_with_its_last_ephemeral_channel(store):
     store.forget_topic(topic)
     assert store.topic_names() == []
     assert store.redis.get(t.ids) == b"1"
-    left = [k for k in all_keys(store.redis, f"{keys.topic_prefix(topic)}*")]
-    assert left == [t.ids.encode()]
+    left = sorted(k for k in all_keys(store.redis, f"{keys.topic_prefix(topic)}*"))
+    assert left == [t.ids.encode(), t.version.encode()]
 
 
 def test_ephemeral_topic_kept_while_a_durable_channel_remains(store):
@@ -700,8 +705,8 @@ def test_ephemeral_topic_kept_while_a_durable_channel_remains(store):
     subscribed(store, topic, "durable")
     subscribed(store, topic, "e#ephemeral")
     store.publish(topic, [b"1"])
-    assert store.run(store.unsubscribe_op(topic, "e#ephemeral", "b1", True, True)) == 1
-    assert store.run(store.unsubscribe_op(topic, "durable", "b1", False, True)) == 0
+    assert store.run(store.unsubscribe_op(topic, "e#ephemeral", "b1", True, True, incarnation(store, topic, "e#ephemeral"))) == 1
+    assert store.run(store.unsubscribe_op(topic, "durable", "b1", False, True, incarnation(store, topic, "durable"))) == 0
     assert store.channel_names(topic) == ["durable"]
     assert store.read_topic(topic)["message_count"] == 1
 
@@ -747,6 +752,58 @@ def test_wake_notifications(store):
     sub.close()
 
 
+
+def test_versions_move_with_every_wake_up_and_control_change(store):
+    """What a broker reads once a second for the wake-ups it may have missed."""
+    assert store.versions(["t", "other"]) == {"t": 0, "other": 0}
+    versions = [store.versions(["t"])["t"]]
+
+    def moved():
+        versions.append(store.versions(["t"])["t"])
+        return versions[-1] != versions[-2]
+
+    subscribed(store, "t", "c")
+    assert not moved()                              # a new channel: no news
+    store.publish("t", [b"1"], defer_ms=60_000)     # deferred: nothing ready
+    assert not moved()
+    store.publish("t", [b"2"])
+    assert moved()
+    store.deliver("t", "c", [("a", 60_000, 1)])
+    assert not moved()
+    store.requeue("t", "c", [("a", mid(2), 0)])
+    assert moved()
+    store.pause_channel("t", "c", True)
+    store.pause_channel("t", "c", False)
+    assert moved()
+    store.empty_channel("t", "c")
+    assert moved()
+    store.delete_channel("t", "c")
+    assert moved()
+    assert store.versions(["t", "other"]) == {"t": versions[-1], "other": 0}
+
+
+def test_incarnation_and_empties_tell_a_channel_deleted_or_emptied(store):
+    first = store.run(store.subscribe_op("t", "c", "b1"))
+    assert first.created and store.channel_states([("t", "c")]) == [(first.incarnation, 0)]
+    again = store.run(store.subscribe_op("t", "c", "b2"))
+    assert (again.created, again.incarnation, again.empties) == (False, first.incarnation, 0)
+    store.publish("t", [b"1", b"2"])
+    assert store.deliver("t", "c", [("a", 60_000, 1)]).empties == 0
+    store.empty_channel("t", "c")
+    assert store.channel_states([("t", "c")]) == [(first.incarnation, 1)]
+    store.publish("t", [b"3"])
+    delivered = store.deliver("t", "c", [("a", 60_000, 5)])
+    assert (bodies(delivered[0]), delivered.empties) == ([b"3"], 1)
+    store.delete_channel("t", "c")
+    assert store.channel_states([("t", "c")]) == [(None, 0)]
+    recreated = store.run(store.subscribe_op("t", "c", "b1"))
+    assert recreated.created and recreated.incarnation > first.incarnation
+    # a consumer of the deleted incarnation leaving does not count in the new one
+    assert store.run(store.unsubscribe_op("t", "c", "b1", False, False,
+                                          first.incarnation)) == 0
+    assert store.read_channel("t", "c")["client_count"] == 1
+
+
 # -- scripts, errors -----------------------------------------------------------
 
 def lua_lib(name: str) -> bytes:
@@ -771,9 +828,10 @@ def test_lua_record_layout_is_relay_codecs(store):
 def test_included_files_come_first_and_the_cluster_flag_line_before_them(monkeypatch):
     monkeypatch.setattr(runner, "CROSS_SLOT", ("due", "publish"))
     plain, sharded = runner.load_scripts(), runner.load_scripts(sharded=True)
-    libs = b"".join(lua_lib(n) for n in ("fanout.lua", "time.lua", "chunked.lua", "record.lua"))
+    libs = b"".join(lua_lib(n) for n in ("fanout.lua", "time.lua", "chunked.lua", "record.lua",
+                                         "news.lua"))
     own = (resources.files("relay.store") / "scripts" / "publish.lua").read_bytes()
-    assert own.startswith(b"-- include: fanout.lua, time.lua, chunked.lua, record.lua\n")
+    assert own.startswith(b"-- include: fanout.lua, time.lua, chunked.lua, record.lua, news.lua\n")
     assert plain["publish"].source == libs + own
     flag = b"#!lua flags=allow-cross-slot-keys,no-writes\n"
     assert sharded["publish"].source == flag + plain["publish"].source.replace(
@@ -798,7 +856,7 @@ def test_scripts_reloaded_after_script_flush(store):
         store.deliver_op("t", "c", [("a", 60_000, 10)]),
     ])
     assert results[0] == 3
-    assert results[1] is True
+    assert results[1].created is True
     assert bodies(results[2][0]) == [b"1", b"2", b"3"]
     assert store.redis.script_exists(*shas) == [True] * len(shas)
     # each op ran exactly once

@@ -28,10 +28,16 @@ plain commands, never in a script, so on Redis Cluster they may live anywhere.
     relay:{T}:trash:X:N               any   what an empty or delete took out (drop.lua), until
                                             freed (relay/jobs.py); X is one drop's token
     relay:{T}:wake                    pub/sub: "" = whole topic has news, "C" = one channel
+                                            (relay/wakeups.py lists the rest)
     relay:{T}:tombstones              HASH  broker HTTP address -> end (ms) of its tombstone
                                             for the topic (nsqlookupd's /topic/tombstone; TTL)
     relay:{T}:deregistered            HASH  "" (the topic) or channel -> end (ms): lookupd's
                                             /topic/delete or /channel/delete forgot it (TTL)
+    relay:{T}:version                 HASH  news: bumped with every wake-up, brokers read
+                                            it for all their topics once a second, so a
+                                            missed one is caught; channels: the last
+                                            channel incarnation handed out (subscribe.lua);
+                                            never deleted
     relay:{T}:ch:C:queue              LIST  ready records
     relay:{T}:ch:C:inflight           ZSET  id -> deadline (ms)
     relay:{T}:ch:C:deferred           ZSET  id -> due time (ms)
@@ -107,6 +113,7 @@ class TopicKeys:
     wake: str
     tombstones: str
     deregistered: str
+    version: str
 
     @classmethod
     @lru_cache(maxsize=16384)
@@ -114,7 +121,7 @@ class TopicKeys:
         p = topic_prefix(topic)
         return cls(topic, p + "meta", p + "ids", p + "channels", p + "backlog",
                    p + "backlog:deferred", p + "due", p + "wake", p + "tombstones",
-                   p + "deregistered")
+                   p + "deregistered", p + "version")
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from relay.store.connection import SLOT_MOVING, is_cluster, sharded_pubsub
 
 SCRIPT_NAMES = ("publish", "subscribe", "unsubscribe", "deliver", "finish", "requeue",
                 "touch", "scan", "pause_topic", "pause_channel", "drop", "redrive", "due",
-                "reap")
-CROSS_SLOT = ("due",)  # read-only scripts that reach keys of many slots of one node
+                "reap", "versions")
+CROSS_SLOT = ("due", "versions")  # read-only scripts that reach keys of many slots of one node
 SLOT_MOVE_PATIENCE = 30.0
 
 

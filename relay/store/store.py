@@ -35,6 +35,32 @@ class Dropped(NamedTuple):
         return None if reply is None else cls(reply[0], [k.decode() for k in reply[1:]])
 
 
+class Subscribed(NamedTuple):
+    """subscribe.lua's reply: whether the channel is new, and what a broker compares
+    to see it deleted (a new incarnation each time it is created) or emptied."""
+
+    created: bool
+    incarnation: int
+    empties: int
+
+    @classmethod
+    def parse(cls, reply) -> "Subscribed":
+        return cls(bool(reply[0]), int(reply[1]), int(reply[2]))
+
+
+class Delivered(list):
+    """deliver.lua's reply: one list of records per group, and the channel's count of
+    empties when they were popped (`empties`)."""
+
+    empties: int = 0
+
+    @classmethod
+    def parse(cls, reply) -> "Delivered":
+        delivered = cls(reply[:-1])
+        delivered.empties = int(reply[-1])
+        return delivered
+
+
 class DueView(NamedTuple):
     now: int
     due: list
@@ -115,7 +141,8 @@ class Store:
         t = TopicKeys.of(topic)
         ts = make_record(timestamp_ns or time.time_ns(), 0, b"", b"")[:8]
         return self._fanout_op(
-            "publish", topic, [t.ids, t.meta, t.channels, t.backlog, t.backlog_deferred, t.due],
+            "publish", topic,
+            [t.ids, t.meta, t.channels, t.backlog, t.backlog_deferred, t.due, t.version],
             [t.wake, ts, defer_ms, *bodies], int, pre=self._register(topic))
 
     def _register(self, topic: str) -> tuple:
@@ -132,27 +159,29 @@ class Store:
         return self.run(self.publish_op(topic, bodies, defer_ms))
 
     def subscribe_op(self, topic: str, channel: str, broker_id: str) -> Op:
-        """SUB: creates topic and channel as needed; returns True if the channel is new."""
+        """SUB: creates topic and channel as needed; returns a Subscribed."""
         t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
         return Op("subscribe",
                   [t.channels, t.backlog, t.backlog_deferred, c.queue, c.deferred, c.msgs,
-                   c.meta, c.consumers, t.due, t.meta],
-                  [channel, broker_id], bool,
+                   c.meta, c.consumers, t.due, t.meta, t.version],
+                  [channel, broker_id], Subscribed.parse,
                   pre=(("SADD", keys.TOPICS, topic),))
 
-    def subscribe(self, topic, channel, broker_id):
-        return self.run(self.subscribe_op(topic, channel, broker_id))
+    def subscribe(self, topic, channel, broker_id) -> bool:
+        """True if the channel is new."""
+        return self.run(self.subscribe_op(topic, channel, broker_id)).created
 
     def unsubscribe_op(self, topic: str, channel: str, broker_id: str,
-                       channel_ephemeral: bool, topic_ephemeral: bool) -> Op:
+                       channel_ephemeral: bool, topic_ephemeral: bool, incarnation: int) -> Op:
         """A consumer left: 0 kept, 1 ephemeral channel deleted, 2 topic deleted too."""
         return Op("unsubscribe", _leave_keys(topic, channel),
-                  [channel, broker_id, int(channel_ephemeral), int(topic_ephemeral)], int)
+                  [channel, broker_id, int(channel_ephemeral), int(topic_ephemeral),
+                   incarnation], int)
 
     def reap_op(self, topic: str, channel: str, broker_id: str) -> Op:
         """A dead broker's part of a channel (relay/reaper.py): (0 kept, 1 ephemeral
         channel deleted, 2 topic deleted too; in-flight messages requeued)."""
-        return Op("reap", _leave_keys(topic, channel),
+        return Op("reap", [*_leave_keys(topic, channel), TopicKeys.of(topic).version],
                   [channel, broker_id, int(is_ephemeral(channel)), int(is_ephemeral(topic)),
                    TopicKeys.of(topic).wake], tuple)
 
@@ -163,17 +192,18 @@ class Store:
 
     def create_channel(self, topic: str, channel: str) -> bool:
         """/channel/create: subscribe without a consumer."""
-        return self.run(self.subscribe_op(topic, channel, ""))
+        return self.subscribe(topic, channel, "")
 
     def pause_topic(self, topic: str, paused: bool) -> None:
         t = TopicKeys.of(topic)
         self.run(self._fanout_op("pause_topic", topic,
-                                 [t.meta, t.channels, t.backlog, t.backlog_deferred, t.due],
+                                 [t.meta, t.channels, t.backlog, t.backlog_deferred, t.due,
+                                  t.version],
                                  ["1" if paused else "0", t.wake]))
 
     def pause_channel(self, topic: str, channel: str, paused: bool) -> None:
         c = ChannelKeys.of(topic, channel)
-        self.run(Op("pause_channel", [c.meta],
+        self.run(Op("pause_channel", [c.meta, TopicKeys.of(topic).version],
                     ["1" if paused else "0", TopicKeys.of(topic).wake, channel]))
 
     def drop_op(self, topic: str, channel: str = "", delete: bool = False) -> Op:
@@ -188,7 +218,8 @@ class Store:
             return [f"{trash}{i}" for i in range(1, 3 + per_channel * len(channels))]
 
         return self._fanout_op(
-            "drop", topic, [t.ids, t.channels, t.meta, t.backlog, t.backlog_deferred, t.due],
+            "drop", topic,
+            [t.ids, t.channels, t.meta, t.backlog, t.backlog_deferred, t.due, t.version],
             [channel, int(delete), t.wake], Dropped.parse, extra_keys=trash_keys,
             channels=[channel] if channel else (None if delete else []))
 
@@ -229,15 +260,15 @@ class Store:
 
     def deliver_op(self, topic: str, channel: str, groups: Sequence[tuple],
                    max_attempts: int = 0) -> Op:
-        """Pop for each (owner, timeout ms, count): one list of records per group.
-        Messages delivered `max_attempts` times already (0: no limit; the channel's
+        """Pop for each (owner, timeout ms, count): a Delivered, one list of records
+        per group. Messages delivered `max_attempts` times already (0: no limit; the channel's
         own setting wins) go to its dead-letter outbox instead."""
         c = ChannelKeys.of(topic, channel)
         args = [channel, max_attempts]
         for owner, timeout_ms, count in groups:
             args += [owner, timeout_ms, count]
         return Op("deliver", [c.queue, c.inflight, c.msgs, c.leases, TopicKeys.of(topic).due,
-                              c.meta, c.dead], args)
+                              c.meta, c.dead], args, Delivered.parse)
 
     def deliver(self, topic, channel, groups, max_attempts=0):
         return self.run(self.deliver_op(topic, channel, groups, max_attempts))
@@ -254,7 +285,8 @@ class Store:
         """REQ each (owner, id, delay ms): per triple 1 done, 0 / -1 as finish."""
         t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
         return Op("requeue",
-                  [c.queue, c.inflight, c.msgs, c.leases, c.deferred, c.meta, t.due],
+                  [c.queue, c.inflight, c.msgs, c.leases, c.deferred, c.meta, t.due,
+                   t.version],
                   [channel, t.wake, *(x for tr in triples for x in tr)])
 
     def requeue(self, topic, channel, triples):
@@ -292,7 +324,8 @@ class Store:
         messages waiting in the dead-letter outbox)."""
         t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
         return Op("scan",
-                  [c.queue, c.inflight, c.msgs, c.leases, c.deferred, c.meta, t.due, c.dead],
+                  [c.queue, c.inflight, c.msgs, c.leases, c.deferred, c.meta, t.due, c.dead,
+                   t.version],
                   [channel, t.wake, limit], tuple)
 
     def scan(self, topic, channel, limit=1000):
@@ -326,7 +359,7 @@ class Store:
         call per node (per slot on a cluster without script flags, Redis 6.2). The
         topics of a call that failed (a slot moving) are left for the next pass."""
         now = self.now_ms() if now is None else now  # a cluster pipeline takes no TIME
-        groups = self._due_groups(topics)
+        groups = self._node_groups(topics)
         ops = []
         for group in groups:
             indexes = [TopicKeys.of(t).due for t in group]
@@ -346,7 +379,35 @@ class Store:
             self.runner.refresh_slots()
         return DueView(now, due, more, failed)
 
-    def _due_groups(self, topics: Sequence[str]) -> list[list]:
+    def versions(self, topics: Sequence[str]) -> dict:
+        """topic -> its version (news.lua; 0 while it has none) for the topics read: one
+        versions.lua call per node (per slot on Redis 6.2). The topics of a call that
+        failed are left out, for the next read."""
+        groups = self._node_groups(topics)
+        ops = []
+        for group in groups:
+            version_keys = [TopicKeys.of(t).version for t in group]
+            ops.append(Op("versions", version_keys[:1], version_keys))
+        read: dict = {}
+        for group, reply in zip(groups, self.run_many(ops)):
+            if isinstance(reply, Exception):
+                if self.cluster:
+                    self.runner.refresh_slots()
+                continue
+            read.update((t, int(v or 0)) for t, v in zip(group, reply))
+        return read
+
+    def channel_states(self, channels: Sequence[tuple]) -> list:
+        """(incarnation or None if the channel is gone, empties) of each (topic, channel):
+        what subscribe.lua returned, as it is now."""
+        pipe = self.redis.pipeline(transaction=False)
+        for topic, channel in channels:
+            pipe.hmget(ChannelKeys.of(topic, channel).meta, "incarnation", "empties")
+        return [(int(i) if i is not None else None, int(e or 0))
+                for i, e in self._guard(pipe.execute)]
+
+    def _node_groups(self, topics: Sequence[str]) -> list[list]:
+        """The topics by the node that serves them (all in one on a single server)."""
         if not self.cluster:
             return [list(topics)] if topics else []
         groups: dict = {}

@@ -11,11 +11,14 @@
 -- its max_attempts field overrides ARGV[2])   KEYS[7] dead-letter outbox
 -- ARGV[1] channel name (its member in the due index)   ARGV[2] max attempts (0: unlimited)
 -- then groups of 3: owner, timeout ms, count
--- Returns one list of records per group, in ARGV order.
+-- Returns one list of records per group, in ARGV order, then the channel's count of
+-- empties (drop.lua), which tells the broker whether the records predate an empty.
 
 local out = {}
+local empties = tonumber(redis.call('HGET', KEYS[6], 'empties') or '0')
 if redis.call('HEXISTS', KEYS[6], 'paused') == 1 then
   for g = 3, #ARGV, 3 do out[#out + 1] = {} end
+  out[#out + 1] = empties
   return out
 end
 
@@ -71,4 +74,5 @@ end
 if earliest then
   redis.call('ZADD', KEYS[5], 'LT', earliest, ARGV[1])
 end
+out[#out + 1] = empties
 return out

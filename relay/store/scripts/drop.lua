@@ -1,4 +1,4 @@
--- include: fanout.lua
+-- include: fanout.lua, news.lua
 -- drop: empty or delete a channel, or a whole topic (nsqd's Channel.Empty,
 -- Channel.Delete, Topic.Empty, Topic.Delete). The keys holding the dropped messages
 -- are renamed to trash keys, O(1) each, so this one call is the cut: what the target
@@ -7,16 +7,19 @@
 -- the topic's id counter always stays, so ids are never reused.
 --
 -- KEYS[1] topic ids   KEYS[2] topic channels   KEYS[3] topic meta   KEYS[4] backlog
--- KEYS[5] backlog deferred   KEYS[6] topic due index   KEYS[7..6+m] m trash keys
+-- KEYS[5] backlog deferred   KEYS[6] topic due index   KEYS[7] topic version (news.lua)
+-- KEYS[8..7+m] m trash keys
 -- (as many as there may be keys to detach), then the channels' keys (fanout.lua): the
 -- one channel to drop, or for a topic to delete all of its channels
 -- ARGV[1..ARG0] the channels (fanout.lua), then: channel name ('' for the topic),
 -- 1 to delete or 0 to empty, wake pub/sub channel (a delete announces "!C" for channel
--- C or "!" for the topic, on which brokers close its consumers, as nsqd does), m
+-- C or "!" for the topic, on which brokers close its consumers, as nsqd does; emptying
+-- channel C counts one more in its meta field `empties` and announces "~N:C" with that
+-- count N, on which brokers free its consumers' in-flight accounting, as nsqd does)
 -- Returns {the topic's last message id, trash keys used...}, nil when the channel to
 -- delete does not exist, or the stale reply.
 local channel, delete = ARGV[ARG0 + 1], ARGV[ARG0 + 2] == '1'
-local trash, free = {}, 7
+local trash, free = {}, 8
 local function detach(key)
   if redis.call('EXISTS', key) == 1 then
     trash[#trash + 1] = KEYS[free]
@@ -55,6 +58,9 @@ else
   end
 end
 if delete then
-  redis.call('PUBLISH', ARGV[ARG0 + 3], '!' .. channel)
+  announce(KEYS[7], ARGV[ARG0 + 3], '!' .. channel)
+elseif channel ~= '' and redis.call('SISMEMBER', KEYS[2], channel) == 1 then
+  local empties = redis.call('HINCRBY', channel_key(1, 'meta'), 'empties', 1)
+  announce(KEYS[7], ARGV[ARG0 + 3], '~' .. empties .. ':' .. channel)
 end
 return {tonumber(redis.call('GET', KEYS[1]) or '0'), unpack(trash)}

@@ -1,12 +1,13 @@
+-- include: news.lua
 -- pause_channel: a paused channel keeps taking messages but delivers none (deliver.lua
 -- checks the flag); unpausing wakes the brokers' delivery loops of the channel.
 --
--- KEYS[1] channel meta
+-- KEYS[1] channel meta   KEYS[2] topic version (news.lua)
 -- ARGV[1] 1 to pause, 0 to unpause   ARGV[2] wake pub/sub channel   ARGV[3] channel name
 if ARGV[1] == '1' then
   redis.call('HSET', KEYS[1], 'paused', 1)
 else
   redis.call('HDEL', KEYS[1], 'paused')
-  redis.call('PUBLISH', ARGV[2], ARGV[3])
+  announce(KEYS[2], ARGV[2], ARGV[3])
 end
 return 1

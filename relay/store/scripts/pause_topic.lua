@@ -1,10 +1,11 @@
--- include: fanout.lua, chunked.lua, record.lua, backlog.lua
+-- include: fanout.lua, chunked.lua, record.lua, backlog.lua, news.lua
 -- pause_topic: a paused topic keeps what is published in its backlog and fans nothing
 -- out (publish.lua and subscribe.lua check the flag); unpausing moves the backlog,
 -- deferred part included, to every channel and wakes the brokers.
 --
 -- KEYS[1] topic meta   KEYS[2] topic channels   KEYS[3] backlog   KEYS[4] backlog deferred
--- KEYS[5] topic due index, then the channels' keys (fanout.lua)
+-- KEYS[5] topic due index   KEYS[6] topic version (news.lua), then the channels' keys
+-- (fanout.lua)
 -- ARGV[1..ARG0] the channels (fanout.lua), then: 1 to pause, 0 to unpause,
 -- wake pub/sub channel
 -- Returns 1, or the stale reply.
@@ -27,5 +28,5 @@ for c = 1, N_CHANNELS do
   redis.call('HINCRBY', channel_key(c, 'meta'), 'message_count', #records + #deferred / 2)
 end
 redis.call('UNLINK', KEYS[3], KEYS[4])
-redis.call('PUBLISH', ARGV[ARG0 + 2], '')
+announce(KEYS[6], ARGV[ARG0 + 2], '')
 return 1

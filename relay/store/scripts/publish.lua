@@ -1,11 +1,12 @@
--- include: fanout.lua, time.lua, chunked.lua, record.lua
+-- include: fanout.lua, time.lua, chunked.lua, record.lua, news.lua
 -- publish: append messages to every channel of a topic, now or deferred.
 -- With no channel yet, they wait in the topic backlog for the first one
 -- (nsqd keeps them in the topic queue the same way).
 --
 -- KEYS[1] topic ids (STRING)   KEYS[2] topic meta   KEYS[3] topic channels
 -- KEYS[4] backlog (LIST)       KEYS[5] backlog deferred (ZSET record -> due)
--- KEYS[6] topic due index (scanners), then the channels' keys (fanout.lua)
+-- KEYS[6] topic due index (scanners)   KEYS[7] topic version (news.lua), then the
+-- channels' keys (fanout.lua)
 -- ARGV[1..ARG0] the channels (fanout.lua), then: wake pub/sub channel,
 -- 8-byte timestamp, defer ms (0 = now), bodies...
 -- Returns the id number of the last message (ids are consecutive), or the stale reply.
@@ -48,7 +49,7 @@ if defer == 0 then
     redis.call('HINCRBY', channel_key(c, 'meta'), 'message_count', n)
   end
   if channels > 0 then
-    redis.call('PUBLISH', wake, '')
+    announce(KEYS[7], wake, '')
   end
 else
   local due = now_ms() + defer

@@ -1,4 +1,4 @@
--- include: leave.lua
+-- include: leave.lua, news.lua
 -- reap: remove from one channel what a dead broker left (relay/reaper.py): its
 -- consumers, then the channel if it is ephemeral and that leaves it without one
 -- (as unsubscribe.lua), else its connections' in-flight messages go back to the
@@ -7,7 +7,8 @@
 --
 -- KEYS[1] topic channels   KEYS[2] topic meta   KEYS[3] channel consumers
 -- KEYS[4] topic due index   KEYS[5] queue   KEYS[6] inflight   KEYS[7] deferred
--- KEYS[8] msgs   KEYS[9] leases   KEYS[10] channel meta   KEYS[11..] the channel's other keys
+-- KEYS[8] msgs   KEYS[9] leases   KEYS[10] channel meta   KEYS[11..12] the channel's other keys
+-- KEYS[13] topic version (lib/news.lua)
 -- ARGV[1] channel name   ARGV[2] dead broker id   ARGV[3] 1 if the channel is ephemeral
 -- ARGV[4] 1 if the topic is ephemeral   ARGV[5] wake pub/sub channel
 -- Returns {0 kept, 1 channel deleted, 2 channel and topic deleted; messages requeued}.
@@ -35,6 +36,6 @@ for i = 1, #leases, 2 do
 end
 if requeued > 0 then
   redis.call('HINCRBY', KEYS[10], 'requeue_count', requeued)
-  redis.call('PUBLISH', ARGV[5], ARGV[1])
+  announce(KEYS[13], ARGV[5], ARGV[1])
 end
 return {0, requeued}

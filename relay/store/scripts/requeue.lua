@@ -1,9 +1,10 @@
--- include: time.lua, lease.lua
+-- include: time.lua, lease.lua, news.lua
 -- requeue: put messages their owner gave back (REQ, or the connection closed)
 -- at the tail of the queue, or deferred for a while.
 --
 -- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] leases
 -- KEYS[5] deferred   KEYS[6] channel meta   KEYS[7] topic due index
+-- KEYS[8] topic version (news.lua)
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] wake pub/sub channel
 -- then triples: owner, id, delay ms
 -- Returns per triple: 1 requeued, 0 not in flight, -1 in flight for another client.
@@ -34,6 +35,6 @@ if requeued > 0 then
   redis.call('HINCRBY', KEYS[6], 'requeue_count', requeued)
 end
 if ready > 0 then
-  redis.call('PUBLISH', ARGV[2], ARGV[1])
+  announce(KEYS[8], ARGV[2], ARGV[1])
 end
 return out

@@ -1,4 +1,4 @@
--- include: time.lua, chunked.lua
+-- include: time.lua, chunked.lua, news.lua
 -- scan: the scanner's move for one channel. In-flight messages past their
 -- deadline go back to the queue (a timeout, as nsqd's processInFlightQueue),
 -- deferred messages that are due join the queue (processDeferredQueue), and the
@@ -8,7 +8,7 @@
 -- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] leases
 -- KEYS[5] deferred   KEYS[6] channel meta   KEYS[7] topic due index
 -- KEYS[8] dead-letter outbox (while it holds messages the channel is due every second,
--- so a scanner forwards them even after a failed attempt)
+-- so a scanner forwards them even after a failed attempt)   KEYS[9] topic version (news.lua)
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] wake pub/sub channel
 -- ARGV[3] at most this many messages of each kind per call
 -- Returns {timed out, promoted, next due ms or -1, messages in the dead-letter outbox}.
@@ -39,7 +39,7 @@ if timed_out > 0 then
   redis.call('HINCRBY', KEYS[6], 'timeout_count', timed_out)
 end
 if timed_out + promoted > 0 then
-  redis.call('PUBLISH', ARGV[2], ARGV[1])
+  announce(KEYS[9], ARGV[2], ARGV[1])
 end
 
 local next_due = -1

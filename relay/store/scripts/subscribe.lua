@@ -6,16 +6,27 @@
 -- KEYS[1] topic channels   KEYS[2] backlog   KEYS[3] backlog deferred
 -- KEYS[4] channel queue    KEYS[5] channel deferred   KEYS[6] channel msgs
 -- KEYS[7] channel meta     KEYS[8] channel consumers  KEYS[9] topic due index
--- KEYS[10] topic meta (a paused topic keeps its backlog)
+-- KEYS[10] topic meta (a paused topic keeps its backlog)   KEYS[11] topic version
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] broker id
--- Returns 1 if the channel was created, 0 if it existed.
+-- Returns {1 if the channel was created else 0, its incarnation, its empties}: the
+-- incarnation (a number from the topic version key's field `channels`, new each time
+-- a channel of the topic is created; not news: brokers need not look again)
+-- and the count of empties (drop.lua) are what brokers compare to see that the
+-- channel their consumers joined was deleted or emptied (relay/wakeups.py).
 local created = redis.call('SADD', KEYS[1], ARGV[1])
 if ARGV[2] ~= '' then
   redis.call('HINCRBY', KEYS[8], ARGV[2], 1)
 end
+local incarnation = redis.call('HGET', KEYS[7], 'incarnation')
+if not incarnation then
+  incarnation = redis.call('HINCRBY', KEYS[11], 'channels', 1)
+  redis.call('HSET', KEYS[7], 'incarnation', incarnation)
+end
+local reply = {created, tonumber(incarnation),
+               tonumber(redis.call('HGET', KEYS[7], 'empties') or '0')}
 if created == 0 or redis.call('SCARD', KEYS[1]) > 1
     or redis.call('HEXISTS', KEYS[10], 'paused') == 1 then
-  return created
+  return reply
 end
 
 local n = redis.call('LLEN', KEYS[2])
@@ -35,4 +46,4 @@ if #deferred > 0 then
   redis.call('HINCRBY', KEYS[7], 'message_count', #deferred / 2)
   redis.call('DEL', KEYS[3])
 end
-return 1
+return reply

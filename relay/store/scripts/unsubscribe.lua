@@ -7,7 +7,12 @@
 -- KEYS[4] topic due index   KEYS[5..] the other keys of the channel
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] broker id
 -- ARGV[3] 1 if the channel is ephemeral   ARGV[4] 1 if the topic is ephemeral
+-- ARGV[5] the channel's incarnation the consumer joined (subscribe.lua): if the channel
+-- was deleted since, the consumer was not counted in the channel there is now
 -- Returns 0 kept, 1 channel deleted, 2 channel and topic deleted.
+if redis.call('HGET', KEYS[10], 'incarnation') ~= ARGV[5] then
+  return 0
+end
 if redis.call('HINCRBY', KEYS[3], ARGV[2], -1) <= 0 then
   redis.call('HDEL', KEYS[3], ARGV[2])
 end
