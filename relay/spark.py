@@ -21,7 +21,11 @@ messages), read without taking anything. Write (batch and streaming): the `body`
 
 import datetime
 import logging
+import os
+import re
+import shutil
 import signal
+import subprocess
 import sys
 import threading
 
@@ -38,7 +42,31 @@ SCHEMA = ("id string, topic string, channel string, body binary, timestamp times
 PUBLISH_CHUNK = 500
 SNAPSHOT_CHUNK = 1000
 SOURCE_RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
+JAVA_NEEDED = ("install Java 17 or 21 (e.g. apt-get install openjdk-17-jre-headless) "
+               "and put its java on PATH or set JAVA_HOME to it")
 log = logging.getLogger("relay.spark")
+
+
+class JavaMissing(RuntimeError):
+    """No Java runtime that Spark 4 can start: the message says what to install or set."""
+
+
+def check_java() -> None:
+    """Raise JavaMissing unless the java that pyspark's launcher would run (JAVA_HOME's,
+    else PATH's) is there and is 17 or newer; call it before building a SparkSession,
+    which otherwise dies with a Java gateway stack trace. A running gateway passes."""
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    if not java or not os.access(java, os.X_OK):
+        where = f"JAVA_HOME={home} has no bin/java" if home else "no java on PATH"
+        raise JavaMissing(f"no Java runtime for Spark 4 ({where}): {JAVA_NEEDED}")
+    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    version = re.search(r'version "(?:1\.)?(\d+)', out)
+    if not version or int(version.group(1)) < 17:
+        said = out.splitlines()[0] if out else "no version"
+        raise JavaMissing(f"no Java runtime for Spark 4 ({java}: {said}): {JAVA_NEEDED}")
 
 
 def register(spark) -> None:

@@ -14,6 +14,7 @@ its lines again: keep the latest per window and key).
 """
 
 import argparse
+import sys
 
 from pyspark.sql import SparkSession, functions as F
 
@@ -82,4 +83,9 @@ def parse(argv=None):
 
 
 if __name__ == "__main__":
-    run(parse())
+    arguments = parse()
+    try:
+        relay.spark.check_java()
+    except relay.spark.JavaMissing as missing:
+        sys.exit(f"spark_pipeline: {missing}")
+    run(arguments)

@@ -13,22 +13,39 @@ from collections import Counter
 
 import pytest
 
-pyspark = pytest.importorskip("pyspark")
+# Without pyspark or a Java runtime the module skips with one line saying what is
+# missing; RELAY_REQUIRE_SPARK=1 (.ci/run sets it) makes each Spark test fail instead.
+REQUIRE_SPARK = os.environ.get("RELAY_REQUIRE_SPARK") == "1"
+if not REQUIRE_SPARK:
+    pytest.importorskip("pyspark")
 
 import relay.spark  # noqa: E402
 from relay.codec import record_id  # noqa: E402
 from relay.spark_batches import QueryBatches  # noqa: E402
-from relay.store import Store  # noqa: E402
-from relay.store.connection import connect  # noqa: E402
-from tests.helpers.servers import flush  # noqa: E402
+from tests.test_spark_batches import channel_state, store  # noqa: E402,F401 (a fixture)
 from workers.scanner import Scanner  # noqa: E402
+
+try:
+    relay.spark.check_java()
+    JAVA_MISSING = None
+except relay.spark.JavaMissing as missing:
+    JAVA_MISSING = str(missing)
+if JAVA_MISSING and not REQUIRE_SPARK:
+    pytest.skip(JAVA_MISSING, allow_module_level=True)
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPARK_ENV = {**os.environ, "PYSPARK_PYTHON": sys.executable}
 
 
 @pytest.fixture(scope="module")
-def spark():
+def java():
+    """Under RELAY_REQUIRE_SPARK=1, no Java runtime fails each test that needs one."""
+    if JAVA_MISSING:
+        pytest.fail(JAVA_MISSING)
+
+
+@pytest.fixture(scope="module")
+def spark(java):
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
     session = (SparkSession.builder.master("local[2]").appName("relay-tests")
@@ -37,12 +54,6 @@ def spark():
     relay.spark.register(session)
     yield session
     session.stop()
-
-
-@pytest.fixture
-def store(redis_url):
-    flush(redis_url)
-    return Store(connect(redis_url))
 
 
 def source(spark, redis_url, batch=10, **extra):
@@ -54,67 +65,11 @@ def source(spark, redis_url, batch=10, **extra):
     return reader.load()
 
 
-def channel_state(store, channel="spark") -> tuple:
-    state = store.read_channel("events", channel)
-    return state["depth"], state["in_flight_count"], state["timeout_count"]
-
-
 def wait_for(condition, timeout=60.0):
     deadline = time.monotonic() + timeout
     while not condition() and time.monotonic() < deadline:
         time.sleep(0.1)
     return condition()
-
-
-# -- the query's batches in Redis, without Spark -----------------------------------
-
-@pytest.mark.cluster
-def test_nsq_consumers_and_spark_share_a_channel(store):
-    store.subscribe("events", "spark", "b1")
-    store.publish("events", [b"s%d" % i for i in range(6)])
-    query = QueryBatches(store, "events", "spark", "spark")
-    assert query.claim(4) == 4
-    [others] = store.deliver("events", "spark", [("b1:1", 60_000, 10)])
-    claimed = query.records(1)
-    assert len(claimed) == 4 and len(others) == 2
-    assert not set(claimed) & set(others)
-    assert query.progress() == {"claimed": 1, "finished": 0, "parked": 0}
-
-
-@pytest.mark.cluster
-def test_a_claim_that_ran_out_is_skipped_when_the_query_claims_it_again(store):
-    store.subscribe("events", "spark", "")
-    store.publish("events", [b"x%d" % i for i in range(5)])
-    query = QueryBatches(store, "events", "spark", "spark", lease_ms=300)
-    assert query.claim(10) == 5
-    time.sleep(0.4)                     # the driver's machine died: nothing renewed
-    Scanner(store).scan_once()
-    assert channel_state(store) == (5, 0, 5)
-    assert query.confirm(1) == {"claimed": 1, "finished": 1, "parked": 0}
-    assert query.records(1) == []
-    assert query.claim(10) == 0         # the five copies: finished, not a batch
-    assert channel_state(store) == (0, 0, 5)
-    store.publish("events", [b"new"])
-    assert query.claim(10) == 1
-    assert [r[26:] for r in query.records(2)] == [b"new"]
-
-
-@pytest.mark.cluster
-def test_parked_claims_outlast_the_lease_and_come_back_after_the_park(store):
-    store.subscribe("events", "spark", "")
-    store.publish("events", [b"p%d" % i for i in range(5)])
-    query = QueryBatches(store, "events", "spark", "spark", lease_ms=300, park_ms=3000)
-    query.claim(10)
-    query.park()
-    assert query.progress() == {"claimed": 1, "finished": 0, "parked": 1}
-    time.sleep(0.5)                     # past the lease
-    assert query.renew() == 0           # a new run leaves a parked batch parked
-    scanner = Scanner(store)
-    scanner.scan_once()
-    assert channel_state(store) == (0, 5, 0)
-    time.sleep(3)                       # a query that never comes back
-    scanner.scan_once()
-    assert channel_state(store) == (5, 0, 5)
 
 
 # -- streaming queries --------------------------------------------------------------
@@ -309,7 +264,7 @@ def published_counts(store) -> dict:
 
 
 @pytest.mark.cluster
-def test_example_pipeline_run_twice_counts_each_event_once(store, redis_url, tmp_path):
+def test_example_pipeline_run_twice_counts_each_event_once(java, store, redis_url, tmp_path):
     store.publish("events", events(["a"] * 5 + ["b"] * 3 + ["c"]))
     store.create_channel("events", "event-counts")
     store.publish("events", events(["a", "c"]) + [b"junk"])
@@ -345,7 +300,8 @@ spark_pipeline.run(spark_pipeline.parse(sys.argv[2:]))
 
 
 @pytest.mark.cluster
-def test_example_pipeline_killed_mid_batch_counts_each_event_once(store, redis_url, tmp_path):
+def test_example_pipeline_killed_mid_batch_counts_each_event_once(java, store, redis_url,
+                                                                 tmp_path):
     store.create_channel("events", "event-counts")
     store.publish("events", events(["a"] * 4 + ["b"] * 2))
     writing = tmp_path / "writing"
