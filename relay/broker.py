@@ -56,9 +56,11 @@ class Broker:
         self.options = options
         self.id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.redis = client or connect_redis(options)
-        self.store = Store(self.redis, dedicated=True)
+        # builds every op, and runs the HTTP API's calls on the client's pool; the group
+        # commit sends on connections of its own, which nothing else may use meanwhile
+        self.store = Store(self.redis)
         self.metrics = Metrics(self)
-        self.commit = GroupCommit(self.store, options.commit_lanes,
+        self.commit = GroupCommit(Store(self.redis, dedicated=True), options.commit_lanes,
                                   observe=self.metrics.redis_round_trip.observe)
         self.tls_context = transport.server_context(options)
         self.auth = Authorizer(options)

@@ -46,7 +46,7 @@ class WakeupListener:
 
     def __init__(self, broker: BrokerContext):
         self.broker = broker
-        # a Store of its own: broker.store's connection belongs to the group commit
+        # the catch-up read's Store, on the client's pool as broker.store
         self.store = Store(broker.redis)
         self.topics: set[str] = set()
         self.versions: dict[str, int] = {}     # as last read, per topic

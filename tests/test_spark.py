@@ -22,7 +22,10 @@ if not REQUIRE_SPARK:
 import relay.spark  # noqa: E402
 from relay.codec import record_id  # noqa: E402
 from relay.spark_batches import QueryBatches  # noqa: E402
-from tests.test_spark_batches import channel_state, store  # noqa: E402,F401 (a fixture)
+from relay.store import Store  # noqa: E402
+from relay.store.connection import connect  # noqa: E402
+from tests.helpers.servers import flush  # noqa: E402
+from tests.helpers.store import channel_state  # noqa: E402
 from workers.scanner import Scanner  # noqa: E402
 
 try:
@@ -54,6 +57,13 @@ def spark(java):
     relay.spark.register(session)
     yield session
     session.stop()
+
+
+@pytest.fixture
+def store(redis_url):
+    """A Store on this test's deployment (one Redis, or the cluster), flushed."""
+    flush(redis_url)
+    return Store(connect(redis_url))
 
 
 def source(spark, redis_url, batch=10, **extra):

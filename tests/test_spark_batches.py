@@ -9,18 +9,15 @@ from relay.spark_batches import QueryBatches
 from relay.store import Store
 from relay.store.connection import connect
 from tests.helpers.servers import flush
+from tests.helpers.store import channel_state
 from workers.scanner import Scanner
 
 
 @pytest.fixture
 def store(redis_url):
+    """A Store on this test's deployment (one Redis, or the cluster), flushed."""
     flush(redis_url)
     return Store(connect(redis_url))
-
-
-def channel_state(store, channel="spark") -> tuple:
-    state = store.read_channel("events", channel)
-    return state["depth"], state["in_flight_count"], state["timeout_count"]
 
 
 @pytest.mark.cluster

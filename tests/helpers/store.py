@@ -66,3 +66,9 @@ def empty_channel(**overrides) -> dict:
 def subscribed(store, topic="t", channel="c", broker="b1"):
     assert store.subscribe(topic, channel, broker) is True
     return store
+
+
+def channel_state(store, channel="spark", topic="events") -> tuple:
+    """(depth, in flight, timed out) of a channel."""
+    state = store.read_channel(topic, channel)
+    return state["depth"], state["in_flight_count"], state["timeout_count"]
