@@ -69,9 +69,30 @@ def check_java() -> None:
         raise JavaMissing(f"no Java runtime for Spark 4 ({java}: {said}): {JAVA_NEEDED}")
 
 
+class WorkerPythonUnfit(RuntimeError):
+    """Spark's Python workers would run an interpreter that cannot import relay."""
+
+
 def register(spark) -> None:
-    """Make format("relay") available on this session."""
+    """Make format("relay") available on this session, once its Python workers can
+    import relay (else the first read fails 10 s later with a Java stack trace)."""
+    check_worker_python(spark)
     spark.dataSource.register(RelayDataSource)
+
+
+def check_worker_python(spark) -> None:
+    """Raise WorkerPythonUnfit with one line saying what to set unless the Python that
+    Spark starts its workers with (spark.pyspark.python, else PYSPARK_PYTHON, else
+    python3 on PATH, as pyspark picks it) imports relay.spark."""
+    python = (spark.conf.get("spark.pyspark.python", None)
+              or os.environ.get("PYSPARK_PYTHON") or "python3")
+    found = shutil.which(python)
+    if found and subprocess.run([found, "-c", "import relay.spark"],
+                                capture_output=True).returncode == 0:
+        return
+    said = f"{python} is not found" if not found else f"{found} cannot import relay.spark"
+    raise WorkerPythonUnfit(f"Spark's Python workers would run {python}: {said}; "
+                            f"set PYSPARK_PYTHON={sys.executable}")
 
 
 def _store(options):
