@@ -251,7 +251,7 @@ def test_one_due_read_covers_topics_in_many_slots(backend):
         store.publish(topic, [b"x"])
         store.deliver(topic, "c", [("b:1", 1, 1)])
     time.sleep(0.01)
-    groups = store._due_groups(topics)
+    groups = store._node_groups(topics)
     assert len(groups) == (3 if store.cluster else 1)
     assert len({key_slot(TopicKeys.of(t).due.encode()) for t in topics}) > len(groups)
     now, due, more, failed = store.due_channels(topics + ["idle"], 10)
