@@ -335,7 +335,7 @@ def render(results, ceil, memory, idle, scan, scan_args, runs, seconds) -> str:
         "## Idle consumer latency", "",
         "`scripts/idle_latency.py`: one idle consumer (RDY 1), a PUB every 20 ms, time from "
         f"PUB to the message frame: p50 {idle['p50_ms']} ms, p99 {idle['p99_ms']} ms, "
-        f"max {idle['max_ms']} ms over {idle['samples']} samples.", "",
+        f"max {idle['max_ms']} ms over {idle['deliveries']} samples.", "",
     ]
     return "\n".join(lines + render_scanner(scan, scan_args))
 
@@ -365,7 +365,8 @@ def main():
     memory = memory_per_message(args.memory_messages)
     print(json.dumps({"memory": memory}), flush=True)
     idle = json.loads(subprocess.run([sys.executable, os.path.join(HERE, "idle_latency.py"),
-                                      "--samples", str(args.idle_samples)],
+                                      "--samples", str(args.idle_samples),
+                                      "--idle-seconds", "1"],
                                      capture_output=True, text=True, check=True,
                                      timeout=300).stdout.strip().splitlines()[-1])
     scan_args = shlex.split(args.scanner_args)

@@ -163,7 +163,9 @@ def measure(args, url: str, workdir: str) -> dict:
         pids = {"scanner": scanner.pid, "redis": client.info("server")["process_id"]}
 
         started = time.time()
-        run_chunked(store, [store.subscribe_op(t, c, "scale") for t, c in channels])
+        # channels with no consumer counted: a consumer of an unregistered broker id
+        # would be reaped as a dead broker's (relay/reaper.py), its messages requeued
+        run_chunked(store, [store.subscribe_op(t, c, "") for t, c in channels])
         body = b"x" * args.size
         run_chunked(store, [store.publish_op(t, [body] * per_channel_count) for t in topics])
         first_ms = time.time() * 1000 + args.lead * 1000
