@@ -273,7 +273,6 @@ def published_counts(store) -> dict:
     return dict(total)
 
 
-@pytest.mark.cluster
 def test_example_pipeline_run_twice_counts_each_event_once(java, store, redis_url, tmp_path):
     store.publish("events", events(["a"] * 5 + ["b"] * 3 + ["c"]))
     store.create_channel("events", "event-counts")
@@ -309,7 +308,6 @@ spark_pipeline.run(spark_pipeline.parse(sys.argv[2:]))
 """
 
 
-@pytest.mark.cluster
 def test_example_pipeline_killed_mid_batch_counts_each_event_once(java, store, redis_url,
                                                                  tmp_path):
     store.create_channel("events", "event-counts")
