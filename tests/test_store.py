@@ -318,6 +318,25 @@ def test_finish_codes_and_cleanup(store):
     assert store.read_channel("t", "c") == empty_channel(message_count=2, client_count=1)
 
 
+def test_finish_of_one_id_twice_in_one_call_takes_once(store):
+    subscribed(store, "t", "c")
+    store.publish("t", [b"1", b"2"])
+    store.deliver("t", "c", [("a", 60_000, 2)])
+    assert store.finish("t", "c", [("a", mid(1)), ("a", mid(1)), ("b", mid(2)),
+                                   ("a", mid(2))]) == [1, 0, -1, 1]
+    assert store.read_channel("t", "c")["in_flight_count"] == 0
+
+
+def test_finish_of_more_ids_than_one_hmget_takes(store):
+    """The leases are read 1,000 ids per HMGET: 2,500 in one call all finish."""
+    subscribed(store, "t", "c")
+    store.publish("t", [b"x"] * 2500)
+    (got,) = store.deliver("t", "c", [("a", 60_000, 2500)])
+    pairs = [("a", codec.record_id(r)) for r in got]
+    assert store.finish("t", "c", pairs + [("a", b"ffffffffffffffff")]) == [1] * 2500 + [0]
+    assert store.read_channel("t", "c")["in_flight_count"] == 0
+
+
 def test_finish_of_queued_or_deferred_message_is_not_in_flight(store):
     subscribed(store, "t", "c")
     store.publish("t", [b"1"])
