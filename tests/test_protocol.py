@@ -959,6 +959,35 @@ def test_pipelined_replies_keep_command_order(broker):
         assert w.frame() == OK
 
 
+def test_fins_in_one_packet_answer_only_the_failures_in_order(broker):
+    """FINs that arrive together go to Redis as one call: the ones that took get no
+    reply, each failure gets its own error frame in command order, a duplicate of a
+    finished id fails as not in flight, and a PUB after them is answered after them."""
+    assert Wire(broker).mpub("t", [b"%d" % i for i in range(4)]) == OK
+    w = subscribed(broker, "t", "ch", rdy=4)
+    mids = sorted(w.message()[2] for _ in range(4))
+    fins = [mids[0], BOGUS_ID, mids[1], mids[1], mids[2], b"\xff" * 16, mids[3]]
+    w.send(b"".join(b"FIN " + m + b"\r\n" * (i % 2) + b"\n" * (1 - i % 2)
+                    for i, m in enumerate(fins)) + b"PUB other\n" + size(1) + b"x")
+    for mid in (BOGUS_ID, mids[1], b"\xff" * 16):
+        assert w.frame() == (ERROR, b"E_FIN_FAILED FIN " + mid + b" failed ID not in flight")
+    assert w.frame() == OK
+    assert w.nothing(0.5)
+
+
+def test_a_malformed_fin_behind_good_ones_is_still_fatal(broker):
+    """A FIN whose id is not 16 bytes, sent right behind valid FINs, closes the
+    connection with E_INVALID as alone, after the valid ones took."""
+    assert Wire(broker).mpub("t", [b"a", b"b"]) == OK
+    w = subscribed(broker, "t", "ch", rdy=2)
+    mids = [w.message()[2] for _ in range(2)]
+    w.send(b"FIN " + mids[0] + b"\nFIN " + mids[1] + b"\nFIN " + mids[1][:15] + b"\r\n")
+    assert w.frame() == (ERROR, b"E_INVALID invalid message ID")
+    assert w.closed(2)
+    c = subscribed(broker, "t", "ch", rdy=2)
+    assert c.nothing(1.0)
+
+
 def test_crlf_line_endings(broker):
     w = Wire(broker)
     w.send(b"NOP\r\nPUB t\r\n" + size(1) + b"x")

@@ -49,6 +49,26 @@ class Reader:
         self.pos = end + 1
         return line[:-1] if line.endswith(b"\r") else line
 
+    def buffered_argument(self, command: bytes, size: int) -> bytes | None:
+        """The argument of the next command line if it is already read, is `command`
+        with one argument of `size` bytes (e.g. b"FIN " and a message id), and nothing
+        else; it is then consumed. Lets a handler take the same commands that follow
+        it in one go, without reading from the socket."""
+        start = self.pos + len(command)
+        end = start + size
+        if len(self.buf) <= end or not self.buf.startswith(command, self.pos):
+            return None
+        argument = bytes(self.buf[start:end])
+        if b" " in argument or b"\r" in argument or b"\n" in argument:
+            return None     # the line reader splits or strips these: let it
+        if self.buf[end] == 10:
+            self.pos = end + 1
+        elif self.buf[end:end + 2] == b"\r\n":
+            self.pos = end + 2
+        else:
+            return None
+        return argument
+
     def exact(self, n: int) -> bytes:
         while self.buffered < n:
             self._fill()

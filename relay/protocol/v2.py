@@ -49,6 +49,42 @@ class Pending:
         return self.finish(value, None)
 
 
+class Settled:
+    """The reply to FIN, REQ or TOUCH commands sent to Redis as one call: nothing for
+    each that took (nsqd sends none), a non-fatal E_<COMMAND>_FAILED for each that did
+    not. `took(ids)` is told the ids that took, once Redis has answered."""
+
+    __slots__ = ("result", "command", "ids", "took")
+
+    def __init__(self, result: AsyncResult, command: str, ids: list[bytes],
+                 took: Callable[[list[bytes]], None]):
+        self.result = result
+        self.command = command
+        self.ids = ids
+        self.took = took
+
+    def errors(self) -> list[ClientError]:
+        try:
+            codes = self.result.get()
+        except StoreError:
+            codes = [None] * len(self.ids)
+        done, errors = [], []
+        for msg_id, code in zip(self.ids, codes):
+            reason = SETTLE_FAILURES.get(code)
+            if reason is None:
+                done.append(msg_id)
+            else:
+                errors.append(ClientError(f"E_{self.command}_FAILED",
+                                          f"{self.command} {_text(msg_id)} failed {reason}"))
+        self.took(done)
+        return errors
+
+
+# a FIN, REQ or TOUCH's code from Redis (None: no answer) -> why it failed
+SETTLE_FAILURES = {None: "redis unavailable", 0: "ID not in flight",
+                   -1: "client does not own message"}
+
+
 class Upgrade:
     """IDENTIFY's response when it negotiated TLS or compression: the writer sends it,
     runs the steps, and tells the reader whether the connection may go on."""
@@ -65,7 +101,7 @@ class Upgrade:
         return self._done.get()
 
 
-Reply = bytes | Pending | Upgrade | None
+Reply = bytes | Pending | Settled | Upgrade | None
 """A handler's reply; the queue to the writer also carries the ClientErrors they raise."""
 
 
@@ -83,9 +119,12 @@ class ProtocolV2:
 
     def io_loop(self, client: Client, reader: Reader) -> None:
         """Read commands until EOF, a read timeout or a fatal error; replies go to the writer."""
+        timeout_set = None      # (socket, heartbeat) the read timeout was last set for
         while not client.closed:
             hb = client.heartbeat_interval
-            client.sock.settimeout(2 * hb / 1000 if hb > 0 else None)
+            if timeout_set != (client.sock, hb):
+                timeout_set = (client.sock, hb)
+                client.sock.settimeout(2 * hb / 1000 if hb > 0 else None)
             try:
                 params = reader.line().split(b" ")
                 reply = self.exec(client, params, reader)
@@ -118,6 +157,10 @@ class ProtocolV2:
             if client.closed:
                 if isinstance(reply, Upgrade):
                     reply.finish(False)
+                continue
+            if isinstance(reply, Settled):
+                for error in reply.errors():
+                    self._send_error(client, error)
                 continue
             if isinstance(reply, Pending):
                 try:
@@ -304,22 +347,32 @@ class ProtocolV2:
             raise FatalClientError("E_INVALID", "invalid message ID")
         return params[1]
 
-    def fin(self, client: Client, params: list[bytes], reader: Reader) -> Pending:
-        msg_id = self._message_id(client, params, "FIN", 2)
-        held = client.in_flight.pop(msg_id, None)
-        if held is not None:
-            client.channel.credit_changed()
+    def fin(self, client: Client, params: list[bytes], reader: Reader) -> "Settled":
+        """FIN, and every FIN right behind it in the read buffer: one call to Redis
+        for all of them, on the channel's lane, where the deliver call for the credit
+        they free is likely to join the same pipeline."""
+        ids = [self._message_id(client, params, "FIN", 2)]
+        while (more := reader.buffered_argument(b"FIN ", codec.MSG_ID_LENGTH)) is not None:
+            ids.append(more)
         channel = client.channel
-        result = self.broker.commit.submit(self.broker.store.finish_op(
-            channel.topic, channel.name, [(client.owner, msg_id)]), client.number)
-
-        def done(codes, err):
-            self._owned(client, "FIN", msg_id, codes, err)
+        published = {}
+        for msg_id in ids:
+            held = client.in_flight.pop(msg_id, None)
             if held is not None:
-                self.broker.e2e.record(channel.topic, channel.name, held[1])
-        return Pending(result, done)
+                published[msg_id] = held[1]
+        if published:
+            channel.credit_changed()
+        result = self.broker.commit.submit(self.broker.store.finish_op(
+            channel.topic, channel.name, [(client.owner, i) for i in ids]), channel.order)
 
-    def req(self, client: Client, params: list[bytes], reader: Reader) -> Pending:
+        def took(done: list[bytes]) -> None:
+            client.finish_count += len(done)
+            for msg_id in done:
+                if msg_id in published:
+                    self.broker.e2e.record(channel.topic, channel.name, published[msg_id])
+        return Settled(result, "FIN", ids, took)
+
+    def req(self, client: Client, params: list[bytes], reader: Reader) -> "Settled":
         msg_id = self._message_id(client, params, "REQ", 3)
         try:
             delay = base10(params[2])
@@ -327,43 +380,28 @@ class ProtocolV2:
             raise FatalClientError(
                 "E_INVALID", "REQ could not parse timeout " + _text(params[2])) from None
         delay = min(delay, self.options.max_req_timeout)
+        channel = client.channel
         if client.in_flight.pop(msg_id, None) is not None:
-            client.channel.credit_changed()
+            channel.credit_changed()
         result = self.broker.commit.submit(self.broker.store.requeue_op(
-            client.channel.topic, client.channel.name, [(client.owner, msg_id, delay)]),
-            client.number)
-        return Pending(result, lambda codes, err: self._owned(client, "REQ", msg_id, codes, err))
+            channel.topic, channel.name, [(client.owner, msg_id, delay)]), channel.order)
 
-    def touch(self, client: Client, params: list[bytes], reader: Reader) -> Pending:
+        def took(done: list[bytes]) -> None:
+            client.requeue_count += len(done)
+        return Settled(result, "REQ", [msg_id], took)
+
+    def touch(self, client: Client, params: list[bytes], reader: Reader) -> "Settled":
         msg_id = self._message_id(client, params, "TOUCH", 2)
         timeout = client.msg_timeout
+        channel = client.channel
         result = self.broker.commit.submit(self.broker.store.touch_op(
-            client.channel.topic, client.channel.name, self.options.max_msg_timeout,
-            [(client.owner, msg_id, timeout)]), client.number)
+            channel.topic, channel.name, self.options.max_msg_timeout,
+            [(client.owner, msg_id, timeout)]), channel.order)
 
-        def done(codes, err):
-            self._owned(client, "TOUCH", msg_id, codes, err)
-            client.touched(msg_id, timeout)
-        return Pending(result, done)
-
-    @staticmethod
-    def _owned(client: Client, command: str, msg_id: bytes, codes: list[int] | None,
-               err: StoreError | None) -> None:
-        """Count a finish/requeue/touch that took; raise nsqd's non-fatal error if not."""
-        code = codes[0] if codes else None
-        if err is not None:
-            reason = "redis unavailable"
-        elif code == 0:
-            reason = "ID not in flight"
-        elif code == -1:
-            reason = "client does not own message"
-        else:
-            if command == "FIN":
-                client.finish_count += 1
-            elif command == "REQ":
-                client.requeue_count += 1
-            return
-        raise ClientError(f"E_{command}_FAILED", f"{command} {_text(msg_id)} failed {reason}")
+        def took(done: list[bytes]) -> None:
+            for touched in done:
+                client.touched(touched, timeout)
+        return Settled(result, "TOUCH", [msg_id], took)
 
     def cls(self, client: Client, params: list[bytes], reader: Reader) -> bytes:
         if client.state != SUBSCRIBED:
