@@ -53,6 +53,9 @@ WORKLOADS = [
     ("sub C=1 RDY 1", ["sub", "--consumers", "1", "--rdy", "1", "--messages", "20000"], 1),
     ("sub C=4 RDY 1", ["sub", "--consumers", "4", "--rdy", "1", "--messages", "40000"], 1),
     ("sub C=1 RDY 100", ["sub", "--consumers", "1", "--rdy", "100", "--messages", "200000"], 1),
+    ("sub C=1 RDY 2500, nsqd's output buffering, 200 B",
+     ["sub", "--consumers", "1", "--rdy", "2500", "--messages", "300000", "--size", "200",
+      "--output-buffer-timeout", "0"], 1),
     ("sub C=4 RDY 100", ["sub", "--consumers", "4", "--rdy", "100", "--messages", "200000"], 1),
     ("e2e 1x100 -> 4 consumers RDY 100, 200 B",
      ["e2e", "--producers", "1", "--batch", "100", "--consumers", "4", "--rdy", "100",
@@ -176,8 +179,10 @@ def run_workload(args: list, brokers: int, seconds: float, source: str | None = 
             raise RuntimeError(f"loadgen {' '.join(args)} failed: {stderr.strip()}")
         result = json.loads(stdout.strip().splitlines()[-1])
         start, end = sampler.at(result["window_start"]), sampler.at(result["window_end"])
+        messages = result["msgs_per_s"] * result["window_s"]
         for k in pids:
             result[f"{k}_cpu_pct"] = round(100 * (end[k] - start[k]) / result["window_s"])
+            result[f"{k}_us_per_msg"] = round(1e6 * (end[k] - start[k]) / messages, 2)
         if brokers > 1:
             result["per_broker"] = {"connections": connections,
                                     **{k: [stack.counters(i)[k] for i in range(brokers)]
@@ -291,10 +296,14 @@ def render(results, ceil, memory, idle, scan, scan_args, runs, seconds) -> str:
         "the last publish, or to the last message received for sub and e2e; connecting, the "
         "sub prefill and the e2e drain wait are outside it). Ratios are median / the ceiling "
         "for the same work (the `work` column). e2e rows count sent and received messages; a "
-        "run that loses one fails. CPU is percent of one core.", "",
+        "run that loses one fails. CPU is percent of one core; µs/msg is CPU time over the "
+        "window divided by the messages in it (for sub and e2e rows: delivered and finished, "
+        "e2e also published), so it says how many cores a rate needs on any machine.", "",
         "| workload | median msgs/s | min | max | messages | work | x scripts ceiling "
-        "| x plain | p99 ms | broker CPU % | Redis CPU % | loadgen CPU % | loadgen args |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| x plain | p99 ms | broker µs/msg | Redis µs/msg | broker CPU % | Redis CPU % "
+        "| loadgen CPU % | loadgen args |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+        "| --- |",
     ]
     shares = []
     for title, args, brokers, runs_out in results:
@@ -309,10 +318,12 @@ def render(results, ceil, memory, idle, scan, scan_args, runs, seconds) -> str:
         bcpu = statistics.median(r["broker_cpu_pct"] for r in runs_out)
         rcpu = statistics.median(r["redis_cpu_pct"] for r in runs_out)
         lcpu = statistics.median(r["loadgen_cpu_pct"] for r in runs_out)
+        bus = statistics.median(r["broker_us_per_msg"] for r in runs_out)
+        rus = statistics.median(r["redis_us_per_msg"] for r in runs_out)
         lines.append(
             f"| {title} | {med:,.0f} | {min(rates):,} | {max(rates):,} | {messages} | {work} | "
             f"{med / ceil[('scripts', work)]:.2f} | {med / ceil[('plain', work)]:.2f} | {p99} | "
-            f"{bcpu:.0f} | {rcpu:.0f} | {lcpu:.0f} | "
+            f"{bus:.1f} | {rus:.1f} | {bcpu:.0f} | {rcpu:.0f} | {lcpu:.0f} | "
             f"`{' '.join(args)}`{f' ({brokers} brokers)' if brokers > 1 else ''} |")
         for n, r in enumerate(runs_out, 1):
             if "per_broker" in r:

@@ -46,17 +46,24 @@ def main():
     parent = tempfile.mkdtemp(prefix="relay-compare-")
     sources = {rev: checkout(rev, parent) for rev in (args.before, args.after)}
     try:
-        print(f"| workload | {args.before} msgs/s | {args.after} msgs/s | after / before |")
-        print("| --- | --- | --- | --- |")
+        print(f"| workload | {args.before} msgs/s | {args.after} msgs/s | after / before "
+              "| broker µs/msg before / after | Redis µs/msg before / after |")
+        print("| --- | --- | --- | --- | --- | --- |")
         for title, loadgen_args, brokers in workloads:
-            rates = {rev: [] for rev in sources}
+            runs = {rev: [] for rev in sources}
             for _ in range(args.runs):
                 for rev, source in sources.items():
-                    result = run_workload(loadgen_args, brokers, args.seconds, source)
-                    rates[rev].append(result["msgs_per_s"])
-            before, after = (statistics.median(rates[r]) for r in (args.before, args.after))
-            cells = [" / ".join(f"{r:,.0f}" for r in rates[rev]) for rev in sources]
-            print(f"| {title} | {cells[0]} | {cells[1]} | {after / before:.2f} |", flush=True)
+                    runs[rev].append(run_workload(loadgen_args, brokers, args.seconds, source))
+            rate, cost = {}, {}
+            for rev, results in runs.items():
+                rate[rev] = statistics.median(r["msgs_per_s"] for r in results)
+                cost[rev] = {k: statistics.median(r[f"{k}_us_per_msg"] for r in results)
+                             for k in ("broker", "redis")}
+            cells = [" / ".join(f"{r['msgs_per_s']:,.0f}" for r in runs[rev]) for rev in sources]
+            before, after = args.before, args.after
+            print(f"| {title} | {cells[0]} | {cells[1]} | {rate[after] / rate[before]:.2f} | "
+                  + " | ".join(f"{cost[before][k]:.1f} / {cost[after][k]:.1f}"
+                               for k in ("broker", "redis")) + " |", flush=True)
     finally:
         for source in sources.values():
             subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", source])
