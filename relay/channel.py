@@ -133,10 +133,10 @@ class Channel:
             if give_back:
                 commit.submit(store.requeue_op(self.topic, self.name,
                                                [(client.owner, i, 0) for i in give_back]),
-                              client.number)
+                              self.order)
             if sampled_out:
                 commit.submit(store.finish_op(self.topic, self.name,
                                               [(client.owner, i) for i in sampled_out]),
-                              client.number)
+                              self.order)
         if got < wanted and self.arrivals == seen:
             self.maybe_ready = False

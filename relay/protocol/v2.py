@@ -450,8 +450,10 @@ class ProtocolV2:
 
     def _publish(self, client: Client, topic: str, bodies: list[bytes], defer: int,
                  command: str) -> Pending:
+        """On the topic's lane: the publishes of every connection to one topic share
+        pipelines, and one connection's stay in order."""
         result = self.broker.commit.submit(self.broker.store.publish_op(topic, bodies, defer),
-                                           client.number)
+                                           hash(topic))
 
         def done(value, err):
             if err is not None:
