@@ -24,8 +24,8 @@ def fake_store():
 def answer(merged, slices, results):
     """What each input op gets back, as GroupCommit._run hands it out."""
     out = []
-    for index, start, stop in slices:
-        value = results[index]
+    for index, start, stop, part in slices:
+        value = results[index] if part is None else getattr(results[index], part)
         out.append(value if start is None else value[start:stop])
     return out
 
@@ -47,7 +47,7 @@ def test_finish_ops_on_one_channel_become_one_call(fake_store):
     assert merged[0].script == "finish"
     assert list(merged[0].keys) == list(ops[0].keys)
     assert list(merged[0].args) == ["a", "1", "b", "2", "b", "3", "c", "4"]
-    assert slices == [(0, 0, 1), (0, 1, 3), (0, 3, 4)]
+    assert slices == [(0, 0, 1, None), (0, 1, 3, None), (0, 3, 4, None)]
     # the submitted ops are not changed
     assert [list(op.args) for op in ops] == original_args
     assert answer(merged, slices, [[1, 0, -1, 1]]) == [[1], [0, -1], [1]]
@@ -62,7 +62,7 @@ def test_requeue_ops_share_their_two_leading_args(fake_store):
     leading = list(ops[0].args[:2])
     assert leading == list(ops[1].args[:2]) == ["c", "relay:{t}:wake"]
     assert list(merged[0].args) == leading + ["a", "1", 0, "b", "2", 100, "b", "3", 0]
-    assert slices == [(0, 0, 1), (0, 1, 3)]
+    assert slices == [(0, 0, 1, None), (0, 1, 3, None)]
     assert answer(merged, slices, [[1, 1, 0]]) == [[1], [1, 0]]
 
 
@@ -75,7 +75,7 @@ def test_touch_ops_merge_only_with_the_same_max_msg_timeout(fake_store):
     assert len(merged) == 2
     assert list(merged[0].args) == [900_000, "a", "1", 60_000, "c", "3", 1_000, "c", "4", 2_000]
     assert list(merged[1].args) == [5_000, "b", "2", 60_000]
-    assert slices == [(0, 0, 1), (1, 0, 1), (0, 1, 3)]
+    assert slices == [(0, 0, 1, None), (1, 0, 1, None), (0, 1, 3, None)]
     assert answer(merged, slices, [[11, 13, 14], [12]]) == [[11], [12], [13, 14]]
 
 
@@ -90,7 +90,7 @@ def test_different_keys_are_not_merged(fake_store):
     assert [op.script for op in merged] == ["finish", "finish", "finish", "requeue"]
     assert [list(op.args) for op in merged] == [["a", "1", "a", "2"], ["a", "1"], ["a", "1"],
                                                 list(ops[3].args)]
-    assert slices == [(0, 0, 1), (1, 0, 1), (2, 0, 1), (3, 0, 1), (0, 1, 2)]
+    assert slices == [(0, 0, 1, None), (1, 0, 1, None), (2, 0, 1, None), (3, 0, 1, None), (0, 1, 2, None)]
     assert answer(merged, slices, [[1, -1], [0], [1], [1]]) == [[1], [0], [1], [1], [-1]]
 
 
@@ -99,8 +99,8 @@ def test_non_mergeable_ops_are_untouched(fake_store):
     ops = [s.publish_op("t", [b"x"], timestamp_ns=1),
            s.finish_op("t", "c", [("a", "1")]),
            s.publish_op("t", [b"y"], timestamp_ns=1),
-           s.deliver_op("t", "c", [("a", 1_000, 5)]),
-           s.deliver_op("t", "c", [("b", 1_000, 5)]),
+           s.deliver_op("t", "d", [("a", 1_000, 5)]),
+           s.deliver_op("t", "d", [("b", 1_000, 5)]),
            s.subscribe_op("t", "c", "b1"),
            s.scan_op("t", "c", 10),
            s.finish_op("t", "c", [("b", "2")])]
@@ -109,11 +109,45 @@ def test_non_mergeable_ops_are_untouched(fake_store):
     assert [merged[i] for i in (2, 3, 4, 5, 6)] == [ops[2], ops[3], ops[4], ops[5], ops[6]]
     assert merged[1].script == "finish" and list(merged[1].args) == ["a", "1", "b", "2"]
     assert len(merged) == 7
-    assert slices == [(0, None, None), (1, 0, 1), (2, None, None), (3, None, None),
-                      (4, None, None), (5, None, None), (6, None, None), (1, 1, 2)]
+    assert slices == [(0, None, None, None), (1, 0, 1, None), (2, None, None, None),
+                      (3, None, None, None), (4, None, None, None), (5, None, None, None),
+                      (6, None, None, None), (1, 1, 2, None)]
     results = [7, [1, 0], 8, [[b"r"]], [[]], True, (0, 0, -1)]
     assert answer(merged, slices, results) == [7, [1], 8, [[b"r"]], [[]], True, (0, 0, -1),
                                                [0]]
+
+
+def test_finishes_fold_into_the_deliver_of_their_channel_that_follows(fake_store):
+    """FINs then a deliver of the same channel, with only a publish between: one deliver
+    call that finishes first; each FIN op reads its codes from the deliver's reply (a FIN
+    after the deliver merged into the first FIN's call already, as before)."""
+    s = fake_store
+    deliver = s.deliver_op("t", "c", [("a", 1_000, 2), ("b", 1_000, 1)], max_attempts=5)
+    ops = [s.finish_op("t", "c", [("a", "1")]),
+           s.publish_op("t", [b"x"], timestamp_ns=1),
+           s.finish_op("t", "c", [("b", "2"), ("b", "3")]),
+           deliver,
+           s.finish_op("t", "c", [("a", "4")])]
+    merged, slices = _merge(ops)
+    assert [op.script for op in merged] == ["publish", "deliver"]
+    assert list(merged[1].args) == ["c", 5, 4, "a", "1", "b", "2", "b", "3", "a", "4",
+                                    "a", 1_000, 2, "b", 1_000, 1]
+    assert list(deliver.args) == ["c", 5, 0, "a", 1_000, 2, "b", 1_000, 1]
+    assert slices == [(1, 0, 1, "finished"), (0, None, None, None), (1, 1, 3, "finished"),
+                      (1, None, None, None), (1, 3, 4, "finished")]
+
+
+@pytest.mark.parametrize("between", ["requeue", "touch", "drop"])
+def test_finishes_do_not_fold_past_another_change_of_their_channel(fake_store, between):
+    """A FIN moved after a REQ, TOUCH or empty of its channel could change their answers."""
+    s = fake_store
+    other = {"requeue": lambda: s.requeue_op("t", "c", [("a", "1", 0)]),
+             "touch": lambda: s.touch_op("t", "c", 1_000, [("a", "1", 60_000)]),
+             "drop": lambda: s.drop_op("t", "c")}[between]()
+    ops = [s.finish_op("t", "c", [("a", "1")]), other, s.deliver_op("t", "c", [("a", 1, 1)])]
+    merged, slices = _merge(ops)
+    assert [op.script for op in merged] == ["finish", other.script, "deliver"]
+    assert [part for *_, part in slices] == [None, None, None]
 
 
 def test_merge_of_nothing():
@@ -135,6 +169,24 @@ def test_merged_call_runs_as_the_separate_calls_would(fake_store):
     assert answer(merged, slices, s.run_many(merged)) == [[1], [-1, 1], [1], [1, 0]]
     state = s.read_channel("t", "c")
     assert (state["depth"], state["in_flight_count"], state["requeue_count"]) == (2, 0, 2)
+
+
+def test_folded_call_runs_as_the_separate_calls_would(backend):
+    """A deliver with FINs folded in, on every backend: the FINs take (or fail) as alone,
+    before the pops, and the credit they freed is used in the same call."""
+    s = Store(backend)
+    s.subscribe("t", "c", "b1")
+    s.publish("t", [b"1", b"2", b"3"])
+    s.deliver("t", "c", [("a", 60_000, 1), ("b", 60_000, 1)])
+    ops = [s.finish_op("t", "c", [("a", mid(1)), ("a", mid(2)), ("a", mid(9))]),
+           s.deliver_op("t", "c", [("a", 60_000, 2)])]
+    merged, slices = _merge(ops)
+    assert [op.script for op in merged] == ["deliver"]
+    finished, delivered = answer(merged, slices, s.run_many(merged))
+    assert finished == [1, -1, 0]
+    assert [parse_record(r)[2] for r in delivered[0]] == [mid(3)]
+    state = s.read_channel("t", "c")
+    assert (state["depth"], state["in_flight_count"]) == (0, 2)
 
 
 # -- GroupCommit under gevent ------------------------------------------------------

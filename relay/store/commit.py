@@ -82,18 +82,25 @@ class _Lane:
         except Exception as e:  # never let one batch stop the lane
             log.exception("pipeline failed")
             results = [StoreError(f"pipeline failed: {e!r}")] * len(ops)
-        for (op_index, start, stop), (_, result) in zip(slices, batch):
+        for (op_index, start, stop, part), (_, result) in zip(slices, batch):
             value = results[op_index]
             if isinstance(value, Exception):
                 result.set_exception(value)
-            elif start is None:
-                result.set(value)
-            else:
-                result.set(value[start:stop])
+                continue
+            if part is not None:
+                value = getattr(value, part)
+            result.set(value if start is None else value[start:stop])
 
 
 def _merge(ops: list) -> tuple[list, list]:
-    """Merge mergeable ops on the same keys; slices map each input op to its results."""
+    """Merge mergeable ops on the same keys, then fold finishes into delivers; slices map
+    each input op to its results: (merged op index, start, stop, attribute or None)."""
+    merged, slices = _merge_items(ops)
+    return _fold_finishes(merged, slices)
+
+
+def _merge_items(ops: list) -> tuple[list, list]:
+    """Merge mergeable ops on the same keys into one call with all their items."""
     merged: list[Op] = []
     slices = []
     open_calls: dict = {}
@@ -116,3 +123,29 @@ def _merge(ops: list) -> tuple[list, list]:
         slices.append((index, count, count + n))
         open_calls[key] = (index, count + n)
     return merged, slices
+
+
+def _fold_finishes(merged: list, slices: list) -> tuple[list, list]:
+    """Fold each finish call into the deliver call of its channel that follows it, when
+    nothing but publishes touches that channel in between: one script call then frees
+    RDY credit and uses it (Store.finishing_first). Slices of a folded finish read the
+    deliver's codes (Delivered.finished)."""
+    into: dict[int, int] = {}       # folded finish index -> deliver index
+    waiting: dict[str, int] = {}    # a channel's inflight key -> its finish call's index
+    for i, op in enumerate(merged):
+        if op.script == "finish":
+            waiting[op.keys[0]] = i
+        elif op.script == "deliver" and op.keys[1] in waiting:
+            j = waiting.pop(op.keys[1])
+            into[j] = i
+            merged[i] = Store.finishing_first(op, merged[j])
+        elif op.script != "publish" and waiting:
+            for key in [k for k in waiting if k in op.keys]:
+                del waiting[key]
+    if not into:
+        return merged, [(*s, None) for s in slices]
+    kept = [i for i in range(len(merged)) if i not in into]
+    position = {old: new for new, old in enumerate(kept)}
+    folded = [(position[into[i]], start, stop, "finished") if i in into
+              else (position[i], start, stop, None) for i, start, stop in slices]
+    return [merged[i] for i in kept], folded

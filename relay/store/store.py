@@ -49,15 +49,18 @@ class Subscribed(NamedTuple):
 
 
 class Delivered(list):
-    """deliver.lua's reply: one list of records per group, and the channel's count of
-    empties when they were popped (`empties`)."""
+    """deliver.lua's reply: one list of records per group, the channel's count of
+    empties when they were popped (`empties`), and the codes of the FINs folded into
+    the call (`finished`, as finish_op's)."""
 
     empties: int = 0
+    finished: list = []
 
     @classmethod
     def parse(cls, reply) -> "Delivered":
-        delivered = cls(reply[:-1])
-        delivered.empties = int(reply[-1])
+        delivered = cls(reply[:-2])
+        delivered.empties = int(reply[-2])
+        delivered.finished = reply[-1]
         return delivered
 
 
@@ -264,7 +267,7 @@ class Store:
         per group. Messages delivered `max_attempts` times already (0: no limit; the channel's
         own setting wins) go to its dead-letter outbox instead."""
         c = ChannelKeys.of(topic, channel)
-        args = [channel, max_attempts]
+        args = [channel, max_attempts, 0]
         for owner, timeout_ms, count in groups:
             args += [owner, timeout_ms, count]
         return Op("deliver", [c.queue, c.inflight, c.msgs, c.leases, TopicKeys.of(topic).due,
@@ -272,6 +275,16 @@ class Store:
 
     def deliver(self, topic, channel, groups, max_attempts=0):
         return self.run(self.deliver_op(topic, channel, groups, max_attempts))
+
+    @staticmethod
+    def finishing_first(deliver: Op, finish: Op) -> Op:
+        """A deliver call of the same channel that also does a finish call's work first:
+        the group commit folds FINs into the deliver that follows them."""
+        args = deliver.args
+        pairs = int(args[2])
+        return deliver._replace(args=[*args[:2], pairs + len(finish.args) // 2,
+                                      *args[3:3 + 2 * pairs], *finish.args,
+                                      *args[3 + 2 * pairs:]])
 
     def finish_op(self, topic: str, channel: str, pairs: Sequence[tuple]) -> Op:
         """FIN each (owner, id): per pair 1 done, 0 not in flight, -1 owned by another."""

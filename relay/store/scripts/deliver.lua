@@ -1,6 +1,6 @@
--- include: time.lua, chunked.lua, record.lua, lease.lua
--- deliver: pop ready messages of one channel for this broker's clients and put
--- them in flight, in one call for all of them. Each group is one client with its
+-- include: time.lua, chunked.lua, record.lua, lease.lua, finish.lua
+-- deliver: finish the FINs folded in, then pop ready messages of one channel for this
+-- broker's clients and put them in flight, in one call for all of them. Each group is one client with its
 -- own msg_timeout; attempts are incremented in the record.
 -- A message already delivered max-attempts times goes to the channel's dead-letter
 -- outbox instead (the scanner forwards it to the dead-letter topic), and the
@@ -10,15 +10,21 @@
 -- KEYS[5] topic due index   KEYS[6] channel meta (a paused channel delivers nothing;
 -- its max_attempts field overrides ARGV[2])   KEYS[7] dead-letter outbox
 -- ARGV[1] channel name (its member in the due index)   ARGV[2] max attempts (0: unlimited)
+-- ARGV[3] F, then F pairs to finish first: owner, id (the group commit folds the FINs
+-- of this channel that precede the call into it: one call frees credit and uses it)
 -- then groups of 3: owner, timeout ms, count
 -- Returns one list of records per group, in ARGV order, then the channel's count of
--- empties (drop.lua), which tells the broker whether the records predate an empty.
+-- empties (drop.lua), which tells the broker whether the records predate an empty,
+-- then the finish codes (finish.lua's), one per pair.
 
+local groups = 4 + 2 * tonumber(ARGV[3])
+local finished = finish_pairs(KEYS[2], KEYS[3], KEYS[4], ARGV, 4, groups - 1)
 local out = {}
 local empties = tonumber(redis.call('HGET', KEYS[6], 'empties') or '0')
 if redis.call('HEXISTS', KEYS[6], 'paused') == 1 then
-  for g = 3, #ARGV, 3 do out[#out + 1] = {} end
+  for g = groups, #ARGV, 3 do out[#out + 1] = {} end
   out[#out + 1] = empties
+  out[#out + 1] = finished
   return out
 end
 
@@ -45,7 +51,7 @@ local function pop(count)
 end
 
 local earliest = nil
-for g = 3, #ARGV, 3 do
+for g = groups, #ARGV, 3 do
   local deadline = now + tonumber(ARGV[g + 1])
   local lease = new_lease(now, ARGV[g])
   local records = pop(tonumber(ARGV[g + 2]))
@@ -75,4 +81,5 @@ if earliest then
   redis.call('ZADD', KEYS[5], 'LT', earliest, ARGV[1])
 end
 out[#out + 1] = empties
+out[#out + 1] = finished
 return out

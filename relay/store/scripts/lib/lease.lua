@@ -23,14 +23,14 @@ local function held(leases, id, owner)
   return lease_of(redis.call('HGET', leases, id), owner)
 end
 
--- The leases of ids args[first], args[first + step], ... of hash `leases`, in that order,
--- read with one HMGET per 1000 ids (unpack() has a stack limit).
-local function leases_of(leases, args, first, step)
+-- The leases of ids args[first], args[first + step], ... up to args[last], of hash
+-- `leases`, in that order, read with one HMGET per 1000 ids (unpack() has a stack limit).
+local function leases_of(leases, args, first, last, step)
   local out = {}
   local ids = {}
-  for i = first, #args, step do
+  for i = first, last, step do
     ids[#ids + 1] = args[i]
-    if #ids == 1000 or i + step > #args then
+    if #ids == 1000 or i + step > last then
       for _, lease in ipairs(redis.call('HMGET', leases, unpack(ids))) do
         out[#out + 1] = lease
       end
