@@ -52,3 +52,20 @@ def test_bench_script_writes_benchmarks_md(tmp_path):
     assert "over 10 samples" in text
     assert "`.venv/bin/python scripts/scanner_scale.py --topics 2" in text
     assert "| requeued (timeout_count) | 1,000 of 1,000, 0 left in flight |" in text
+
+
+def test_clients_bench_drains_with_every_client():
+    """pynsq, gnsq and the raw client each receive every message once; the figures are
+    there (not their values)."""
+    script = os.path.join(os.path.dirname(SCRIPT), "clients_bench.py")
+    run = subprocess.run([sys.executable, script, "--messages", "10000", "--runs", "1"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    results = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert [r["client"] for r in results] == ["pynsq", "gnsq", "raw"]
+    for r in results:
+        assert r["messages"] == 10000
+        for key in ("seconds", "msgs_per_s", "broker_us_per_msg", "redis_us_per_msg",
+                    "client_us_per_msg"):
+            assert r[key] > 0, (r["client"], key)
+    assert re.search(r"^\| gnsq \| [\d,]+ \| .* \| 10,000 \|", run.stdout, re.M)
