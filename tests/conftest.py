@@ -12,8 +12,11 @@ import trustme
 from relay import embedded
 from relay.store import Store
 from relay.store.connection import connect
+from tests.helpers.ports import worker_free_port
 from tests.helpers.processes import Processes
 from tests.helpers.servers import flush, local_cluster
+
+embedded.free_port = worker_free_port(embedded.free_port)
 
 
 # Modules whose tests run against a one-node Redis and again against a 3-master
