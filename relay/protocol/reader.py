@@ -1,10 +1,13 @@
 """Reading a client's commands: lines and sized bodies off its transport."""
 
+import re
+
 from relay import codec
 from relay.client import Client
 from relay.errors import Disconnect
 
 MAX_LINE = 16 * 1024
+FIN_LINE = re.compile(rb"FIN ([^ \r\n]{%d})\r?\n" % codec.MSG_ID_LENGTH)
 
 
 class Reader:
@@ -49,25 +52,15 @@ class Reader:
         self.pos = end + 1
         return line[:-1] if line.endswith(b"\r") else line
 
-    def buffered_argument(self, command: bytes, size: int) -> bytes | None:
-        """The argument of the next command line if it is already read, is `command`
-        with one argument of `size` bytes (e.g. b"FIN " and a message id), and nothing
-        else; it is then consumed. Lets a handler take the same commands that follow
-        it in one go, without reading from the socket."""
-        start = self.pos + len(command)
-        end = start + size
-        if len(self.buf) <= end or not self.buf.startswith(command, self.pos):
+    def buffered_fin(self) -> bytes | None:
+        """The message id of the next command if it is a FIN already read and well formed
+        (as the line reader would take it: one 16-byte argument, LF or CRLF); it is then
+        consumed. Lets FIN take the FINs that follow it in one go, without reading more."""
+        match = FIN_LINE.match(self.buf, self.pos)
+        if match is None:
             return None
-        argument = bytes(self.buf[start:end])
-        if b" " in argument or b"\r" in argument or b"\n" in argument:
-            return None     # the line reader splits or strips these: let it
-        if self.buf[end] == 10:
-            self.pos = end + 1
-        elif self.buf[end:end + 2] == b"\r\n":
-            self.pos = end + 2
-        else:
-            return None
-        return argument
+        self.pos = match.end()
+        return match.group(1)
 
     def exact(self, n: int) -> bytes:
         while self.buffered < n:

@@ -352,7 +352,7 @@ class ProtocolV2:
         for all of them, on the channel's lane, where the deliver call for the credit
         they free is likely to join the same pipeline."""
         ids = [self._message_id(client, params, "FIN", 2)]
-        while (more := reader.buffered_argument(b"FIN ", codec.MSG_ID_LENGTH)) is not None:
+        while (more := reader.buffered_fin()) is not None:
             ids.append(more)
         channel = client.channel
         published = {}
