@@ -17,7 +17,7 @@ from rq.job import JobStatus
 from relay import deadletter, jobs, registry
 from relay import stats as relay_stats
 from relay.admin_args import (REDIS_ENV, AdminGroup, background_option, existing, fail,
-                              parse_target, redis_options, relay_options)
+                              parse_target, redis_options, relay_options, replicated)
 from relay.admin_text import (clients_table, percent, preview, show, stats_text, summary,
                                table, utc)
 from relay.codec import MSG_ID_LENGTH, is_valid_name
@@ -386,7 +386,7 @@ def redrive(store, as_json, target, background):
     from the dead-letter topic."""
     topic, channel = existing(store, target, channel_required=True)
     size = sum(1 for _ in deadletter.letters(store, topic, channel))
-    run_operation(store, as_json, "redrive", topic, channel, background, size)
+    run_operation(replicated(store), as_json, "redrive", topic, channel, background, size)
 
 
 @main.command()
@@ -400,6 +400,7 @@ def pub(store, as_json, topic, source):
     nothing is published."""
     parse_target(topic)
     options, _ = relay_options()
+    store = replicated(store)
     with tempfile.SpooledTemporaryFile(PUB_SPOOL_BYTES) as lines:
         refused = []
         for number, line in enumerate(source, 1):

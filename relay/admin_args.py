@@ -13,11 +13,12 @@ from relay import jobs
 from relay.codec import is_valid_name
 from relay.errors import ConfigError, StoreConnectionError, StoreError
 from relay.options import Options, config_file, load_options
-from relay.store import Store
+from relay.store import Store, replication
 from relay.store.connection import connect
 
 NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())     # click 8.2+: no command
 REDIS_ENV = ["RELAY_REDIS_URL", "REDIS_URL"]
+TIMEOUT = 5  # seconds relay-admin waits for Redis
 
 
 def redis_options(command):
@@ -30,7 +31,7 @@ def redis_options(command):
     def wrapper(redis_url, as_json, **kwargs):
         redis_url = redis_url or click.get_current_context().find_root().params["redis_url"]
         try:
-            store = Store(connect(redis_url, timeout=5, connect_timeout=2))
+            store = Store(connect(redis_url, timeout=TIMEOUT, connect_timeout=2))
             return command(store, as_json, **kwargs)
         except (StoreConnectionError, redis.exceptions.ConnectionError,
                 redis.exceptions.TimeoutError) as e:
@@ -103,6 +104,13 @@ class AdminGroup(click.Group):
     def invoke(self, ctx):
         with one_line_usage():
             return super().invoke(ctx)
+
+
+def replicated(store: Store) -> Store:
+    """A store on the same client whose publishes wait for --wait-replicas replicas, as
+    relay's options say (relay_options)."""
+    options, _ = relay_options()
+    return Store(store.redis, **replication(options, TIMEOUT * 1000))
 
 
 def relay_options() -> tuple[Options, str | None]:

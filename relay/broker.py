@@ -38,7 +38,7 @@ from relay.protocol.reader import Reader
 from relay.protocol.v2 import ProtocolV2
 from relay.registry import Registry
 from relay.sockio import listen, raise_open_file_limit
-from relay.store import Store, connect_redis
+from relay.store import Store, connect_redis, replication
 from relay.store.commit import GroupCommit
 from relay.wakeups import WakeupListener
 
@@ -60,7 +60,8 @@ class Broker:
         # commit sends on connections of its own, which nothing else may use meanwhile
         self.store = Store(self.redis)
         self.metrics = Metrics(self)
-        self.commit = GroupCommit(Store(self.redis, dedicated=True), options.commit_lanes,
+        self.commit = GroupCommit(Store(self.redis, True, **replication(options)),
+                                  options.commit_lanes,
                                   observe=self.metrics.redis_round_trip.observe)
         self.tls_context = transport.server_context(options)
         self.auth = Authorizer(options)

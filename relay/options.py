@@ -108,6 +108,9 @@ class Options:
     commit_lanes: int = _opt(4, "Redis pipelines a broker keeps in flight at once")
     redis_timeout: int = _opt(5000, "give up on a Redis call after this long", DURATION,
                               used_by=(BROKER, SCANNER))
+    wait_replicas: int = _opt(0, "replicas that must hold a publish before it is "
+                              "acknowledged (WAIT; 0: the master alone)",
+                              used_by=(BROKER, SCANNER))
     e2e_processing_latency_percentiles: tuple = _opt(
         (), "quantiles of publish-to-FIN time shown in /stats, e.g. 0.99,0.95 (empty: off)",
         flag="e2e-processing-latency-percentile")
@@ -245,6 +248,7 @@ class OptionsSchema(Schema):
     dead_letter_topic = fields.String(validate=_dead_letter_topic)
     commit_lanes = _Count(validate=validate.Range(min=1, max=64))
     redis_timeout = _Duration(validate=_positive)
+    wait_replicas = _Count(validate=validate.Range(min=0))
     e2e_processing_latency_percentiles = _Quantiles()
     e2e_processing_latency_window_time = _Duration(validate=_positive)
     log_level = _LogLevel()

@@ -40,7 +40,7 @@ from relay import deadletter
 from relay.errors import StoreConnectionError, StoreError
 from relay.liveness import Liveness
 from relay.reaper import Reaper
-from relay.store import Store, connect_redis, guarded, keys
+from relay.store import Store, connect_redis, guarded, keys, replication
 from relay.store.keys import TopicKeys
 
 log = logging.getLogger("relay.scanner")
@@ -166,8 +166,9 @@ def scanner_id() -> str:
 
 
 def main(options) -> None:
-    scanner = Scanner(Store(connect_redis(options)), options.queue_scan_interval,
-                      options.queue_scan_limit, dead_letter_topic=options.dead_letter_topic)
+    scanner = Scanner(Store(connect_redis(options), **replication(options)),
+                      options.queue_scan_interval, options.queue_scan_limit,
+                      dead_letter_topic=options.dead_letter_topic)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, scanner.stop)
     scanner.run()

@@ -3,6 +3,6 @@ their calls and the Store that makes them."""
 
 from relay.store.connection import connect_redis
 from relay.store.runner import Op, guarded
-from relay.store.store import Store
+from relay.store.store import Store, replication
 
-__all__ = ["Op", "Store", "connect_redis", "guarded"]
+__all__ = ["Op", "Store", "connect_redis", "guarded", "replication"]

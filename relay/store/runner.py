@@ -8,6 +8,10 @@ refused because its slot is being moved (TRYAGAIN, or ASK/MOVED that redis-py's 
 retries did not settle) did nothing, and is sent again until SLOT_MOVE_PATIENCE has
 passed; a call whose `redo` asks for it (a fan-out given a stale channel list, see
 Store._fanout_op) is sent again as redo builds it.
+
+With `wait_replicas` N, a pipeline holding a publish ends with one WAIT N (WAITAOF 0 N
+where the server fsyncs every write) per node that got a publish; when fewer than N
+replicas confirm in time, that node's publishes fail (they may exist all the same).
 """
 
 import hashlib
@@ -27,6 +31,7 @@ SCRIPT_NAMES = ("publish", "subscribe", "unsubscribe", "deliver", "finish", "req
                 "touch", "scan", "pause_topic", "pause_channel", "drop", "redrive", "due",
                 "reap", "versions")
 CROSS_SLOT = ("due", "versions")  # read-only scripts that reach keys of many slots of one node
+REPLICATED = ("publish", "redrive")  # scripts acknowledged only once replicas hold their writes
 SLOT_MOVE_PATIENCE = 30.0
 
 
@@ -84,9 +89,12 @@ def guarded(fn, *args):
 class ScriptRunner:
     """Runs Ops on one client: a single server or a cluster."""
 
-    def __init__(self, client: redis.Redis, dedicated: bool = False):
+    def __init__(self, client: redis.Redis, dedicated: bool = False, wait_replicas: int = 0,
+                 wait_timeout: int = 0):
         """`dedicated`: pipelines go over one connection of their own; only for a
-        single caller at a time, as the broker's group commit (one server only)."""
+        single caller at a time, as the broker's group commit (one server only).
+        `wait_replicas`: replicas that must hold a publish before it succeeds, waited
+        for `wait_timeout` ms."""
         self.redis = client
         self.cluster = is_cluster(client)
         self.dedicated = dedicated and not self.cluster
@@ -94,11 +102,16 @@ class ScriptRunner:
         self.scripts = load_scripts()
         self.sharded = None
         self._loaded = False
+        self.wait_replicas = wait_replicas
+        self.wait_timeout = wait_timeout
+        self.wait_command = None
 
     def load_scripts(self) -> None:
         if self.sharded is None:
             self.sharded = sharded_pubsub(self.redis)
             self.scripts = load_scripts(self.sharded)
+        if self.wait_replicas and self.wait_command is None:
+            self.wait_command = self._wait_command()
         for script in self.scripts.values():
             self.redis.script_load(script.source)
         self._loaded = True
@@ -125,6 +138,51 @@ class ScriptRunner:
                 r = StoreError(f"{op.script}: {r}")
             out.append(r if isinstance(r, Exception) else op.parse(r))
         return out
+
+    def _wait_command(self) -> tuple:
+        """WAITAOF 0 N where the server has it (Redis 7.2+, Valkey) and fsyncs every
+        write (appendfsync always): a confirmation then also means on the replicas'
+        disks. Under everysec WAITAOF waits for the next fsync, up to a second per
+        pipeline, so there WAIT N: the replicas hold it in memory."""
+        target = {"target_nodes": self.redis.RANDOM} if self.cluster else {}
+        try:
+            version = self.redis.info("server", **target)["redis_version"]
+            fsync = self.redis.config_get("appendfsync", **target).get("appendfsync")
+        except redis.exceptions.ResponseError:  # CONFIG refused: assume everysec
+            return ("WAIT", self.wait_replicas, self.wait_timeout)
+        if tuple(map(int, version.split(".")[:2])) >= (7, 2) and fsync == "always":
+            return ("WAITAOF", 0, self.wait_replicas, self.wait_timeout)
+        return ("WAIT", self.wait_replicas, self.wait_timeout)
+
+    def _waits(self, commands: list) -> bool:
+        """Whether commands sent together need a WAIT after them."""
+        return self.wait_command is not None and any(
+            c[0] == "EVALSHA" and c[1] in self._replicated_shas for c in commands)
+
+    @property
+    def _replicated_shas(self) -> set:
+        return {self.scripts[name].sha for name in REPLICATED}
+
+    def _unconfirmed(self, reply) -> StoreError | None:
+        """The error of the writes a WAIT (WAITAOF) reply does not cover, or None."""
+        if isinstance(reply, Exception):
+            return StoreError(f"replicas not confirmed: {reply}")
+        confirmed = reply if isinstance(reply, int) else reply[1]
+        if confirmed >= self.wait_replicas:
+            return None
+        return StoreError(f"{confirmed} of {self.wait_replicas} replicas confirmed the write "
+                          f"within {self.wait_timeout}ms (it may exist)")
+
+    def _confirm(self, commands: list, raw: list, indexes, wait_reply) -> None:
+        """Publishes among `indexes` fail unless wait_reply confirms them."""
+        error = self._unconfirmed(wait_reply)
+        if error is None:
+            return
+        shas = self._replicated_shas
+        for i in indexes:
+            if commands[i][0] == "EVALSHA" and commands[i][1] in shas \
+                    and not isinstance(raw[i], Exception):
+                raw[i] = error
 
     def node_group(self, key: str):
         """What calls of a CROSS_SLOT script on `key` share: its node where scripts may
@@ -170,10 +228,12 @@ class ScriptRunner:
                              *op.keys, *op.args))
         if self.cluster:
             raw = self._send_per_node(commands)
-        elif self.dedicated:
-            raw = self._send(commands)
         else:
-            raw = self._pipeline(commands)
+            waits = self._waits(commands)
+            sent = commands + [self.wait_command] if waits else commands
+            raw = self._send(sent) if self.dedicated else self._pipeline(sent)
+            if waits:
+                self._confirm(commands, raw, range(len(commands)), raw.pop())
         results, i = [], 0
         for op in ops:
             i += len(op.pre)
@@ -231,13 +291,15 @@ class ScriptRunner:
                 pool = self.redis.get_redis_connection(node).connection_pool
                 conn = pool.get_connection()
                 sent.append((pool, conn, indexes))
-                conn.send_packed_command(conn.pack_commands([commands[i] for i in indexes]))
+                node_commands = [commands[i] for i in indexes]
+                if self._waits(node_commands):
+                    node_commands.append(self.wait_command)
+                conn.send_packed_command(conn.pack_commands(node_commands))
             for _, conn, indexes in sent:
                 for i in indexes:
-                    try:
-                        raw[i] = conn.read_response()
-                    except redis.exceptions.ResponseError as e:
-                        raw[i] = e
+                    raw[i] = _read(conn)
+                if self._waits([commands[i] for i in indexes]):
+                    self._confirm(commands, raw, indexes, _read(conn))
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
             for _, conn, _ in sent:
                 conn.disconnect()
@@ -249,7 +311,17 @@ class ScriptRunner:
         for i, r in enumerate(raw):
             if isinstance(r, SLOT_MOVING):
                 raw[i] = self._redirected(commands[i])
+                if self._waits([commands[i]]):
+                    self._confirm(commands, raw, [i], self._wait_on(commands[i][3]))
         return raw
+
+    def _wait_on(self, key: str):
+        """WAIT on the node serving `key`, for a publish sent there alone."""
+        try:
+            node = self.redis.get_node_from_key(key)
+            return self.redis.get_redis_connection(node).execute_command(*self.wait_command)
+        except redis.exceptions.RedisError as e:
+            return e
 
     def _redirected(self, command: tuple):
         """A refused command through redis-py's cluster client, which follows MOVED/ASK.
@@ -263,3 +335,11 @@ class ScriptRunner:
         except (RedisClusterException, AttributeError) as e:
             self.refresh_slots()
             return TryAgainError(f"{command[0]} not routed: {e}")
+
+
+def _read(conn):
+    """One reply of a pipeline; a command's error is its reply."""
+    try:
+        return conn.read_response()
+    except redis.exceptions.ResponseError as e:
+        return e

@@ -20,6 +20,15 @@ from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.runner import Op, ScriptRunner, guarded, identity
 
 REGISTER_EVERY = 10.0
+
+
+def replication(options, socket_timeout: int | None = None) -> dict:
+    """Store arguments for --wait-replicas. WAIT gets half the connection's timeout
+    (--redis-timeout unless given, ms), so the server answers before the connection
+    gives up on the whole pipeline (FINs and all): Redis may end a WAIT up to 100 ms
+    late (hz 10)."""
+    timeout = socket_timeout or options.redis_timeout
+    return {"wait_replicas": options.wait_replicas, "wait_timeout": max(1, timeout // 2)}
 STALE = b"stale"
 
 
@@ -93,10 +102,11 @@ class Store:
 
     _guard = staticmethod(guarded)
 
-    def __init__(self, client: redis.Redis, dedicated: bool = False):
-        """`dedicated`: see ScriptRunner."""
+    def __init__(self, client: redis.Redis, dedicated: bool = False, wait_replicas: int = 0,
+                 wait_timeout: int = 0):
+        """`dedicated`, `wait_replicas`, `wait_timeout`: see ScriptRunner."""
         self.redis = client
-        self.runner = ScriptRunner(client, dedicated)
+        self.runner = ScriptRunner(client, dedicated, wait_replicas, wait_timeout)
         self.cluster = self.runner.cluster
         self._channels: dict[str, list] = {}
         self._registered: dict[str, float] = {}
@@ -104,7 +114,8 @@ class Store:
     def sibling(self) -> "Store":
         """Another Store on the same client (a group-commit lane of its own) that shares
         what this one learned: channel lists and topic registrations."""
-        other = Store(self.redis, dedicated=self.runner.dedicated)
+        other = Store(self.redis, self.runner.dedicated, self.runner.wait_replicas,
+                      self.runner.wait_timeout)
         other._channels, other._registered = self._channels, self._registered
         return other
 
