@@ -153,11 +153,11 @@ SCANNER_ONLY = {"--queue-scan-interval", "--queue-scan-limit", "--dead-letter-to
 
 
 @pytest.mark.parametrize("process, flags", [
-    ("scanner", {"--config", "--redis-url", "--redis-timeout", "--log-level", "--help",
-                 *SCANNER_ONLY}),
+    ("scanner", {"--config", "--redis-url", "--redis-timeout", "--wait-replicas",
+                 "--log-level", "--help", *SCANNER_ONLY}),
     ("jobs", {"--config", "--redis-url", "--log-level", "--help"}),
     ("redis", {"--config", "--redis-url", "--redis-conf", "--data-dir", "--cluster",
-               "--help"}),
+               "--replicas", "--help"}),
 ])
 def test_each_process_lists_the_options_it_uses(process, flags, tmp_path):
     assert help_flags(process, tmp_path) == flags
