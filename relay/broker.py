@@ -66,7 +66,9 @@ class Broker:
         self.auth = Authorizer(options)
         self.protocol = ProtocolV2(self)
         self.channels: dict[tuple, Channel] = {}
+        self.topics: dict[str, dict[str, Channel]] = {}   # the same channels, by topic
         self.clients: dict[int, Client] = {}
+        self.holding: set[Client] = set()     # clients that may hold messages in flight
         self.wakeups = WakeupListener(self)
         self.http = nsqd_server(self)
         self.lookupd = lookupd_server(self)
@@ -213,8 +215,9 @@ class Broker:
                                   client.number)
         channel = self.channels.get((topic, channel_name))
         if channel is None:
-            channel = self.channels[(topic, channel_name)] = \
-                Channel(self, topic, channel_name, joined)
+            channel = Channel(self, topic, channel_name, joined)
+            self.channels[(topic, channel_name)] = channel
+            self.topics.setdefault(topic, {})[channel_name] = channel
             self.wakeups.watch(topic)
         elif channel.incarnation != joined.incarnation:
             channel.deleted()
@@ -243,11 +246,15 @@ class Broker:
             return
         held = list(client.in_flight)
         client.in_flight.clear()
+        self.holding.discard(client)
         channel.remove(client)
         if not channel.clients:
             channel.stop()
             del self.channels[(channel.topic, channel.name)]
-            if not any(t == channel.topic for t, _ in self.channels):
+            local = self.topics[channel.topic]
+            del local[channel.name]
+            if not local:
+                del self.topics[channel.topic]
                 self.wakeups.unwatch(channel.topic)
         store = self.store
         try:
@@ -265,14 +272,17 @@ class Broker:
                         "they are redelivered after their timeout", client, len(held), e)
 
     def _expire_loop(self) -> None:
-        """Free RDY credit of messages whose deadline passed (a scanner requeues them)."""
+        """Free RDY credit of messages whose deadline passed (a scanner requeues them).
+        Only the clients that were given messages are walked, so idle consumers cost
+        nothing here."""
         while True:
             gevent.sleep(EXPIRY_TICK)
             now = time.monotonic()
-            for client in list(self.clients.values()):
-                if client.in_flight and client.expire(now) and client.channel:
+            for client in list(self.holding):
+                if not client.in_flight:
+                    self.holding.discard(client)
+                elif client.expire(now) and client.channel:
                     client.channel.credit_changed()
-
 
     def flush_latency(self) -> None:
         """Hand this broker's FIN latencies to Redis, where /stats of any broker reads them."""
