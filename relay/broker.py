@@ -233,11 +233,9 @@ class Broker:
         return [c for c in self.clients.values()
                 if c.state == SUBSCRIBED and c.channel is not None]
 
-    def announced_clients(self) -> list[dict]:
-        """What the registry announces: each subscribed client's stats, channel and owner
-        id (as in-flight leases name it)."""
-        return [{"topic": c.channel.topic, "channel": c.channel.name, "owner": c.owner,
-                 **stats.client_stats(c)} for c in self.subscribed_clients()]
+    def announced_clients(self) -> str:
+        """What the registry announces, as one JSON list (stats.announcement)."""
+        return "[" + ", ".join(map(stats.announcement, self.subscribed_clients())) + "]"
 
     def _disconnect(self, client: Client) -> None:
         """Give back what the client held in flight and leave its channel."""
