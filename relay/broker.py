@@ -23,7 +23,7 @@ import redis
 from gevent.event import Event
 from gevent.server import StreamServer
 
-from relay import codec, stats, transport
+from relay import codec, collector, stats, transport
 from relay.auth import Authorizer
 from relay.channel import Channel
 from relay.client import CLOSING, SUBSCRIBED, Client
@@ -89,8 +89,10 @@ class Broker:
         self.max_clients = max(raise_open_file_limit() - FILES_RESERVED, 1)
         self._server = StreamServer(listen(self.options.tcp_address), self.handle)
         self._server.start()
+        collector.install()
         self._greenlets = [gevent.spawn(self._expire_loop), gevent.spawn(self.wakeups.run),
-                           gevent.spawn(self.wakeups.catch_up)]
+                           gevent.spawn(self.wakeups.catch_up),
+                           gevent.spawn(collector.unfreeze_loop)]
         if self.e2e.enabled:
             self._greenlets.append(gevent.spawn(self._flush_latency_loop))
         address = self._server.socket.getsockname()[:2]
