@@ -23,7 +23,7 @@ import redis
 from gevent.event import Event
 from gevent.server import StreamServer
 
-from relay import codec, stats, transport
+from relay import codec, collector, stats, transport
 from relay.auth import Authorizer
 from relay.channel import Channel
 from relay.client import CLOSING, SUBSCRIBED, Client
@@ -67,7 +67,9 @@ class Broker:
         self.auth = Authorizer(options)
         self.protocol = ProtocolV2(self)
         self.channels: dict[tuple, Channel] = {}
+        self.topics: dict[str, dict[str, Channel]] = {}   # the same channels, by topic
         self.clients: dict[int, Client] = {}
+        self.holding: set[Client] = set()     # clients that may hold messages in flight
         self.wakeups = WakeupListener(self)
         self.http = nsqd_server(self)
         self.lookupd = lookupd_server(self)
@@ -88,8 +90,10 @@ class Broker:
         self.max_clients = max(raise_open_file_limit() - FILES_RESERVED, 1)
         self._server = StreamServer(listen(self.options.tcp_address), self.handle)
         self._server.start()
+        collector.install()
         self._greenlets = [gevent.spawn(self._expire_loop), gevent.spawn(self.wakeups.run),
-                           gevent.spawn(self.wakeups.catch_up)]
+                           gevent.spawn(self.wakeups.catch_up),
+                           gevent.spawn(collector.unfreeze_loop)]
         if self.e2e.enabled:
             self._greenlets.append(gevent.spawn(self._flush_latency_loop))
         address = self._server.socket.getsockname()[:2]
@@ -214,8 +218,9 @@ class Broker:
                                   client.number)
         channel = self.channels.get((topic, channel_name))
         if channel is None:
-            channel = self.channels[(topic, channel_name)] = \
-                Channel(self, topic, channel_name, joined)
+            channel = Channel(self, topic, channel_name, joined)
+            self.channels[(topic, channel_name)] = channel
+            self.topics.setdefault(topic, {})[channel_name] = channel
             self.wakeups.watch(topic)
         elif channel.incarnation != joined.incarnation:
             channel.deleted()
@@ -231,11 +236,9 @@ class Broker:
         return [c for c in self.clients.values()
                 if c.state == SUBSCRIBED and c.channel is not None]
 
-    def announced_clients(self) -> list[dict]:
-        """What the registry announces: each subscribed client's stats, channel and owner
-        id (as in-flight leases name it)."""
-        return [{"topic": c.channel.topic, "channel": c.channel.name, "owner": c.owner,
-                 **stats.client_stats(c)} for c in self.subscribed_clients()]
+    def announced_clients(self) -> str:
+        """What the registry announces, as one JSON list (stats.announcement)."""
+        return "[" + ", ".join(map(stats.announcement, self.subscribed_clients())) + "]"
 
     def _disconnect(self, client: Client) -> None:
         """Give back what the client held in flight and leave its channel."""
@@ -244,11 +247,15 @@ class Broker:
             return
         held = list(client.in_flight)
         client.in_flight.clear()
+        self.holding.discard(client)
         channel.remove(client)
         if not channel.clients:
             channel.stop()
             del self.channels[(channel.topic, channel.name)]
-            if not any(t == channel.topic for t, _ in self.channels):
+            local = self.topics[channel.topic]
+            del local[channel.name]
+            if not local:
+                del self.topics[channel.topic]
                 self.wakeups.unwatch(channel.topic)
         store = self.store
         try:
@@ -266,14 +273,17 @@ class Broker:
                         "they are redelivered after their timeout", client, len(held), e)
 
     def _expire_loop(self) -> None:
-        """Free RDY credit of messages whose deadline passed (a scanner requeues them)."""
+        """Free RDY credit of messages whose deadline passed (a scanner requeues them).
+        Only the clients that were given messages are walked, so idle consumers cost
+        nothing here."""
         while True:
             gevent.sleep(EXPIRY_TICK)
             now = time.monotonic()
-            for client in list(self.clients.values()):
-                if client.in_flight and client.expire(now) and client.channel:
+            for client in list(self.holding):
+                if not client.in_flight:
+                    self.holding.discard(client)
+                elif client.expire(now) and client.channel:
                     client.channel.credit_changed()
-
 
     def flush_latency(self) -> None:
         """Hand this broker's FIN latencies to Redis, where /stats of any broker reads them."""

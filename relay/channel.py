@@ -130,6 +130,8 @@ class Channel:
             wanted += n
             got += len(records)
             give_back, sampled_out = client.accept(records)
+            if client.in_flight:
+                self.broker.holding.add(client)
             if give_back:
                 commit.submit(store.requeue_op(self.topic, self.name,
                                                [(client.owner, i, 0) for i in give_back]),

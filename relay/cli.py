@@ -47,8 +47,12 @@ def main():
 @option_flags(BROKER)
 def broker(config, **flags):
     """Serve the NSQ TCP protocol (as nsqd) on --tcp-address."""
+    import gevent
     from gevent import monkey
     monkey.patch_all()
+    # no spawning stack and parent per greenlet: at 10,000 consumers (4 greenlets each)
+    # they were a fifth of the objects each full garbage collection walks
+    gevent.config.track_greenlet_tree = False
     options = load(config, flags)
     from relay.broker import Broker
     try:

@@ -58,6 +58,7 @@ class Client:
         self.incarnation = 0    # of the channel it joined (subscribe.lua)
         self.message_count = self.finish_count = self.requeue_count = 0
         self.pub_counts: dict[str, int] = {}     # topic -> messages published
+        self.announced: tuple | None = None     # (figures, JSON) as stats.announcement made it
         self.connect_ts = int(time.time())
         self.closed = False
         self.replies = Queue(MAX_PENDING_REPLIES)

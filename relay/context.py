@@ -33,6 +33,8 @@ class BrokerContext(Protocol):
     store: Store
     commit: GroupCommit                     # batches the Store's ops of all connections
     channels: dict[tuple[str, str], Channel]    # (topic, channel) with local consumers
+    topics: dict[str, dict[str, Channel]]   # the same channels, by topic and name
+    holding: set[Client]                    # clients given messages: the expiry walks these
     clients: dict[int, Client]              # every connection, by number
     metrics: Metrics
     e2e: E2eLatency

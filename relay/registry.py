@@ -39,12 +39,14 @@ class Registry:
         self.id = broker_id
         self.brokers = broker_liveness(client)
         self.info: dict = {}
-        self.clients: Callable[[], list] = list
+        self.clients: Callable[[], str] = lambda: "[]"
+        self._announced: str | None = None      # the clients' JSON last written
         self._changed = Event()
 
-    def register(self, info: dict, clients: Callable[[], list] = list) -> None:
+    def register(self, info: dict, clients: Callable[[], str] = lambda: "[]") -> None:
         """Announce now, then every HEARTBEAT seconds or sooner when the clients
-        changed, at most every MIN_INTERVAL (call in a greenlet)."""
+        changed, at most every MIN_INTERVAL (call in a greenlet). `clients` returns
+        them as one JSON list."""
         self.info, self.clients = info, clients
         while True:
             try:
@@ -59,13 +61,23 @@ class Registry:
         self._changed.set()
 
     def announce(self) -> None:
-        key = keys.broker_key(self.id)
+        """Register again; the clients are written only when they changed (otherwise
+        their TTL is renewed), as a broker of 10,000 idle consumers announces 4 MB."""
+        key, clients_key = keys.broker_key(self.id), keys.broker_clients_key(self.id)
+        clients = self.clients()
+        unchanged = clients == self._announced
         pipe = self.redis.pipeline(transaction=False)
+        if unchanged:
+            pipe.pexpire(clients_key, TTL_MS)
+        else:
+            pipe.set(clients_key, clients, px=TTL_MS)
         pipe.hset(key, mapping=self.info)
         pipe.pexpire(key, TTL_MS)
-        pipe.set(keys.broker_clients_key(self.id), json.dumps(self.clients()), px=TTL_MS)
         self.brokers.heartbeat(self.id, pipe)
-        pipe.execute()
+        renewed = pipe.execute()[0]
+        if unchanged and not renewed:  # the key was gone (expired, or Redis restarted)
+            self.redis.set(clients_key, clients, px=TTL_MS)
+        self._announced = clients
 
     def leave(self) -> None:
         try:

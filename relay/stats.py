@@ -6,6 +6,7 @@ e2e_processing_latency comes from relay/latency.py.
 """
 
 import datetime
+import json
 import time
 from collections import Counter
 from typing import TYPE_CHECKING
@@ -95,6 +96,20 @@ def client_stats(client: "Client") -> dict:
             "sample_rate": client.sample_rate, "deflate": client.deflate,
             "snappy": client.snappy, "user_agent": client.user_agent, "tls": client.tls,
             **client.tls_details}
+
+
+def announcement(client: "Client") -> str:
+    """A subscribed client's entry in its broker's registration (relay/registry.py), as
+    JSON: its stats, channel and owner id (as in-flight leases name it). Encoded again
+    only when a figure that can change after SUB did: encoding 10,000 idle consumers at
+    every heartbeat took 75 ms, and its garbage made the collector walk every object."""
+    figures = (client.ready_count, len(client.in_flight), client.message_count,
+               client.finish_count, client.requeue_count)
+    if client.announced is None or client.announced[0] != figures:
+        client.announced = (figures, json.dumps({
+            "topic": client.channel.topic, "channel": client.channel.name,
+            "owner": client.owner, **client_stats(client)}))
+    return client.announced[1]
 
 
 def producer_stats(client: "Client") -> dict:

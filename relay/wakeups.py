@@ -71,8 +71,12 @@ class WakeupListener:
             local.messages_arrived()
 
     def _local(self, topic: str, channel: str | None = None) -> list:
-        return [local for (t, c), local in list(self.broker.channels.items())
-                if t == topic and (channel is None or c == channel)]
+        """This broker's channels of the topic (or the one named), from its index by
+        topic: a wake-up costs its topic's channels, not all of them."""
+        local = self.broker.topics.get(topic, {})
+        if channel is None:
+            return list(local.values())
+        return [local[channel]] if channel in local else []
 
     def received(self, topic: str, data: bytes) -> None:
         """A wake-up: "" the topic, "C" one channel, "!C" / "!" deleted, "~N:C" emptied

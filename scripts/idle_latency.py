@@ -7,7 +7,8 @@ and leaves them idle for `--idle-seconds`: the broker's CPU (share of one core)
 and Redis' commands per second over that time are the idle cost. Then it
 publishes `--samples` single messages, `--gap-ms` apart, each to the next topic
 in turn, and times publish-to-receive at every consumer of that topic (each FINs
-what it gets). Prints one JSON line. `--rev REV` runs the broker of another git
+what it gets), with the broker's CPU per PUB (its deliveries and FINs included).
+Prints one JSON line. `--rev REV` runs the broker of another git
 revision (checked out into a temporary worktree, as scripts/compare.py does).
 
     .venv/bin/python scripts/idle_latency.py [--channels 1] [--topics 1]
@@ -104,6 +105,7 @@ def measure(port: int, broker_pid: int, client, args) -> dict:
         per_topic[consumer.topic] = per_topic.get(consumer.topic, 0) + 1
     producer = Connection(port)
     samples = []
+    cpu = cpu_seconds(broker_pid)
     for i in range(args.samples):
         time.sleep(args.gap_ms / 1000)
         topic = f"idle{i % args.topics}"
@@ -122,12 +124,14 @@ def measure(port: int, broker_pid: int, client, args) -> dict:
         while not replies:
             replies = producer.frames()
         assert replies == [(0, b"OK")], replies
+    pub_cpu = cpu_seconds(broker_pid) - cpu
     samples.sort()
     return {"workload": "idle consumers", "channels": args.channels, "topics": args.topics,
             "broker_cpu_pct": round(idle_cpu * 100, 1),
             "redis_commands_per_s": round(idle_commands),
             "deliveries": len(samples), "p50_ms": percentile(samples, 0.5),
-            "p99_ms": percentile(samples, 0.99), "max_ms": round(samples[-1], 2)}
+            "p99_ms": percentile(samples, 0.99), "max_ms": round(samples[-1], 2),
+            "broker_cpu_ms_per_pub": round(pub_cpu * 1000 / args.samples, 1)}
 
 
 def main():

@@ -28,7 +28,7 @@ def announce(backend, broker_id, port, *clients):
     registry.info = {"hostname": "h", "broadcast_address": "127.0.0.1",
                      "remote_address": f"127.0.0.1:{port}", "tcp_port": port,
                      "http_port": port + 1, "version": "1.3.0"}
-    registry.clients = lambda: list(clients)
+    registry.clients = lambda: json.dumps(list(clients))
     registry.announce()
 
 
@@ -65,6 +65,23 @@ def test_stats_table_and_json(store, backend):
         "in_flight_count": 1, "deferred_count": 1, "message_count": 4, "requeue_count": 0,
         "timeout_count": 0, "dead_count": 0, "client_count": 0, "backend_depth": 2,
         "e2e_processing_latency": {"count": 0, "percentiles": None}, "clients": []}]
+
+
+def test_a_clients_announcement_is_encoded_again_when_its_figures_change():
+    conn = SimpleNamespace(**{k: v for k, v in client("t", "c", "b1:1", "w", 5001).items()
+                              if k not in ("in_flight_count", "topic", "channel")},
+                           in_flight=[], tls_details=transport.NO_TLS, announced=None,
+                           channel=SimpleNamespace(topic="t", name="c"))
+    first = stats.announcement(conn)
+    assert json.loads(first) == client("t", "c", "b1:1", "w", 5001)
+    assert stats.announcement(conn) is first    # unchanged: not encoded again
+    conn.in_flight = [b"x"]
+    conn.message_count = 1
+    assert json.loads(stats.announcement(conn)) == client("t", "c", "b1:1", "w", 5001,
+                                                          in_flight=1, messages=1)
+    for figure in ("ready_count", "finish_count", "requeue_count"):
+        setattr(conn, figure, 7)
+        assert json.loads(stats.announcement(conn))[figure] == 7
 
 
 def test_stats_and_brokers_show_every_brokers_clients(store, backend):

@@ -1,0 +1,36 @@
+"""The garbage collector, for a broker of many long-lived connections.
+
+CPython's full collection walks every object the collector tracks: about 800,000 at
+10,000 idle consumers, 0.4-0.6 s of CPU during which no message moves. A trickle of
+traffic promotes enough objects to the oldest generation (a FIN's pending reply, a
+pump's new heartbeat timeout) to start one every 10-20 s, so a PUB now and then waited
+for one. After each full collection its survivors, all reachable then, are frozen
+(gc.freeze): later collections walk only what is newer. A closed connection or channel
+leaves no reference cycle (reference counting frees it, frozen or not), so little can
+be held back among the frozen; still, every UNFREEZE_EVERY seconds they are handed back,
+and the next full collection walks them all once.
+"""
+
+import gc
+
+import gevent
+
+UNFREEZE_EVERY = 3600.0
+
+
+def _freeze_survivors(phase: str, info: dict) -> None:
+    if phase == "stop" and info["generation"] == 2:
+        gc.freeze()
+
+
+def install() -> None:
+    """Freeze the survivors of every full collection from now on (once per process)."""
+    if _freeze_survivors not in gc.callbacks:
+        gc.callbacks.append(_freeze_survivors)
+
+
+def unfreeze_loop() -> None:
+    """Now and then, let a full collection see the frozen objects again."""
+    while True:
+        gevent.sleep(UNFREEZE_EVERY)
+        gc.unfreeze()

@@ -1,0 +1,21 @@
+"""The broker's garbage collector policy (relay/collector.py)."""
+
+import gc
+
+from relay import collector
+
+
+def test_the_survivors_of_a_full_collection_are_frozen():
+    gc.unfreeze()
+    collector.install()
+    collector.install()     # once per process, however often called
+    try:
+        assert gc.callbacks.count(collector._freeze_survivors) == 1
+        gc.collect()
+        assert gc.get_freeze_count() > 0
+        frozen = gc.get_freeze_count()
+        gc.collect(0)       # a young collection freezes nothing
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.callbacks.remove(collector._freeze_survivors)
+        gc.unfreeze()
