@@ -210,7 +210,9 @@ def test_a_redis_6_cluster_wakes_brokers_by_classic_pubsub(redis6_cluster, tmp_p
         got = {t: [] for t in topics}
         consumers = []
         for topic in topics:
-            c = gnsq.Consumer(topic, "c", [addr(port)], max_in_flight=5)
+            # RDY 1: a consumer with credit left gets a message after nsqd's output
+            # buffer timeout (250 ms), which left this test 25 ms of margin at RDY 5
+            c = gnsq.Consumer(topic, "c", [addr(port)], max_in_flight=1)
             c.on_message.connect(lambda _, message, t=topic: got[t].append(
                 (message.body, time.time())), weak=False)
             c.start(block=False)
