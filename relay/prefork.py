@@ -78,7 +78,7 @@ class Workers:
 
     def _start(self, numbers) -> None:
         """Fork these workers and wait until each listens or exits."""
-        started = [self._fork(number) for number in numbers]
+        started = [forked for forked in map(self._fork, numbers) if forked]
         for pid, ready in started:
             listening = os.read(ready, 1)
             os.close(ready)
@@ -98,20 +98,25 @@ class Workers:
                         number, pid, _described(code))
             self._start([number])
 
-    def _fork(self, number: int) -> tuple:
-        """(pid, the read end of a pipe the worker writes to once it listens). Stop
-        signals are blocked across the fork, so the child never runs the parent's handler."""
-        ready, ready_w = os.pipe()
-        parent = os.getpid()
+    def _fork(self, number: int) -> tuple | None:
+        """(pid, the read end of a pipe the worker writes to once it listens), or None
+        when stopping. Stop signals wait until the new pid is known, so each worker gets
+        them, and the child never runs the parent's handler."""
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-        pid = os.fork()
-        if pid == 0:
-            os.close(ready)
-            self._child(parent, ready_w)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-        os.close(ready_w)
-        self.pids[pid] = number
-        return pid, ready
+        try:
+            if self.stopping:
+                return None
+            ready, ready_w = os.pipe()
+            parent = os.getpid()
+            pid = os.fork()
+            if pid == 0:
+                os.close(ready)
+                self._child(parent, ready_w)
+            os.close(ready_w)
+            self.pids[pid] = number
+            return pid, ready
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
     def _child(self, parent: int, ready_w: int) -> None:
         """Serve as one broker, then leave at once (os._exit: none of the parent's exit
