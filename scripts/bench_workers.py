@@ -7,8 +7,8 @@ run_workload (fresh embedded Redis and broker each run; CPU over the timed windo
 
 Prints a Markdown table: each run's msgs/s; the ratio, as the median of each N-worker
 run over the 1-worker run just before it; the median CPU (percent of one core) of the
-broker (parent and workers), Redis and the load generator; and the broker's CPU per
-1,000 messages.
+broker (parent and workers), Redis and the load generator; and the broker's CPU time
+per message.
 """
 
 import argparse
@@ -22,8 +22,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 from scripts.bench import WORKLOADS, run_workload  # noqa: E402
 
 
-def cpu_ms_per_1000(result: dict) -> float:
-    """The broker's CPU time per 1,000 messages of a run, in ms."""
+def cpu_us_per_message(result: dict) -> float:
+    """The broker's CPU time per message of a run, in µs."""
     return 10_000 * result["broker_cpu_pct"] / result["msgs_per_s"]
 
 
@@ -37,7 +37,7 @@ def main():
     args = parser.parse_args()
     counts = (1, args.workers)
     print(f"| workload | 1 worker msgs/s | {args.workers} workers msgs/s | ratio | broker CPU % "
-          "| Redis CPU % | loadgen CPU % | broker CPU ms / 1,000 msgs |")
+          "| Redis CPU % | loadgen CPU % | broker CPU µs / msg |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for title, loadgen_args, brokers in WORKLOADS:
         if brokers != 1 or (args.only and not any(o in title for o in args.only)):
@@ -55,8 +55,8 @@ def main():
                for key in ("broker_cpu_pct", "redis_cpu_pct", "loadgen_cpu_pct")]
         ratio = statistics.median(many["msgs_per_s"] / one["msgs_per_s"]
                                   for one, many in zip(runs[1], runs[args.workers]))
-        per_message = " / ".join(f"{statistics.median(cpu_ms_per_1000(r) for r in runs[n]):.0f}"
-                                 for n in counts)
+        per_message = " / ".join(
+            f"{statistics.median(map(cpu_us_per_message, runs[n])):.0f}" for n in counts)
         print(f"| {title} | {rates[0]} | {rates[1]} | {ratio:.2f} | {' | '.join(cpu)} | "
               f"{per_message} |", flush=True)
 
