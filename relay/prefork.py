@@ -69,6 +69,7 @@ class Workers:
         return self.status
 
     def _stop(self, sig=signal.SIGTERM, frame=None) -> None:
+        """Pass the stop signal on to every worker; none is started after it."""
         self.stopping = True
         for pid in self.pids:
             try:
@@ -87,6 +88,8 @@ class Workers:
                 self._ended(pid, self.pids.pop(pid), os.waitstatus_to_exitcode(status), False)
 
     def _ended(self, pid: int, number: int, code: int, listened: bool) -> None:
+        """A worker exited: a failure to report when stopping or before it listened,
+        else one to replace."""
         if self.stopping:
             if code and -code not in STOP_SIGNALS and not self.status:
                 self.status = _exit_status(code)

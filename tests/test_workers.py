@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -14,6 +13,7 @@ from relay.store import keys
 from relay.store.connection import connect
 from tests.helpers.gnsq_clients import consumer, publish, stop, wait_for
 from tests.helpers.processes import listening_ports
+from tests.helpers.servers import flush
 from tests.helpers.wire import subscribed
 
 
@@ -21,7 +21,7 @@ from tests.helpers.wire import subscribed
 def parent(single_redis_url, tmp_path):
     """Starts `relay broker --workers N ARGS` on free ports (port 0) and waits until its
     startup line and its N workers' registrations; the parent process (its log in `.log`)."""
-    connect(single_redis_url).flushall()
+    flush(single_redis_url)
     procs = []
 
     def start(workers, *args):
@@ -40,8 +40,10 @@ def parent(single_redis_url, tmp_path):
 
     yield start
     for proc in procs:
-        proc.kill()  # the workers follow (they die with their parent)
-        proc.wait(10)
+        workers = worker_pids(proc)
+        proc.terminate()
+        proc.wait(15)
+        assert wait_for(lambda: all(gone(pid) for pid in workers), timeout=15)
 
 
 def worker_pids(proc) -> list[int]:
