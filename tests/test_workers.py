@@ -39,11 +39,15 @@ def parent(single_redis_url, tmp_path):
         return proc
 
     yield start
-    for proc in procs:
+    for proc in procs:  # the parent exits once its workers have
         workers = worker_pids(proc)
         proc.terminate()
-        proc.wait(15)
-        assert wait_for(lambda: all(gone(pid) for pid in workers), timeout=15)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            for pid in [proc.pid, *workers]:
+                os.kill(pid, signal.SIGKILL)
+            raise
 
 
 def worker_pids(proc) -> list[int]:
@@ -141,7 +145,10 @@ def test_workers_die_with_a_parent_killed_with_9(parent):
     workers = worker_pids(proc)
     proc.kill()
     proc.wait(5)
-    assert wait_for(lambda: all(gone(pid) for pid in workers), timeout=15)
+    stopped = wait_for(lambda: all(gone(pid) for pid in workers), timeout=15)
+    for pid in [pid for pid in workers if not gone(pid)]:
+        os.kill(pid, signal.SIGKILL)  # none left unless the test fails
+    assert stopped
 
 
 def test_a_worker_that_cannot_start_stops_the_broker_in_one_line(tmp_path):
