@@ -113,13 +113,16 @@ class Broker:
                  *map(_where, (address, http, https, lookupd)), _redacted(self.options.redis_url))
         return address
 
-    def serve_forever(self) -> None:
+    def serve_forever(self, started=None) -> None:
         """Serve until SIGTERM or SIGINT; the handlers come first, so a signal that
-        arrives as soon as the port accepts still stops the broker cleanly."""
+        arrives as soon as the port accepts still stops the broker cleanly. `started()`
+        is called once it listens (relay/prefork.py waits for it)."""
         stop = Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             gevent.signal_handler(sig, stop.set)
         address = self.start()
+        if started:
+            started()
         stop.wait()
         log.info("broker %s stopping (tcp=%s:%s)", self.id, *address)
         self.stop()

@@ -47,23 +47,42 @@ def main():
 @option_flags(BROKER)
 def broker(config, **flags):
     """Serve the NSQ TCP protocol (as nsqd) on --tcp-address."""
+    options = load(config, flags)
+    if options.workers == 1:
+        sys.exit(_serve(options))
+    from relay.prefork import Workers
+    try:
+        workers = Workers(options, _serve)
+    except OSError as e:
+        sys.exit(_refused(e))
+    sys.exit(workers.run())
+
+
+def _serve(options: Options, started=None) -> int:
+    """Run one broker until SIGTERM or SIGINT; its exit status. gevent patches here,
+    in the process that serves (with --workers, each forked worker)."""
     import gevent
     from gevent import monkey
     monkey.patch_all()
     # no spawning stack and parent per greenlet: at 10,000 consumers (4 greenlets each)
     # they were a fifth of the objects each full garbage collection walks
     gevent.config.track_greenlet_tree = False
-    options = load(config, flags)
     from relay.broker import Broker
     try:
-        Broker(options).serve_forever()
-    except ConfigError as e:
+        Broker(options).serve_forever(started)
+    except (ConfigError, OSError) as e:
+        return _refused(e)
+    return 0
+
+
+def _refused(e: ConfigError | OSError) -> int:
+    """Say in one line why the broker cannot run; the exit status."""
+    if isinstance(e, ConfigError):
         click.echo(f"relay: {e}", err=True)
-        sys.exit(2)
-    except OSError as e:  # a listener's, naming its address (relay.sockio.listen)
-        click.echo(f"relay: cannot listen on {e.filename}: {e.strerror}" if e.filename
-                   else f"relay: {e}", err=True)
-        sys.exit(1)
+        return 2
+    click.echo(f"relay: cannot listen on {e.filename}: {e.strerror}" if e.filename
+               else f"relay: {e}", err=True)  # a listener's (relay.sockio)
+    return 1
 
 
 @main.command()

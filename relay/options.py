@@ -52,6 +52,8 @@ def _opt(default, help, kind=None, used_by=(BROKER,), **meta):
 @dataclass(frozen=True)
 class Options:
     tcp_address: str = _opt("0.0.0.0:4150", "<addr>:<port> to listen on for TCP clients")
+    workers: int = _opt(1, "broker processes sharing the ports (SO_REUSEPORT), forked and "
+                        "kept running by this one (default 1: this process serves)")
     http_address: str = _opt("0.0.0.0:4151", "<addr>:<port> for the HTTP API (empty: none)")
     lookupd_http_address: str = _opt("", "<addr>:<port> for nsqlookupd's HTTP API alone, "
                                      "e.g. 0.0.0.0:4161 (default none: it is on "
@@ -209,6 +211,7 @@ def _dead_letter_topic(value: str) -> None:
 
 class OptionsSchema(Schema):
     tcp_address = fields.String(validate=_address)
+    workers = _Count(validate=validate.Range(min=1, max=256))
     http_address = fields.String(validate=lambda v: v == "" or _address(v))
     lookupd_http_address = fields.String(validate=lambda v: v == "" or _address(v))
     broadcast_address = fields.String(validate=validate.Length(min=1))

@@ -17,6 +17,20 @@ def send_all(sock, data: bytes) -> None:
 def listen(address: str) -> socket.socket:
     """A listening socket that other broker processes may share (SO_REUSEPORT). An
     OSError names the address (its `filename`), so the one line says which port."""
+    sock = reserve(address)
+    try:
+        sock.listen(1024)
+    except OSError as e:
+        sock.close()
+        raise OSError(e.errno, e.strerror, address) from None
+    sock.setblocking(False)
+    return sock
+
+
+def reserve(address: str) -> socket.socket:
+    """A socket bound to the address with SO_REUSEPORT but not listening: it holds the
+    port (port 0: a free one) for brokers that listen on it, and takes no connections
+    itself. An OSError names the address, as listen's."""
     host, _, port = address.rpartition(":")
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -24,11 +38,9 @@ def listen(address: str) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host.strip("[]"), int(port)))
-        sock.listen(1024)
     except OSError as e:
         sock.close()
         raise OSError(e.errno, e.strerror, address) from None
-    sock.setblocking(False)
     return sock
 
 

@@ -82,8 +82,9 @@ class Stack:
     """An embedded Redis and N brokers sharing one TCP port (SO_REUSEPORT), each on an
     HTTP port of its own."""
 
-    def __init__(self, brokers: int, source: str | None = None):
-        """`source`: a checkout whose relay the brokers and scanner run (default: this one)."""
+    def __init__(self, brokers: int, source: str | None = None, workers: int = 1):
+        """`source`: a checkout whose relay the brokers and scanner run (default: this one);
+        `workers`: each broker's --workers."""
         self.dir = tempfile.mkdtemp(prefix="relay-bench-")
         self.redis_port = embedded.free_port()
         self.redis = embedded.start(self.redis_port, self.dir, os.path.join(ROOT, "conf",
@@ -96,13 +97,32 @@ class Stack:
             env["PYTHONPATH"] = source
         self.brokers = [subprocess.Popen(
             [sys.executable, "-m", "relay", "broker", "--tcp-address",
-             f"127.0.0.1:{self.tcp_port}", "--http-address", f"127.0.0.1:{http}"],
+             f"127.0.0.1:{self.tcp_port}", "--http-address", f"127.0.0.1:{http}",
+             *(["--workers", str(workers)] if workers > 1 else [])],
             env=env, cwd=self.dir) for http in self.http_ports]
         self.scanner = subprocess.Popen([sys.executable, "-m", "relay", "scanner"], env=env,
                                         cwd=self.dir)
         for proc, http in zip(self.brokers, self.http_ports):
             embedded.wait_for_port("127.0.0.1", http, proc)
         embedded.wait_for_port("127.0.0.1", self.tcp_port, self.brokers[0])
+        if workers > 1:
+            self._wait_for_workers(brokers * workers)
+
+    def _wait_for_workers(self, count: int) -> None:
+        """Until `count` brokers are registered (each worker registers once it listens)."""
+        deadline = time.monotonic() + 30
+        while redis.Redis.from_url(self.url).zcard("relay:brokers") < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"fewer than {count} brokers registered after 30 s")
+            time.sleep(0.1)
+
+    def broker_pids(self) -> list[int]:
+        """The broker processes and, with --workers, their workers (what CPU counts)."""
+        pids = [p.pid for p in self.brokers]
+        for pid in list(pids):
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                pids += [int(child) for child in f.read().split()]
+        return pids
 
     def http(self, index: int, path: str) -> bytes:
         url = f"http://127.0.0.1:{self.http_ports[index]}{path}"
@@ -161,10 +181,11 @@ class CpuSampler:
         return {k: before[1][k] + f * (after[1][k] - before[1][k]) for k in before[1]}
 
 
-def run_workload(args: list, brokers: int, seconds: float, source: str | None = None) -> dict:
-    stack = Stack(brokers, source)
+def run_workload(args: list, brokers: int, seconds: float, source: str | None = None,
+                 workers: int = 1) -> dict:
+    stack = Stack(brokers, source, workers)
     try:
-        pids = {"broker": [p.pid for p in stack.brokers], "redis": [stack.redis.pid]}
+        pids = {"broker": stack.broker_pids(), "redis": [stack.redis.pid]}
         sampler = CpuSampler(pids)
         proc = subprocess.Popen([sys.executable, LOADGEN, *args, "--port", str(stack.tcp_port),
                                  "--seconds", str(seconds)], stdout=subprocess.PIPE,

@@ -92,10 +92,11 @@ def test_env_overrides_file_and_flags_override_env(tmp_path):
 
 def test_env_values_are_parsed():
     environ = {"RELAY_CLIENT_TIMEOUT": "10s", "RELAY_MAX_MSG_SIZE": "1024",
-               "RELAY_MAX_REQ_TIMEOUT": "1h30m", "RELAY_NOT_AN_OPTION": "x"}
+               "RELAY_MAX_REQ_TIMEOUT": "1h30m", "RELAY_WORKERS": "2",
+               "RELAY_NOT_AN_OPTION": "x"}
     opts = load_options({}, None, environ=environ)
-    assert (opts.client_timeout, opts.max_msg_size, opts.max_req_timeout) == (
-        10_000, 1024, 5_400_000)
+    assert (opts.client_timeout, opts.max_msg_size, opts.max_req_timeout, opts.workers) == (
+        10_000, 1024, 5_400_000, 2)
     assert opts.heartbeat_interval == 5_000
 
 
@@ -158,6 +159,8 @@ def test_process_environment_is_the_default(monkeypatch):
     ("e2e_processing_latency_percentiles", "0"),
     ("e2e_processing_latency_percentiles", "p99"),
     ("e2e_processing_latency_window_time", "0s"),
+    ("workers", "0"),
+    ("workers", "all"),
 ])
 def test_bad_flag_values(name, value):
     message = config_error(flags={name: value}, config=None, environ={})

@@ -13,6 +13,7 @@ import trustme
 
 from relay import embedded
 from relay.options import OPTION_NAMES, option_flag
+from tests.helpers.processes import listening_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -55,22 +56,6 @@ def log_line(proc, text: str, timeout: float = 15.0) -> str:
         assert proc.poll() is None, f"exited {proc.returncode}:\n{proc.log.read()}"
         time.sleep(0.05)
     raise AssertionError(f"no {text!r} in the log after {timeout}s")
-
-
-def listening_ports(pid: int) -> set:
-    """The TCP ports the process listens on (its sockets in /proc/net/tcp{,6})."""
-    fd_dir = f"/proc/{pid}/fd"
-    inodes = {link[len("socket:["):-1] for link in
-              (os.readlink(os.path.join(fd_dir, fd)) for fd in os.listdir(fd_dir))
-              if link.startswith("socket:[")}
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for row in list(f)[1:]:
-                cols = row.split()
-                if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
-                    ports.add(int(cols[1].rpartition(":")[2], 16))
-    return ports
 
 
 def held_port(host="127.0.0.1", port=0) -> socket.socket:
@@ -121,14 +106,15 @@ def test_broker_runs_beside_nsqlookupd_and_binds_no_lookupd_port_unless_asked(st
 
 # -- 17.3: the error names the address that is taken -----------------------------------
 
+@pytest.mark.parametrize("workers", ["1", "2"])
 @pytest.mark.parametrize("busy", ["tcp", "http", "lookupd-http", "https"])
-def test_a_taken_port_is_named_in_one_line(busy, pem, single_redis_url):
+def test_a_taken_port_is_named_in_one_line(busy, workers, pem, single_redis_url):
     ports = {name: embedded.free_port() for name in ("tcp", "http", "lookupd-http", "https")}
     holder = held_port(port=ports[busy])
     flags = [a for name, port in ports.items()
              for a in (f"--{name}-address", f"127.0.0.1:{port}")]
     result = relay("broker", *flags, "--tls-cert", "server.pem", "--tls-key", "server.key",
-                   "--redis-url", single_redis_url, cwd=pem)
+                   "--redis-url", single_redis_url, "--workers", workers, cwd=pem)
     holder.close()
     assert (result.returncode, result.stderr, result.stdout) == (
         1, f"relay: cannot listen on 127.0.0.1:{ports[busy]}: Address already in use\n", "")

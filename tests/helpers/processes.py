@@ -75,3 +75,19 @@ class Processes:
                 with open(os.path.join(self.tmpdir, name)) as f:
                     out.append(f"--- {name}\n{f.read()}")
         return "\n".join(out)
+
+
+def listening_ports(pid: int) -> set:
+    """The TCP ports the process listens on (its sockets in /proc/net/tcp{,6})."""
+    fd_dir = f"/proc/{pid}/fd"
+    inodes = {link[len("socket:["):-1] for link in
+              (os.readlink(os.path.join(fd_dir, fd)) for fd in os.listdir(fd_dir))
+              if link.startswith("socket:[")}
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for row in list(f)[1:]:
+                cols = row.split()
+                if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                    ports.add(int(cols[1].rpartition(":")[2], 16))
+    return ports
