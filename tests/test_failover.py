@@ -12,10 +12,12 @@ import time
 import gnsq
 import pytest
 import redis
+import rq
 
-from relay import embedded
+from relay import embedded, jobs
 from relay.codec import FRAME_RESPONSE
 from relay.errors import StoreConnectionError
+from relay.jobs import QUEUE_KEY
 from relay.store import Store
 from relay.store.connection import connect
 from relay.store.keys import TopicKeys
@@ -24,8 +26,8 @@ from tests.helpers.processes import Processes
 from tests.helpers.servers import wake_listeners
 from tests.helpers.wire import Wire
 from tests.test_replicas import free_ports
+from workers.jobs import worker_connection
 
-BUSY = "busy"
 NO_PERSISTENCE = ("--save", "", "--appendonly", "no")
 
 
@@ -52,6 +54,14 @@ def master_of(port: int, slot: int) -> int | None:
         if first <= slot <= last:
             return master[1]
     return None
+
+
+def busy_topic(url: str) -> str:
+    """A topic on the master serving rq's slot: the jobs worker loses its node too."""
+    cluster = connect(url)
+    rq_node = cluster.get_node_from_key(QUEUE_KEY).name
+    return next(t for t in (f"busy{i}" for i in range(100))
+                if cluster.get_node_from_key(TopicKeys.of(t).ids).name == rq_node)
 
 
 def calm_topic(url: str, busy_master: int) -> str:
@@ -140,7 +150,8 @@ def test_a_master_killed_under_load_loses_no_acknowledged_message(replicated, tm
     its replica took over, as a replica: with one replica per master the new master has
     none until then, and --wait-replicas 1 refuses its publishes meanwhile."""
     url, nodes, data = replicated
-    slot = connect(url).keyslot(TopicKeys.of(BUSY).ids)
+    busy = busy_topic(url)
+    slot = connect(url).keyslot(TopicKeys.of(busy).ids)
     dead = master_of(next(iter(nodes)), slot)
     survivor = next(p for p in nodes if p != dead)
     calm = calm_topic(url, dead)
@@ -151,10 +162,11 @@ def test_a_master_killed_under_load_loses_no_acknowledged_message(replicated, tm
         args = ("--wait-replicas", "1", "--redis-timeout", "2s", "--msg-timeout", "3s")
         ports = [processes.broker(*args)[1] for _ in range(2)]
         processes.scanner("--wait-replicas", "1")
+        processes.jobs()
         received = set()
-        consumers = [consuming(ports, topic, received) for topic in (BUSY, calm)]
+        consumers = [consuming(ports, topic, received) for topic in (busy, calm)]
         producers = [Producer(port, topic, f"{topic}-{i}")
-                     for i, port in enumerate(ports) for topic in (BUSY, calm)]
+                     for i, port in enumerate(ports) for topic in (busy, calm)]
         for p in producers:
             p.start()
         assert wait_for(lambda: len(received) >= 200, timeout=10)
@@ -164,7 +176,7 @@ def test_a_master_killed_under_load_loses_no_acknowledged_message(replicated, tm
         killed = time.monotonic()
         os.kill(nodes[dead].pid, signal.SIGKILL)
         busy_result, calm_result = store.run_many(
-            [store.publish_op(BUSY, [b"lost"]), store.publish_op(calm, [b"sharing"])])
+            [store.publish_op(busy, [b"lost"]), store.publish_op(calm, [b"sharing"])])
         assert isinstance(busy_result, StoreConnectionError)  # one pipeline, two nodes:
         assert not isinstance(calm_result, Exception)         # the dead one fails alone
         new_master = promoted(survivor, slot, dead, timeout=15)
@@ -179,19 +191,21 @@ def test_a_master_killed_under_load_loses_no_acknowledged_message(replicated, tm
         acked = {body for p in producers for _, _, body in p.acked}
         assert wait_for(lambda: acked <= received, timeout=15), \
             f"not delivered: {sorted(acked - received)[:10]} of {len(acked)}"
-        report_window(killed, in_place, producers)
+        report_window(killed, in_place, [p for p in producers if p.topic == busy],
+                      [p for p in producers if p.topic != busy])
         for p in producers:  # refused during the window only, and on the slot killed only
             assert [when for when, _ in p.failed if when > p.acked_since(killed)[0][1]] == []
-            assert p.topic == BUSY or p.failed == []
-        assert [proc.poll() for proc in processes.procs] == [None, None, None]
+            assert p.topic == busy or p.failed == []
+        assert [proc.poll() for proc in processes.procs] == [None] * 4  # none restarted
         published = [b"after-%d" % port for port in sorted(ports)]
-        assert serving(ports, BUSY) == [sorted((a, body) for a in (1, 2) for body in published)
+        assert serving(ports, busy) == [sorted((a, body) for a in (1, 2) for body in published)
                                         ] * len(ports)
-        wake = TopicKeys.of(BUSY).wake
+        wake = TopicKeys.of(busy).wake
         assert connect(url).get_node_from_key(wake).port == new_master
-        assert wait_for(lambda: wake_listeners(url, BUSY) == 2, timeout=5), {
+        assert wait_for(lambda: wake_listeners(url, busy) == 2, timeout=5), {
             port: redis.Redis(port=port).execute_command("PUBSUB", "SHARDNUMSUB", wake)[1]
             for port in nodes}
+        assert job_done(url), processes.logs()
     finally:
         for p in producers:
             p.running = False
@@ -208,17 +222,45 @@ def consuming(ports: list, topic: str, received: set) -> gnsq.Consumer:
     return consumer
 
 
-def report_window(killed: float, in_place: float, producers: list) -> None:
+def job_done(url: str) -> bool:
+    """Whether `relay jobs` runs a job enqueued now, within 15 s."""
+    connection = worker_connection(connect(url))
+    job = rq.Queue(jobs.QUEUE, connection=connection).enqueue(len, "abc")
+    deadline = time.monotonic() + 15
+    while job.get_status() != "finished" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return job.get_status() == "finished"
+
+
+def report_window(killed: float, in_place: float, busy: list, calm: list) -> None:
     """Print the failover window: from the kill to the first acknowledged publish to the
     slot, the publishes refused meanwhile, and the slowest publish to the other topic."""
-    busy = [p for p in producers if p.topic == BUSY]
     first_ok = min(p.acked_since(killed)[0][1] for p in busy)
     refused = sum(len(p.failed) for p in busy)
     errors = sorted({error.decode() for p in busy for _, error in p.failed})
-    slowest = max(done - sent for p in producers if p.topic != BUSY
-                  for sent, done, _ in p.acked_since(killed))
+    slowest = max(done - sent for p in calm for sent, done, _ in p.acked_since(killed))
     print(f"\nfailover window: {first_ok - killed:.2f} s from kill -9 to the first "
           f"acknowledged publish to its slot ({in_place - killed:.2f} s to the replica's "
           f"promotion, then the old master restarted as its replica); {refused} publishes "
           f"refused meanwhile; slowest publish to another master's topic "
           f"{slowest * 1000:.0f} ms; errors: {errors}")
+
+
+def test_the_jobs_worker_follows_the_promoted_replica(replicated, tmp_path):
+    """rq's worker retries a dead node's address for ever: `relay jobs` starts it again
+    where rq's slot went, although the old master is not back."""
+    url, nodes, data = replicated
+    dead = connect(url).get_node_from_key(QUEUE_KEY).port
+    survivor = next(p for p in nodes if p != dead)
+    url = f"redis://127.0.0.1:{survivor}/0"
+    processes = Processes(url, str(tmp_path))
+    try:
+        worker = processes.jobs()
+        assert wait_for(lambda: jobs.has_worker(worker_connection(connect(url))), timeout=10)
+        os.kill(nodes[dead].pid, signal.SIGKILL)
+        promoted(survivor, connect(url).keyslot(QUEUE_KEY), dead, timeout=15)
+        assert job_done(url), processes.logs()
+        assert worker.poll() is None
+    finally:
+        processes.stop_all()
+        nodes[dead] = embedded.restart_node(dead, data, NO_PERSISTENCE)
