@@ -136,6 +136,13 @@ def start_cluster(ports: list, data_dir: str, extra: tuple = (), conf: str | Non
     return procs
 
 
+def restart_node(port: int, data_dir: str, extra: tuple = (), conf: str | None = None):
+    """Start again one node of a cluster with replicas (start_cluster's data_dir): it
+    rejoins from its nodes.conf, a master failed over meanwhile as its successor's
+    replica. Returns the process once it listens."""
+    return _cluster_node(port, data_dir, extra, conf, node_timeout=FAILOVER_NODE_TIMEOUT)[0]
+
+
 def _wait_known(nodes: list, timeout: float) -> None:
     """Until every node knows every other (CLUSTER REPLICATE needs its master known)."""
     deadline = time.monotonic() + timeout

@@ -28,6 +28,8 @@ import logging
 
 import gevent
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from relay.context import BrokerContext
 from relay.errors import StoreError
@@ -39,6 +41,7 @@ log = logging.getLogger("relay.wakeups")
 
 POLL = 0.05
 CATCH_UP = 1.0
+RELINK_PAUSE = 0.2
 
 
 class WakeupListener:
@@ -227,7 +230,8 @@ class NodeLink:
         self.want: set = set()
         self.subscribed: set = set()
         self.dead = False
-        self.client = redis.Redis(host=node.host, port=node.port,
+        # no retries: a node that died is left at once, for the node the slots map names
+        self.client = redis.Redis(host=node.host, port=node.port, retry=Retry(NoBackoff(), 0),
                                   **_auth(owner.cluster.get_redis_connection(node)))
         self.greenlet = gevent.spawn(self._run)
 
@@ -238,6 +242,7 @@ class NodeLink:
         listener = self.owner.listener
         pubsub = self.client.pubsub()
         try:
+            self._check_master()
             while True:
                 added, removed = self.want - self.subscribed, self.subscribed - self.want
                 for channel in added:  # one per call: one call's channels share a slot
@@ -262,12 +267,24 @@ class NodeLink:
         except redis.exceptions.RedisError as e:
             log.warning("wake-up subscriptions on %s lost: %s", self.node.name, e)
             self.owner.moved = True
+            gevent.sleep(RELINK_PAUSE)  # a failover takes seconds: no reconnecting in a loop
         finally:
             self.dead = True
             for topic in listener.wanted().values():
                 listener.messages_arrived(topic)
             pubsub.close()
             self.client.close()
+
+    def _check_master(self) -> None:
+        """A slots map read from a node that has not yet heard of a failover names the
+        old master, which may be back as a replica: subscriptions there would stay
+        after the map is right."""
+        try:
+            role = self.client.execute_command("ROLE")[0]
+        except redis.exceptions.ResponseError:
+            return  # ROLE not allowed to this user: trust the map
+        if role != b"master":
+            raise redis.exceptions.RedisError(f"{self.node.name} is a {role.decode()} now")
 
     def _handle(self, message: dict, topics: dict) -> None:
         kind, channel = message["type"], message["channel"]

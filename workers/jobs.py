@@ -8,6 +8,7 @@ import time
 from typing import Callable
 
 import redis
+from redis.exceptions import RedisClusterException
 
 from relay.jobs import QUEUE, QUEUE_KEY
 from relay.store.connection import connect, is_cluster, node_url
@@ -15,10 +16,14 @@ from relay.store.connection import connect, is_cluster, node_url
 log = logging.getLogger("relay.jobs")
 
 
+FOLLOW_INTERVAL = 2.0
+
+
 def worker_url(redis_url: str) -> str:
     """Where the rq worker connects. rq's worker takes no cluster client, but every rq
     key shares the hash tag {rq}: on a cluster it talks to the node serving that slot
-    (if the slot moves, the worker fails on MOVED and is started again here)."""
+    (if the slot moves, the worker fails on MOVED and is started again here; if its
+    node dies, run_worker sees the slot served elsewhere and moves the worker)."""
     client = connect(redis_url, timeout=5, connect_timeout=2)
     return node_url(client, QUEUE_KEY) if is_cluster(client) else redis_url
 
@@ -41,12 +46,47 @@ def run_worker(rq: str, redis_url: str, wait_for_redis: Callable[[], None]) -> i
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
     while not state["stopping"]:
-        worker = state["worker"] = subprocess.Popen(
-            [rq, "worker", "--url", worker_url(redis_url), QUEUE])
-        code = worker.wait()
+        url = worker_url(redis_url)
+        worker = state["worker"] = subprocess.Popen([rq, "worker", "--url", url, QUEUE])
+        code = _wait_while_served(worker, url, redis_url)
         if state["stopping"] or code == 0:
-            return code
+            return code or 0
+        if code is None:
+            continue  # started again at once, on rq's node
         log.warning("rq worker exited with %d; starting another once Redis answers", code)
         time.sleep(1)
         wait_for_redis()
     return 0
+
+
+def _wait_while_served(worker: subprocess.Popen, url: str, redis_url: str) -> int | None:
+    """The worker's exit code, or None if it was stopped because rq's slot is served
+    elsewhere now (its node died and a replica took over: rq would retry the dead
+    address for ever)."""
+    while True:
+        try:
+            return worker.wait(FOLLOW_INTERVAL)
+        except subprocess.TimeoutExpired:
+            pass
+        if _moved(url, redis_url):
+            log.warning("rq's slot moved from %s: moving the worker", url)
+            worker.terminate()
+            try:
+                worker.wait(10)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
+            return None
+
+
+def _moved(url: str, redis_url: str) -> bool:
+    """Whether a cluster serves rq's slot on another node than `url` now (False while
+    that cannot be told)."""
+    try:
+        client = connect(redis_url, timeout=5, connect_timeout=2)
+        try:
+            return is_cluster(client) and node_url(client, QUEUE_KEY) != url
+        finally:
+            client.close()
+    except (redis.exceptions.RedisError, RedisClusterException):
+        return False

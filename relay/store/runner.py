@@ -33,6 +33,8 @@ SCRIPT_NAMES = ("publish", "subscribe", "unsubscribe", "deliver", "finish", "req
 CROSS_SLOT = ("due", "versions")  # read-only scripts that reach keys of many slots of one node
 REPLICATED = ("publish", "redrive")  # scripts acknowledged only once replicas hold their writes
 SLOT_MOVE_PATIENCE = 30.0
+CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+UNANSWERED = object()  # a pipeline's place whose reply was not read
 
 
 def identity(value):
@@ -278,42 +280,63 @@ class ScriptRunner:
         redis-py's ClusterPipeline asks a server COMMAND GETKEYS for every EVALSHA it
         sends, a round trip each. Commands a node redirected (MOVED, ASK) or refused
         (TRYAGAIN) go again one by one through redis-py, which follows redirects and
-        keeps its slot map."""
+        keeps its slot map. A node that cannot be reached (killed, failing over) fails
+        its own commands only, and the slot map is read again."""
         groups: dict = {}
         for i, command in enumerate(commands):
             key = command[3] if command[0] == "EVALSHA" else command[1]
             node = self.redis.get_node_from_key(key)
             groups.setdefault(node.name, (node, []))[1].append(i)
-        raw: list = [None] * len(commands)
-        sent = []
+        raw: list = [UNANSWERED] * len(commands)
+        sent, lost = [], []
         try:
             for node, indexes in groups.values():
-                pool = self.redis.get_redis_connection(node).connection_pool
-                conn = pool.get_connection()
-                sent.append((pool, conn, indexes))
                 node_commands = [commands[i] for i in indexes]
                 if self._waits(node_commands):
                     node_commands.append(self.wait_command)
-                conn.send_packed_command(conn.pack_commands(node_commands))
+                pool = self.redis.get_redis_connection(node).connection_pool
+                try:
+                    conn = pool.get_connection()
+                    sent.append((pool, conn, indexes))
+                    conn.send_packed_command(conn.pack_commands(node_commands))
+                except CONNECTION_ERRORS as e:
+                    lost.append(indexes)
+                    self._unreachable(commands, raw, indexes, e)
             for _, conn, indexes in sent:
-                for i in indexes:
-                    raw[i] = _read(conn)
-                if self._waits([commands[i] for i in indexes]):
-                    self._confirm(commands, raw, indexes, _read(conn))
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-            for _, conn, _ in sent:
-                conn.disconnect()
-            self.refresh_slots()  # a node may have failed over
-            raise
+                if indexes in lost:
+                    continue
+                try:
+                    for i in indexes:
+                        raw[i] = _read(conn)
+                    if self._waits([commands[i] for i in indexes]):
+                        self._confirm(commands, raw, indexes, _read(conn))
+                except CONNECTION_ERRORS as e:
+                    lost.append(indexes)
+                    self._unreachable(commands, raw, indexes, e)
         finally:
-            for pool, conn, _ in sent:
+            for pool, conn, indexes in sent:
+                if indexes in lost:
+                    conn.disconnect()  # it may hold replies not read
                 pool.release(conn)
+        if lost:
+            self.refresh_slots()  # a node may have failed over
         for i, r in enumerate(raw):
             if isinstance(r, SLOT_MOVING):
                 raw[i] = self._redirected(commands[i])
                 if self._waits([commands[i]]):
                     self._confirm(commands, raw, [i], self._wait_on(commands[i][3]))
         return raw
+
+    def _unreachable(self, commands: list, raw: list, indexes, error) -> None:
+        """A node's commands left unanswered, and its publishes unconfirmed, fail with
+        the lost connection's error."""
+        failed = StoreConnectionError(str(error))
+        waits = self._waits([commands[i] for i in indexes])
+        shas = self._replicated_shas
+        for i in indexes:
+            if raw[i] is UNANSWERED or (waits and commands[i][0] == "EVALSHA"
+                                        and commands[i][1] in shas):
+                raw[i] = failed
 
     def _wait_on(self, key: str):
         """WAIT on the node serving `key`, for a publish sent there alone."""
