@@ -48,7 +48,9 @@ def run_worker(rq: str, redis_url: str, wait_for_redis: Callable[[], None]) -> i
     while not state["stopping"]:
         url = worker_url(redis_url)
         worker = state["worker"] = subprocess.Popen([rq, "worker", "--url", url, QUEUE])
-        code = _wait_while_served(worker, url, redis_url)
+        # on one server there is nowhere to follow: no look every FOLLOW_INTERVAL
+        code = _wait_while_served(worker, url, redis_url) if _clustered(redis_url) \
+            else worker.wait()
         if state["stopping"] or code == 0:
             return code or 0
         if code is None:
@@ -77,6 +79,19 @@ def _wait_while_served(worker: subprocess.Popen, url: str, redis_url: str) -> in
                 worker.kill()
                 worker.wait()
             return None
+
+
+def _clustered(redis_url: str) -> bool:
+    """Whether redis_url is a cluster (False while that cannot be told: then the worker
+    is started again once Redis answers, as after any exit)."""
+    try:
+        client = connect(redis_url, timeout=5, connect_timeout=2)
+        try:
+            return is_cluster(client)
+        finally:
+            client.close()
+    except (redis.exceptions.RedisError, RedisClusterException):
+        return False
 
 
 def _moved(url: str, redis_url: str) -> bool:
