@@ -347,7 +347,7 @@ class ProtocolV2:
             raise FatalClientError("E_INVALID", "invalid message ID")
         return params[1]
 
-    def fin(self, client: Client, params: list[bytes], reader: Reader) -> "Settled":
+    def fin(self, client: Client, params: list[bytes], reader: Reader) -> Settled:
         """FIN, and every FIN right behind it in the read buffer: one call to Redis
         for all of them, on the channel's lane, where the deliver call for the credit
         they free is likely to join the same pipeline."""
@@ -372,7 +372,7 @@ class ProtocolV2:
                     self.broker.e2e.record(channel.topic, channel.name, published[msg_id])
         return Settled(result, "FIN", ids, took)
 
-    def req(self, client: Client, params: list[bytes], reader: Reader) -> "Settled":
+    def req(self, client: Client, params: list[bytes], reader: Reader) -> Settled:
         msg_id = self._message_id(client, params, "REQ", 3)
         try:
             delay = base10(params[2])
@@ -390,7 +390,7 @@ class ProtocolV2:
             client.requeue_count += len(done)
         return Settled(result, "REQ", [msg_id], took)
 
-    def touch(self, client: Client, params: list[bytes], reader: Reader) -> "Settled":
+    def touch(self, client: Client, params: list[bytes], reader: Reader) -> Settled:
         msg_id = self._message_id(client, params, "TOUCH", 2)
         timeout = client.msg_timeout
         channel = client.channel
