@@ -25,8 +25,8 @@ MERGEABLE = {"finish": (0, 2), "requeue": (2, 3), "touch": (1, 3)}
 
 class GroupCommit:
     """`lanes` pipelines may be in flight at once, each on its own connection. An op's
-    `order` key picks its lane, so ops of the same key (a connection, a channel or a
-    topic, as the caller chooses) stay in the order they were submitted."""
+    `order` key picks its lane, so ops of the same key (a connection or a channel, as the
+    caller chooses) stay in the order they were submitted."""
 
     def __init__(self, store: Store, lanes: int = 1, max_batch: int = 2000, observe=None):
         """`observe(seconds)` is told the time of each pipeline round trip."""
