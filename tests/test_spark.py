@@ -158,16 +158,23 @@ def test_a_query_stopped_mid_stream_keeps_its_batch_parked_until_it_runs_again(
     stopping.join(120)
     assert not query.isActive
     query_batches = QueryBatches(store, "events", "spark", "spark")
-    assert wait_for(lambda: query_batches.progress()["parked"] == 2)
+    # every batch claimed is parked: batches 0 and 1, or also 2 when Spark planned the
+    # next batch before the stop took (under load it sometimes does)
+    progress = {}
+    assert wait_for(lambda: progress.update(query_batches.progress()) or (
+        progress["claimed"] >= 2 and progress["parked"] == progress["claimed"])), progress
+    claimed, finished = progress["claimed"], progress["finished"]
+    assert claimed in (2, 3) and finished >= 1
     time.sleep(2.5)                     # past lease_timeout
     Scanner(store).scan_once()
-    assert channel_state(store) == (10, 10, 0)
+    assert channel_state(store) == (30 - 10 * claimed, 10 * (claimed - finished), 0)
     [nsq] = store.deliver("events", "spark", [("nsq", 60_000, 100)])
-    assert len(nsq) == 10 and not {r[26:] for r in nsq} & set(out[0] + out[1])
+    assert len(nsq) == 30 - 10 * claimed
+    assert not {r[26:] for r in nsq} & {b for bodies in out.values() for b in bodies}
     store.finish("events", "spark", [("nsq", record_id(r)) for r in nsq])
 
     start({"availableNow": True}).awaitTermination(180)
-    assert sorted(out) == [0, 1]
+    assert sorted(out) == list(range(claimed))
     counted = Counter(b for bodies in out.values() for b in bodies)
     counted.update(r[26:] for r in nsq)
     assert counted == Counter(b"q%02d" % i for i in range(30))
