@@ -253,6 +253,9 @@ class LeaseKeeper(threading.Thread):
         self.join(timeout=10)
 
 
+_exiting = threading.Event()
+
+
 def _in_source_runner() -> bool:
     """Whether this is Spark's process for the source's driver calls, on its main thread."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
@@ -262,8 +265,13 @@ def _in_source_runner() -> bool:
 
 def _exit(signum, frame):
     """Spark ends the source's process with SIGTERM without calling stop(): exit through
-    the runner's `finally`, which calls it."""
-    raise SystemExit(0)
+    the runner's `finally`, which calls it. Spark sends SIGTERM twice (stopWorker, then
+    the factory's stop); only the first may raise, or the second would cut stop() short
+    before it parks."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if not _exiting.is_set():
+        _exiting.set()
+        raise SystemExit(0)
 
 
 class ChannelSnapshot(DataSourceReader):

@@ -2,6 +2,7 @@
 saying what to set, before the first read would fail 10 s later with a Java stack trace.
 No Spark session is needed: the check reads the session's conf and runs the interpreter."""
 
+import subprocess
 import sys
 
 import pytest
@@ -44,3 +45,25 @@ def test_workers_on_a_missing_interpreter_get_one_line(monkeypatch):
         relay.spark.check_worker_python(Session(**{"spark.pyspark.python": "python-nowhere"}))
     assert str(error.value) == ("Spark's Python workers would run python-nowhere: python-nowhere "
                                 f"is not found; set PYSPARK_PYTHON={sys.executable}")
+
+
+STOP_ON_SIGTERM = """
+import os, signal, time
+import relay.spark
+signal.signal(signal.SIGTERM, relay.spark._exit)
+try:
+    os.kill(os.getpid(), signal.SIGTERM)        # stopWorker
+    time.sleep(10)
+finally:
+    os.kill(os.getpid(), signal.SIGTERM)        # the factory's stop, as stop() begins
+    sum(range(1000))
+    print("parked", flush=True)
+"""
+
+
+def test_the_second_sigterm_spark_sends_does_not_cut_stop_short():
+    """Spark ends the source's runner with two SIGTERMs: the second, arriving while the
+    runner's `finally` calls stop(), must not abort the park."""
+    done = subprocess.run([sys.executable, "-c", STOP_ON_SIGTERM], capture_output=True,
+                          text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "parked\n"), done.stderr
