@@ -23,6 +23,8 @@ from relay.admin_text import (clients_table, percent, preview, show, stats_text,
 from relay.codec import MSG_ID_LENGTH, is_valid_name
 from relay.options import DEFAULT_CONFIG, Options, option_source
 from relay.store import Store
+from relay.store.keys import MAX_PARTITIONS
+from relay.store.store import PartitionsRefused
 from relay.tail import Tail, TailError
 
 INLINE_LIMIT = 10_000
@@ -76,29 +78,31 @@ def channels(store, as_json, topic):
 @click.argument("target", required=False, metavar="[TOPIC[/CHANNEL]]")
 @click.option("--watch", type=click.FloatRange(min=0.1), metavar="SECONDS",
               help="redraw every SECONDS until Ctrl-C (with --json: one line each time)")
+@click.option("--partitions", "by_part", is_flag=True,
+              help="each partition's figures too, under its topic and channels")
 @redis_options
-def stats(store, as_json, target, watch):
-    """Depth, in-flight, deferred, counters, paused and clients of topics and channels,
-    with the clients of every live broker."""
+def stats(store, as_json, target, watch, by_part):
+    """Depth, in-flight, deferred, counters, paused and clients of topics and channels
+    (summed over a topic's partitions), with the clients of every live broker."""
     topic, channel = existing(store, target)
     if not watch:
-        data = stats_with_clients(store, topic, channel)
+        data = stats_with_clients(store, topic, channel, by_part)
         show(data, as_json, stats_text(data))
         return
     try:
         while True:
-            data = stats_with_clients(store, topic, channel)
+            data = stats_with_clients(store, topic, channel, by_part)
             click.echo(json.dumps(data) if as_json else CLEAR + stats_text(data))
             time.sleep(watch)
     except KeyboardInterrupt:
         pass
 
 
-def stats_with_clients(store: Store, topic, channel) -> dict:
+def stats_with_clients(store: Store, topic, channel, by_part: bool = False) -> dict:
     """relay/stats.py's figures, each channel with the clients live brokers announced and
     their number as client_count (rather than the channel's consumer counts, which keep
     those of a broker killed with -9), so the table counts the clients it lists."""
-    data = relay_stats.collect(store, topic, channel)
+    data = relay_stats.collect(store, topic, channel, by_part=by_part)
     clients = registry.live_clients(store.redis, registry.live_brokers(store.redis))
     for t in data["topics"]:
         for c in t["channels"]:
@@ -175,15 +179,39 @@ def list_jobs(store, as_json):
 
 @main.command()
 @click.argument("target", metavar="TOPIC[/CHANNEL]")
+@click.option("--partitions", type=click.IntRange(1, MAX_PARTITIONS), metavar="N",
+              help="a topic's partitions, each a slot of its own: a new topic gets N, an "
+                   "existing one is raised to N (never lowered)")
 @redis_options
-def create(store, as_json, target):
+def create(store, as_json, target, partitions):
     """Create a topic, or a channel of an existing topic (as the HTTP API)."""
     topic, channel = parse_target(target)
+    if channel and partitions:
+        fail("--partitions is a topic's: give TOPIC, not TOPIC/CHANNEL")
     if channel and topic not in store.topic_names():
         fail(f"topic {topic!r} not found: create it first (as /channel/create asks)")
+    if partitions:
+        create_partitioned(store, as_json, topic, partitions)
+        return
     created = store.create_channel(topic, channel) if channel else store.create_topic(topic)
     show({"target": target, "created": created}, as_json,
          f"created {target}" if created else f"{target} exists already")
+
+
+def create_partitioned(store: Store, as_json: bool, topic: str, partitions: int) -> None:
+    created = topic not in store.topic_names()
+    try:
+        before = store.set_partitions(topic, partitions)
+    except PartitionsRefused as refused:
+        fail(str(refused))
+    if created:
+        text = f"created {topic} with {partitions} partitions"
+    elif before == partitions:
+        text = f"{topic} has {partitions} partitions already"
+    else:
+        text = f"{topic}: {partitions} partitions (was {before})"
+    show({"target": topic, "created": created, "partitions": partitions, "before": before},
+         as_json, text)
 
 
 @main.command()

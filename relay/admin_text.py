@@ -39,17 +39,25 @@ def utc(ms: int) -> str:
 def stats_text(data: dict) -> str:
     rows, clients = [], []
     for t in data["topics"]:
-        rows.append([t["topic_name"], "", t["depth"], "", t["deferred_count"],
-                     t["message_count"], "", "", "", "", t["paused"]])
+        for label, row in [(t["topic_name"], t)] + _part_rows(t):
+            rows.append([label, "", row["depth"], "", row["deferred_count"],
+                         row["message_count"], "", "", "", "", row["paused"]])
         for c in t["channels"]:
-            rows.append(["", c["channel_name"], c["depth"], c["in_flight_count"],
-                         c["deferred_count"], c["message_count"], c["requeue_count"],
-                         c["timeout_count"], c["dead_count"], c["client_count"], c["paused"]])
+            for label, row in [(c["channel_name"], c)] + _part_rows(c):
+                rows.append(["", label, row["depth"], row["in_flight_count"],
+                             row["deferred_count"], row["message_count"],
+                             row["requeue_count"], row["timeout_count"], row["dead_count"],
+                             row.get("client_count", ""), row["paused"]])
             clients += c["clients"]
     if not rows:
         return "no topics"
     text = table(rows, STATS_COLUMNS)
     return text + "\n\n" + clients_table(clients) if clients else text
+
+
+def _part_rows(entry: dict) -> list[tuple[str, dict]]:
+    """(label, figures) of each partition, when stats were read --partitions."""
+    return [(f"  partition {i}", part) for i, part in enumerate(entry.get("parts", []))]
 
 
 def clients_table(clients: list[dict]) -> str:

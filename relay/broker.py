@@ -58,7 +58,7 @@ class Broker:
         self.redis = client or connect_redis(options)
         # builds every op, and runs the HTTP API's calls on the client's pool; the group
         # commit sends on connections of its own, which nothing else may use meanwhile
-        self.store = Store(self.redis)
+        self.store = Store(self.redis, topic_partitions=options.topic_partitions)
         self.metrics = Metrics(self)
         self.commit = GroupCommit(Store(self.redis, True, **replication(options)),
                                   options.commit_lanes,
@@ -215,25 +215,51 @@ class Broker:
                         "limit allows %d", *address[:2], len(self.clients), self.max_clients)
 
     def subscribe(self, client: Client, topic: str, channel_name: str) -> None:
-        """SUB: register the consumer in Redis, then join the local delivery loop. A
-        local channel of an incarnation since deleted closes its consumers first."""
-        joined = self.commit.call(self.store.subscribe_op(topic, channel_name, self.id),
-                                  client.number)
+        """SUB: register the consumer in Redis, in every part of the topic, then join the
+        local delivery loop. A local channel of an incarnation since deleted closes its
+        consumers first."""
         channel = self.channels.get((topic, channel_name))
+        if channel is not None:
+            self.grow(channel)
+        joined = self._join(self.store.parts(topic), channel_name, client.number)
+        channel = self.channels.get((topic, channel_name))  # the calls let others run
         if channel is None:
             channel = Channel(self, topic, channel_name, joined)
             self.channels[(topic, channel_name)] = channel
             self.topics.setdefault(topic, {})[channel_name] = channel
-            self.wakeups.watch(topic)
-        elif channel.incarnation != joined.incarnation:
+            for part in channel.parts:
+                self.wakeups.watch(part.name)
+        elif channel.incarnations != [j.incarnation for j in joined[:len(channel.parts)]]:
             channel.deleted()
-            channel.incarnation, channel.empties = joined.incarnation, joined.empties
+            channel.rejoined(joined)
         else:
-            channel.emptied(joined.empties)
-        client.incarnation = joined.incarnation
+            for index, part_joined in enumerate(joined[:len(channel.parts)]):
+                channel.emptied(part_joined.empties, index)
+        client.incarnation = [j.incarnation for j in joined]
         client.state = SUBSCRIBED
         channel.add(client)
         self.registry.clients_changed()
+
+    def _join(self, parts: list[str], channel_name: str, order: int) -> list:
+        """subscribe.lua in each part, for one consumer: the Subscribed of each."""
+        calls = [self.commit.submit(self.store.subscribe_op(part, channel_name, self.id), order)
+                 for part in parts]
+        return [call.get() for call in calls]
+
+    def grow(self, channel: Channel) -> None:
+        """The channel's topic has more partitions than it has parts: its consumers join
+        the new parts, and the channel delivers from them."""
+        parts = self.store.parts(channel.topic)
+        new = parts[len(channel.parts):]
+        if not new or not channel.clients:
+            return
+        for client in list(channel.clients):
+            joined = self._join(new, channel.name, client.number)
+            client.incarnation = client.incarnation + [j.incarnation for j in joined]
+        channel.grow([None] * len(channel.parts) + joined)
+        for part in new:
+            self.wakeups.watch(part)
+        log.info("%s/%s: %d partitions now", channel.topic, channel.name, len(parts))
 
     def subscribed_clients(self) -> list[Client]:
         return [c for c in self.clients.values()
@@ -259,17 +285,18 @@ class Broker:
             del local[channel.name]
             if not local:
                 del self.topics[channel.topic]
-                self.wakeups.unwatch(channel.topic)
+                for part in channel.parts:
+                    self.wakeups.unwatch(part.name)
         store = self.store
         try:
-            if held:
-                self.commit.call(store.requeue_op(channel.topic, channel.name,
-                                                  [(client.owner, i, 0) for i in held]),
-                                 client.number)
-            gone = self.commit.call(store.unsubscribe_op(
-                channel.topic, channel.name, self.id, codec.is_ephemeral(channel.name),
-                codec.is_ephemeral(channel.topic), client.incarnation), client.number)
-            if gone == 2:
+            for op, _ in store.by_part(store.requeue_op, channel.topic, channel.name,
+                                       [(client.owner, i, 0) for i in held]):
+                self.commit.call(op, client.number)
+            leaving = [self.commit.submit(store.unsubscribe_op(
+                part.name, channel.name, self.id, codec.is_ephemeral(channel.name),
+                codec.is_ephemeral(channel.topic), incarnation), client.number)
+                for part, incarnation in zip(channel.parts, client.incarnation)]
+            if [call.get() for call in leaving][:1] == [2]:
                 store.forget_topic(channel.topic)
         except StoreError as e:
             log.warning("%r: could not release %d in-flight messages (%s); "

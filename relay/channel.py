@@ -9,6 +9,12 @@ versions when one was missed: relay/wakeups.py) or more credit.
 
 A channel deleted or emptied elsewhere is seen the same two ways, and compared with
 what SUB returned (its incarnation and count of empties, subscribe.lua).
+
+A partitioned topic's channel has a part in each of the topic's parts (keys.py). The
+loop then spreads each round's credit over the parts that may have messages, starting
+one further each round, so none starves: a part with messages is asked within as many
+rounds as there are parts. A part whose call comes back short is drained until its own
+wake-up.
 """
 
 
@@ -20,6 +26,7 @@ from gevent.event import Event
 from relay.client import Client
 from relay.context import BrokerContext
 from relay.errors import StoreError
+from relay.store.keys import id_part, part_name
 from relay.store.store import Subscribed
 
 log = logging.getLogger("relay.channel")
@@ -27,42 +34,81 @@ log = logging.getLogger("relay.channel")
 RETRY_DELAY = 0.5
 
 
+class Part:
+    """The channel in one part of its topic: the lane its calls take, whether it may have
+    messages, and what SUB there returned."""
+
+    __slots__ = ("index", "name", "order", "maybe_ready", "arrivals", "incarnation",
+                 "empties")
+
+    def __init__(self, topic: str, channel: str, index: int, joined: Subscribed):
+        self.index = index
+        self.name = part_name(topic, index)
+        self.order = hash((self.name, channel))
+        self.maybe_ready = True
+        self.arrivals = 0
+        self.incarnation = joined.incarnation
+        self.empties = joined.empties
+
+
 class Channel:
-    def __init__(self, broker: BrokerContext, topic: str, name: str, joined: Subscribed):
+    def __init__(self, broker: BrokerContext, topic: str, name: str,
+                 joined: list[Subscribed]):
+        """`joined`: what SUB returned in each part."""
         self.broker = broker
         self.topic = topic
         self.name = name
         self.clients: list[Client] = []
-        self.maybe_ready = True
-        self.arrivals = 0
-        self.order = hash((topic, name))
-        self.incarnation = joined.incarnation
-        self.empties = joined.empties
+        self.parts = [Part(topic, name, i, j) for i, j in enumerate(joined)]
         self.stopped = False
+        self._turn = 0
         self._look_again = Event()
         self._greenlet = gevent.spawn(self._loop)
 
     def __repr__(self):
         return f"Channel({self.topic}/{self.name})"
 
+    @property
+    def incarnations(self) -> list[int]:
+        return [p.incarnation for p in self.parts]
+
+    def part_of(self, msg_id: bytes) -> Part:
+        """The part a message id names (part 0 for one no part has: its FIN fails)."""
+        index = id_part(msg_id)
+        return self.parts[index] if 0 <= index < len(self.parts) else self.parts[0]
+
+    def rejoined(self, joined: list[Subscribed]) -> None:
+        """The channel was deleted and created again: the parts SUB joined now."""
+        self.parts = [Part(self.topic, self.name, i, j) for i, j in enumerate(joined)]
+
+    def grow(self, joined: list[Subscribed]) -> None:
+        """The topic has more parts now: the local consumers joined the channel there."""
+        for joined_part in joined[len(self.parts):]:
+            self.parts.append(Part(self.topic, self.name, len(self.parts), joined_part))
+        self.messages_arrived()
+
     def credit_changed(self) -> None:
         """A client's credit may have changed (RDY, FIN, REQ, a timeout, its unsent
         messages written) or a client came or went: look again."""
         self._look_again.set()
 
-    def messages_arrived(self) -> None:
-        """Messages may have arrived in Redis: a wake-up came, or one may have been missed."""
-        self.arrivals += 1
-        self.maybe_ready = True
+    def messages_arrived(self, index: int | None = None) -> None:
+        """Messages may have arrived in Redis, in part `index` or any: a wake-up came, or
+        one may have been missed."""
+        for part in self.parts if index is None else self.parts[index:index + 1]:
+            part.arrivals += 1
+            part.maybe_ready = True
         self._look_again.set()
 
-    def check(self, incarnation: int | None, empties: int) -> None:
-        """Compare the channel in Redis (Store.channel_states, Subscribed) with the one
-        the local consumers joined: deleted (or deleted and created again) or emptied."""
-        if incarnation != self.incarnation:
+    def check(self, index: int, incarnation: int | None, empties: int) -> None:
+        """Compare the channel's part in Redis (Store.channel_states, Subscribed) with the
+        one the local consumers joined: deleted (or deleted and created again) or emptied."""
+        if index >= len(self.parts):
+            return
+        if incarnation != self.parts[index].incarnation:
             self.deleted()
         else:
-            self.emptied(empties)
+            self.emptied(empties, index)
 
     def deleted(self) -> None:
         """The channel (or its topic) was deleted: close its consumers, as nsqd."""
@@ -72,15 +118,19 @@ class Channel:
         for client in list(self.clients):
             client.close()
 
-    def emptied(self, empties: int) -> None:
-        """The channel was emptied (the `empties`th time): what its consumers held in
-        flight is gone, so their RDY credit is free again at once, as nsqd."""
-        if empties <= self.empties:
+    def emptied(self, empties: int, index: int = 0) -> None:
+        """The channel's part was emptied (the `empties`th time): what its consumers held
+        in flight there is gone, so their RDY credit is free again at once, as nsqd."""
+        if index >= len(self.parts) or empties <= self.parts[index].empties:
             return
-        self.empties = empties
+        self.parts[index].empties = empties
         for client in self.clients:
-            client.in_flight.clear()
-        self.messages_arrived()
+            if len(self.parts) == 1:
+                client.in_flight.clear()
+                continue
+            for msg_id in [i for i in client.in_flight if id_part(i) == index]:
+                del client.in_flight[msg_id]
+        self.messages_arrived(index)
 
     def add(self, client: Client) -> None:
         self.clients.append(client)
@@ -104,41 +154,64 @@ class Channel:
             self._look_again.clear()
             groups = [(c, c.credit()) for c in self.clients]
             groups = [(c, n) for c, n in groups if n > 0]
-            if not groups or not self.maybe_ready:
+            ready = [p for p in self.parts if p.maybe_ready]
+            if not groups or not ready:
                 self._look_again.wait()
                 continue
-            self._deliver(groups)
+            self._deliver(self._shares(groups, ready))
 
-    def _deliver(self, groups: list[tuple[Client, int]]) -> None:
+    def _shares(self, groups: list[tuple[Client, int]], ready: list[Part]) -> list:
+        """(part, [(client, count)]) for this round: each client's credit split over the
+        ready parts, starting one further than the round before."""
+        first = self._turn % len(ready)
+        self._turn += 1
+        ready = ready[first:] + ready[:first]
+        shares: dict[int, list] = {}
+        for client, credit in groups:
+            spread = min(credit, len(ready))
+            for k in range(spread):
+                count = credit // spread + (k < credit % spread)
+                shares.setdefault(k, []).append((client, count))
+        return [(ready[k], share) for k, share in sorted(shares.items())]
+
+    def _deliver(self, rounds: list) -> None:
         store, commit = self.broker.store, self.broker.commit
-        seen = self.arrivals
-        op = store.deliver_op(self.topic, self.name,
-                              [(c.owner, c.msg_timeout, n) for c, n in groups],
-                              self.broker.options.max_attempts)
-        try:
-            batches = commit.call(op, self.order)
-        except StoreError as e:
-            log.warning("deliver %s/%s failed: %s", self.topic, self.name, e)
+        calls = [(part, share, part.arrivals, commit.submit(store.deliver_op(
+                    part.name, self.name, [(c.owner, c.msg_timeout, n) for c, n in share],
+                    self.broker.options.max_attempts), part.order))
+                 for part, share in rounds]
+        failed = False
+        for part, share, seen, call in calls:
+            try:
+                batches = call.get()
+            except StoreError as e:
+                log.warning("deliver %s/%s failed: %s", part.name, self.name, e)
+                failed = True
+                continue
+            self._hand_out(part, share, seen, batches)
+        if failed:
             gevent.sleep(RETRY_DELAY)
-            return
-        if batches.empties < self.empties:
+
+    def _hand_out(self, part: Part, share: list, seen: int, batches) -> None:
+        store, commit = self.broker.store, self.broker.commit
+        if batches.empties < part.empties:
             return  # popped before an empty already applied: they went with it
-        self.emptied(batches.empties)
+        self.emptied(batches.empties, part.index)
         wanted = got = 0
         self.broker.metrics.delivered.inc(sum(len(records) for records in batches))
-        for (client, n), records in zip(groups, batches):
+        for (client, n), records in zip(share, batches):
             wanted += n
             got += len(records)
             give_back, sampled_out = client.accept(records)
             if client.in_flight:
                 self.broker.holding.add(client)
             if give_back:
-                commit.submit(store.requeue_op(self.topic, self.name,
+                commit.submit(store.requeue_op(part.name, self.name,
                                                [(client.owner, i, 0) for i in give_back]),
-                              self.order)
+                              part.order)
             if sampled_out:
-                commit.submit(store.finish_op(self.topic, self.name,
+                commit.submit(store.finish_op(part.name, self.name,
                                               [(client.owner, i) for i in sampled_out]),
-                              self.order)
-        if got < wanted and self.arrivals == seen:
-            self.maybe_ready = False
+                              part.order)
+        if got < wanted and part.arrivals == seen:
+            part.maybe_ready = False

@@ -55,7 +55,7 @@ class Client:
         self.ready_count = 0
         self.in_flight: OrderedDict[bytes, tuple] = OrderedDict()
         self.channel: "Channel | None" = None
-        self.incarnation = 0    # of the channel it joined (subscribe.lua)
+        self.incarnation: list[int] = []    # of the channel it joined, per part (subscribe.lua)
         self.message_count = self.finish_count = self.requeue_count = 0
         self.pub_counts: dict[str, int] = {}     # topic -> messages published
         self.announced: tuple | None = None     # (figures, JSON) as stats.announcement made it

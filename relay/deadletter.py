@@ -25,7 +25,7 @@ from relay.errors import StoreError
 from relay.options import DEFAULT_DEAD_LETTER_TOPIC
 from relay import codec
 from relay.store import Op, Store, guarded
-from relay.store.keys import ChannelKeys, TopicKeys
+from relay.store.keys import ChannelKeys, TopicKeys, id_part, part_name, split_part
 
 FORWARD_BATCH = 500
 CLAIM_MS = 10_000
@@ -87,29 +87,32 @@ def drop_outbox(store: Store, topic: str, channel: str, count: int) -> None:
     guarded(pipe.execute)
 
 
-def forward(store: Store, topic: str, channel: str, template: str) -> int:
-    """Publish a channel's outbox to its dead-letter topic; how many were published."""
+def forward(store: Store, part: str, channel: str, template: str) -> int:
+    """Publish the outbox of a channel's part (keys.part_name) to its dead-letter topic;
+    how many were published."""
+    topic = split_part(part)[0]
     token, done = secrets.token_hex(8), 0
     while True:
-        records = claim_outbox(store, topic, channel, token, CLAIM_MS, FORWARD_BATCH)
+        records = claim_outbox(store, part, channel, token, CLAIM_MS, FORWARD_BATCH)
         if not records:
             return done
         target = topic_for(store, topic, channel, template)
         if not codec.is_valid_name(target):
-            drop_outbox(store, topic, channel, 0)
+            drop_outbox(store, part, channel, 0)
             raise StoreError(f"dead-letter topic {target!r} of {topic}/{channel} is not a "
                              "valid topic name; set one with relay-admin config")
         store.publish(target, [envelope(topic, channel, r) for r in records])
         if store.channel_setting(topic, channel, LAST_TOPIC) != target:
             store.configure_channel(topic, channel, LAST_TOPIC, target)
-        drop_outbox(store, topic, channel, len(records))
+        drop_outbox(store, part, channel, len(records))
         done += len(records)
 
 
 def _sources(store: Store, dead_topic: str) -> list[str]:
-    """Where a dead-letter topic's messages wait: its backlog and its channels' queues."""
-    return [TopicKeys.of(dead_topic).backlog] + [
-        ChannelKeys.of(dead_topic, ch).queue for ch in store.channel_names(dead_topic)]
+    """Where a dead-letter topic's messages wait: its parts' backlogs and channel queues."""
+    return [key for part in store.parts(dead_topic)
+            for key in [TopicKeys.of(part).backlog] + [
+                ChannelKeys.of(part, ch).queue for ch in store.channel_names(part)]]
 
 
 def letters(store: Store, topic: str, channel: str, chunk: int = 1000):
@@ -134,6 +137,20 @@ def redrive_op(topic: str, channel: str, records: Sequence[bytes]) -> Op:
     """Queue records on one channel again: how many, or -1 if there is no such channel."""
     t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
     return Op("redrive", [t.channels, c.queue, t.version], [channel, t.wake, *records])
+
+
+def _redrive(store: Store, topic: str, channel: str, records: dict) -> int:
+    """Queue records (by id) again, each on the part its id names: how many, or -1 if
+    there is no such channel."""
+    by_part: dict[int, list] = {}
+    for msg_id, record in records.items():
+        by_part.setdefault(max(id_part(msg_id.encode()), 0), []).append(record)
+    queued = store.run_many([redrive_op(part_name(topic, i), channel, part)
+                             for i, part in by_part.items()])
+    for reply in queued:
+        if isinstance(reply, Exception):
+            raise reply
+    return -1 if min(queued) < 0 else sum(queued)
 
 
 def _remove(store: Store, key: str, records: Sequence[bytes]) -> None:
@@ -164,7 +181,7 @@ def redrive(store: Store, topic: str, channel: str, chunk: int = 1000):
                 fresh[letter["id"]] = codec.make_record(letter["timestamp"], 0,
                                                         letter["id"].encode(),
                                                         letter["body_bytes"])
-        if fresh and store.run(redrive_op(topic, channel, list(fresh.values()))) < 0:
+        if fresh and _redrive(store, topic, channel, fresh) < 0:
             raise StoreError(f"channel {topic}/{channel} does not exist")
         seen.update(fresh)
         for key in {key for key, _, _ in batch}:

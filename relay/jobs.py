@@ -124,11 +124,12 @@ def requeue_all(store: Store, topic: str, channel: str):
 def in_flight_ids(store: Store, topic: str, channel: str, count: int) -> Iterator[list[bytes]]:
     """Every id in flight for the whole iteration, about `count` per Redis call
     (ZSCAN: ids may repeat, and ids that come or go meanwhile may be missed)."""
-    key, cursor = ChannelKeys.of(topic, channel).inflight, None
-    while cursor != 0:
-        cursor, entries = guarded(lambda: store.redis.zscan(key, cursor or 0, count=count))
-        if entries:
-            yield [msg_id for msg_id, _ in entries]
+    for part in store.parts(topic):
+        key, cursor = ChannelKeys.of(part, channel).inflight, None
+        while cursor != 0:
+            cursor, entries = guarded(lambda: store.redis.zscan(key, cursor or 0, count=count))
+            if entries:
+                yield [msg_id for msg_id, _ in entries]
 
 
 OPERATIONS = {"empty": empty, "delete": delete, "requeue": requeue_all,

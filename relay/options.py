@@ -17,6 +17,7 @@ from marshmallow import Schema, ValidationError, fields, post_load, validate
 from relay.errors import ConfigError
 from relay.codec import is_valid_name
 from relay.log import LEVELS
+from relay.store.keys import MAX_PARTITIONS
 
 DURATION = "duration"
 DEFAULT_CONFIG = "conf/relay.toml"
@@ -113,6 +114,9 @@ class Options:
     wait_replicas: int = _opt(0, "replicas that must hold a publish before it is "
                               "acknowledged (WAIT; 0: the master alone)",
                               used_by=(BROKER, SCANNER))
+    topic_partitions: int = _opt(1, "partitions of each topic created from now on, each "
+                                 "a slot of its own (relay-admin create --partitions sets "
+                                 "one topic's)", used_by=(BROKER, SCANNER))
     e2e_processing_latency_percentiles: tuple = _opt(
         (), "quantiles of publish-to-FIN time shown in /stats, e.g. 0.99,0.95 (empty: off)",
         flag="e2e-processing-latency-percentile")
@@ -252,6 +256,7 @@ class OptionsSchema(Schema):
     commit_lanes = _Count(validate=validate.Range(min=1, max=64))
     redis_timeout = _Duration(validate=_positive)
     wait_replicas = _Count(validate=validate.Range(min=0))
+    topic_partitions = _Count(validate=validate.Range(min=1, max=MAX_PARTITIONS))
     e2e_processing_latency_percentiles = _Quantiles()
     e2e_processing_latency_window_time = _Duration(validate=_positive)
     log_level = _LogLevel()

@@ -77,10 +77,10 @@ class Reaper:
         if not guarded(lambda: redis.set(claim, self.id, nx=True, px=CLAIM_TTL_MS)):
             return guarded(redis.get, claim) == b"done"
         channels = requeued = 0
-        for topic in self.store.topic_names():
+        for part in self.store.stored_parts():
             guarded(redis.pexpire, claim, CLAIM_TTL_MS)
-            names = self.store.channel_names(topic)
-            results = self.store.run_many([self.store.reap_op(topic, c, broker_id)
+            names = self.store.channel_names(part)
+            results = self.store.run_many([self.store.reap_op(part, c, broker_id)
                                            for c in names])
             for result in results:
                 if isinstance(result, Exception):
@@ -88,8 +88,8 @@ class Reaper:
                 gone, n = result
                 channels += gone > 0
                 requeued += n
-            if any(r[0] == 2 for r in results):
-                self.store.forget_topic(topic)
+            if any(r[0] == 2 for r in results) and keys.PART_MARK not in part:
+                self.store.forget_topic(part)
         guarded(lambda: redis.set(claim, "done", px=DONE_TTL_MS))
         self.reaped += 1
         log.info("reaped dead broker %s: %d ephemeral channels deleted, %d in-flight "

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from relay.codec import is_ephemeral, parse_record
 from relay.latency import NO_LATENCY, E2eLatency, describe, percentiles
 from relay.store import Store, guarded
+from relay.store.store import summed
 from relay.store.keys import ChannelKeys
 
 if TYPE_CHECKING:  # relay-admin reads stats without the broker's gevent modules
@@ -21,28 +22,35 @@ if TYPE_CHECKING:  # relay-admin reads stats without the broker's gevent modules
 
 
 def collect(store: Store, topic: str | None = None, channel: str | None = None,
-            latency: E2eLatency | None = None) -> dict:
-    """{"topics": [...]} for every topic, or the one topic / channel asked for (if it exists)."""
+            latency: E2eLatency | None = None, by_part: bool = False) -> dict:
+    """{"topics": [...]} for every topic, or the one topic / channel asked for (if it
+    exists); counts summed over a topic's partitions, and with `by_part` each part's
+    own under "parts" too."""
     names = store.topic_names()
     if topic:
         names = [n for n in names if n == topic]
     topics = []
     for name in names:
-        t = store.read_topic(name)
+        parts = store.read_topic_parts(name)
+        t = summed(parts)
         channels = []
         for ch in store.channel_names(name):
             if channel and ch != channel:
                 continue
-            c = store.read_channel(name, ch)
+            channel_parts = store.read_channel_parts(name, ch)
+            c = summed(channel_parts)
             channels.append({"channel_name": ch, "depth": c["depth"],
                              "backend_depth": c["depth"], **c,
                              "ephemeral": is_ephemeral(ch),
-                             "e2e_processing_latency": NO_LATENCY})
+                             "e2e_processing_latency": NO_LATENCY,
+                             **({"parts": channel_parts} if by_part else {})})
         topics.append({"topic_name": name, "channels": channels, "depth": t["depth"],
                        "backend_depth": t["depth"], "deferred_count": t["deferred_count"],
                        "message_count": t["message_count"],
                        "message_bytes": t["message_bytes"], "paused": t["paused"],
-                       "e2e_processing_latency": NO_LATENCY})
+                       "partitions": len(parts),
+                       "e2e_processing_latency": NO_LATENCY,
+                       **({"parts": parts} if by_part else {})})
     if latency is not None and latency.enabled:
         _add_latency(store, topics, latency)
     return {"topics": topics}
@@ -63,9 +71,15 @@ def _add_latency(store: Store, topics: list, latency: E2eLatency) -> None:
 
 
 def in_flight(store: Store, topic: str, channel: str, limit: int) -> list[dict]:
-    """The `limit` in-flight messages of a channel due first: id, deadline and
-    delivery time (ms), owner, attempts."""
-    c = ChannelKeys.of(topic, channel)
+    """The `limit` in-flight messages of a channel due first (over all its parts): id,
+    deadline and delivery time (ms), owner, attempts."""
+    out = []
+    for part in store.parts(topic):
+        out += _in_flight_part(store, ChannelKeys.of(part, channel), limit)
+    return sorted(out, key=lambda m: m["deadline_ms"])[:limit]
+
+
+def _in_flight_part(store: Store, c: ChannelKeys, limit: int) -> list[dict]:
     entries = guarded(lambda: store.redis.zrange(c.inflight, 0, limit - 1, withscores=True))
     if not entries:
         return []

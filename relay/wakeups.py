@@ -14,6 +14,11 @@ the topics it has consumers of:
   every node, and SUBSCRIBE on any one node. Correct, but every wake-up crosses
   the whole cluster bus.
 
+A partitioned topic's parts (keys.py) each have their wake channel and version key:
+the listener follows parts (a topic of one partition is its own part 0), and tells a
+channel which of its parts has news. The once-a-second read also brings the topics'
+partition counts: a channel whose topic grew joins its new parts.
+
 Whenever a subscription is (re)made the topic's channels look again, as a wake-up
 may have been missed meanwhile. Pub/sub is fire-and-forget, so nothing depends on a
 wake-up arriving: each script that publishes one also bumps the topic's version key
@@ -35,7 +40,7 @@ from relay.context import BrokerContext
 from relay.errors import StoreError
 from relay.store import Store, connect_redis
 from relay.store.connection import is_cluster, sharded_pubsub
-from relay.store.keys import TopicKeys
+from relay.store.keys import TopicKeys, split_part
 
 log = logging.getLogger("relay.wakeups")
 
@@ -49,51 +54,53 @@ class WakeupListener:
 
     def __init__(self, broker: BrokerContext):
         self.broker = broker
-        # the catch-up read's Store, on the client's pool as broker.store
-        self.store = Store(broker.redis)
-        self.topics: set[str] = set()
-        self.versions: dict[str, int] = {}     # as last read, per topic
-        self.unchecked: set[str] = set()       # topics with a channel new here
+        # the catch-up read's Store, on the client's pool as broker.store, whose
+        # partition counts it keeps up to date
+        self.store = broker.store.sibling()
+        self.topics: set[str] = set()          # the parts followed
+        self.versions: dict[str, int] = {}     # as last read, per part
+        self.unchecked: set[str] = set()       # parts with a channel new here
 
-    def watch(self, topic: str) -> None:
-        """A channel of the topic is new here: listen, and check it on the next read
-        (a delete may have come before the listening)."""
-        self.topics.add(topic)
-        self.unchecked.add(topic)
+    def watch(self, part: str) -> None:
+        """A channel of the part's topic is new here: listen, and check it on the next
+        read (a delete may have come before the listening)."""
+        self.topics.add(part)
+        self.unchecked.add(part)
 
-    def unwatch(self, topic: str) -> None:
-        self.topics.discard(topic)
-        self.versions.pop(topic, None)
+    def unwatch(self, part: str) -> None:
+        self.topics.discard(part)
+        self.versions.pop(part, None)
 
     def wanted(self) -> dict:
         return {TopicKeys.of(t).wake.encode(): t for t in self.topics}
 
-    def messages_arrived(self, topic: str, channel: str | None = None) -> None:
-        """Tell the topic's local channels (or the one named) to look in Redis."""
-        for local in self._local(topic, channel):
-            local.messages_arrived()
+    def messages_arrived(self, part: str, channel: str | None = None) -> None:
+        """Tell the part's local channels (or the one named) to look in Redis."""
+        index = split_part(part)[1]
+        for local in self._local(part, channel):
+            local.messages_arrived(index)
 
-    def _local(self, topic: str, channel: str | None = None) -> list:
-        """This broker's channels of the topic (or the one named), from its index by
-        topic: a wake-up costs its topic's channels, not all of them."""
-        local = self.broker.topics.get(topic, {})
+    def _local(self, part: str, channel: str | None = None) -> list:
+        """This broker's channels of the part's topic (or the one named), from its index
+        by topic: a wake-up costs its topic's channels, not all of them."""
+        local = self.broker.topics.get(split_part(part)[0], {})
         if channel is None:
             return list(local.values())
         return [local[channel]] if channel in local else []
 
-    def received(self, topic: str, data: bytes) -> None:
-        """A wake-up: "" the topic, "C" one channel, "!C" / "!" deleted, "~N:C" emptied
+    def received(self, part: str, data: bytes) -> None:
+        """A wake-up: "" the part, "C" one channel, "!C" / "!" deleted, "~N:C" emptied
         (drop.lua)."""
         text = data.decode()
         if text.startswith("!"):
-            for local in self._local(topic, text[1:] or None):
+            for local in self._local(part, text[1:] or None):
                 local.deleted()
         elif text.startswith("~"):
             empties, _, channel = text[1:].partition(":")
-            for local in self._local(topic, channel):
-                local.emptied(int(empties))
+            for local in self._local(part, channel):
+                local.emptied(int(empties), split_part(part)[1])
         else:
-            self.messages_arrived(topic, text or None)
+            self.messages_arrived(part, text or None)
 
     def catch_up(self) -> None:
         """Every CATCH_UP seconds, apply what a missed wake-up would have told."""
@@ -107,26 +114,35 @@ class WakeupListener:
                 log.exception("the topics' versions not checked")
 
     def check_versions(self) -> None:
-        """Read the versions of the topics served; the channels of those that moved (or
-        are new here) look again and check their incarnation and empties."""
+        """Read the versions of the parts served; the channels of those that moved (or
+        are new here) look again and check their incarnation and empties there. Channels
+        whose topic has more partitions now join the new parts."""
         unchecked, self.unchecked = self.unchecked, set()
         try:
             read = self.store.versions(sorted(self.topics))
             moved = {t for t, v in read.items() if self.versions.get(t) != v}
-            channels = [local for t in moved | (unchecked & read.keys())
-                        for local in self._local(t)]
+            channels = [(part, local) for part in moved | (unchecked & read.keys())
+                        for local in self._local(part)]
             if channels:
-                states = self.store.channel_states([(c.topic, c.name)
-                                                           for c in channels])
-                for local, (incarnation, empties) in zip(channels, states):
-                    local.check(incarnation, empties)
-                    if local.topic in moved:
-                        local.messages_arrived()
+                states = self.store.channel_states([(part, local.name)
+                                                    for part, local in channels])
+                for (part, local), (incarnation, empties) in zip(channels, states):
+                    index = split_part(part)[1]
+                    local.check(index, incarnation, empties)
+                    if part in moved:
+                        local.messages_arrived(index)
+            self._grow()
         except StoreError:
             self.unchecked |= unchecked
             raise
         self.versions.update((t, v) for t, v in read.items() if t in self.topics)
         self.unchecked |= unchecked - read.keys()
+
+    def _grow(self) -> None:
+        for topic, local in list(self.broker.topics.items()):
+            if self.store.partitions(topic) > len(next(iter(local.values())).parts):
+                for channel in list(local.values()):
+                    self.broker.grow(channel)
 
     def run(self) -> None:
         client = self.broker.redis

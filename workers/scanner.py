@@ -76,7 +76,7 @@ class Share:
         if (rank, size) != (self.rank, self.size):
             log.info("scanner %s: share %d of %d", self.id, rank, size)
         self.rank, self.size = rank, size
-        self.topics = [t for t in self.store.topic_names() if self.covers(t)]
+        self.topics = [t for t in self.store.stored_parts() if self.covers(t)]
         self._renewed = now
 
     def covers(self, topic: str) -> bool:
@@ -131,11 +131,11 @@ class Scanner:
             busy = busy or (next_due != -1 and next_due <= now)
         return busy
 
-    def _forward_dead(self, topic: str, channel: str) -> None:
+    def _forward_dead(self, part: str, channel: str) -> None:
         try:
-            self.dead += deadletter.forward(self.store, topic, channel, self.dead_letter_topic)
+            self.dead += deadletter.forward(self.store, part, channel, self.dead_letter_topic)
         except StoreError as e:
-            log.error("dead letters of %s/%s not forwarded: %s", topic, channel, e)
+            log.error("dead letters of %s/%s not forwarded: %s", part, channel, e)
 
     def run(self) -> None:
         log.info("scanner started interval=%dms limit=%d", self.interval * 1000, self.limit)
@@ -166,7 +166,8 @@ def scanner_id() -> str:
 
 
 def main(options) -> None:
-    scanner = Scanner(Store(connect_redis(options), **replication(options)),
+    scanner = Scanner(Store(connect_redis(options), **replication(options),
+                            topic_partitions=options.topic_partitions),
                       options.queue_scan_interval, options.queue_scan_limit,
                       dead_letter_topic=options.dead_letter_topic)
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -50,24 +50,29 @@ class Pending:
 
 
 class Settled:
-    """The reply to FIN, REQ or TOUCH commands sent to Redis as one call: nothing for
-    each that took (nsqd sends none), a non-fatal E_<COMMAND>_FAILED for each that did
-    not. `took(ids)` is told the ids that took, once Redis has answered."""
+    """The reply to FIN, REQ or TOUCH commands sent to Redis as one call per part of
+    the topic their ids name: nothing for each that took (nsqd sends none), a non-fatal
+    E_<COMMAND>_FAILED for each that did not, in the commands' order. `took(ids)` is
+    told the ids that took, once Redis has answered."""
 
-    __slots__ = ("result", "command", "ids", "took")
+    __slots__ = ("calls", "command", "ids", "took")
 
-    def __init__(self, result: AsyncResult, command: str, ids: list[bytes],
-                 took: Callable[[list[bytes]], None]):
-        self.result = result
+    def __init__(self, calls: list[tuple[AsyncResult, list]], command: str,
+                 ids: list[bytes], took: Callable[[list[bytes]], None]):
+        """`calls`: each call's result, and the positions in `ids` of its ids."""
+        self.calls = calls
         self.command = command
         self.ids = ids
         self.took = took
 
     def errors(self) -> list[ClientError]:
-        try:
-            codes = self.result.get()
-        except StoreError:
-            codes = [None] * len(self.ids)
+        codes = [None] * len(self.ids)
+        for result, where in self.calls:
+            try:
+                for i, code in zip(where, result.get()):
+                    codes[i] = code
+            except StoreError:
+                pass
         done, errors = [], []
         for msg_id, code in zip(self.ids, codes):
             reason = SETTLE_FAILURES.get(code)
@@ -362,15 +367,15 @@ class ProtocolV2:
                 published[msg_id] = held[1]
         if published:
             channel.credit_changed()
-        result = self.broker.commit.submit(self.broker.store.finish_op(
-            channel.topic, channel.name, [(client.owner, i) for i in ids]), channel.order)
+        calls = self._by_part(channel, self.broker.store.finish_op,
+                              [(client.owner, i) for i in ids])
 
         def took(done: list[bytes]) -> None:
             client.finish_count += len(done)
             for msg_id in done:
                 if msg_id in published:
                     self.broker.e2e.record(channel.topic, channel.name, published[msg_id])
-        return Settled(result, "FIN", ids, took)
+        return Settled(calls, "FIN", ids, took)
 
     def req(self, client: Client, params: list[bytes], reader: Reader) -> Settled:
         msg_id = self._message_id(client, params, "REQ", 3)
@@ -383,25 +388,35 @@ class ProtocolV2:
         channel = client.channel
         if client.in_flight.pop(msg_id, None) is not None:
             channel.credit_changed()
-        result = self.broker.commit.submit(self.broker.store.requeue_op(
-            channel.topic, channel.name, [(client.owner, msg_id, delay)]), channel.order)
+        calls = self._by_part(channel, self.broker.store.requeue_op,
+                              [(client.owner, msg_id, delay)])
 
         def took(done: list[bytes]) -> None:
             client.requeue_count += len(done)
-        return Settled(result, "REQ", [msg_id], took)
+        return Settled(calls, "REQ", [msg_id], took)
 
     def touch(self, client: Client, params: list[bytes], reader: Reader) -> Settled:
         msg_id = self._message_id(client, params, "TOUCH", 2)
         timeout = client.msg_timeout
         channel = client.channel
-        result = self.broker.commit.submit(self.broker.store.touch_op(
-            channel.topic, channel.name, self.options.max_msg_timeout,
-            [(client.owner, msg_id, timeout)]), channel.order)
+        calls = self._by_part(channel, self.broker.store.touch_op,
+                              [(client.owner, msg_id, timeout)], self.options.max_msg_timeout)
 
         def took(done: list[bytes]) -> None:
             for touched in done:
                 client.touched(touched, timeout)
-        return Settled(result, "TOUCH", [msg_id], took)
+        return Settled(calls, "TOUCH", [msg_id], took)
+
+    def _by_part(self, channel, make_op: Callable, items: list, *shared) -> list:
+        """Submit make_op's call for the items (id second) of each part, on that part's
+        lane, where the deliver call for the credit they free is likely to join it."""
+        if len(channel.parts) == 1:
+            part = channel.parts[0]
+            return [(self.broker.commit.submit(make_op(part.name, channel.name, *shared, items),
+                                               part.order), range(len(items)))]
+        return [(self.broker.commit.submit(op, channel.part_of(items[where[0]][1]).order), where)
+                for op, where in self.broker.store.by_part(make_op, channel.topic,
+                                                           channel.name, items, *shared)]
 
     def cls(self, client: Client, params: list[bytes], reader: Reader) -> bytes:
         if client.state != SUBSCRIBED:

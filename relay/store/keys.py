@@ -10,6 +10,13 @@ check that they were given exactly the topic's channels.
 The keys outside any topic (topics, brokers, reap claims, scanners, rq's) are only used by
 plain commands, never in a script, so on Redis Cluster they may live anywhere.
 
+Partitions. A topic of N partitions keeps its messages in N parts, each a topic of the
+layout above with a hash tag of its own, so a slot of its own: part 0 is the topic
+itself (`{T}`, so a topic of one partition is today's layout), part i is `{T/i}`
+("/" is not allowed in topic names). Message ids are 16 hex digits, the first 4 the
+part's number, so FIN, REQ and TOUCH find their part with no lookup. The count only
+grows (a part dropped would strand its messages) and outlives a deleted topic.
+
     relay:topics                      SET   topic names (registry, outside scripts)
     relay:brokers                     ZSET  broker id -> expiry (ms) of its registration
     relay:broker:ID                   HASH  a live broker's addresses, ports, version (TTL)
@@ -18,6 +25,8 @@ plain commands, never in a script, so on Redis Cluster they may live anywhere.
                                             then "done" (TTL; relay/reaper.py)
     relay:scanners                    ZSET  scanner id -> expiry (ms) of its registration;
                                             the live ones split the slots between them
+    relay:partitions                  SET   the parts beyond the first of partitioned
+                                            topics ("T/1", "T/2", ...), for the scanners
     relay:{T}:meta                    HASH  message_count, message_bytes
     relay:{T}:ids                     STRING last message id handed out (never deleted)
     relay:{T}:due                     ZSET  channel -> earliest in-flight deadline or
@@ -37,7 +46,8 @@ plain commands, never in a script, so on Redis Cluster they may live anywhere.
                                             it for all their topics once a second, so a
                                             missed one is caught; channels: the last
                                             channel incarnation handed out (subscribe.lua);
-                                            never deleted
+                                            partitions: the topic's partition count (part
+                                            0's only; absent: 1); never deleted
     relay:{T}:ch:C:queue              LIST  ready records
     relay:{T}:ch:C:inflight           ZSET  id -> deadline (ms)
     relay:{T}:ch:C:deferred           ZSET  id -> due time (ms)
@@ -59,6 +69,7 @@ plain commands, never in a script, so on Redis Cluster they may live anywhere.
     {rq}:*                            rq's queue "relay": relay-admin's jobs and the
                                             `relay jobs` workers (relay/jobs.py); one hash
                                             tag, so rq's transactions work on a cluster
+
 """
 
 from dataclasses import dataclass
@@ -67,6 +78,10 @@ from functools import lru_cache
 PREFIX = "relay"
 TOPICS = f"{PREFIX}:topics"
 SCANNERS = f"{PREFIX}:scanners"
+PARTITIONS = f"{PREFIX}:partitions"
+PART_MARK = "/"
+PART_DIGITS = 4         # of the 16 in a message id
+MAX_PARTITIONS = 1024
 BROKERS = f"{PREFIX}:brokers"
 
 
@@ -85,6 +100,29 @@ def reap_claim_key(broker_id: str) -> str:
 # The keys that hold a channel's messages (an empty drops them), then the rest.
 MESSAGE_SUFFIXES = ("queue", "inflight", "deferred", "msgs", "leases")
 CHANNEL_SUFFIXES = MESSAGE_SUFFIXES + ("meta", "consumers", "dead", "dead:lock")
+
+
+def part_name(topic: str, index: int) -> str:
+    """The name part `index` of a topic is stored under (TopicKeys.of takes it)."""
+    return topic if index == 0 else f"{topic}{PART_MARK}{index}"
+
+
+def part_names(topic: str, partitions: int) -> list[str]:
+    return [part_name(topic, i) for i in range(partitions)]
+
+
+def split_part(part: str) -> tuple[str, int]:
+    """(topic, index) of a part's name."""
+    topic, mark, index = part.partition(PART_MARK)
+    return topic, int(index) if mark else 0
+
+
+def id_part(msg_id: bytes) -> int:
+    """The part a message id names; -1 if it is not hex (no part has it)."""
+    try:
+        return int(msg_id[:PART_DIGITS], 16)
+    except ValueError:
+        return -1
 
 
 def topic_prefix(topic: str) -> str:

@@ -29,7 +29,7 @@ from relay.store.connection import SLOT_MOVING, is_cluster, sharded_pubsub
 
 SCRIPT_NAMES = ("publish", "subscribe", "unsubscribe", "deliver", "finish", "requeue",
                 "touch", "scan", "pause_topic", "pause_channel", "drop", "redrive", "due",
-                "reap", "versions")
+                "reap", "versions", "partitions")
 CROSS_SLOT = ("due", "versions")  # read-only scripts that reach keys of many slots of one node
 REPLICATED = ("publish", "redrive")  # scripts acknowledged only once replicas hold their writes
 SLOT_MOVE_PATIENCE = 30.0

@@ -8,6 +8,7 @@ out to a topic's channels and was given a stale list of them is sent again with
 the real list (fanout.lua).
 """
 
+import itertools
 import secrets
 import time
 from typing import Callable, NamedTuple, Sequence
@@ -15,11 +16,16 @@ from typing import Callable, NamedTuple, Sequence
 import redis
 
 from relay.codec import is_ephemeral, make_record
+from relay.errors import RelayError, StoreError
 from relay.store import keys
-from relay.store.keys import ChannelKeys, TopicKeys
+from relay.store.keys import ChannelKeys, TopicKeys, id_part, part_name, split_part
 from relay.store.runner import Op, ScriptRunner, guarded, identity
 
 REGISTER_EVERY = 10.0
+PARTITIONS_TTL = 1.0    # how long a topic's partition count is taken as read
+# channel meta fields that are settings, not counts: a new part copies them
+CHANNEL_COUNTS = {b"message_count", b"requeue_count", b"timeout_count", b"dead_count",
+                  b"incarnation", b"empties"}
 
 
 def replication(options, socket_timeout: int | None = None) -> dict:
@@ -30,6 +36,10 @@ def replication(options, socket_timeout: int | None = None) -> dict:
     timeout = socket_timeout or options.redis_timeout
     return {"wait_replicas": options.wait_replicas, "wait_timeout": max(1, timeout // 2)}
 STALE = b"stale"
+
+
+class PartitionsRefused(RelayError):
+    """A topic's partition count only grows."""
 
 
 class Dropped(NamedTuple):
@@ -103,20 +113,25 @@ class Store:
     _guard = staticmethod(guarded)
 
     def __init__(self, client: redis.Redis, dedicated: bool = False, wait_replicas: int = 0,
-                 wait_timeout: int = 0):
-        """`dedicated`, `wait_replicas`, `wait_timeout`: see ScriptRunner."""
+                 wait_timeout: int = 0, topic_partitions: int = 1):
+        """`dedicated`, `wait_replicas`, `wait_timeout`: see ScriptRunner;
+        `topic_partitions`: the partition count of topics this Store creates."""
         self.redis = client
         self.runner = ScriptRunner(client, dedicated, wait_replicas, wait_timeout)
         self.cluster = self.runner.cluster
+        self.topic_partitions = topic_partitions
         self._channels: dict[str, list] = {}
         self._registered: dict[str, float] = {}
+        self._partitions: dict[str, tuple[int, float]] = {}
+        self._turns = itertools.count()
 
     def sibling(self) -> "Store":
         """Another Store on the same client (a group-commit lane of its own) that shares
-        what this one learned: channel lists and topic registrations."""
+        what this one learned: channel lists, topic registrations, partition counts."""
         other = Store(self.redis, self.runner.dedicated, self.runner.wait_replicas,
-                      self.runner.wait_timeout)
+                      self.runner.wait_timeout, self.topic_partitions)
         other._channels, other._registered = self._channels, self._registered
+        other._partitions, other._turns = self._partitions, self._turns
         return other
 
     def run(self, op: Op):
@@ -149,41 +164,121 @@ class Store:
         return Op(script, [*topic_keys, *extra, *_channel_keys(topic, channels)],
                   [len(channels), *channels, *args], parse, pre, redo)
 
-    def publish_op(self, topic: str, bodies: Sequence[bytes], defer_ms: int = 0,
-                   timestamp_ns: int | None = None) -> Op:
-        """PUB/MPUB/DPUB: returns the number of the last message id."""
+    # -- partitions ----------------------------------------------------------
+
+    def partitions_op(self, topic: str, raise_to: int = 0) -> Op:
+        """The topic's partition count, [now, before]; a new topic takes this Store's
+        default, and `raise_to` raises it."""
         t = TopicKeys.of(topic)
+        return Op("partitions", [t.version, t.meta], [self.topic_partitions, raise_to, t.wake],
+                  lambda reply: [int(n) for n in reply])
+
+    def partitions(self, topic: str, fresh: bool = False) -> int:
+        """The topic's partition count, as read at most PARTITIONS_TTL ago unless `fresh`."""
+        known = self._partitions.get(topic)
+        if known and not fresh and time.monotonic() - known[1] < PARTITIONS_TTL:
+            return known[0]
+        count = self.run(self.partitions_op(topic))[0]
+        self.learn_partitions(topic, count)
+        return count
+
+    def learn_partitions(self, topic: str, count: int) -> None:
+        self._partitions[topic] = (count, time.monotonic())
+
+    def parts(self, topic: str, fresh: bool = False) -> list[str]:
+        """The names the topic's parts are stored under (keys.part_name)."""
+        return keys.part_names(topic, self.partitions(topic, fresh))
+
+    def set_partitions(self, topic: str, count: int) -> int:
+        """Raise the topic's partition count to `count`; the new parts get the topic's
+        channels and settings first, so no publish reaches a part without them. Lowering
+        it raises PartitionsRefused. Returns the count before."""
+        if not 1 <= count <= keys.MAX_PARTITIONS:
+            raise PartitionsRefused(f"partitions must be 1-{keys.MAX_PARTITIONS}, not {count}")
+        before = self.partitions(topic, fresh=True)
+        if count < before:
+            raise PartitionsRefused(f"topic {topic} has {before} partitions: the count can "
+                                    f"only grow (asked for {count})")
+        self._guard(self.redis.sadd, keys.TOPICS, topic)
+        new = [part_name(topic, i) for i in range(before, count)]
+        if new:
+            self._prepare_parts(topic, new)
+        now, before = self.run(self.partitions_op(topic, count))
+        self.learn_partitions(topic, now)
+        return before
+
+    def _prepare_parts(self, topic: str, parts: list[str]) -> None:
+        """Give new parts the topic's channels, their settings and the topic's pause."""
+        self._guard(self.redis.sadd, keys.PARTITIONS, *parts)
+        paused = self.read_topic(topic, parts=[topic])["paused"]
+        for channel in self.channel_names(topic):
+            settings = {k: v for k, v in self._guard(
+                self.redis.hgetall, ChannelKeys.of(topic, channel).meta).items()
+                if k not in CHANNEL_COUNTS}
+            for part in parts:
+                self.run(self.subscribe_op(part, channel, ""))
+                if settings:
+                    meta = ChannelKeys.of(part, channel).meta
+                    self._guard(lambda: self.redis.hset(meta, mapping=settings))
+        if paused:
+            for part in parts:
+                self.pause_topic(part, True, parts=[part])
+
+    def publish_op(self, topic: str, bodies: Sequence[bytes], defer_ms: int = 0,
+                   timestamp_ns: int | None = None, index: int | None = None) -> Op:
+        """PUB/MPUB/DPUB to part `index` of the topic, else to its parts in turn (one
+        call's messages stay together): returns the count of the last message. With
+        the count unreadable it goes to part 0, which every topic has: the call itself
+        then fails or lands."""
+        try:
+            count = self.partitions(topic)
+        except StoreError:
+            count = 1
+        if index is None:
+            index = next(self._turns) % count if count > 1 else 0
+        part = part_name(topic, index)
+        t = TopicKeys.of(part)
         ts = make_record(timestamp_ns or time.time_ns(), 0, b"", b"")[:8]
         return self._fanout_op(
-            "publish", topic,
+            "publish", part,
             [t.ids, t.meta, t.channels, t.backlog, t.backlog_deferred, t.due, t.version],
-            [t.wake, ts, defer_ms, *bodies], int, pre=self._register(topic))
+            [t.wake, ts, defer_ms, index, *bodies], int, pre=self._register(topic, count))
 
-    def _register(self, topic: str) -> tuple:
-        """SADD to the topic registry with a publish at most every REGISTER_EVERY seconds:
-        it is one key, so on a cluster its node would get a command per publish. SUB
-        always registers, so every topic a scanner must watch is there."""
+    def _register(self, topic: str, partitions: int = 1) -> tuple:
+        """SADD to the topic registry (and its parts to the parts') with a publish at most
+        every REGISTER_EVERY seconds: it is one key, so on a cluster its node would get a
+        command per publish. SUB always registers, so every topic a scanner must watch
+        is there."""
         now = time.monotonic()
         if now - self._registered.get(topic, float("-inf")) < REGISTER_EVERY:
             return ()
         self._registered[topic] = now
+        if partitions > 1:
+            return (("SADD", keys.TOPICS, topic),
+                    ("SADD", keys.PARTITIONS, *keys.part_names(topic, partitions)[1:]))
         return (("SADD", keys.TOPICS, topic),)
 
-    def publish(self, topic, bodies, defer_ms=0):
-        return self.run(self.publish_op(topic, bodies, defer_ms))
+    def publish(self, topic, bodies, defer_ms=0, index=None):
+        return self.run(self.publish_op(topic, bodies, defer_ms, index=index))
 
-    def subscribe_op(self, topic: str, channel: str, broker_id: str) -> Op:
-        """SUB: creates topic and channel as needed; returns a Subscribed."""
-        t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
+    def subscribe_op(self, part: str, channel: str, broker_id: str) -> Op:
+        """SUB in one part: creates topic and channel as needed; returns a Subscribed."""
+        t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
+        topic, index = split_part(part)
+        registry = ("SADD", keys.PARTITIONS, part) if index else ("SADD", keys.TOPICS, topic)
         return Op("subscribe",
                   [t.channels, t.backlog, t.backlog_deferred, c.queue, c.deferred, c.msgs,
                    c.meta, c.consumers, t.due, t.meta, t.version],
-                  [channel, broker_id], Subscribed.parse,
-                  pre=(("SADD", keys.TOPICS, topic),))
+                  [channel, broker_id], Subscribed.parse, pre=(registry,))
 
     def subscribe(self, topic, channel, broker_id) -> bool:
-        """True if the channel is new."""
-        return self.run(self.subscribe_op(topic, channel, broker_id)).created
+        """SUB on every part: True if the channel is new."""
+        joined = self.run_many([self.subscribe_op(part, channel, broker_id)
+                                for part in self.parts(topic)])
+        for reply in joined:
+            if isinstance(reply, Exception):
+                raise reply
+        return joined[0].created
 
     def unsubscribe_op(self, topic: str, channel: str, broker_id: str,
                        channel_ephemeral: bool, topic_ephemeral: bool, incarnation: int) -> Op:
@@ -192,33 +287,40 @@ class Store:
                   [channel, broker_id, int(channel_ephemeral), int(topic_ephemeral),
                    incarnation], int)
 
-    def reap_op(self, topic: str, channel: str, broker_id: str) -> Op:
-        """A dead broker's part of a channel (relay/reaper.py): (0 kept, 1 ephemeral
-        channel deleted, 2 topic deleted too; in-flight messages requeued)."""
-        return Op("reap", [*_leave_keys(topic, channel), TopicKeys.of(topic).version],
+    def reap_op(self, part: str, channel: str, broker_id: str) -> Op:
+        """A dead broker's share of a channel's part (relay/reaper.py): (0 kept,
+        1 ephemeral channel deleted, 2 topic deleted too; in-flight messages requeued)."""
+        topic = split_part(part)[0]
+        return Op("reap", [*_leave_keys(part, channel), TopicKeys.of(part).version],
                   [channel, broker_id, int(is_ephemeral(channel)), int(is_ephemeral(topic)),
-                   TopicKeys.of(topic).wake], tuple)
+                   TopicKeys.of(part).wake], tuple)
 
     def create_topic(self, topic: str) -> bool:
-        """/topic/create: a topic is its name in the registry until something is published.
-        True if it is new."""
-        return bool(self._guard(self.redis.sadd, keys.TOPICS, topic))
+        """/topic/create: a topic is its name in the registry (and its partition count,
+        this Store's default) until something is published. True if it is new."""
+        created = bool(self._guard(self.redis.sadd, keys.TOPICS, topic))
+        count = self.partitions(topic, fresh=True)
+        if count > 1:
+            self._guard(self.redis.sadd, keys.PARTITIONS, *self.parts(topic)[1:])
+        return created
 
     def create_channel(self, topic: str, channel: str) -> bool:
         """/channel/create: subscribe without a consumer."""
         return self.subscribe(topic, channel, "")
 
-    def pause_topic(self, topic: str, paused: bool) -> None:
-        t = TopicKeys.of(topic)
-        self.run(self._fanout_op("pause_topic", topic,
-                                 [t.meta, t.channels, t.backlog, t.backlog_deferred, t.due,
-                                  t.version],
-                                 ["1" if paused else "0", t.wake]))
+    def pause_topic(self, topic: str, paused: bool, parts: list | None = None) -> None:
+        for part in parts or self.parts(topic):
+            t = TopicKeys.of(part)
+            self.run(self._fanout_op("pause_topic", part,
+                                     [t.meta, t.channels, t.backlog, t.backlog_deferred, t.due,
+                                      t.version],
+                                     ["1" if paused else "0", t.wake]))
 
     def pause_channel(self, topic: str, channel: str, paused: bool) -> None:
-        c = ChannelKeys.of(topic, channel)
-        self.run(Op("pause_channel", [c.meta, TopicKeys.of(topic).version],
-                    ["1" if paused else "0", TopicKeys.of(topic).wake, channel]))
+        for part in self.parts(topic):
+            c, t = ChannelKeys.of(part, channel), TopicKeys.of(part)
+            self.run(Op("pause_channel", [c.meta, t.version],
+                        ["1" if paused else "0", t.wake, channel]))
 
     def drop_op(self, topic: str, channel: str = "", delete: bool = False) -> Op:
         """Empty or delete a channel, or with channel "" the topic (drop.lua): its
@@ -238,13 +340,17 @@ class Store:
             channels=[channel] if channel else (None if delete else []))
 
     def detach(self, topic: str, channel: str = "", delete: bool = False) -> "Dropped | None":
-        """drop_op, and a deleted topic leaves the topic registry; None if not found."""
+        """drop_op on every part, and a deleted topic leaves the topic registry; None if
+        not found. The cut is part 0's; the trash is every part's."""
         if delete and not channel and not self._guard(self.redis.sismember, keys.TOPICS, topic):
             return None
-        dropped = self.run(self.drop_op(topic, channel, delete))
+        dropped = [self.run(self.drop_op(part, channel, delete))
+                   for part in self.parts(topic, fresh=True)]
         if delete and not channel:
             self.forget_topic(topic)
-        return dropped
+        if dropped[0] is None:
+            return None
+        return Dropped(dropped[0].last_id, [k for d in dropped if d for k in d.trash])
 
     def drop(self, topic: str, channel: str = "", delete: bool = False) -> "Dropped | None":
         """detach, then free the trash at once: UNLINK frees it off Redis' main thread."""
@@ -271,21 +377,43 @@ class Store:
     def forget_topic(self, topic: str) -> None:
         self._registered.pop(topic, None)
         self.redis.srem(keys.TOPICS, topic)
+        parts = self.parts(topic)[1:]
+        if parts:
+            self.redis.srem(keys.PARTITIONS, *parts)
 
-    def deliver_op(self, topic: str, channel: str, groups: Sequence[tuple],
+    def deliver_op(self, part: str, channel: str, groups: Sequence[tuple],
                    max_attempts: int = 0) -> Op:
-        """Pop for each (owner, timeout ms, count): a Delivered, one list of records
-        per group. Messages delivered `max_attempts` times already (0: no limit; the channel's
-        own setting wins) go to its dead-letter outbox instead."""
-        c = ChannelKeys.of(topic, channel)
+        """Pop from one part for each (owner, timeout ms, count): a Delivered, one list
+        of records per group. Messages delivered `max_attempts` times already (0: no
+        limit; the channel's own setting wins) go to its dead-letter outbox instead."""
+        c = ChannelKeys.of(part, channel)
         args = [channel, max_attempts, 0]
         for owner, timeout_ms, count in groups:
             args += [owner, timeout_ms, count]
-        return Op("deliver", [c.queue, c.inflight, c.msgs, c.leases, TopicKeys.of(topic).due,
+        return Op("deliver", [c.queue, c.inflight, c.msgs, c.leases, TopicKeys.of(part).due,
                               c.meta, c.dead], args, Delivered.parse)
 
-    def deliver(self, topic, channel, groups, max_attempts=0):
-        return self.run(self.deliver_op(topic, channel, groups, max_attempts))
+    def deliver(self, topic: str, channel: str, groups: Sequence[tuple],
+                max_attempts: int = 0) -> list:
+        """deliver_op over the topic's parts, starting at the next in turn, until each
+        group has its count or every part was asked: one list of records per group."""
+        parts = self.parts(topic)
+        if len(parts) == 1:
+            return self.run(self.deliver_op(topic, channel, groups, max_attempts))
+        first = next(self._turns)
+        wanted = [count for _, _, count in groups]
+        got: list[list] = [[] for _ in groups]
+        for turn in range(len(parts)):
+            short = [i for i, n in enumerate(wanted) if len(got[i]) < n]
+            if not short:
+                break
+            part = parts[(first + turn) % len(parts)]
+            reply = self.run(self.deliver_op(
+                part, channel, [(*groups[i][:2], wanted[i] - len(got[i])) for i in short],
+                max_attempts))
+            for i, records in zip(short, reply):
+                got[i].extend(records)
+        return got
 
     @staticmethod
     def finishing_first(deliver: Op, finish: Op) -> Op:
@@ -297,31 +425,61 @@ class Store:
                                       *args[3:3 + 2 * pairs], *finish.args,
                                       *args[3 + 2 * pairs:]])
 
-    def finish_op(self, topic: str, channel: str, pairs: Sequence[tuple]) -> Op:
-        """FIN each (owner, id): per pair 1 done, 0 not in flight, -1 owned by another."""
-        c = ChannelKeys.of(topic, channel)
+    def finish_op(self, part: str, channel: str, pairs: Sequence[tuple]) -> Op:
+        """FIN each (owner, id) of one part: per pair 1 done, 0 not in flight, -1 owned
+        by another."""
+        c = ChannelKeys.of(part, channel)
         return Op("finish", [c.inflight, c.msgs, c.leases], [x for p in pairs for x in p])
 
     def finish(self, topic, channel, pairs):
-        return self.run(self.finish_op(topic, channel, pairs))
+        return self._by_part(self.finish_op, topic, channel, pairs)
 
-    def requeue_op(self, topic: str, channel: str, triples: Sequence[tuple]) -> Op:
-        """REQ each (owner, id, delay ms): per triple 1 done, 0 / -1 as finish."""
-        t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
+    def _by_part(self, make_op: Callable, topic: str, channel: str,
+                 items: Sequence[tuple], *shared) -> list:
+        """make_op(part, channel, *shared, items) for the items of each part (by the
+        part their id, item[1], names), in one pipeline: the codes in items' order."""
+        return self.run_by_part(self.by_part(make_op, topic, channel, items, *shared))
+
+    @staticmethod
+    def by_part(make_op: Callable, topic: str, channel: str, items: Sequence[tuple],
+                *shared) -> list[tuple[Op, list]]:
+        """(op, positions of its items) for each part the items' ids name."""
+        positions: dict[int, list] = {}
+        for i, item in enumerate(items):
+            positions.setdefault(max(id_part(item[1]), 0), []).append(i)
+        return [(make_op(part_name(topic, index), channel, *shared, [items[i] for i in where]),
+                 where) for index, where in positions.items()]
+
+    def run_by_part(self, calls: list[tuple[Op, list]]) -> list:
+        codes = [0] * sum(len(where) for _, where in calls)
+        for (_, where), reply in zip(calls, self.run_many([op for op, _ in calls])):
+            if isinstance(reply, Exception):
+                raise reply
+            for i, code in zip(where, reply):
+                codes[i] = code
+        return codes
+
+    def requeue_op(self, part: str, channel: str, triples: Sequence[tuple]) -> Op:
+        """REQ each (owner, id, delay ms) of one part: per triple 1 done, 0 / -1 as finish."""
+        t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
         return Op("requeue",
                   [c.queue, c.inflight, c.msgs, c.leases, c.deferred, c.meta, t.due,
                    t.version],
                   [channel, t.wake, *(x for tr in triples for x in tr)])
 
     def requeue(self, topic, channel, triples):
-        return self.run(self.requeue_op(topic, channel, triples))
+        return self._by_part(self.requeue_op, topic, channel, triples)
 
     def requeue_in_flight(self, topic: str, channel: str, ids: Sequence[bytes],
                           delivered_by_ms: int | None = None) -> list[int]:
         """Admin requeue: in-flight messages go back to the queue whoever holds them
         (their holder's FIN then fails, as after a timeout). With `delivered_by_ms`,
         only those delivered by then. Per id: 1 requeued, else 0."""
-        leases = self._guard(self.redis.hmget, ChannelKeys.of(topic, channel).leases, ids)
+        pipe = self.redis.pipeline(transaction=False)
+        for msg_id in ids:
+            pipe.hget(ChannelKeys.of(part_name(topic, max(id_part(msg_id), 0)), channel).leases,
+                      msg_id)
+        leases = self._guard(pipe.execute)
         triples = []
         for msg_id, lease in zip(ids, leases):
             if lease is None:
@@ -333,15 +491,16 @@ class Store:
         requeued = {msg_id for (_, msg_id, _), r in zip(triples, done) if r == 1}
         return [int(msg_id in requeued) for msg_id in ids]
 
-    def touch_op(self, topic: str, channel: str, max_msg_timeout_ms: int,
+    def touch_op(self, part: str, channel: str, max_msg_timeout_ms: int,
                  triples: Sequence[tuple]) -> Op:
-        """TOUCH each (owner, id, timeout ms): per triple the new deadline ms, or 0 / -1."""
-        c = ChannelKeys.of(topic, channel)
+        """TOUCH each (owner, id, timeout ms) of one part: per triple the new deadline ms,
+        or 0 / -1."""
+        c = ChannelKeys.of(part, channel)
         return Op("touch", [c.inflight, c.leases],
                   [max_msg_timeout_ms, *(x for tr in triples for x in tr)])
 
     def touch(self, topic, channel, max_msg_timeout_ms, triples):
-        return self.run(self.touch_op(topic, channel, max_msg_timeout_ms, triples))
+        return self._by_part(self.touch_op, topic, channel, triples, max_msg_timeout_ms)
 
     def scan_op(self, topic: str, channel: str, limit: int) -> Op:
         """Requeue expired and due messages: (timed out, promoted, next due ms or -1,
@@ -356,23 +515,26 @@ class Store:
         return self.run(self.scan_op(topic, channel, limit))
 
     def configure_channel(self, topic: str, channel: str, name: str, value) -> None:
-        """Set (or with None, clear) a channel setting kept in its meta hash."""
-        meta = ChannelKeys.of(topic, channel).meta
-        if value is None:
-            self._guard(self.redis.hdel, meta, name)
-        else:
-            self._guard(self.redis.hset, meta, name, value)
+        """Set (or with None, clear) a channel setting kept in its meta hash, on every
+        part (read from part 0)."""
+        for part in self.parts(topic):
+            meta = ChannelKeys.of(part, channel).meta
+            if value is None:
+                self._guard(self.redis.hdel, meta, name)
+            else:
+                self._guard(self.redis.hset, meta, name, value)
 
     def channel_setting(self, topic: str, channel: str, name: str) -> str | None:
         value = self._guard(self.redis.hget, ChannelKeys.of(topic, channel).meta, name)
         return value.decode() if value is not None else None
 
     def queued_records(self, topic: str, channel: str, chunk: int):
-        """The channel's ready queue, `chunk` records at a time, without taking them."""
-        queue, start = ChannelKeys.of(topic, channel).queue, 0
-        while records := self._guard(self.redis.lrange, queue, start, start + chunk - 1):
-            yield records
-            start += chunk
+        """The channel's ready queues, `chunk` records at a time, without taking them."""
+        for part in self.parts(topic):
+            queue, start = ChannelKeys.of(part, channel).queue, 0
+            while records := self._guard(self.redis.lrange, queue, start, start + chunk - 1):
+                yield records
+                start += chunk
 
     # -- reads ---------------------------------------------------------------
 
@@ -404,9 +566,10 @@ class Store:
         return DueView(now, due, more, failed)
 
     def versions(self, topics: Sequence[str]) -> dict:
-        """topic -> its version (news.lua; 0 while it has none) for the topics read: one
-        versions.lua call per node (per slot on Redis 6.2). The topics of a call that
-        failed are left out, for the next read."""
+        """topic (or part) -> its version (news.lua; 0 while it has none) for those read:
+        one versions.lua call per node (per slot on Redis 6.2); the partition counts read
+        with them are learned. The topics of a call that failed are left out, for the
+        next read."""
         groups = self._node_groups(topics)
         ops = []
         for group in groups:
@@ -418,7 +581,10 @@ class Store:
                 if self.cluster:
                     self.runner.refresh_slots()
                 continue
-            read.update((t, int(v or 0)) for t, v in zip(group, reply))
+            for topic, news, partitions in zip(group, reply[::2], reply[1::2]):
+                read[topic] = int(news or 0)
+                if keys.PART_MARK not in topic:
+                    self.learn_partitions(topic, int(partitions or 1))
         return read
 
     def channel_states(self, channels: Sequence[tuple]) -> list:
@@ -447,6 +613,15 @@ class Store:
     def topic_names(self) -> list[str]:
         return sorted(n.decode() for n in self._guard(self.redis.smembers, keys.TOPICS))
 
+    def stored_parts(self) -> list[str]:
+        """The parts of every registered topic (a topic of one partition is its own):
+        what scanners and reapers walk."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.smembers(keys.TOPICS)
+        pipe.smembers(keys.PARTITIONS)
+        topics, parts = self._guard(pipe.execute)
+        return sorted(n.decode() for n in topics | parts)
+
     def channel_names(self, topic: str) -> list[str]:
         names = self._guard(self.redis.smembers, TopicKeys.of(topic).channels)
         return sorted(n.decode() for n in names)
@@ -462,31 +637,60 @@ class Store:
             pipe.hkeys(ChannelKeys.of(topic, channel).consumers)
         return {b.decode() for ids in self._guard(pipe.execute) for b in ids}
 
-    def read_topic(self, topic: str) -> dict:
-        """Depth and counters of a topic as stored."""
-        t = TopicKeys.of(topic)
+    def read_topic(self, topic: str, parts: list | None = None) -> dict:
+        """Depth and counters of a topic as stored, summed over its parts (or `parts`);
+        paused as part 0 is."""
+        return summed(self.read_topic_parts(topic, parts))
+
+    def read_topic_parts(self, topic: str, parts: list | None = None) -> list[dict]:
+        parts = parts or self.parts(topic)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(t.meta)
-        pipe.llen(t.backlog)
-        pipe.zcard(t.backlog_deferred)
-        meta, backlog, deferred = self._guard(pipe.execute)
-        return {"message_count": int(meta.get(b"message_count", 0)),
-                "message_bytes": int(meta.get(b"message_bytes", 0)),
-                "depth": backlog, "deferred_count": deferred, "paused": b"paused" in meta}
+        for part in parts:
+            t = TopicKeys.of(part)
+            pipe.hgetall(t.meta)
+            pipe.llen(t.backlog)
+            pipe.zcard(t.backlog_deferred)
+        replies = self._guard(pipe.execute)
+        return [{"message_count": int(meta.get(b"message_count", 0)),
+                 "message_bytes": int(meta.get(b"message_bytes", 0)),
+                 "depth": backlog, "deferred_count": deferred, "paused": b"paused" in meta}
+                for meta, backlog, deferred in zip(*[iter(replies)] * 3)]
 
     def read_channel(self, topic: str, channel: str) -> dict:
-        """Depth, in-flight, deferred, counters and consumers of a channel as stored."""
-        c = ChannelKeys.of(topic, channel)
+        """Depth, in-flight, deferred and counters of a channel as stored, summed over
+        the topic's parts; consumers and paused as part 0 has them (every part counts
+        the same consumers)."""
+        return summed(self.read_channel_parts(topic, channel))
+
+    def read_channel_parts(self, topic: str, channel: str) -> list[dict]:
+        """read_channel of each part."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.llen(c.queue)
-        pipe.zcard(c.inflight)
-        pipe.zcard(c.deferred)
-        pipe.hgetall(c.meta)
-        pipe.hvals(c.consumers)
-        depth, inflight, deferred, meta, consumers = self._guard(pipe.execute)
-        return {"depth": depth, "in_flight_count": inflight, "deferred_count": deferred,
-                "message_count": int(meta.get(b"message_count", 0)),
-                "requeue_count": int(meta.get(b"requeue_count", 0)),
-                "timeout_count": int(meta.get(b"timeout_count", 0)),
-                "dead_count": int(meta.get(b"dead_count", 0)),
-                "client_count": sum(int(v) for v in consumers), "paused": b"paused" in meta}
+        for part in self.parts(topic):
+            c = ChannelKeys.of(part, channel)
+            pipe.llen(c.queue)
+            pipe.zcard(c.inflight)
+            pipe.zcard(c.deferred)
+            pipe.hgetall(c.meta)
+            pipe.hvals(c.consumers)
+        replies = self._guard(pipe.execute)
+        return [{"depth": depth, "in_flight_count": inflight, "deferred_count": deferred,
+                 "message_count": int(meta.get(b"message_count", 0)),
+                 "requeue_count": int(meta.get(b"requeue_count", 0)),
+                 "timeout_count": int(meta.get(b"timeout_count", 0)),
+                 "dead_count": int(meta.get(b"dead_count", 0)),
+                 "client_count": sum(int(v) for v in consumers), "paused": b"paused" in meta}
+                for depth, inflight, deferred, meta, consumers in zip(*[iter(replies)] * 5)]
+
+
+# read as part 0 has them, not summed
+FIRST_PART_ONLY = ("paused", "client_count")
+
+
+def summed(parts: list[dict]) -> dict:
+    """One dict of the parts' counts: summed, but FIRST_PART_ONLY as part 0's."""
+    total = dict(parts[0])
+    for part in parts[1:]:
+        for name, value in part.items():
+            if name not in FIRST_PART_ONLY:
+                total[name] += value
+    return total

@@ -8,20 +8,22 @@
 -- KEYS[6] topic due index (scanners)   KEYS[7] topic version (news.lua), then the
 -- channels' keys (fanout.lua)
 -- ARGV[1..ARG0] the channels (fanout.lua), then: wake pub/sub channel,
--- 8-byte timestamp, defer ms (0 = now), bodies...
--- Returns the id number of the last message (ids are consecutive), or the stale reply.
+-- 8-byte timestamp, defer ms (0 = now), the part's number (keys.py), bodies...
+-- Ids are the part's number in 4 hex digits, then the topic's count in 12.
+-- Returns the count of the last message (ids are consecutive), or the stale reply.
 local stale = stale_channels(KEYS[3])
 if stale then return stale end
 local wake, timestamp = ARGV[ARG0 + 1], ARGV[ARG0 + 2]
 local defer = tonumber(ARGV[ARG0 + 3])
-local n = #ARGV - ARG0 - 3
+local part = tonumber(ARGV[ARG0 + 4])
+local n = #ARGV - ARG0 - 4
 local last = redis.call('INCRBY', KEYS[1], n)
 local first = last - n + 1
 
 local ids, records, bytes = {}, {}, 0
 for i = 1, n do
-  local body = ARGV[ARG0 + 3 + i]
-  ids[i] = string.format('%016x', first + i - 1)
+  local body = ARGV[ARG0 + 4 + i]
+  ids[i] = string.format('%04x%012x', part, first + i - 1)
   records[i] = new_record(timestamp, ids[i], body)
   bytes = bytes + #body
 end

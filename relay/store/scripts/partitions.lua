@@ -1,0 +1,24 @@
+-- include: news.lua
+-- partitions: a topic's partition count (keys.py), set for a new topic from the
+-- caller's default, and raised on request; never lowered.
+--
+-- KEYS[1] topic version (part 0's; field `partitions`, absent: 1)   KEYS[2] topic meta
+-- ARGV[1] the default for a topic that is new (neither key exists)
+-- ARGV[2] the count to raise it to (0: only read)   ARGV[3] the topic's wake channel
+-- Returns {the count now, the count before}.
+local before = tonumber(redis.call('HGET', KEYS[1], 'partitions') or '0')
+local wanted = tonumber(ARGV[2])
+if before == 0 then
+  local default = tonumber(ARGV[1])
+  if wanted == 0 and default > 1 and redis.call('EXISTS', KEYS[1]) == 0
+      and redis.call('EXISTS', KEYS[2]) == 0 then
+    wanted = default
+  end
+  before = 1
+end
+if wanted <= before then
+  return {before, before}
+end
+redis.call('HSET', KEYS[1], 'partitions', wanted)
+announce(KEYS[1], ARGV[3], '')
+return {wanted, before}

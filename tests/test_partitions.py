@@ -1,0 +1,300 @@
+"""Partitioned topics (keys.py): the Store on fakeredis, one Redis and the cluster; then
+brokers started with --topic-partitions 3 over sockets, with gnsq consumers."""
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+
+import gevent
+import gnsq
+import pytest
+import redis
+
+from relay import deadletter
+from relay.codec import parse_record
+from relay.store import Store, keys
+from relay.store.connection import connect, is_cluster
+from relay.store.keys import ChannelKeys, TopicKeys, part_name
+from relay.store.store import PartitionsRefused
+from tests.helpers.gnsq_clients import addr, stop, wait_for
+from tests.helpers.store import bodies, channel_state, now_ms, wait_past
+from tests.helpers.wire import Wire
+from workers.scanner import Scanner
+
+RELAY_ADMIN = os.path.join(os.path.dirname(sys.executable), "relay-admin")
+
+
+def relay_admin(redis_url, *args):
+    return subprocess.run([RELAY_ADMIN, *args], env={**os.environ, "REDIS_URL": redis_url},
+                          capture_output=True, text=True, timeout=60)
+
+
+def parts_of(store, topic="t", channel="c", field="depth") -> list:
+    return [p[field] for p in store.read_channel_parts(topic, channel)]
+
+
+# -- the Store -------------------------------------------------------------------------
+
+
+def test_publishes_go_to_the_parts_in_turn_and_ids_name_their_part(store):
+    assert store.set_partitions("t", 3) == 1
+    store.subscribe("t", "c", "b1")
+    for n in range(6):
+        store.publish("t", [b"m%d" % n])
+    assert parts_of(store) == [2, 2, 2]
+    assert store.read_channel("t", "c")["depth"] == 6
+    assert store.read_topic("t")["message_count"] == 6
+    for index in range(3):
+        queued = store.redis.lrange(ChannelKeys.of(part_name("t", index), "c").queue, 0, -1)
+        assert [parse_record(r)[2][:4] for r in queued] == [b"%04x" % index] * 2
+    assert sorted(store.stored_parts()) == ["t", "t/1", "t/2"]
+    assert store.topic_names() == ["t"]
+
+
+def test_deliver_finish_requeue_and_touch_reach_every_part(store):
+    store.set_partitions("t", 3)
+    store.subscribe("t", "c", "b1")
+    for n in range(9):
+        store.publish("t", [b"%02d" % n])
+    [got] = store.deliver("t", "c", [("o", 60_000, 9)])
+    assert sorted(bodies(got)) == [b"%02d" % n for n in range(9)]
+    ids = [parse_record(r)[2] for r in got]
+    assert parts_of(store, field="in_flight_count") == [3, 3, 3]
+    assert all(d > 0 for d in store.touch("t", "c", 600_000, [("o", i, 1000) for i in ids]))
+    assert store.requeue("t", "c", [("o", ids[0], 0)]) == [1]
+    assert store.finish("t", "c", [("o", i) for i in ids]) == [0] + [1] * 8
+    assert store.finish("t", "c", [("x", b"0002000000000001"), ("o", b"zz")]) == [0, 0]
+    assert channel_state(store, "c", "t") == (1, 0, 0)
+
+
+def test_a_consumer_at_rdy_1_is_served_by_every_part(store):
+    store.set_partitions("t", 3)
+    store.subscribe("t", "c", "b1")
+    for n in range(6):
+        store.publish("t", [b"%d" % n], index=n % 3)
+    served = [keys.id_part(parse_record(store.deliver("t", "c", [("o", 60_000, 1)])[0][0])[2])
+              for _ in range(6)]
+    assert sorted(served) == [0, 0, 1, 1, 2, 2]
+
+
+def test_the_count_only_grows(store):
+    store.set_partitions("t", 3)
+    with pytest.raises(PartitionsRefused, match="topic t has 3 partitions: the count can "
+                                                r"only grow \(asked for 2\)"):
+        store.set_partitions("t", 2)
+    assert store.set_partitions("t", 3) == 3
+    assert store.partitions("t", fresh=True) == 3
+    store.delete_topic("t")
+    assert store.partitions("t", fresh=True) == 3     # it outlives the topic
+
+
+def test_new_parts_get_the_channels_their_settings_and_the_pause(store):
+    store.subscribe("t", "c1", "b1")
+    store.subscribe("t", "c2", "")
+    store.pause_channel("t", "c2", True)
+    store.configure_channel("t", "c1", "max_attempts", 5)
+    store.pause_topic("t", True)
+    store.publish("t", [b"old"])
+    assert store.set_partitions("t", 3) == 1
+    for part in ("t/1", "t/2"):
+        assert store.channel_names(part) == ["c1", "c2"]
+        assert store.channel_setting(part, "c1", "max_attempts") == "5"
+        assert store.read_channel(part, "c2")["paused"] is True
+        assert store.read_topic(part, parts=[part])["paused"] is True
+        assert store.read_channel(part, "c1")["message_count"] == 0
+    store.pause_topic("t", False)
+    store.publish("t", [b"new1"])
+    store.publish("t", [b"new2"])
+    assert store.read_channel("t", "c1")["depth"] == 3
+    assert store.read_channel("t", "c2") == {**store.read_channel("t", "c2"), "depth": 3,
+                                             "paused": True}
+
+
+def test_the_default_applies_to_new_topics_only(backend):
+    old = Store(backend)
+    old.publish("existing", [b"x"])
+    store = Store(backend, topic_partitions=4)
+    store.publish("existing", [b"y"])
+    store.publish("fresh", [b"z"])
+    store.create_topic("created")
+    assert [store.partitions(t, fresh=True) for t in ("existing", "fresh", "created")] == \
+        [1, 4, 4]
+    assert Store(backend).partitions("fresh") == 4      # every process reads it
+
+
+def test_empty_delete_and_in_flight_requeue_cover_every_part(store):
+    store.set_partitions("t", 3)
+    store.subscribe("t", "c", "b1")
+    for n in range(6):
+        store.publish("t", [b"%d" % n])
+    store.deliver("t", "c", [("o", 60_000, 3)])
+    dropped = store.drop("t", "c")
+    assert {key.split("}")[0] for key in dropped.trash} == {"relay:{t", "relay:{t/1", "relay:{t/2"}
+    assert channel_state(store, "c", "t") == (0, 0, 0)
+    for n in range(3):
+        store.publish("t", [b"%d" % n])
+    assert store.delete_topic("t") is True
+    assert store.topic_names() == [] and store.stored_parts() == []
+    assert store.redis.exists(*(ChannelKeys.of(part_name("t", i), "c").queue
+                                for i in range(3))) == 0
+
+
+def test_timeouts_and_dead_letters_of_every_part(store):
+    store.set_partitions("t", 3)
+    store.subscribe("t", "c", "b1")
+    store.subscribe("t.dead", "read", "")
+    for n in range(3):
+        store.publish("t", [b"%d" % n])
+    scanner = Scanner(store)
+    for attempt in range(2):
+        got = store.deliver("t", "c", [("o", 50, 3)], max_attempts=1)[0]
+        assert len(got) == (3 if attempt == 0 else 0)
+        wait_past(store, now_ms(store) + 60)
+        scanner.scan_once()
+    assert store.read_channel("t", "c")["timeout_count"] == 3
+    assert store.read_channel("t", "c")["dead_count"] == 3
+    letters = [json.loads(parse_record(r)[3])
+               for r in store.deliver("t.dead", "read", [("r", 60_000, 10)])[0]]
+    assert sorted((l["topic"], l["channel"], l["body"]) for l in letters) == \
+        [("t", "c", "0"), ("t", "c", "1"), ("t", "c", "2")]
+
+
+def test_redrive_puts_each_letter_back_in_its_part(store):
+    store.set_partitions("t", 3)
+    store.subscribe("t", "c", "b1")
+    store.subscribe("t.dead", "read", "")
+    for n in range(3):
+        store.publish("t", [b"%d" % n])
+    scanner = Scanner(store)
+    store.deliver("t", "c", [("o", 50, 3)], max_attempts=1)
+    wait_past(store, now_ms(store) + 60)
+    scanner.scan_once()
+    store.deliver("t", "c", [("o", 50, 3)], max_attempts=1)
+    scanner.scan_once()
+    assert channel_state(store, "c", "t") == (0, 0, 3)
+    list(deadletter.redrive(store, "t", "c"))
+    assert parts_of(store) == [1, 1, 1]
+    [got] = store.deliver("t", "c", [("o", 60_000, 3)])
+    assert store.finish("t", "c", [("o", parse_record(r)[2]) for r in got]) == [1, 1, 1]
+
+
+def test_a_topic_whose_parts_land_on_every_master(backend):
+    if not is_cluster(backend):
+        pytest.skip("one server: every part is on it")
+    store = Store(backend)
+
+    def masters(topic):
+        return {backend.get_node_from_key(TopicKeys.of(part_name(topic, i)).ids).name
+                for i in range(3)}
+    topic = next(t for t in (f"hot{i}" for i in itertools.count()) if len(masters(t)) == 3)
+    store.set_partitions(topic, 3)
+    store.subscribe(topic, "c", "b1")
+    for n in range(30):
+        store.publish(topic, [b"%d" % n])
+    assert parts_of(store, topic) == [10, 10, 10]
+    [got] = store.deliver(topic, "c", [("o", 60_000, 30)])
+    assert len(got) == 30
+    assert store.finish(topic, "c", [("o", parse_record(r)[2]) for r in got]) == [1] * 30
+
+
+# -- brokers -----------------------------------------------------------------------------
+
+
+@pytest.mark.cluster
+def test_consumers_on_two_brokers_get_3000_messages_exactly_once(processes):
+    ports = [processes.broker("--topic-partitions", "3")[1] for _ in range(2)]
+    processes.scanner("--topic-partitions", "3")
+    received = Counter()
+    consumers = []
+    for port in ports:
+        consumer = gnsq.Consumer("hot", "c", [addr(port)], max_in_flight=1 if port ==
+                                 ports[0] else 50)
+        consumer.on_message.connect(lambda _, message: received.update([message.body]), weak=False)
+        consumer.start(block=False)
+        consumers.append(consumer)
+    store = Store(connect(processes.redis_url))
+    assert wait_for(lambda: store.read_channel("hot", "c")["client_count"] == 2)
+    wire = [Wire(port) for port in ports]
+    sent = []
+    for n in range(300):
+        batch = [b"%04d-%d" % (n, i) for i in range(10)]
+        assert wire[n % 2].mpub("hot", batch) == (0, b"OK")
+        sent += batch
+    assert wait_for(lambda: sum(received.values()) >= 3000, timeout=60)
+    gevent.sleep(0.5)
+    stop(*consumers)
+    assert received == Counter(sent)
+    assert store.partitions("hot") == 3
+    assert parts_of(store, "hot", "c", "message_count") == [1000, 1000, 1000]
+    assert channel_state(store, "c", "hot") == (0, 0, 0)
+
+
+@pytest.mark.cluster
+def test_a_rdy_1_consumer_is_served_from_every_part_and_fin_req_touch_work(processes):
+    _, port = processes.broker("--topic-partitions", "3")
+    store = Store(connect(processes.redis_url))
+    store.set_partitions("t", 3)
+    consumer = Wire(port)
+    assert consumer.sub("t", "c") == (0, b"OK")
+    for n in range(6):
+        store.publish("t", [b"%d" % n], index=n % 3)
+    consumer.command("RDY 1")
+    _, _, first, _ = consumer.message()
+    consumer.command(b"TOUCH " + first)
+    consumer.command(b"REQ " + first + b" 0")
+    finished = []
+    for n in range(6):
+        _, attempts, msg_id, _ = consumer.message()
+        finished.append((keys.id_part(msg_id), attempts if msg_id == first else 1))
+        consumer.command(b"FIN " + msg_id)
+    assert sorted(p for p, _ in finished) == [0, 0, 1, 1, 2, 2]
+    assert sorted(a for _, a in finished) == [1, 1, 1, 1, 1, 2]
+    consumer.command(b"FIN 0002000000000999")
+    assert consumer.frame() == (1, b"E_FIN_FAILED FIN 0002000000000999 failed ID not in flight")
+    assert wait_for(lambda: channel_state(store, "c", "t") == (0, 0, 0))
+
+
+@pytest.mark.cluster
+def test_raising_the_count_under_load_loses_nothing(processes):
+    ports = [processes.broker("--topic-partitions", "2")[1] for _ in range(2)]
+    processes.scanner()
+    received = Counter()
+    consumer = gnsq.Consumer("grow", "c", [addr(p) for p in ports], max_in_flight=20)
+    consumer.on_message.connect(lambda _, message: received.update([message.body]), weak=False)
+    consumer.start(block=False)
+    store = Store(connect(processes.redis_url))
+    assert wait_for(lambda: store.read_channel("grow", "c")["client_count"] == 2)
+    acked, stopping = [], threading.Event()
+
+    def produce(port):
+        wire = Wire(port)
+        for n in itertools.count():
+            if stopping.is_set():
+                return
+            body = b"%d-%06d" % (port, n)
+            assert wire.pub("grow", body) == (0, b"OK")
+            acked.append(body)
+
+    producers = [threading.Thread(target=produce, args=(p,)) for p in ports]
+    for producer in producers:
+        producer.start()
+    time.sleep(1.0)
+    admin = relay_admin(processes.redis_url, "create", "grow", "--partitions", "4")
+    assert (admin.returncode, admin.stdout) == (0, "grow: 4 partitions (was 2)\n"), admin.stderr
+    time.sleep(3.0)
+    stopping.set()
+    for producer in producers:
+        producer.join(10)
+    assert wait_for(lambda: sum(received.values()) >= len(acked), timeout=60)
+    stop(consumer)
+    assert set(received) == set(acked)
+    per_part = parts_of(store, "grow", "c", "message_count")
+    assert len(per_part) == 4 and all(n > 0 for n in per_part), per_part
+    lower = relay_admin(processes.redis_url, "create", "grow", "--partitions", "3")
+    assert (lower.returncode, lower.stderr) == (
+        1, "relay-admin: topic grow has 4 partitions: the count can only grow (asked for 3)\n")
