@@ -7,9 +7,12 @@ each) and loops: one pipeline of publish calls (--batch messages to each of its
 topics), one of deliver calls, one of finish calls, as brokers' group commits send
 them; on a cluster redis-py splits each pipeline per node. Reports messages through
 the whole life cycle per second, and each Redis process' CPU (% of one core).
+With --partitions N each topic has N parts (issue 19): publishes take them in turn,
+and each process asks every part for `batch` messages per round. With fewer topics
+than processes, every process loads every topic.
 
     .venv/bin/python scripts/cluster_scale.py [--masters 1,2,3] [--processes 2]
-        [--topics 240] [--batch 10] [--seconds 10] [--runs 3]
+        [--topics 240] [--partitions 1] [--batch 10] [--seconds 10] [--runs 3]
 """
 
 import argparse
@@ -39,31 +42,36 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def load(url: str, topics: list, batch: int, start_at: float, seconds: float, out) -> None:
+def load(url: str, topics: list, partitions: int, batch: int, start_at: float,
+         seconds: float, out) -> None:
     store = Store(connect(url))
-    body, owner = b"x" * 200, "bench:1"
+    body, owner = b"x" * 200, f"bench:{os.getpid()}"
     for topic in topics:
+        store.set_partitions(topic, partitions)
         store.create_channel(topic, "c")
+    parts = [part for topic in topics for part in store.parts(topic)]
     done = 0
     while time.time() < start_at:
         time.sleep(0.001)
     end = start_at + seconds
     while time.time() < end:
         store.run_many([store.publish_op(t, [body] * batch) for t in topics])
-        delivered = store.run_many([store.deliver_op(t, "c", [(owner, 60_000, batch)])
-                                    for t in topics])
-        store.run_many([store.finish_op(t, "c", [(owner, record_id(r)) for r in got[0]])
-                        for t, got in zip(topics, delivered)])
+        delivered = store.run_many([store.deliver_op(p, "c", [(owner, 60_000, batch)])
+                                    for p in parts])
+        store.run_many([store.finish_op(p, "c", [(owner, record_id(r)) for r in got[0]])
+                        for p, got in zip(parts, delivered) if got[0]])
         done += sum(len(got[0]) for got in delivered)
     out.put(done)
 
 
 def run(url: str, pids: list, args) -> dict:
     topics = [f"scale-{i}" for i in range(args.topics)]
-    share = [topics[i::args.processes] for i in range(args.processes)]
+    share = [topics[i::args.processes] if len(topics) >= args.processes else topics
+             for i in range(args.processes)]
     out = mp.Queue()
     start_at = time.time() + 2.0
-    procs = [mp.Process(target=load, args=(url, mine, args.batch, start_at, args.seconds, out))
+    procs = [mp.Process(target=load, args=(url, mine, args.partitions, args.batch, start_at,
+                                           args.seconds, out))
              for mine in share]
     for p in procs:
         p.start()
@@ -93,6 +101,7 @@ def main() -> None:
     parser.add_argument("--masters", default="1,2,3")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--topics", type=int, default=240)
+    parser.add_argument("--partitions", type=int, default=1)
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--runs", type=int, default=3)
@@ -111,7 +120,8 @@ def main() -> None:
                     server.wait(10)
                 shutil.rmtree(data, ignore_errors=True)
         rates = [r["msgs_per_s"] for r in results]
-        print(json.dumps({"masters": masters or "one-node Redis",
+        print(json.dumps({"masters": masters or "one-node Redis", "topics": args.topics,
+                          "partitions": args.partitions,
                           "median_msgs_per_s": statistics.median(rates),
                           "min": min(rates), "max": max(rates),
                           "redis_cpu_per_node": results[rates.index(statistics.median_low(rates))]

@@ -144,7 +144,9 @@ def test_empty_delete_and_in_flight_requeue_cover_every_part(store):
                                 for i in range(3))) == 0
 
 
-def test_timeouts_and_dead_letters_of_every_part(store):
+def dead_in_every_part(store) -> None:
+    """Three messages, one per part of t, delivered on t/c at max attempts 1 and timed
+    out twice: each goes to t.dead (read by channel `read`)."""
     store.set_partitions("t", 3)
     store.subscribe("t", "c", "b1")
     store.subscribe("t.dead", "read", "")
@@ -156,6 +158,10 @@ def test_timeouts_and_dead_letters_of_every_part(store):
         assert len(got) == (3 if attempt == 0 else 0)
         wait_past(store, now_ms(store) + 60)
         scanner.scan_once()
+
+
+def test_timeouts_and_dead_letters_of_every_part(store):
+    dead_in_every_part(store)
     assert store.read_channel("t", "c")["timeout_count"] == 3
     assert store.read_channel("t", "c")["dead_count"] == 3
     letters = [json.loads(parse_record(r)[3])
@@ -165,17 +171,7 @@ def test_timeouts_and_dead_letters_of_every_part(store):
 
 
 def test_redrive_puts_each_letter_back_in_its_part(store):
-    store.set_partitions("t", 3)
-    store.subscribe("t", "c", "b1")
-    store.subscribe("t.dead", "read", "")
-    for n in range(3):
-        store.publish("t", [b"%d" % n])
-    scanner = Scanner(store)
-    store.deliver("t", "c", [("o", 50, 3)], max_attempts=1)
-    wait_past(store, now_ms(store) + 60)
-    scanner.scan_once()
-    store.deliver("t", "c", [("o", 50, 3)], max_attempts=1)
-    scanner.scan_once()
+    dead_in_every_part(store)
     assert channel_state(store, "c", "t") == (0, 0, 3)
     list(deadletter.redrive(store, "t", "c"))
     assert parts_of(store) == [1, 1, 1]
@@ -298,3 +294,25 @@ def test_raising_the_count_under_load_loses_nothing(processes):
     lower = relay_admin(processes.redis_url, "create", "grow", "--partitions", "3")
     assert (lower.returncode, lower.stderr) == (
         1, "relay-admin: topic grow has 4 partitions: the count can only grow (asked for 3)\n")
+
+
+@pytest.mark.cluster
+def test_a_busy_part_does_not_starve_the_others(processes):
+    """30 messages wait in part 0 and one in each other part: a consumer at RDY 1 gets
+    the other parts' within the first 3 deliveries (each round starts one part further)."""
+    _, port = processes.broker()
+    store = Store(connect(processes.redis_url))
+    store.set_partitions("t", 3)
+    store.subscribe("t", "c", "")
+    store.publish("t", [b"busy-%d" % n for n in range(30)], index=0)
+    store.publish("t", [b"one"], index=1)
+    store.publish("t", [b"two"], index=2)
+    consumer = Wire(port)
+    assert consumer.sub("t", "c", rdy=1) == (0, b"OK")
+    received = []
+    for _ in range(32):
+        _, _, msg_id, body = consumer.message()
+        received.append(body)
+        consumer.command(b"FIN " + msg_id)
+    assert {b"one", b"two"} <= set(received[:3]), received[:3]
+    assert sorted(received) == sorted([b"busy-%d" % n for n in range(30)] + [b"one", b"two"])
