@@ -19,6 +19,7 @@ FRAME_ERROR = 1
 FRAME_MESSAGE = 2
 
 MSG_ID_LENGTH = 16
+MAX_PARTITIONS = 1024    # of a topic (relay/store/keys.py); its ids carry the part
 RECORD_HEADER = 8 + 2 + MSG_ID_LENGTH
 
 OK = b"OK"

@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from marshmallow import Schema, ValidationError, fields, post_load, validate
 
 from relay.errors import ConfigError
-from relay.codec import is_valid_name
+from relay.codec import MAX_PARTITIONS, is_valid_name
 from relay.log import LEVELS
-from relay.store.keys import MAX_PARTITIONS
 
 DURATION = "duration"
 DEFAULT_CONFIG = "conf/relay.toml"

@@ -75,13 +75,14 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
 from dataclasses import dataclass
 from functools import lru_cache
 
+from relay.codec import MAX_PARTITIONS  # noqa: F401  (the one limit, kept by the codec)
+
 PREFIX = "relay"
 TOPICS = f"{PREFIX}:topics"
 SCANNERS = f"{PREFIX}:scanners"
 PARTITIONS = f"{PREFIX}:partitions"
 PART_MARK = "/"
 PART_DIGITS = 4         # of the 16 in a message id
-MAX_PARTITIONS = 1024
 BROKERS = f"{PREFIX}:brokers"
 
 
