@@ -105,6 +105,31 @@ def test_available_now_reads_each_message_once_and_leaves_nothing_in_flight(
     assert (progress["claimed"], progress["finished"]) == (3, 3)
 
 
+@pytest.mark.cluster
+def test_a_partitioned_topic_is_read_and_written_whole(spark, store, redis_url, tmp_path):
+    """Source and sink cover every partition: 30 messages in 3 parts read once each;
+    3,000 rows written by one task land in every part, 500 a call, the parts in turn."""
+    store.set_partitions("events", 3)
+    store.subscribe("events", "spark", "")
+    for i in range(30):
+        store.publish("events", [b"p%02d" % i])
+    assert [p["depth"] for p in store.read_channel_parts("events", "spark")] == [10, 10, 10]
+    read = []
+    (source(spark, redis_url).writeStream
+     .foreachBatch(lambda df, _: read.extend(r.body for r in df.collect()))
+     .option("checkpointLocation", str(tmp_path / "ck"))
+     .trigger(availableNow=True).start().awaitTermination(180))
+    assert sorted(read) == [b"p%02d" % i for i in range(30)]
+    assert channel_state(store) == (0, 0, 0)
+
+    store.set_partitions("copied", 3)
+    store.subscribe("copied", "c", "")
+    rows = spark.createDataFrame([(f"r{i}",) for i in range(3000)], "body string").coalesce(1)
+    rows.write.format("relay").option("redis_url", redis_url).option("topic", "copied") \
+        .mode("append").save()
+    assert [p["depth"] for p in store.read_channel_parts("copied", "c")] == [1000, 1000, 1000]
+
+
 def test_a_failed_query_restarted_from_its_checkpoint_loses_nothing(spark, store, redis_url,
                                                                     tmp_path):
     store.subscribe("events", "spark", "")

@@ -123,7 +123,9 @@ class Store:
         self._channels: dict[str, list] = {}
         self._registered: dict[str, float] = {}
         self._partitions: dict[str, tuple[int, float]] = {}
-        self._turns = itertools.count()
+        # from a random part: short-lived publishers (a Spark task, relay-admin pub)
+        # spread over the parts too
+        self._turns = itertools.count(secrets.randbelow(keys.MAX_PARTITIONS))
 
     def sibling(self) -> "Store":
         """Another Store on the same client (a group-commit lane of its own) that shares
