@@ -4,6 +4,12 @@ acknowledged message was delivered. Prints one JSON report. Every third kill is
 Redis's, up to --redis-kills; the others are a random broker or scanner.
 
     chaos.py --messages 20000 --brokers 2 --scanners 2 --appendfsync always
+    chaos.py --cluster 3 --replicas 1 --wait-replicas 1 --master-kills 5 ...
+
+With --cluster, Redis is a local cluster with replicas (Valkey, as `relay redis
+--cluster`), brokers and scanners run with --wait-replicas, and a Redis kill is a
+master's: one at a time, the master serving the chaos topic every other time, each
+waited through its failover and its return as a replica (ReplicatedCluster).
 
 Producers MPUB batches to a random live broker and record a batch as acknowledged
 only on OK; on an error or a lost connection they retry it elsewhere (so a batch
@@ -12,10 +18,13 @@ broker FIN each message and reconnect when their broker dies; the messages a dea
 broker held in flight come back after --msg-timeout, from a scanner. A Redis kill -9
 loses nothing acknowledged with either appendfsync setting (Redis write()s the AOF
 before it replies; the kernel keeps it); everysec can lose the last second only
-when the machine itself goes down, which this harness does not do.
+when the machine itself goes down, which this harness does not do. A master's kill
+-9 loses what its replica had not received when it died: --wait-replicas 1 makes
+brokers acknowledge a publish only once the replica holds it.
 """
 
 import argparse
+import bisect
 import json
 import os
 import random
@@ -32,37 +41,126 @@ import redis
 
 from relay import embedded
 from relay.store import Store
+from relay.store.connection import connect
+from relay.store.keys import TopicKeys
 from scripts.loadgen import Conn, mpub_command
 
 TOPIC, CHANNEL = "chaos", "c"
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def kill9(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def redis_conf(workdir: str, appendfsync: str) -> str:
+    """conf/redis.conf (AOF) with this run's appendfsync, written into workdir."""
+    conf = os.path.join(workdir, "redis.conf")
+    with open(os.path.join(HERE, "conf", "redis.conf")) as f:
+        text = f.read().replace("appendfsync everysec", f"appendfsync {appendfsync}")
+    with open(conf, "w") as f:
+        f.write(text)
+    return conf
+
+
+class SingleRedis:
+    """The embedded Redis, killed with -9 and started again at once from its AOF."""
+
+    kind = "redis"
+
+    def __init__(self, conf: str, workdir: str):
+        self.conf, self.dir = conf, os.path.join(workdir, "redis")
+        self.port = embedded.free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = None
+
+    def start(self) -> None:
+        self.proc = embedded.start(self.port, self.dir, self.conf)
+
+    def kill(self) -> dict:
+        """Kill and restart: when (monotonic) and the seconds until it listens again."""
+        killed = time.monotonic()
+        kill9(self.proc)
+        time.sleep(0.5)
+        self.start()
+        return {"at": killed, "restarted_s": round(time.monotonic() - killed, 2)}
+
+    def processes(self) -> list:
+        return [self.proc] if self.proc else []
+
+
+class ReplicatedCluster:
+    """A local cluster of `masters` masters with `replicas` replicas each
+    (cluster-node-timeout 2 s). A kill takes one master down with -9, waits until a
+    replica serves its slots, starts it again from its nodes.conf and waits until it is
+    an attached replica: the next kill meets every master replicated again. Every other
+    kill is the master serving the chaos topic, whose acknowledged messages a lost
+    write would take; the others hit another master (registries, rq's keys)."""
+
+    kind = "master"
+
+    def __init__(self, masters: int, replicas: int, conf: str, workdir: str):
+        first = embedded.free_ports(masters * (1 + replicas))
+        self.ports = list(range(first, first + masters * (1 + replicas)))
+        self.replicas, self.conf, self.dir = replicas, conf, os.path.join(workdir, "cluster")
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.kills = 0
+
+    def live_port(self) -> int:
+        return next(p for p in self.ports if self.procs[p].poll() is None)
+
+    @property
+    def url(self) -> str:
+        """A node that runs, for processes started now (a client seeded with a dead node
+        would take the cluster for a single server)."""
+        return f"redis://127.0.0.1:{self.live_port()}/0"
+
+    def start(self) -> None:
+        procs = embedded.start_cluster(self.ports, self.dir, conf=self.conf,
+                                       replicas=self.replicas)
+        self.procs = dict(zip(self.ports, procs))
+
+    def kill(self) -> dict:
+        """Kill a master, see its replica promoted and it back as a replica: which master
+        (the topic's or another), when (monotonic) and the seconds to each step."""
+        seen_by = self.live_port()
+        slot = redis.Redis(port=seen_by).cluster("keyslot", TopicKeys.of(TOPIC).ids)
+        topic_master = embedded.master_of(seen_by, slot)
+        others = [m for _, _, m in embedded.slot_masters(seen_by) if m != topic_master]
+        victim = topic_master if self.kills % 2 == 0 else random.choice(others)
+        self.kills += 1
+        killed = time.monotonic()
+        kill9(self.procs[victim])
+        embedded.wait_for_failover(self.ports, victim)
+        promoted = time.monotonic()
+        self.procs[victim] = embedded.restart_node(victim, self.dir, conf=self.conf)
+        embedded.wait_for_cluster([redis.Redis(port=p, socket_timeout=5) for p in self.ports],
+                                  timeout=60, replicas=self.replicas)
+        return {"master": "topic's" if victim == topic_master else "other", "at": killed,
+                "promoted_s": round(promoted - killed, 2),
+                "rejoined_s": round(time.monotonic() - killed, 2)}
+
+    def processes(self) -> list:
+        return list(self.procs.values())
+
+
 class System:
-    """Redis, brokers on fixed ports, and scanners, each killable and restartable."""
+    """Redis (one server or a replicated cluster), brokers on fixed ports, and scanners,
+    each killable and restartable."""
 
     def __init__(self, args, workdir):
         self.args = args
         self.workdir = workdir
-        self.redis_port = embedded.free_port()
-        self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
+        conf = redis_conf(workdir, args.appendfsync)
+        self.redis = (ReplicatedCluster(args.cluster, args.replicas, conf, workdir)
+                      if args.cluster else SingleRedis(conf, workdir))
         self.broker_ports = [embedded.free_port() for _ in range(args.brokers)]
         self.brokers: dict[int, subprocess.Popen] = {}
         self.scanners: list[subprocess.Popen] = []
-        self.redis = None
-        self.lock = threading.Lock()
-
-    def start_redis(self):
-        conf = os.path.join(self.workdir, "redis.conf")
-        with open(os.path.join(HERE, "conf", "redis.conf")) as f:
-            text = f.read().replace("appendfsync everysec",
-                                    f"appendfsync {self.args.appendfsync}")
-        with open(conf, "w") as f:
-            f.write(text)
-        self.redis = embedded.start(self.redis_port, os.path.join(self.workdir, "redis"), conf)
 
     def _relay(self, *argv, log):
-        env = {**os.environ, "REDIS_URL": self.redis_url, "RELAY_LOG_LEVEL": "warning"}
+        env = {**os.environ, "REDIS_URL": self.redis.url, "RELAY_LOG_LEVEL": "warning"}
         out = open(os.path.join(self.workdir, log), "ab")
         return subprocess.Popen([sys.executable, "-m", "relay", *argv], env=env, cwd=self.workdir,
                                 stdout=out, stderr=subprocess.STDOUT)
@@ -70,59 +168,51 @@ class System:
     def start_broker(self, port):
         proc = self._relay("broker", "--tcp-address", f"127.0.0.1:{port}", "--http-address", "",
                            "--lookupd-http-address", "", "--msg-timeout",
-                           self.args.msg_timeout, log=f"broker-{port}.log")
+                           self.args.msg_timeout, "--wait-replicas", str(self.args.wait_replicas),
+                           log=f"broker-{port}.log")
         embedded.wait_for_port("127.0.0.1", port, proc, timeout=30)
         self.brokers[port] = proc
 
     def start_scanner(self):
-        self.scanners.append(self._relay("scanner", log="scanners.log"))
+        return self._relay("scanner", "--wait-replicas", str(self.args.wait_replicas),
+                           log="scanners.log")
 
     def start(self):
-        self.start_redis()
+        self.redis.start()
         for port in self.broker_ports:
             self.start_broker(port)
-        for _ in range(self.args.scanners):
-            self.start_scanner()
+        self.scanners = [self.start_scanner() for _ in range(self.args.scanners)]
 
     def kill_broker(self):
         port = random.choice(self.broker_ports)
-        self.brokers[port].send_signal(signal.SIGKILL)
-        self.brokers[port].wait()
+        kill9(self.brokers[port])
         time.sleep(0.2)
         self.start_broker(port)
         return "broker"
 
     def kill_scanner(self):
         i = random.randrange(len(self.scanners))
-        self.scanners[i].send_signal(signal.SIGKILL)
-        self.scanners[i].wait()
-        self.scanners[i] = self._relay("scanner", log="scanners.log")
+        kill9(self.scanners[i])
+        self.scanners[i] = self.start_scanner()
         return "scanner"
 
-    def kill_redis(self):
-        self.redis.send_signal(signal.SIGKILL)
-        self.redis.wait()
-        time.sleep(0.5)
-        self.start_redis()
-        return "redis"
-
     def stop(self):
-        for proc in [*self.brokers.values(), *self.scanners]:
-            proc.terminate()
-        for proc in [*self.brokers.values(), *self.scanners]:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        if self.redis:
-            self.redis.terminate()
-            self.redis.wait(10)
+        """Brokers and scanners first, so they leave their registries while Redis runs."""
+        for group in ([*self.brokers.values(), *self.scanners], self.redis.processes()):
+            for proc in group:
+                proc.terminate()
+            for proc in group:
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
 
 
 class Tally:
     def __init__(self):
         self.lock = threading.Lock()
         self.acked: set[bytes] = set()
+        self.acked_at: list[float] = []  # monotonic time of each acknowledged batch, in order
         self.received: Counter = Counter()
         self.publish_retries = 0
         self.reconnects = 0
@@ -145,6 +235,7 @@ def produce(system, tally, index, count, batch, rate, stop):
                 conn.expect_ok()
                 with tally.lock:
                     tally.acked.update(chunk)
+                    tally.acked_at.append(time.monotonic())
                 break
             except (OSError, EOFError, RuntimeError):
                 with tally.lock:
@@ -188,13 +279,22 @@ def consume(system, tally, stop, rdy):
             time.sleep(0.1)
 
 
+def timed(kill: dict, started: float, acked_at: list) -> dict:
+    """A Redis kill's figures, with its time from the start of the run and the seconds
+    from it to the next acknowledged publish (None: there was none after it)."""
+    at = kill.pop("at")
+    after = bisect.bisect_left(acked_at, at)
+    stall = round(acked_at[after] - at, 2) if after < len(acked_at) else None
+    return {"at_s": round(at - started, 1), **kill, "next_publish_s": stall}
+
+
 def run(args) -> dict:
     random.seed(args.seed)
     workdir = tempfile.mkdtemp(prefix="relay-chaos-")
     system = System(args, workdir)
     tally, stop_consumers, stop_producers = Tally(), threading.Event(), threading.Event()
     started = time.monotonic()
-    kills = []
+    kills, redis_kills = [], []
     try:
         system.start()
         consumers = [threading.Thread(target=consume, args=(system, tally, stop_consumers,
@@ -210,8 +310,9 @@ def run(args) -> dict:
             time.sleep(args.kill_interval)
             if not any(t.is_alive() for t in producers):
                 break
-            if len(kills) % 3 == 2 and kills.count("redis") < args.redis_kills:
-                kills.append(system.kill_redis())
+            if len(kills) % 3 == 2 and len(redis_kills) < args.redis_kills:
+                redis_kills.append(system.redis.kill())
+                kills.append(system.redis.kind)
             else:
                 kills.append(random.choice([system.kill_broker, system.kill_scanner])())
         expected = {b"%d:%d" % (i, n) for i in range(args.producers)
@@ -227,7 +328,7 @@ def run(args) -> dict:
         stop_producers.set()
         for t in consumers:
             t.join(5)
-        state = Store(redis.Redis.from_url(system.redis_url)).read_channel(TOPIC, CHANNEL)
+        state = Store(connect(system.redis.url)).read_channel(TOPIC, CHANNEL)
         received = set(tally.received)
         return {
             "messages": len(expected), "acknowledged": len(tally.acked),
@@ -237,8 +338,11 @@ def run(args) -> dict:
             "duplicates": sum(n - 1 for n in tally.received.values()),
             "left_queued": state["depth"], "left_in_flight": state["in_flight_count"],
             "left_deferred": state["deferred_count"], "kills": dict(Counter(kills)),
+            "redis_kills": [timed(kill, started, tally.acked_at) for kill in redis_kills],
             "publish_retries": tally.publish_retries, "consumer_reconnects": tally.reconnects,
-            "appendfsync": args.appendfsync, "brokers": args.brokers,
+            "appendfsync": args.appendfsync, "wait_replicas": args.wait_replicas,
+            "cluster": f"{args.cluster} masters x {args.replicas} replicas" if args.cluster
+            else None, "brokers": args.brokers,
             "scanners": args.scanners, "seconds": round(time.monotonic() - started, 1)}
     finally:
         stop_consumers.set()
@@ -259,13 +363,22 @@ def parse(argv=None):
     p.add_argument("--brokers", type=int, default=2)
     p.add_argument("--scanners", type=int, default=2)
     p.add_argument("--kill-interval", type=float, default=2.0, help="seconds between kills")
-    p.add_argument("--redis-kills", type=int, default=1)
+    p.add_argument("--redis-kills", "--master-kills", type=int, default=1,
+                   help="kills of Redis; with --cluster, of a master (one at a time)")
     p.add_argument("--appendfsync", choices=["always", "everysec"], default="always")
+    p.add_argument("--cluster", type=int, default=0, metavar="MASTERS",
+                   help="a local Redis Cluster of this many masters instead of one Redis")
+    p.add_argument("--replicas", type=int, default=1, help="with --cluster: per master")
+    p.add_argument("--wait-replicas", type=int, default=0,
+                   help="brokers' and scanners' --wait-replicas")
     p.add_argument("--msg-timeout", default="2s")
     p.add_argument("--drain-timeout", type=float, default=60.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--keep", action="store_true", help="keep the work folder and its logs")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.cluster and args.replicas < 1:
+        p.error("--cluster needs --replicas 1 or more: a master kill is survived by failover")
+    return args
 
 
 if __name__ == "__main__":
