@@ -10,12 +10,16 @@ With --cluster, Redis is a local cluster with replicas (Valkey, as `relay redis
 --cluster`), brokers and scanners run with --wait-replicas, and a Redis kill is a
 master's: one at a time, the master serving the chaos topic every other time, each
 waited through its failover and its return as a replica (ReplicatedCluster).
+--cut-replication S leaves the replica S seconds behind its master before the kill.
 
 Producers MPUB batches to a random live broker and record a batch as acknowledged
 only on OK; on an error or a lost connection they retry it elsewhere (so a batch
 may be published twice: duplicates are counted, never lost). Consumers on every
 broker FIN each message and reconnect when their broker dies; the messages a dead
-broker held in flight come back after --msg-timeout, from a scanner. A Redis kill -9
+broker held in flight come back after --msg-timeout, from a scanner. Every message
+goes to two channels: `c` is consumed through the kills, `held` only once publishing
+is over, so on `held` every acknowledged message must have outlived every kill in
+Redis (on `c`, one delivered before a failover lost it would not show). A Redis kill -9
 loses nothing acknowledged with either appendfsync setting (Redis write()s the AOF
 before it replies; the kernel keeps it); everysec can lose the last second only
 when the machine itself goes down, which this harness does not do. A master's kill
@@ -45,7 +49,8 @@ from relay.store.connection import connect
 from relay.store.keys import TopicKeys
 from scripts.loadgen import Conn, mpub_command
 
-TOPIC, CHANNEL = "chaos", "c"
+TOPIC = "chaos"
+LIVE, HELD = "c", "held"  # channels read while the kills go on, and once publishing is over
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -100,10 +105,14 @@ class ReplicatedCluster:
 
     kind = "master"
 
-    def __init__(self, masters: int, replicas: int, conf: str, workdir: str):
+    def __init__(self, masters: int, replicas: int, conf: str, workdir: str,
+                 cut_replication: float = 0.0):
+        """`cut_replication`: seconds before each kill at which the master's replicas are
+        cut off (see cut_off); 0: none."""
         first = embedded.free_ports(masters * (1 + replicas))
         self.ports = list(range(first, first + masters * (1 + replicas)))
         self.replicas, self.conf, self.dir = replicas, conf, os.path.join(workdir, "cluster")
+        self.cut_replication = cut_replication
         self.procs: dict[int, subprocess.Popen] = {}
         self.kills = 0
 
@@ -130,8 +139,11 @@ class ReplicatedCluster:
         others = [m for _, _, m in embedded.slot_masters(seen_by) if m != topic_master]
         victim = topic_master if self.kills % 2 == 0 else random.choice(others)
         self.kills += 1
+        stopped = self.cut_off(victim) if self.cut_replication else []
         killed = time.monotonic()
         kill9(self.procs[victim])
+        for replica in stopped:
+            replica.send_signal(signal.SIGCONT)
         embedded.wait_for_failover(self.ports, victim)
         promoted = time.monotonic()
         self.procs[victim] = embedded.restart_node(victim, self.dir, conf=self.conf)
@@ -140,6 +152,19 @@ class ReplicatedCluster:
         return {"master": "topic's" if victim == topic_master else "other", "at": killed,
                 "promoted_s": round(promoted - killed, 2),
                 "rejoined_s": round(time.monotonic() - killed, 2)}
+
+    def cut_off(self, master: int) -> list:
+        """Leave `master`'s replicas cut_replication seconds behind it, as a network
+        partition would: each is stopped (SIGSTOP; a running one reconnects within a
+        millisecond) and its link closed, so what the master acknowledges meanwhile is on
+        no replica. Returns the stopped processes, for SIGCONT once the master is dead."""
+        stopped = [self.procs[port] for port in self.ports if port != master and redis.Redis(
+            port=port).info("replication").get("master_port") == master]
+        for replica in stopped:
+            replica.send_signal(signal.SIGSTOP)
+        redis.Redis(port=master).execute_command("CLIENT", "KILL", "TYPE", "replica")
+        time.sleep(self.cut_replication)
+        return stopped
 
     def processes(self) -> list:
         return list(self.procs.values())
@@ -153,8 +178,8 @@ class System:
         self.args = args
         self.workdir = workdir
         conf = redis_conf(workdir, args.appendfsync)
-        self.redis = (ReplicatedCluster(args.cluster, args.replicas, conf, workdir)
-                      if args.cluster else SingleRedis(conf, workdir))
+        self.redis = (ReplicatedCluster(args.cluster, args.replicas, conf, workdir,
+                                        args.cut_replication) if args.cluster else SingleRedis(conf, workdir))
         self.broker_ports = [embedded.free_port() for _ in range(args.brokers)]
         self.brokers: dict[int, subprocess.Popen] = {}
         self.scanners: list[subprocess.Popen] = []
@@ -213,7 +238,7 @@ class Tally:
         self.lock = threading.Lock()
         self.acked: set[bytes] = set()
         self.acked_at: list[float] = []  # monotonic time of each acknowledged batch, in order
-        self.received: Counter = Counter()
+        self.received: dict[str, Counter] = {LIVE: Counter(), HELD: Counter()}
         self.publish_retries = 0
         self.reconnects = 0
 
@@ -249,13 +274,13 @@ def produce(system, tally, index, count, batch, rate, stop):
         conn.sock.close()
 
 
-def consume(system, tally, stop, rdy):
+def consume(system, tally, channel, stop, rdy):
     """SUB on a random broker, FIN everything, reconnect when the broker goes away."""
     while not stop.is_set():
         try:
             conn = Conn("127.0.0.1", random.choice(system.broker_ports))
             conn.sock.settimeout(1.0)
-            conn.sock.sendall(f"SUB {TOPIC} {CHANNEL}\n".encode())
+            conn.sock.sendall(f"SUB {TOPIC} {channel}\n".encode())
             conn.expect_ok()
             conn.sock.sendall(b"RDY %d\n" % rdy)
             while not stop.is_set():
@@ -268,7 +293,7 @@ def consume(system, tally, stop, rdy):
                     if kind == 2:
                         fins.append(b"FIN " + data[10:26] + b"\n")
                         with tally.lock:
-                            tally.received[data[26:]] += 1
+                            tally.received[channel][data[26:]] += 1
                     elif data == b"_heartbeat_":
                         fins.append(b"NOP\n")
                 if fins:
@@ -288,68 +313,115 @@ def timed(kill: dict, started: float, acked_at: list) -> dict:
     return {"at_s": round(at - started, 1), **kill, "next_publish_s": stall}
 
 
+def create_channel(system, channel: str) -> None:
+    """A channel that keeps every message published from now on, with no consumer yet."""
+    conn = Conn("127.0.0.1", system.broker_ports[0])
+    conn.sock.sendall(f"SUB {TOPIC} {channel}\n".encode())
+    conn.expect_ok()
+    conn.sock.close()
+
+
+def consumers(system, tally, channel, stop, args) -> list:
+    threads = [threading.Thread(target=consume, daemon=True,
+                                args=(system, tally, channel, stop, args.rdy))
+               for _ in range(args.consumers)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def kill_while_publishing(system, args, producers) -> tuple[list, list]:
+    """A kill every --kill-interval until the producers are done: Redis every third
+    time (up to --redis-kills), else a random broker or scanner. The kinds killed, and
+    each Redis kill's figures."""
+    kills, redis_kills = [], []
+    while any(t.is_alive() for t in producers):
+        time.sleep(args.kill_interval)
+        if not any(t.is_alive() for t in producers):
+            break
+        if len(kills) % 3 == 2 and len(redis_kills) < args.redis_kills:
+            redis_kills.append(system.redis.kill())
+            kills.append(system.redis.kind)
+        else:
+            kills.append(random.choice([system.kill_broker, system.kill_scanner])())
+    return kills, redis_kills
+
+
+def drain(tally, timeout: float) -> None:
+    """Until both channels received every acknowledged message, or `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with tally.lock:
+            if all(tally.acked <= set(got) for got in tally.received.values()):
+                return
+        time.sleep(0.2)
+
+
 def run(args) -> dict:
+    """Messages go to two channels: LIVE is consumed while processes are killed, HELD
+    only once publishing is over, so every acknowledged message must still be in Redis
+    after all the kills (a consumer that got a message before a failover lost it would
+    hide the loss on LIVE)."""
     random.seed(args.seed)
     workdir = tempfile.mkdtemp(prefix="relay-chaos-")
     system = System(args, workdir)
     tally, stop_consumers, stop_producers = Tally(), threading.Event(), threading.Event()
     started = time.monotonic()
-    kills, redis_kills = [], []
     try:
         system.start()
-        consumers = [threading.Thread(target=consume, args=(system, tally, stop_consumers,
-                                                            args.rdy), daemon=True)
-                     for _ in range(args.consumers)]
+        create_channel(system, HELD)
+        reading = consumers(system, tally, LIVE, stop_consumers, args)
         per_producer = args.messages // args.producers
         producers = [threading.Thread(target=produce, daemon=True, args=(
             system, tally, i, per_producer, args.batch, args.rate / args.producers,
             stop_producers)) for i in range(args.producers)]
-        for t in consumers + producers:
+        for t in producers:
             t.start()
-        while any(t.is_alive() for t in producers):
-            time.sleep(args.kill_interval)
-            if not any(t.is_alive() for t in producers):
-                break
-            if len(kills) % 3 == 2 and len(redis_kills) < args.redis_kills:
-                redis_kills.append(system.redis.kill())
-                kills.append(system.redis.kind)
-            else:
-                kills.append(random.choice([system.kill_broker, system.kill_scanner])())
-        expected = {b"%d:%d" % (i, n) for i in range(args.producers)
-                    for n in range(per_producer)}
-        deadline = time.monotonic() + args.drain_timeout
-        while time.monotonic() < deadline:
-            with tally.lock:
-                if tally.acked <= set(tally.received):
-                    break
-            time.sleep(0.2)
+        kills, redis_kills = kill_while_publishing(system, args, producers)
+        reading += consumers(system, tally, HELD, stop_consumers, args)
+        drain(tally, args.drain_timeout)
         time.sleep(0.5)
         stop_consumers.set()
         stop_producers.set()
-        for t in consumers:
+        for t in reading:
             t.join(5)
-        state = Store(connect(system.redis.url)).read_channel(TOPIC, CHANNEL)
-        received = set(tally.received)
-        return {
-            "messages": len(expected), "acknowledged": len(tally.acked),
-            "delivered": len(received & expected),
-            "lost": len(tally.acked - received),
-            "unacknowledged_delivered": len((received & expected) - tally.acked),
-            "duplicates": sum(n - 1 for n in tally.received.values()),
-            "left_queued": state["depth"], "left_in_flight": state["in_flight_count"],
-            "left_deferred": state["deferred_count"], "kills": dict(Counter(kills)),
-            "redis_kills": [timed(kill, started, tally.acked_at) for kill in redis_kills],
-            "publish_retries": tally.publish_retries, "consumer_reconnects": tally.reconnects,
-            "appendfsync": args.appendfsync, "wait_replicas": args.wait_replicas,
-            "cluster": f"{args.cluster} masters x {args.replicas} replicas" if args.cluster
-            else None, "brokers": args.brokers,
-            "scanners": args.scanners, "seconds": round(time.monotonic() - started, 1)}
+        expected = {b"%d:%d" % (i, n) for i in range(args.producers)
+                    for n in range(per_producer)}
+        return {**delivery(system, tally, expected), "kills": dict(Counter(kills)),
+                "redis_kills": [timed(kill, started, tally.acked_at) for kill in redis_kills],
+                "publish_retries": tally.publish_retries,
+                "consumer_reconnects": tally.reconnects,
+                "appendfsync": args.appendfsync, "wait_replicas": args.wait_replicas,
+                "cluster": f"{args.cluster} masters x {args.replicas} replicas"
+                if args.cluster else None, "cut_replication": args.cut_replication,
+                "brokers": args.brokers, "scanners": args.scanners,
+                "seconds": round(time.monotonic() - started, 1)}
     finally:
         stop_consumers.set()
         stop_producers.set()
         system.stop()
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def delivery(system, tally, expected: set) -> dict:
+    """What the channels received of the messages, and what they hold still. A message
+    counts as delivered when both channels received it, as lost when one did not."""
+    store = Store(connect(system.redis.url))
+    states = [store.read_channel(TOPIC, channel) for channel in (LIVE, HELD)]
+    received = {channel: set(got) for channel, got in tally.received.items()}
+    everywhere = received[LIVE] & received[HELD]
+    return {
+        "messages": len(expected), "acknowledged": len(tally.acked),
+        "delivered": len(everywhere & expected), "lost": len(tally.acked - everywhere),
+        "lost_by_channel": {c: len(tally.acked - got) for c, got in received.items()},
+        "unacknowledged_delivered": len(((received[LIVE] | received[HELD]) & expected)
+                                        - tally.acked),
+        "duplicates": {c: sum(n - 1 for n in got.values())
+                       for c, got in tally.received.items()},
+        "left_queued": sum(s["depth"] for s in states),
+        "left_in_flight": sum(s["in_flight_count"] for s in states),
+        "left_deferred": sum(s["deferred_count"] for s in states)}
 
 
 def parse(argv=None):
@@ -371,6 +443,10 @@ def parse(argv=None):
     p.add_argument("--replicas", type=int, default=1, help="with --cluster: per master")
     p.add_argument("--wait-replicas", type=int, default=0,
                    help="brokers' and scanners' --wait-replicas")
+    p.add_argument("--cut-replication", type=float, default=0.0, metavar="SECONDS",
+                   help="with --cluster: cut each master off its replicas this long "
+                        "before it is killed (0: not; keep it under the 2 s "
+                        "cluster-node-timeout, or the replica is failed too)")
     p.add_argument("--msg-timeout", default="2s")
     p.add_argument("--drain-timeout", type=float, default=60.0)
     p.add_argument("--seed", type=int, default=None)
