@@ -179,7 +179,8 @@ class System:
         self.workdir = workdir
         conf = redis_conf(workdir, args.appendfsync)
         self.redis = (ReplicatedCluster(args.cluster, args.replicas, conf, workdir,
-                                        args.cut_replication) if args.cluster else SingleRedis(conf, workdir))
+                                        args.cut_replication)
+                      if args.cluster else SingleRedis(conf, workdir))
         self.broker_ports = [embedded.free_port() for _ in range(args.brokers)]
         self.brokers: dict[int, subprocess.Popen] = {}
         self.scanners: list[subprocess.Popen] = []
