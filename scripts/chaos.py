@@ -315,7 +315,8 @@ def timed(kill: dict, started: float, acked_at: list) -> dict:
 
 
 def create_channel(system, channel: str) -> None:
-    """A channel that keeps every message published from now on, with no consumer yet."""
+    """A channel that keeps every message published from now on, with no consumer yet
+    (a channel gets only what is published after its first SUB, as in nsqd)."""
     conn = Conn("127.0.0.1", system.broker_ports[0])
     conn.sock.sendall(f"SUB {TOPIC} {channel}\n".encode())
     conn.expect_ok()
@@ -370,7 +371,8 @@ def run(args) -> dict:
     started = time.monotonic()
     try:
         system.start()
-        create_channel(system, HELD)
+        for channel in (LIVE, HELD):
+            create_channel(system, channel)
         reading = consumers(system, tally, LIVE, stop_consumers, args)
         per_producer = args.messages // args.producers
         producers = [threading.Thread(target=produce, daemon=True, args=(
