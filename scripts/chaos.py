@@ -28,7 +28,6 @@ brokers acknowledge a publish only once the replica holds it.
 """
 
 import argparse
-import bisect
 import json
 import os
 import random
@@ -238,7 +237,7 @@ class Tally:
     def __init__(self):
         self.lock = threading.Lock()
         self.acked: set[bytes] = set()
-        self.acked_at: list[float] = []  # monotonic time of each acknowledged batch, in order
+        self.acked_at: list[tuple] = []  # (sent, acknowledged) of each batch, monotonic
         self.received: dict[str, Counter] = {LIVE: Counter(), HELD: Counter()}
         self.publish_retries = 0
         self.reconnects = 0
@@ -257,11 +256,12 @@ def produce(system, tally, index, count, batch, rate, stop):
                 if conn is None:
                     conn = Conn("127.0.0.1", random.choice(system.broker_ports))
                 conn.sock.settimeout(10)
+                sent = time.monotonic()
                 conn.sock.sendall(command)
                 conn.expect_ok()
                 with tally.lock:
                     tally.acked.update(chunk)
-                    tally.acked_at.append(time.monotonic())
+                    tally.acked_at.append((sent, time.monotonic()))
                 break
             except (OSError, EOFError, RuntimeError):
                 with tally.lock:
@@ -307,10 +307,10 @@ def consume(system, tally, channel, stop, rdy):
 
 def timed(kill: dict, started: float, acked_at: list) -> dict:
     """A Redis kill's figures, with its time from the start of the run and the seconds
-    from it to the next acknowledged publish (None: there was none after it)."""
+    from it to the first acknowledgement of a publish sent after it (None: none was)."""
     at = kill.pop("at")
-    after = bisect.bisect_left(acked_at, at)
-    stall = round(acked_at[after] - at, 2) if after < len(acked_at) else None
+    after = [acked for sent, acked in acked_at if sent >= at]
+    stall = round(min(after) - at, 2) if after else None
     return {"at_s": round(at - started, 1), **kill, "next_publish_s": stall}
 
 
