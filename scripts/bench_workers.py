@@ -19,7 +19,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from scripts.bench import WORKLOADS, run_workload  # noqa: E402
+from scripts.bench import WORKLOADS, alternately, paired_ratio  # noqa: E402
 
 
 def cpu_us_per_message(result: dict) -> float:
@@ -42,10 +42,8 @@ def main():
     for title, loadgen_args, brokers in WORKLOADS:
         if brokers != 1 or (args.only and not any(o in title for o in args.only)):
             continue
-        runs = {n: [] for n in counts}
-        for _ in range(args.runs):
-            for n in counts:
-                runs[n].append(run_workload(loadgen_args, 1, args.seconds, workers=n))
+        runs = alternately(loadgen_args, 1, args.seconds, args.runs,
+                           {n: {"workers": n} for n in counts})
 
         def median(n, key):
             return statistics.median(r[key] for r in runs[n])
@@ -53,8 +51,7 @@ def main():
         rates = [" / ".join(f"{r['msgs_per_s']:,.0f}" for r in runs[n]) for n in counts]
         cpu = [" / ".join(f"{median(n, key):.0f}" for n in counts)
                for key in ("broker_cpu_pct", "redis_cpu_pct", "loadgen_cpu_pct")]
-        ratio = statistics.median(many["msgs_per_s"] / one["msgs_per_s"]
-                                  for one, many in zip(runs[1], runs[args.workers]))
+        ratio = paired_ratio(runs, 1, args.workers)
         per_message = " / ".join(
             f"{statistics.median(map(cpu_us_per_message, runs[n])):.0f}" for n in counts)
         print(f"| {title} | {rates[0]} | {rates[1]} | {ratio:.2f} | {' | '.join(cpu)} | "

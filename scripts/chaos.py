@@ -4,15 +4,27 @@ acknowledged message was delivered. Prints one JSON report. Every third kill is
 Redis's, up to --redis-kills; the others are a random broker or scanner.
 
     chaos.py --messages 20000 --brokers 2 --scanners 2 --appendfsync always
+    chaos.py --cluster 3 --replicas 1 --wait-replicas 1 --master-kills 5 ...
+
+With --cluster, Redis is a local cluster with replicas (Valkey, as `relay redis
+--cluster`), brokers and scanners run with --wait-replicas, and a Redis kill is a
+master's: one at a time, the master serving the chaos topic every other time, each
+waited through its failover and its return as a replica (ReplicatedCluster).
+--cut-replication S leaves the replica S seconds behind its master before the kill.
 
 Producers MPUB batches to a random live broker and record a batch as acknowledged
 only on OK; on an error or a lost connection they retry it elsewhere (so a batch
 may be published twice: duplicates are counted, never lost). Consumers on every
 broker FIN each message and reconnect when their broker dies; the messages a dead
-broker held in flight come back after --msg-timeout, from a scanner. A Redis kill -9
+broker held in flight come back after --msg-timeout, from a scanner. Every message
+goes to two channels: `c` is consumed through the kills, `held` only once publishing
+is over, so on `held` every acknowledged message must have outlived every kill in
+Redis (on `c`, one delivered before a failover lost it would not show). A Redis kill -9
 loses nothing acknowledged with either appendfsync setting (Redis write()s the AOF
 before it replies; the kernel keeps it); everysec can lose the last second only
-when the machine itself goes down, which this harness does not do.
+when the machine itself goes down, which this harness does not do. A master's kill
+-9 loses what its replica had not received when it died: --wait-replicas 1 makes
+brokers acknowledge a publish only once the replica holds it.
 """
 
 import argparse
@@ -32,37 +44,148 @@ import redis
 
 from relay import embedded
 from relay.store import Store
+from relay.store.connection import connect
+from relay.store.keys import TopicKeys
 from scripts.loadgen import Conn, mpub_command
 
-TOPIC, CHANNEL = "chaos", "c"
+TOPIC = "chaos"
+LIVE, HELD = "c", "held"  # channels read while the kills go on, and once publishing is over
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def kill9(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def redis_conf(workdir: str, appendfsync: str) -> str:
+    """conf/redis.conf (AOF) with this run's appendfsync, written into workdir."""
+    conf = os.path.join(workdir, "redis.conf")
+    with open(os.path.join(HERE, "conf", "redis.conf")) as f:
+        text = f.read().replace("appendfsync everysec", f"appendfsync {appendfsync}")
+    with open(conf, "w") as f:
+        f.write(text)
+    return conf
+
+
+class SingleRedis:
+    """The embedded Redis, killed with -9 and started again at once from its AOF."""
+
+    kind = "redis"
+
+    def __init__(self, conf: str, workdir: str):
+        self.conf, self.dir = conf, os.path.join(workdir, "redis")
+        self.port = embedded.free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = None
+
+    def start(self) -> None:
+        self.proc = embedded.start(self.port, self.dir, self.conf)
+
+    def kill(self) -> dict:
+        """Kill and restart: when (monotonic) and the seconds until it listens again."""
+        killed = time.monotonic()
+        kill9(self.proc)
+        time.sleep(0.5)
+        self.start()
+        return {"at": killed, "restarted_s": round(time.monotonic() - killed, 2)}
+
+    def processes(self) -> list:
+        return [self.proc] if self.proc else []
+
+
+class ReplicatedCluster:
+    """A local cluster of `masters` masters with `replicas` replicas each
+    (cluster-node-timeout 2 s). A kill takes one master down with -9, waits until a
+    replica serves its slots, starts it again from its nodes.conf and waits until it is
+    an attached replica: the next kill meets every master replicated again. Every other
+    kill is the master serving the chaos topic, whose acknowledged messages a lost
+    write would take; the others hit another master (registries, rq's keys)."""
+
+    kind = "master"
+
+    def __init__(self, masters: int, replicas: int, conf: str, workdir: str,
+                 cut_replication: float = 0.0):
+        """`cut_replication`: seconds before each kill at which the master's replicas are
+        cut off (see cut_off); 0: none."""
+        first = embedded.free_ports(masters * (1 + replicas))
+        self.ports = list(range(first, first + masters * (1 + replicas)))
+        self.replicas, self.conf, self.dir = replicas, conf, os.path.join(workdir, "cluster")
+        self.cut_replication = cut_replication
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.kills = 0
+
+    def live_port(self) -> int:
+        return next(p for p in self.ports if self.procs[p].poll() is None)
+
+    @property
+    def url(self) -> str:
+        """A node that runs, for processes started now (a client seeded with a dead node
+        would take the cluster for a single server)."""
+        return f"redis://127.0.0.1:{self.live_port()}/0"
+
+    def start(self) -> None:
+        procs = embedded.start_cluster(self.ports, self.dir, conf=self.conf,
+                                       replicas=self.replicas)
+        self.procs = dict(zip(self.ports, procs))
+
+    def kill(self) -> dict:
+        """Kill a master, see its replica promoted and it back as a replica: which master
+        (the topic's or another), when (monotonic) and the seconds to each step."""
+        seen_by = self.live_port()
+        slot = redis.Redis(port=seen_by).cluster("keyslot", TopicKeys.of(TOPIC).ids)
+        topic_master = embedded.master_of(seen_by, slot)
+        others = [m for _, _, m in embedded.slot_masters(seen_by) if m != topic_master]
+        victim = topic_master if self.kills % 2 == 0 else random.choice(others)
+        self.kills += 1
+        stopped = self.cut_off(victim) if self.cut_replication else []
+        killed = time.monotonic()
+        kill9(self.procs[victim])
+        for replica in stopped:
+            replica.send_signal(signal.SIGCONT)
+        embedded.wait_for_failover(self.ports, victim)
+        promoted = time.monotonic()
+        self.procs[victim] = embedded.restart_node(victim, self.dir, conf=self.conf)
+        embedded.wait_for_cluster([redis.Redis(port=p, socket_timeout=5) for p in self.ports],
+                                  timeout=60, replicas=self.replicas)
+        return {"master": "topic's" if victim == topic_master else "other", "at": killed,
+                "promoted_s": round(promoted - killed, 2),
+                "rejoined_s": round(time.monotonic() - killed, 2)}
+
+    def cut_off(self, master: int) -> list:
+        """Leave `master`'s replicas cut_replication seconds behind it, as a network
+        partition would: each is stopped (SIGSTOP; a running one reconnects within a
+        millisecond) and its link closed, so what the master acknowledges meanwhile is on
+        no replica. Returns the stopped processes, for SIGCONT once the master is dead."""
+        stopped = [self.procs[port] for port in self.ports if port != master and redis.Redis(
+            port=port).info("replication").get("master_port") == master]
+        for replica in stopped:
+            replica.send_signal(signal.SIGSTOP)
+        redis.Redis(port=master).execute_command("CLIENT", "KILL", "TYPE", "replica")
+        time.sleep(self.cut_replication)
+        return stopped
+
+    def processes(self) -> list:
+        return list(self.procs.values())
+
+
 class System:
-    """Redis, brokers on fixed ports, and scanners, each killable and restartable."""
+    """Redis (one server or a replicated cluster), brokers on fixed ports, and scanners,
+    each killable and restartable."""
 
     def __init__(self, args, workdir):
         self.args = args
         self.workdir = workdir
-        self.redis_port = embedded.free_port()
-        self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
+        conf = redis_conf(workdir, args.appendfsync)
+        self.redis = (ReplicatedCluster(args.cluster, args.replicas, conf, workdir,
+                                        args.cut_replication)
+                      if args.cluster else SingleRedis(conf, workdir))
         self.broker_ports = [embedded.free_port() for _ in range(args.brokers)]
         self.brokers: dict[int, subprocess.Popen] = {}
         self.scanners: list[subprocess.Popen] = []
-        self.redis = None
-        self.lock = threading.Lock()
-
-    def start_redis(self):
-        conf = os.path.join(self.workdir, "redis.conf")
-        with open(os.path.join(HERE, "conf", "redis.conf")) as f:
-            text = f.read().replace("appendfsync everysec",
-                                    f"appendfsync {self.args.appendfsync}")
-        with open(conf, "w") as f:
-            f.write(text)
-        self.redis = embedded.start(self.redis_port, os.path.join(self.workdir, "redis"), conf)
 
     def _relay(self, *argv, log):
-        env = {**os.environ, "REDIS_URL": self.redis_url, "RELAY_LOG_LEVEL": "warning"}
+        env = {**os.environ, "REDIS_URL": self.redis.url, "RELAY_LOG_LEVEL": "warning"}
         out = open(os.path.join(self.workdir, log), "ab")
         return subprocess.Popen([sys.executable, "-m", "relay", *argv], env=env, cwd=self.workdir,
                                 stdout=out, stderr=subprocess.STDOUT)
@@ -70,60 +193,52 @@ class System:
     def start_broker(self, port):
         proc = self._relay("broker", "--tcp-address", f"127.0.0.1:{port}", "--http-address", "",
                            "--lookupd-http-address", "", "--msg-timeout",
-                           self.args.msg_timeout, log=f"broker-{port}.log")
+                           self.args.msg_timeout, "--wait-replicas", str(self.args.wait_replicas),
+                           log=f"broker-{port}.log")
         embedded.wait_for_port("127.0.0.1", port, proc, timeout=30)
         self.brokers[port] = proc
 
     def start_scanner(self):
-        self.scanners.append(self._relay("scanner", log="scanners.log"))
+        return self._relay("scanner", "--wait-replicas", str(self.args.wait_replicas),
+                           log="scanners.log")
 
     def start(self):
-        self.start_redis()
+        self.redis.start()
         for port in self.broker_ports:
             self.start_broker(port)
-        for _ in range(self.args.scanners):
-            self.start_scanner()
+        self.scanners = [self.start_scanner() for _ in range(self.args.scanners)]
 
     def kill_broker(self):
         port = random.choice(self.broker_ports)
-        self.brokers[port].send_signal(signal.SIGKILL)
-        self.brokers[port].wait()
+        kill9(self.brokers[port])
         time.sleep(0.2)
         self.start_broker(port)
         return "broker"
 
     def kill_scanner(self):
         i = random.randrange(len(self.scanners))
-        self.scanners[i].send_signal(signal.SIGKILL)
-        self.scanners[i].wait()
-        self.scanners[i] = self._relay("scanner", log="scanners.log")
+        kill9(self.scanners[i])
+        self.scanners[i] = self.start_scanner()
         return "scanner"
 
-    def kill_redis(self):
-        self.redis.send_signal(signal.SIGKILL)
-        self.redis.wait()
-        time.sleep(0.5)
-        self.start_redis()
-        return "redis"
-
     def stop(self):
-        for proc in [*self.brokers.values(), *self.scanners]:
-            proc.terminate()
-        for proc in [*self.brokers.values(), *self.scanners]:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        if self.redis:
-            self.redis.terminate()
-            self.redis.wait(10)
+        """Brokers and scanners first, so they leave their registries while Redis runs."""
+        for group in ([*self.brokers.values(), *self.scanners], self.redis.processes()):
+            for proc in group:
+                proc.terminate()
+            for proc in group:
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
 
 
 class Tally:
     def __init__(self):
         self.lock = threading.Lock()
         self.acked: set[bytes] = set()
-        self.received: Counter = Counter()
+        self.acked_at: list[tuple] = []  # (sent, acknowledged) of each batch, monotonic
+        self.received: dict[str, Counter] = {LIVE: Counter(), HELD: Counter()}
         self.publish_retries = 0
         self.reconnects = 0
 
@@ -141,10 +256,12 @@ def produce(system, tally, index, count, batch, rate, stop):
                 if conn is None:
                     conn = Conn("127.0.0.1", random.choice(system.broker_ports))
                 conn.sock.settimeout(10)
+                sent = time.monotonic()
                 conn.sock.sendall(command)
                 conn.expect_ok()
                 with tally.lock:
                     tally.acked.update(chunk)
+                    tally.acked_at.append((sent, time.monotonic()))
                 break
             except (OSError, EOFError, RuntimeError):
                 with tally.lock:
@@ -158,13 +275,13 @@ def produce(system, tally, index, count, batch, rate, stop):
         conn.sock.close()
 
 
-def consume(system, tally, stop, rdy):
+def consume(system, tally, channel, stop, rdy):
     """SUB on a random broker, FIN everything, reconnect when the broker goes away."""
     while not stop.is_set():
         try:
             conn = Conn("127.0.0.1", random.choice(system.broker_ports))
             conn.sock.settimeout(1.0)
-            conn.sock.sendall(f"SUB {TOPIC} {CHANNEL}\n".encode())
+            conn.sock.sendall(f"SUB {TOPIC} {channel}\n".encode())
             conn.expect_ok()
             conn.sock.sendall(b"RDY %d\n" % rdy)
             while not stop.is_set():
@@ -177,7 +294,7 @@ def consume(system, tally, stop, rdy):
                     if kind == 2:
                         fins.append(b"FIN " + data[10:26] + b"\n")
                         with tally.lock:
-                            tally.received[data[26:]] += 1
+                            tally.received[channel][data[26:]] += 1
                     elif data == b"_heartbeat_":
                         fins.append(b"NOP\n")
                 if fins:
@@ -188,64 +305,126 @@ def consume(system, tally, stop, rdy):
             time.sleep(0.1)
 
 
+def timed(kill: dict, started: float, acked_at: list) -> dict:
+    """A Redis kill's figures, with its time from the start of the run and the seconds
+    from it to the first acknowledgement of a publish sent after it (None: none was)."""
+    at = kill.pop("at")
+    after = [acked for sent, acked in acked_at if sent >= at]
+    stall = round(min(after) - at, 2) if after else None
+    return {"at_s": round(at - started, 1), **kill, "next_publish_s": stall}
+
+
+def create_channel(system, channel: str) -> None:
+    """A channel that keeps every message published from now on, with no consumer yet
+    (a channel gets only what is published after its first SUB, as in nsqd)."""
+    conn = Conn("127.0.0.1", system.broker_ports[0])
+    conn.sock.sendall(f"SUB {TOPIC} {channel}\n".encode())
+    conn.expect_ok()
+    conn.sock.close()
+
+
+def consumers(system, tally, channel, stop, args) -> list:
+    threads = [threading.Thread(target=consume, daemon=True,
+                                args=(system, tally, channel, stop, args.rdy))
+               for _ in range(args.consumers)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def kill_while_publishing(system, args, producers) -> tuple[list, list]:
+    """A kill every --kill-interval until the producers are done: Redis every third
+    time (up to --redis-kills), else a random broker or scanner. The kinds killed, and
+    each Redis kill's figures."""
+    kills, redis_kills = [], []
+    while any(t.is_alive() for t in producers):
+        time.sleep(args.kill_interval)
+        if not any(t.is_alive() for t in producers):
+            break
+        if len(kills) % 3 == 2 and len(redis_kills) < args.redis_kills:
+            redis_kills.append(system.redis.kill())
+            kills.append(system.redis.kind)
+        else:
+            kills.append(random.choice([system.kill_broker, system.kill_scanner])())
+    return kills, redis_kills
+
+
+def drain(tally, timeout: float) -> None:
+    """Until both channels received every acknowledged message, or `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with tally.lock:
+            if all(tally.acked <= set(got) for got in tally.received.values()):
+                return
+        time.sleep(0.2)
+
+
 def run(args) -> dict:
+    """Messages go to two channels: LIVE is consumed while processes are killed, HELD
+    only once publishing is over, so every acknowledged message must still be in Redis
+    after all the kills (a consumer that got a message before a failover lost it would
+    hide the loss on LIVE)."""
     random.seed(args.seed)
     workdir = tempfile.mkdtemp(prefix="relay-chaos-")
     system = System(args, workdir)
     tally, stop_consumers, stop_producers = Tally(), threading.Event(), threading.Event()
     started = time.monotonic()
-    kills = []
     try:
         system.start()
-        consumers = [threading.Thread(target=consume, args=(system, tally, stop_consumers,
-                                                            args.rdy), daemon=True)
-                     for _ in range(args.consumers)]
+        for channel in (LIVE, HELD):
+            create_channel(system, channel)
+        reading = consumers(system, tally, LIVE, stop_consumers, args)
         per_producer = args.messages // args.producers
         producers = [threading.Thread(target=produce, daemon=True, args=(
             system, tally, i, per_producer, args.batch, args.rate / args.producers,
             stop_producers)) for i in range(args.producers)]
-        for t in consumers + producers:
+        for t in producers:
             t.start()
-        while any(t.is_alive() for t in producers):
-            time.sleep(args.kill_interval)
-            if not any(t.is_alive() for t in producers):
-                break
-            if len(kills) % 3 == 2 and kills.count("redis") < args.redis_kills:
-                kills.append(system.kill_redis())
-            else:
-                kills.append(random.choice([system.kill_broker, system.kill_scanner])())
-        expected = {b"%d:%d" % (i, n) for i in range(args.producers)
-                    for n in range(per_producer)}
-        deadline = time.monotonic() + args.drain_timeout
-        while time.monotonic() < deadline:
-            with tally.lock:
-                if tally.acked <= set(tally.received):
-                    break
-            time.sleep(0.2)
+        kills, redis_kills = kill_while_publishing(system, args, producers)
+        reading += consumers(system, tally, HELD, stop_consumers, args)
+        drain(tally, args.drain_timeout)
         time.sleep(0.5)
         stop_consumers.set()
         stop_producers.set()
-        for t in consumers:
+        for t in reading:
             t.join(5)
-        state = Store(redis.Redis.from_url(system.redis_url)).read_channel(TOPIC, CHANNEL)
-        received = set(tally.received)
-        return {
-            "messages": len(expected), "acknowledged": len(tally.acked),
-            "delivered": len(received & expected),
-            "lost": len(tally.acked - received),
-            "unacknowledged_delivered": len((received & expected) - tally.acked),
-            "duplicates": sum(n - 1 for n in tally.received.values()),
-            "left_queued": state["depth"], "left_in_flight": state["in_flight_count"],
-            "left_deferred": state["deferred_count"], "kills": dict(Counter(kills)),
-            "publish_retries": tally.publish_retries, "consumer_reconnects": tally.reconnects,
-            "appendfsync": args.appendfsync, "brokers": args.brokers,
-            "scanners": args.scanners, "seconds": round(time.monotonic() - started, 1)}
+        expected = {b"%d:%d" % (i, n) for i in range(args.producers)
+                    for n in range(per_producer)}
+        return {**delivery(system, tally, expected), "kills": dict(Counter(kills)),
+                "redis_kills": [timed(kill, started, tally.acked_at) for kill in redis_kills],
+                "publish_retries": tally.publish_retries,
+                "consumer_reconnects": tally.reconnects,
+                "appendfsync": args.appendfsync, "wait_replicas": args.wait_replicas,
+                "cluster": f"{args.cluster} masters x {args.replicas} replicas"
+                if args.cluster else None, "cut_replication": args.cut_replication,
+                "brokers": args.brokers, "scanners": args.scanners,
+                "seconds": round(time.monotonic() - started, 1)}
     finally:
         stop_consumers.set()
         stop_producers.set()
         system.stop()
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def delivery(system, tally, expected: set) -> dict:
+    """What the channels received of the messages, and what they hold still. A message
+    counts as delivered when both channels received it, as lost when one did not."""
+    store = Store(connect(system.redis.url))
+    states = [store.read_channel(TOPIC, channel) for channel in (LIVE, HELD)]
+    received = {channel: set(got) for channel, got in tally.received.items()}
+    everywhere = received[LIVE] & received[HELD]
+    return {
+        "messages": len(expected), "acknowledged": len(tally.acked),
+        "delivered": len(everywhere & expected), "lost": len(tally.acked - everywhere),
+        "lost_by_channel": {c: len(tally.acked - got) for c, got in received.items()},
+        "unacknowledged_delivered": len(((received[LIVE] | received[HELD]) & expected)
+                                        - tally.acked),
+        "duplicates": {c: sum(n - 1 for n in got.values())
+                       for c, got in tally.received.items()},
+        "left_queued": sum(s["depth"] for s in states),
+        "left_in_flight": sum(s["in_flight_count"] for s in states),
+        "left_deferred": sum(s["deferred_count"] for s in states)}
 
 
 def parse(argv=None):
@@ -259,13 +438,26 @@ def parse(argv=None):
     p.add_argument("--brokers", type=int, default=2)
     p.add_argument("--scanners", type=int, default=2)
     p.add_argument("--kill-interval", type=float, default=2.0, help="seconds between kills")
-    p.add_argument("--redis-kills", type=int, default=1)
+    p.add_argument("--redis-kills", "--master-kills", type=int, default=1,
+                   help="kills of Redis; with --cluster, of a master (one at a time)")
     p.add_argument("--appendfsync", choices=["always", "everysec"], default="always")
+    p.add_argument("--cluster", type=int, default=0, metavar="MASTERS",
+                   help="a local Redis Cluster of this many masters instead of one Redis")
+    p.add_argument("--replicas", type=int, default=1, help="with --cluster: per master")
+    p.add_argument("--wait-replicas", type=int, default=0,
+                   help="brokers' and scanners' --wait-replicas")
+    p.add_argument("--cut-replication", type=float, default=0.0, metavar="SECONDS",
+                   help="with --cluster: cut each master off its replicas this long "
+                        "before it is killed (0: not; keep it under the 2 s "
+                        "cluster-node-timeout, or the replica is failed too)")
     p.add_argument("--msg-timeout", default="2s")
     p.add_argument("--drain-timeout", type=float, default=60.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--keep", action="store_true", help="keep the work folder and its logs")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.cluster and args.replicas < 1:
+        p.error("--cluster needs --replicas 1 or more: a master kill is survived by failover")
+    return args
 
 
 if __name__ == "__main__":

@@ -160,7 +160,8 @@ def measure(kind: str, expected: int) -> dict:
     duplicated."""
     stack = Stack(1)
     try:
-        sampler = CpuSampler({"broker": [stack.brokers[0].pid], "redis": [stack.redis.pid]})
+        sampler = CpuSampler({"broker": [stack.brokers[0].pid],
+                              "redis": [p.pid for p in stack.redis_servers]})
         try:
             report = consume_raw(stack.tcp_port, expected) if kind == "raw" else \
                 consume_library(kind, stack.tcp_port, expected)

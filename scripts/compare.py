@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from scripts.bench import WORKLOADS, run_workload  # noqa: E402
+from scripts.bench import WORKLOADS, alternately  # noqa: E402
 
 
 def checkout(rev: str, parent: str) -> str:
@@ -50,10 +50,8 @@ def main():
               "| broker µs/msg before / after | Redis µs/msg before / after |")
         print("| --- | --- | --- | --- | --- | --- |")
         for title, loadgen_args, brokers in workloads:
-            runs = {rev: [] for rev in sources}
-            for _ in range(args.runs):
-                for rev, source in sources.items():
-                    runs[rev].append(run_workload(loadgen_args, brokers, args.seconds, source))
+            runs = alternately(loadgen_args, brokers, args.seconds, args.runs,
+                               {rev: {"source": source} for rev, source in sources.items()})
             rate, cost = {}, {}
             for rev, results in runs.items():
                 rate[rev] = statistics.median(r["msgs_per_s"] for r in results)

@@ -25,7 +25,6 @@ from tests.helpers.gnsq_clients import addr, stop, wait_for
 from tests.helpers.processes import Processes
 from tests.helpers.servers import wake_listeners
 from tests.helpers.wire import Wire
-from tests.test_replicas import free_ports
 from workers.jobs import worker_connection
 
 NO_PERSISTENCE = ("--save", "", "--appendonly", "no")
@@ -34,7 +33,7 @@ NO_PERSISTENCE = ("--save", "", "--appendonly", "no")
 @pytest.fixture(scope="module")
 def replicated():
     """A cluster of 3 masters with a replica each: (url, {port: process}, data dir)."""
-    first = free_ports(6)
+    first = embedded.free_ports(6)
     ports = list(range(first, first + 6))
     data = tempfile.mkdtemp(prefix="relay-test-failover-")
     procs = dict(zip(ports, embedded.start_cluster(ports, data, extra=NO_PERSISTENCE,
@@ -46,14 +45,6 @@ def replicated():
     for proc in procs.values():
         proc.wait(10)
     shutil.rmtree(data, ignore_errors=True)
-
-
-def master_of(port: int, slot: int) -> int | None:
-    """The port of the master serving `slot`, as the node on `port` sees it."""
-    for first, last, master, *_ in redis.Redis(port=port).execute_command("CLUSTER SLOTS"):
-        if first <= slot <= last:
-            return master[1]
-    return None
 
 
 def busy_topic(url: str) -> str:
@@ -117,7 +108,7 @@ def promoted(survivor: int, slot: int, dead: int, timeout: float) -> int:
     """The port of the replica serving `slot` in place of `dead`, once there is one."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        port = master_of(survivor, slot)
+        port = embedded.master_of(survivor, slot)
         if port not in (None, dead):
             return port
         time.sleep(0.05)
@@ -152,7 +143,7 @@ def test_a_master_killed_under_load_loses_no_acknowledged_message(replicated, tm
     url, nodes, data = replicated
     busy = busy_topic(url)
     slot = connect(url).keyslot(TopicKeys.of(busy).ids)
-    dead = master_of(next(iter(nodes)), slot)
+    dead = embedded.master_of(next(iter(nodes)), slot)
     survivor = next(p for p in nodes if p != dead)
     calm = calm_topic(url, dead)
     url = f"redis://127.0.0.1:{survivor}/0"  # the first node may be the one killed

@@ -132,9 +132,11 @@ def script_options() -> dict:
                     and str(call.args[0].value).startswith("--")):
                 default = [k.value for k in call.keywords if k.arg == "default"]
                 try:
-                    found[call.args[0].value] = ast.literal_eval(default[0]) if default else None
+                    value = ast.literal_eval(default[0]) if default else None
                 except ValueError:
-                    found[call.args[0].value] = ast.unparse(default[0])  # computed
+                    value = ast.unparse(default[0])  # computed
+                found.update({flag.value: value for flag in call.args  # aliases too
+                              if isinstance(flag, ast.Constant)})
     return found
 
 

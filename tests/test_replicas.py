@@ -3,10 +3,8 @@
 pipeline and node."""
 
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,20 +24,6 @@ from tests.helpers.servers import flush
 from tests.helpers.wire import Wire, subscribed
 
 
-def free_ports(count: int) -> int:
-    """The first of `count` free consecutive ports, with their bus ports (+10000) free."""
-    while True:
-        first = random.randrange(20000, 45000)
-        try:
-            for port in range(first, first + count):
-                for p in (port, port + 10000):
-                    with socket.socket() as s:
-                        s.bind(("127.0.0.1", p))
-            return first
-        except OSError:
-            continue
-
-
 def roles(ports) -> dict:
     """port -> (role, connected replicas, node id)."""
     out = {}
@@ -51,7 +35,7 @@ def roles(ports) -> dict:
 
 
 def test_relay_redis_starts_a_cluster_with_replicas_and_restarts_it(tmp_path):
-    first = free_ports(6)
+    first = embedded.free_ports(6)
     ports = range(first, first + 6)
     command = [sys.executable, "-m", "relay", "redis", "--cluster", "3", "--replicas", "1",
                "--redis-url", f"redis://127.0.0.1:{first}/0", "--data-dir", str(tmp_path)]
@@ -74,7 +58,7 @@ def test_relay_redis_starts_a_cluster_with_replicas_and_restarts_it(tmp_path):
 @pytest.fixture(scope="module")
 def replicated():
     """A cluster of 3 masters with a replica each: (url, {port: process})."""
-    first = free_ports(6)
+    first = embedded.free_ports(6)
     ports = list(range(first, first + 6))
     data = tempfile.mkdtemp(prefix="relay-test-replicas-")
     procs = embedded.start_cluster(ports, data, extra=("--save", "", "--appendonly", "no"),
