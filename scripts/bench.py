@@ -249,6 +249,24 @@ def alternately(args: list, brokers: int, seconds: float, runs: int,
     return results
 
 
+def settings_table(description: str, columns: list[str], settings: dict, row) -> None:
+    """The command line of a script that runs the one-broker workloads with each of
+    `settings` alternately: a Markdown table of `columns`, row(title, results) each."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--only", action="append", default=[],
+                        help="workloads whose title contains this (repeatable)")
+    args = parser.parse_args()
+    print("| " + " | ".join(columns) + " |")
+    print("|" + " --- |" * len(columns))
+    for title, loadgen_args, brokers in WORKLOADS:
+        if brokers != 1 or (args.only and not any(o in title for o in args.only)):
+            continue
+        results = alternately(loadgen_args, 1, args.seconds, args.runs, settings)
+        print(row(title, results), flush=True)
+
+
 def paired_ratio(results: dict, base, other, key: str = "msgs_per_s") -> float:
     """The median over rounds of `other`'s `key` / `base`'s in the same round."""
     return statistics.median(o[key] / b[key] for b, o in zip(results[base], results[other]))

@@ -13,7 +13,6 @@ per message (Redis: the 6 servers together, replicas included) and of the e2e p9
 messages published per WAIT (the group commit's pipelines per node that held a publish).
 """
 
-import argparse
 import os
 import statistics
 import sys
@@ -21,7 +20,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from scripts.bench import WORKLOADS, alternately, paired_ratio  # noqa: E402
+from scripts.bench import paired_ratio, settings_table  # noqa: E402
 
 SETTINGS = {wait: {"cluster": 3, "broker_args": ("--wait-replicas", str(wait))}
             for wait in (0, 1)}
@@ -47,21 +46,11 @@ def row(title: str, results: dict) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--only", action="append", default=[],
-                        help="workloads whose title contains this (repeatable)")
-    args = parser.parse_args()
-    print("| workload | wait 0 msgs/s | wait 1 msgs/s | wait 1 / wait 0 | broker µs/msg "
-          "0 / 1 | Redis µs/msg 0 / 1 | p99 ms 0 / 1 | msgs per WAIT (wait 1 runs) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for title, loadgen_args, brokers in WORKLOADS:
-        if brokers != 1 or (args.only and not any(o in title for o in args.only)):
-            continue
-        results = alternately(loadgen_args, 1, args.seconds, args.runs, SETTINGS)
-        print(row(title, results), flush=True)
-
+    settings_table(__doc__.split("\n")[0],
+                   ["workload", "wait 0 msgs/s", "wait 1 msgs/s", "wait 1 / wait 0",
+                    "broker µs/msg 0 / 1", "Redis µs/msg 0 / 1", "p99 ms 0 / 1",
+                    "msgs per WAIT (wait 1 runs)"],
+                   SETTINGS, row)
 
 if __name__ == "__main__":
     main()

@@ -12,7 +12,8 @@ and each process asks every part for `batch` messages per round. With fewer topi
 than processes, every process loads every topic.
 
     .venv/bin/python scripts/cluster_scale.py [--masters 1,2,3] [--processes 2]
-        [--topics 240] [--partitions 1] [--batch 10] [--seconds 10] [--runs 3]
+        [--topics 240] [--partitions 1] [--prefix scale] [--batch 10] [--seconds 10]
+        [--runs 3]
 """
 
 import argparse
@@ -65,7 +66,7 @@ def load(url: str, topics: list, partitions: int, batch: int, start_at: float,
 
 
 def run(url: str, pids: list, args) -> dict:
-    topics = [f"scale-{i}" for i in range(args.topics)]
+    topics = [f"{args.prefix}-{i}" for i in range(args.topics)]
     share = [topics[i::args.processes] if len(topics) >= args.processes else topics
              for i in range(args.processes)]
     out = mp.Queue()
@@ -102,6 +103,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--topics", type=int, default=240)
     parser.add_argument("--partitions", type=int, default=1)
+    parser.add_argument("--prefix", default="scale", help="topic names: PREFIX-0, PREFIX-1...")
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--runs", type=int, default=3)
