@@ -294,7 +294,7 @@ def run_operation(store: Store, as_json: bool, operation: str, topic: str,
     else as an rq job with a progress bar; --background always queues a job and returns."""
     channel = channel or ""
     if background:
-        job = jobs.enqueue(store.redis, operation, topic, channel)
+        job = jobs.enqueue(store.redis, operation, topic, channel, store.replication())
         show({"job": job.id, "status": "queued", "operation": operation,
               "target": jobs.target(topic, channel)}, as_json,
              f"queued job {job.id}: {job.description} (relay-admin jobs shows it)")
@@ -305,7 +305,8 @@ def run_operation(store: Store, as_json: bool, operation: str, topic: str,
         fail("no `relay jobs` worker is running: start one, or pass --background "
              "to queue the job")
     else:
-        result = wait(jobs.enqueue(store.redis, operation, topic, channel))
+        result = wait(jobs.enqueue(store.redis, operation, topic, channel,
+                                   store.replication()))
     show(result, as_json, summary(result))
 
 

@@ -149,10 +149,13 @@ def run(store: Store, operation: str, topic: str, channel: str,
     return {"operation": operation, "target": target(topic, channel), **progress}
 
 
-def perform(operation: str, topic: str, channel: str) -> dict:
-    """The rq job: run the operation on the worker's Redis, progress in job.meta."""
+def perform(operation: str, topic: str, channel: str, replication: dict | None = None) -> dict:
+    """The rq job: run the operation on the worker's Redis, progress in job.meta; a
+    redrive's publishes wait for replicas as `replication` (Store.replication) says, as
+    relay-admin's options did where it was queued."""
     job = get_current_job()
-    result = run(Store(whole(job.connection)), operation, topic, channel, MetaWriter(job))
+    store = Store(whole(job.connection), **(replication or {}))
+    result = run(store, operation, topic, channel, MetaWriter(job))
     job.meta["progress"] = result
     job.save_meta()
     return result
@@ -173,9 +176,11 @@ class MetaWriter:
             self.saved = now
 
 
-def enqueue(connection, operation: str, topic: str, channel: str) -> Job:
+def enqueue(connection, operation: str, topic: str, channel: str,
+            replication: dict | None = None) -> Job:
     return Queue(QUEUE, connection=connection).enqueue(
-        perform, operation, topic, channel, job_timeout=-1, result_ttl=RESULT_TTL,
+        perform, operation, topic, channel, replication, job_timeout=-1,
+        result_ttl=RESULT_TTL,
         description=f"{operation} {target(topic, channel)}",
         meta={"operation": operation, "target": target(topic, channel)})
 

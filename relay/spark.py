@@ -96,9 +96,15 @@ def check_worker_python(spark) -> None:
 
 
 def _store(options):
-    from relay.store import Store
+    """The options' Store; its publishes (the sink's) wait for `wait_replicas` replicas,
+    for half of `redis_timeout` (ms) at most, as a broker's with those options."""
+    from relay.options import Options
+    from relay.store import Store, replication
     from relay.store.connection import connect
-    return Store(connect(options.get("redis_url", "redis://127.0.0.1:6379/0")))
+    timeout = int(options.get("redis_timeout", Options.redis_timeout))
+    waiting = replication(Options(wait_replicas=int(options.get("wait_replicas", 0)),
+                                  redis_timeout=timeout))
+    return Store(connect(options.get("redis_url", "redis://127.0.0.1:6379/0")), **waiting)
 
 
 def _row(topic: str, channel: str, record: bytes) -> tuple:

@@ -14,11 +14,13 @@ import time
 import pytest
 import redis
 
-from relay import embedded
-from relay.codec import FRAME_ERROR
+from relay import deadletter, embedded, jobs
+from relay.codec import FRAME_ERROR, make_record
+from relay.errors import StoreError
 from relay.store import Store
 from relay.store.connection import connect
 from relay.store.keys import ChannelKeys, TopicKeys
+from tests.helpers.jobs import work
 from tests.helpers.processes import Processes
 from tests.helpers.servers import flush
 from tests.helpers.wire import Wire, subscribed
@@ -192,3 +194,27 @@ def test_without_the_replicas_consuming_still_works(no_replica):
     consumer.command(f"FIN {msg_id.decode()}")
     assert consumer.nothing()
     assert redis.Redis.from_url(url).zcard(ChannelKeys.of("t", "ch").inflight) == 0
+
+
+def test_without_the_replicas_the_spark_sink_and_a_redrive_job_fail(single_redis_url):
+    """The other publishers wait as a broker does: the Spark sink with its wait_replicas
+    option, and a redrive job with the wait relay-admin queued it with."""
+    flush(single_redis_url)
+    store = Store(connect(single_redis_url))
+    store.subscribe("t", "c", "")
+    store.subscribe("t.dead", "read", "")
+    spark = pytest.importorskip("relay.spark")
+    sink = spark.TopicWriter({"redis_url": single_redis_url, "topic": "t",
+                              "wait_replicas": "1", "redis_timeout": "400"})
+    with pytest.raises(StoreError, match="0 of 1 replicas confirmed the write within 200ms"):
+        sink.write(iter([{"body": "x"}]))
+    record = make_record(time.time_ns(), 2, b"0000000000000001", b"dead")
+    store.publish("t.dead", [deadletter.envelope("t", "c", record)])
+    client = store.redis
+    waiting = jobs.enqueue(client, "redrive", "t", "c", {"wait_replicas": 1, "wait_timeout": 200})
+    work(client)
+    assert waiting.get_status(refresh=True) == "failed"
+    assert "0 of 1 replicas confirmed" in waiting.latest_result().exc_string
+    alone = jobs.enqueue(client, "redrive", "t", "c", Store(client).replication())
+    work(client)
+    assert (alone.get_status(refresh=True), alone.result["requeued"]) == ("finished", 1)

@@ -136,6 +136,11 @@ class Store:
         other._partitions, other._turns = self._partitions, self._turns
         return other
 
+    def replication(self) -> dict:
+        """This Store's wait for replicas, as Store(...) takes it."""
+        return {"wait_replicas": self.runner.wait_replicas,
+                "wait_timeout": self.runner.wait_timeout}
+
     def run(self, op: Op):
         return self.runner.run(op)
 
