@@ -11,7 +11,7 @@ import gnsq
 from relay.store import Store
 from relay.store.connection import connect
 from tests.helpers.api import client_count
-from tests.helpers.gnsq_clients import addr, consumer, publish, stop, wait_for
+from tests.helpers.gnsq_clients import addr, consumer, publish, round_trip, stop, wait_for
 from tests.helpers.pynsq import run_pynsq_client
 from tests.helpers.wire import subscribed
 
@@ -255,11 +255,7 @@ def test_brokers_share_one_port_with_so_reuseport(processes):
     assert sum(counts) == 16 and min(counts) > 0, counts
     for w in wires:
         w.close()
-    publish(port, "shared-port", [b"%d" % i for i in range(20)])
-    got = []
-    c = consumer(port, "shared-port", "c", lambda m: (got.append(m.body), m.finish()))
-    assert wait_for(lambda: len(got) == 20)
-    stop(c)
+    round_trip(port, "shared-port", 20)
     assert first.poll() is None and second.poll() is None
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from relay.store import keys
 from relay.store.connection import connect
-from tests.helpers.gnsq_clients import consumer, publish, stop, wait_for
+from tests.helpers.gnsq_clients import round_trip, wait_for
 from tests.helpers.processes import listening_ports
 from tests.helpers.servers import flush
 from tests.helpers.wire import subscribed
@@ -106,12 +106,7 @@ def test_two_workers_share_port_0_and_clients_reach_both(parent, single_redis_ur
     for wire in wires:
         wire.close()
 
-    publish(tcp, "spread", [b"%d" % i for i in range(50)])
-    got = []
-    c = consumer(tcp, "spread", "c", lambda m: (got.append(m.body), m.finish()))
-    assert wait_for(lambda: len(got) == 50)
-    stop(c)
-    assert sorted(got) == sorted(b"%d" % i for i in range(50))
+    assert round_trip(tcp, "spread", 50) == sorted(b"%d" % i for i in range(50))
 
 
 def test_sigterm_stops_every_worker(parent, single_redis_url):

@@ -24,6 +24,17 @@ def publish(port, topic, bodies, defer=None):
         producer.join(5)
 
 
+def round_trip(port, topic, count) -> list:
+    """Publish count bodies (b"0", b"1", ...) and read them back on channel c (FIN each):
+    the bodies received, sorted."""
+    publish(port, topic, [b"%d" % i for i in range(count)])
+    got = []
+    c = consumer(port, topic, "c", lambda m: (got.append(m.body), m.finish()))
+    assert wait_for(lambda: len(got) == count)
+    stop(c)
+    return sorted(got)
+
+
 def consumer(port, topic, channel, handler, ports=None, **kwargs):
     """A started gnsq Consumer calling handler(message); messages are async (no auto-FIN)."""
     c = gnsq.Consumer(topic, channel, [addr(p) for p in (ports or [port])],
