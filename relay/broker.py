@@ -256,7 +256,7 @@ class Broker:
         for client in list(channel.clients):
             joined = self._join(new, channel.name, client.number)
             client.incarnation = client.incarnation + [j.incarnation for j in joined]
-        channel.grow([None] * len(channel.parts) + joined)
+        channel.grow(joined)
         for part in new:
             self.wakeups.watch(part)
         log.info("%s/%s: %d partitions now", channel.topic, channel.name, len(parts))

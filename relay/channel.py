@@ -82,8 +82,9 @@ class Channel:
         self.parts = [Part(self.topic, self.name, i, j) for i, j in enumerate(joined)]
 
     def grow(self, joined: list[Subscribed]) -> None:
-        """The topic has more parts now: the local consumers joined the channel there."""
-        for joined_part in joined[len(self.parts):]:
+        """The topic has more parts now: the local consumers joined the channel in the new
+        ones, `joined` what SUB returned there."""
+        for joined_part in joined:
             self.parts.append(Part(self.topic, self.name, len(self.parts), joined_part))
         self.messages_arrived()
 
