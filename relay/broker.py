@@ -63,6 +63,7 @@ class Broker:
         self.commit = GroupCommit(Store(self.redis, True, **replication(options)),
                                   options.commit_lanes,
                                   observe=self.metrics.redis_round_trip.observe)
+        self.store.lookup = self.commit.call
         self.tls_context = transport.server_context(options)
         self.auth = Authorizer(options)
         self.protocol = ProtocolV2(self)

@@ -12,6 +12,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from relay import embedded
 from tests.helpers.api import Api
 from tests.helpers.wire import FRAME_RESPONSE, Wire
@@ -118,3 +120,22 @@ def test_connections_past_the_open_file_limit_are_refused_cleanly(processes, tmp
     finally:
         proc.terminate()
         proc.wait(15)
+
+
+@pytest.mark.cluster
+def test_a_burst_of_subs_and_pubs_to_many_new_topics_all_succeed(processes):
+    """400 connections send SUB to 400 new topics (and as many PUBs) at the same moment:
+    each gets OK. Each new topic's partition count is read from Redis, and a burst of
+    more reads than the client's connection pool holds must wait for a connection, not
+    fail ("Too many connections")."""
+    _, port = processes.broker()
+    count = 400
+    wires = [Wire(port, timeout=20) for _ in range(count)]
+    for i, wire in enumerate(wires):
+        if i % 2:
+            wire.command(b"SUB burst%d c" % i)
+        else:
+            wire.command(b"PUB burst%d" % i, b"hello")
+    assert [w.frame() for w in wires] == [(FRAME_RESPONSE, b"OK")] * count
+    for wire in wires:
+        wire.close()

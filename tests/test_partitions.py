@@ -93,6 +93,31 @@ def test_the_count_only_grows(store):
     assert store.partitions("t", fresh=True) == 3     # it outlives the topic
 
 
+def test_callers_that_miss_the_same_count_at_once_share_one_read(store):
+    """A burst of SUBs and PUBs to a new topic reads its partition count once."""
+    reads = []
+    run = store.lookup
+
+    def counting(op):
+        reads.append(op.keys[0])
+        time.sleep(0.05)                # the others arrive while the read is out
+        return run(op)
+    store.lookup = counting
+    start = threading.Barrier(20)
+
+    def ask():
+        start.wait()
+        counts.append(store.partitions("t"))
+    counts = []
+    threads = [threading.Thread(target=ask) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert (counts, reads) == ([1] * 20, [TopicKeys.of("t").version])
+    assert store.partitions("t", fresh=True) == 1 and len(reads) == 2
+
+
 def test_new_parts_get_the_channels_their_settings_and_the_pause(store):
     store.subscribe("t", "c1", "b1")
     store.subscribe("t", "c2", "")

@@ -17,17 +17,27 @@ from redis.retry import Retry
 # is being moved (TRYAGAIN), or the cluster is changing its mind about one.
 SLOT_MOVING = (TryAgainError, ClusterDownError, AskError, MovedError)
 REQUEST_TTL = 200
+# Connections a client opens to each server. On one server, calls beyond them wait for
+# one to be free (up to the call's timeout) instead of failing with "Too many
+# connections", as redis-py's default pool of 100 does.
+MAX_CONNECTIONS = 100
 
 
 def connect(url: str, timeout: float | None = None, connect_timeout: float | None = None,
             health_check_interval: int = 0):
     """A client for `url`: redis.Redis, or RedisCluster when the server is a cluster node."""
     kwargs = {"socket_timeout": timeout, "socket_connect_timeout": connect_timeout}
-    single = redis.Redis.from_url(url, health_check_interval=health_check_interval, **kwargs)
+    single = redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(
+        url, health_check_interval=health_check_interval, max_connections=MAX_CONNECTIONS,
+        timeout=timeout, **kwargs))
+    single.auto_close_connection_pool = True
     if not _cluster_enabled(single):
         return single
     single.close()
-    return _patient(RedisCluster.from_url(_without_db(url), retry=_retry(), **kwargs))
+    # redis-py's cluster client may give a connection back twice on a redirect, which
+    # only its default pool forgives: past MAX_CONNECTIONS per node a call fails there
+    return _patient(RedisCluster.from_url(_without_db(url), retry=_retry(),
+                                          max_connections=MAX_CONNECTIONS, **kwargs))
 
 
 def connect_redis(options):

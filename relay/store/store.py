@@ -10,6 +10,7 @@ the real list (fanout.lua).
 
 import itertools
 import secrets
+import threading
 import time
 from typing import Callable, NamedTuple, Sequence
 
@@ -123,6 +124,10 @@ class Store:
         self._channels: dict[str, list] = {}
         self._registered: dict[str, float] = {}
         self._partitions: dict[str, tuple[int, float]] = {}
+        self._reading: dict[str, threading.Lock] = {}   # one read per topic at a time
+        # how the partition counts it caches are read: at once; a broker's go through
+        # its group commit, so a burst of SUBs and PUBs to new topics is one pipeline
+        self.lookup: Callable[[Op], object] = self.run
         # from a random part: short-lived publishers (a Spark task, relay-admin pub)
         # spread over the parts too
         self._turns = itertools.count(secrets.randbelow(keys.MAX_PARTITIONS))
@@ -134,6 +139,7 @@ class Store:
                       self.runner.wait_timeout, self.topic_partitions)
         other._channels, other._registered = self._channels, self._registered
         other._partitions, other._turns = self._partitions, self._turns
+        other._reading, other.lookup = self._reading, self.lookup
         return other
 
     def replication(self) -> dict:
@@ -182,12 +188,18 @@ class Store:
 
     def partitions(self, topic: str, fresh: bool = False) -> int:
         """The topic's partition count, as read at most PARTITIONS_TTL ago unless `fresh`."""
+        asked = time.monotonic()
         known = self._partitions.get(topic)
-        if known and not fresh and time.monotonic() - known[1] < PARTITIONS_TTL:
+        if known and not fresh and asked - known[1] < PARTITIONS_TTL:
             return known[0]
-        count = self.run(self.partitions_op(topic))[0]
-        self.learn_partitions(topic, count)
-        return count
+        # the SUBs and PUBs of a burst that meet a new topic wait for one read of it
+        with self._reading.setdefault(topic, threading.Lock()):
+            known = self._partitions.get(topic)
+            if known and known[1] >= asked:
+                return known[0]
+            count = self.lookup(self.partitions_op(topic))[0]
+            self.learn_partitions(topic, count)
+            return count
 
     def learn_partitions(self, topic: str, count: int) -> None:
         self._partitions[topic] = (count, time.monotonic())
