@@ -2,10 +2,10 @@
 
 The loop (nsqd's messagePump, turned around): when some local client has RDY
 credit and the channel may have messages, pop up to the summed credit in one
-deliver call and hand each client its share. When a call comes back short, the
-channel is drained and the loop sleeps until a wake-up (a publish or requeue
-on this topic, via Redis pub/sub, or the broker's once-a-second read of its topics'
-versions when one was missed: relay/wakeups.py) or more credit.
+deliver call and hand each client its share. When a call comes back short or says the
+queue is empty, the channel is drained and the loop sleeps until a wake-up (a publish or
+requeue on this topic, via Redis pub/sub, or the broker's once-a-second read of its
+topics' versions when one was missed: relay/wakeups.py) or more credit.
 
 A channel deleted or emptied elsewhere is seen the same two ways, and compared with
 what SUB returned (its incarnation and count of empties, subscribe.lua).
@@ -13,7 +13,7 @@ what SUB returned (its incarnation and count of empties, subscribe.lua).
 A partitioned topic's channel has a part in each of the topic's parts (keys.py). The
 loop then spreads each round's credit over the parts that may have messages, starting
 one further each round, so none starves: a part with messages is asked within as many
-rounds as there are parts. A part whose call comes back short is drained until its own
+rounds as there are parts. A part whose call comes back drained waits for its own
 wake-up.
 """
 
@@ -155,18 +155,17 @@ class Channel:
             self._look_again.clear()
             groups = [(c, c.credit()) for c in self.clients]
             groups = [(c, n) for c, n in groups if n > 0]
-            ready = [p for p in self.parts if p.maybe_ready]
-            if not groups or not ready:
+            if not groups or not any(p.maybe_ready for p in self.parts):
                 self._look_again.wait()
                 continue
-            self._deliver(self._shares(groups, ready))
+            self._deliver(self._shares(groups))
 
-    def _shares(self, groups: list[tuple[Client, int]], ready: list[Part]) -> list:
+    def _shares(self, groups: list[tuple[Client, int]]) -> list:
         """(part, [(client, count)]) for this round: each client's credit split over the
-        ready parts, starting one further than the round before."""
-        first = self._turn % len(ready)
+        ready parts, from the part one further than the round before."""
+        first = self._turn % len(self.parts)
         self._turn += 1
-        ready = ready[first:] + ready[:first]
+        ready = [p for p in self.parts[first:] + self.parts[:first] if p.maybe_ready]
         shares: dict[int, list] = {}
         for client, credit in groups:
             spread = min(credit, len(ready))
@@ -214,5 +213,5 @@ class Channel:
                 commit.submit(store.finish_op(part.name, self.name,
                                               [(client.owner, i) for i in sampled_out]),
                               part.order)
-        if got < wanted and part.arrivals == seen:
+        if (got < wanted or not batches.more) and part.arrivals == seen:
             part.maybe_ready = False

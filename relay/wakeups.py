@@ -26,7 +26,9 @@ wake-up arriving: each script that publishes one also bumps the topic's version 
 of all the topics it serves in one call per node. The channels of a topic whose
 version moved look in Redis again and compare their incarnation and empties with
 Redis', so a missed delete, empty, unpause or publish is applied within a second,
-at a cost that does not grow with idle channels.
+at a cost that does not grow with idle channels. Each wake-up names the version it
+made, so a topic whose every version since the last read was heard is not looked at
+again: the read costs deliver calls only where a wake-up was missed.
 """
 
 import logging
@@ -58,7 +60,8 @@ class WakeupListener:
         # partition counts it keeps up to date
         self.store = broker.store.sibling()
         self.topics: set[str] = set()          # the parts followed
-        self.versions: dict[str, int] = {}     # as last read, per part
+        # per part: the version up to which all news was applied (read, or heard in turn)
+        self.versions: dict[str, int] = {}
         self.unchecked: set[str] = set()       # parts with a channel new here
 
     def watch(self, part: str) -> None:
@@ -89,9 +92,16 @@ class WakeupListener:
         return [local[channel]] if channel in local else []
 
     def received(self, part: str, data: bytes) -> None:
-        """A wake-up: "" the part, "C" one channel, "!C" / "!" deleted, "~N:C" emptied
-        (drop.lua)."""
-        text = data.decode()
+        """A wake-up, "V|" and then: "" the part, "C" one channel, "!C" / "!" deleted,
+        "~N:C" emptied (drop.lua); V the part's version it made (lib/news.lua)."""
+        version, sep, text = data.decode().partition("|")
+        if not sep:  # from a relay that sent no version
+            version, text = "", version
+        self._apply(part, text)
+        if version and self.versions.get(part) == int(version) - 1:
+            self.versions[part] = int(version)  # heard all news since the last read
+
+    def _apply(self, part: str, text: str) -> None:
         if text.startswith("!"):
             for local in self._local(part, text[1:] or None):
                 local.deleted()

@@ -733,7 +733,8 @@ def test_ephemeral_topic_kept_while_a_durable_channel_remains(store):
 # -- wake-ups -----------------------------------------------------------------
 
 def test_wake_notifications(store):
-    """Brokers learn of news on a topic's wake channel: "" = whole topic, "C" = channel C."""
+    """Brokers learn of news on a topic's wake channel: "" = whole topic, "C" = channel C,
+    each after the topic's version it made and "|"."""
     wake = TopicKeys.of("t").wake
     sub = store.redis.pubsub()
     if is_cluster(store.redis):  # sharded pub/sub (relay/wakeups.py)
@@ -756,18 +757,19 @@ def test_wake_notifications(store):
     subscribed(store, "t", "c")
     store.publish("t", [b"1"], defer_ms=60_000)    # deferred: nothing ready
     store.publish("t", [b"2", b"3"])
-    assert next_wake() == b""
+    assert next_wake() == b"1|"
     store.deliver("t", "c", [("a", 1, 3)])
     store.requeue("t", "c", [("a", mid(1), 60_000)])   # deferred again: nothing ready
     store.requeue("t", "c", [("a", mid(3), 0)])
-    assert next_wake() == b"c"
+    assert next_wake() == b"2|c"
     wait_past(store, inflight_score(store, "t", "c", mid(4)))
     assert store.scan("t", "c")[0] == 1
-    assert next_wake() == b"c"
+    assert next_wake() == b"3|c"
     assert store.scan("t", "c")[:2] == (0, 0)       # nothing moved: no wake-up
     store.finish("t", "c", [("a", mid(9))])
     store.publish("t", [b"4"])
-    assert next_wake() == b""
+    assert next_wake() == b"4|"
+    assert store.versions(["t"]) == {"t": 4}
     sub.close()
 
 
@@ -973,3 +975,13 @@ def test_paused_topic_keeps_messages_until_unpaused(store):
         c = store.read_channel("t", channel)
         assert (c["depth"], c["deferred_count"], c["message_count"]) == (2, 1, 3)
     assert [r[26:] for r in store.deliver("t", "c", [("b1:1", 60000, 5)])[0]] == [b"a", b"b"]
+
+
+def test_deliver_says_whether_the_queue_has_more(store):
+    subscribed(store, "t", "c")
+    store.publish("t", [b"1", b"2"])
+    first = store.run(store.deliver_op("t", "c", [("a", 60_000, 1)]))
+    second = store.run(store.deliver_op("t", "c", [("a", 60_000, 1)]))
+    third = store.run(store.deliver_op("t", "c", [("a", 60_000, 1)]))
+    assert [(len(d[0]), d.more) for d in (first, second, third)] == [
+        (1, True), (1, False), (0, False)]

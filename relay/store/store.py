@@ -70,17 +70,19 @@ class Subscribed(NamedTuple):
 
 class Delivered(list):
     """deliver.lua's reply: one list of records per group, the channel's count of
-    empties when they were popped (`empties`), and the codes of the FINs folded into
-    the call (`finished`, as finish_op's)."""
+    empties when they were popped (`empties`), the codes of the FINs folded into
+    the call (`finished`, as finish_op's), and whether the queue has more (`more`)."""
 
     empties: int = 0
     finished: list = []
+    more: bool = False
 
     @classmethod
     def parse(cls, reply) -> "Delivered":
-        delivered = cls(reply[:-2])
-        delivered.empties = int(reply[-2])
-        delivered.finished = reply[-1]
+        delivered = cls(reply[:-3])
+        delivered.empties = int(reply[-3])
+        delivered.finished = reply[-2]
+        delivered.more = bool(reply[-1])
         return delivered
 
 

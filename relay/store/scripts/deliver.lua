@@ -15,7 +15,8 @@
 -- then groups of 3: owner, timeout ms, count
 -- Returns one list of records per group, in ARGV order, then the channel's count of
 -- empties (drop.lua), which tells the broker whether the records predate an empty,
--- then the finish codes (finish.lua's), one per pair.
+-- then the finish codes (finish.lua's), one per pair, then 1 if the queue still has
+-- messages, else 0 (the broker then waits for a wake-up instead of asking again).
 
 local groups = 4 + 2 * tonumber(ARGV[3])
 local finished = finish_pairs(KEYS[2], KEYS[3], KEYS[4], ARGV, 4, groups - 1)
@@ -25,6 +26,7 @@ if redis.call('HEXISTS', KEYS[6], 'paused') == 1 then
   for g = groups, #ARGV, 3 do out[#out + 1] = {} end
   out[#out + 1] = empties
   out[#out + 1] = finished
+  out[#out + 1] = 0
   return out
 end
 
@@ -82,4 +84,5 @@ if earliest then
 end
 out[#out + 1] = empties
 out[#out + 1] = finished
+out[#out + 1] = redis.call('EXISTS', KEYS[1])
 return out
