@@ -45,6 +45,9 @@ from relay.wakeups import WakeupListener
 log = logging.getLogger("relay.broker")
 
 EXPIRY_TICK = 0.1
+# clients encoded for the registry between two chances for deliveries to run: with
+# 5,000 busy consumers the whole list took 35 ms, which a PUB then waited for
+ANNOUNCE_SLICE = 250
 SHUTDOWN_GRACE = 5.0
 DRAIN_GRACE = 5.0
 FILES_RESERVED = 64     # for Redis connections, listeners and logs
@@ -267,8 +270,15 @@ class Broker:
                 if c.state == SUBSCRIBED and c.channel is not None]
 
     def announced_clients(self) -> str:
-        """What the registry announces, as one JSON list (stats.announcement)."""
-        return "[" + ", ".join(map(stats.announcement, self.subscribed_clients())) + "]"
+        """What the registry announces, as one JSON list (stats.announcement), encoded in
+        slices with the other greenlets let run in between."""
+        entries = []
+        for n, client in enumerate(self.subscribed_clients(), 1):
+            if n % ANNOUNCE_SLICE == 0:
+                gevent.sleep(0)
+            if client.channel is not None:      # it may have left meanwhile
+                entries.append(stats.announcement(client))
+        return "[" + ", ".join(entries) + "]"
 
     def _disconnect(self, client: Client) -> None:
         """Give back what the client held in flight and leave its channel."""

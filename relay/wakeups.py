@@ -63,19 +63,26 @@ class WakeupListener:
         # per part: the version up to which all news was applied (read, or heard in turn)
         self.versions: dict[str, int] = {}
         self.unchecked: set[str] = set()       # parts with a channel new here
+        self._wanted: dict | None = None
 
     def watch(self, part: str) -> None:
         """A channel of the part's topic is new here: listen, and check it on the next
         read (a delete may have come before the listening)."""
         self.topics.add(part)
         self.unchecked.add(part)
+        self._wanted = None
 
     def unwatch(self, part: str) -> None:
         self.topics.discard(part)
         self.versions.pop(part, None)
+        self._wanted = None
 
     def wanted(self) -> dict:
-        return {TopicKeys.of(t).wake.encode(): t for t in self.topics}
+        """The wake channels to listen on, and the part of each (kept until the parts
+        followed change: the loops ask at every wake-up)."""
+        if self._wanted is None:
+            self._wanted = {TopicKeys.of(t).wake.encode(): t for t in self.topics}
+        return self._wanted
 
     def messages_arrived(self, part: str, channel: str | None = None) -> None:
         """Tell the part's local channels (or the one named) to look in Redis."""
