@@ -62,6 +62,7 @@ class Client:
         self.connect_ts = int(time.time())
         self.closed = False
         self.replies = Queue(MAX_PENDING_REPLIES)
+        self.writing = False    # the writer greenlet is sending a reply
         self._outbox: list[bytes] = []
         self._unsent = 0
         self._outbox_ready = Event()

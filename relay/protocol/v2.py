@@ -151,34 +151,48 @@ class ProtocolV2:
                     log.debug("%r: upgrade failed or bytes sent before it", client)
                     return
             elif reply is not None:
-                client.replies.put(reply)
+                if reader.buffered or client.writing or client.replies.qsize():
+                    client.replies.put(reply)
+                else:
+                    self._write(client, reply)  # nothing before it: no hop to the writer
 
     def write_replies(self, client: Client) -> None:
         """Send queued replies in order; a fatal error frame closes the connection.
-        Once closed, replies are drained unsent until the reader's final None."""
+        Once closed, replies are drained unsent until the reader's final None.
+
+        The reader writes a reply itself, waiting for Redis, when nothing is queued or
+        being written before it and no command waits behind it in the read buffer: a
+        client that sends one command and waits then costs no greenlet hops."""
         for reply in client.replies:
             if reply is None:
                 break
-            if client.closed:
-                if isinstance(reply, Upgrade):
-                    reply.finish(False)
-                continue
-            if isinstance(reply, Settled):
-                for error in reply.errors():
-                    self._send_error(client, error)
-                continue
-            if isinstance(reply, Pending):
-                try:
-                    reply = reply.resolve()
-                except ClientError as e:
-                    self._send_error(client, e)
-                    continue
-            if isinstance(reply, ClientError):
-                self._send_error(client, reply)
-            elif isinstance(reply, Upgrade):
-                self._upgrade(client, reply)
-            elif reply is not None:
-                self._send(client, codec.FRAME_RESPONSE, reply)
+            client.writing = True
+            try:
+                self._write(client, reply)
+            finally:
+                client.writing = False
+
+    def _write(self, client: Client, reply: Reply | ClientError) -> None:
+        if client.closed:
+            if isinstance(reply, Upgrade):
+                reply.finish(False)
+            return
+        if isinstance(reply, Settled):
+            for error in reply.errors():
+                self._send_error(client, error)
+            return
+        if isinstance(reply, Pending):
+            try:
+                reply = reply.resolve()
+            except ClientError as e:
+                self._send_error(client, e)
+                return
+        if isinstance(reply, ClientError):
+            self._send_error(client, reply)
+        elif isinstance(reply, Upgrade):
+            self._upgrade(client, reply)
+        elif reply is not None:
+            self._send(client, codec.FRAME_RESPONSE, reply)
 
     def _upgrade(self, client: Client, upgrade: "Upgrade") -> None:
         """IDENTIFY's response in the clear, then each upgrade and an OK through it,
