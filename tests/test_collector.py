@@ -7,10 +7,12 @@ from relay import collector
 
 def test_the_survivors_of_a_full_collection_are_frozen():
     gc.unfreeze()
+    thresholds = gc.get_threshold()
     collector.install()
     collector.install()     # once per process, however often called
     try:
         assert gc.callbacks.count(collector._freeze_survivors) == 1
+        assert gc.get_threshold() == (100_000, 50, 100)  # young: every 100,000 allocations
         gc.collect()
         assert gc.get_freeze_count() > 0
         frozen = gc.get_freeze_count()
@@ -19,3 +21,4 @@ def test_the_survivors_of_a_full_collection_are_frozen():
     finally:
         gc.callbacks.remove(collector._freeze_survivors)
         gc.unfreeze()
+        gc.set_threshold(*thresholds)
