@@ -1,5 +1,6 @@
 """Before/after: the same workloads against the brokers of two git revisions, run
-alternately (before, after, before, after ...) so both see the same machine.
+alternately (before, after, before, after ...) so both see the same machine. Prints
+each run's rate, the median CPU per message and (e2e workloads) the median p99.
 
 Each revision is checked out into a temporary git worktree and its brokers and
 scanner run from there (PYTHONPATH); Redis, the load generator and the harness are
@@ -47,8 +48,9 @@ def main():
     sources = {rev: checkout(rev, parent) for rev in (args.before, args.after)}
     try:
         print(f"| workload | {args.before} msgs/s | {args.after} msgs/s | after / before "
-              "| broker µs/msg before / after | Redis µs/msg before / after |")
-        print("| --- | --- | --- | --- | --- | --- |")
+              "| broker µs/msg before / after | Redis µs/msg before / after "
+              "| p99 ms before / after |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
         for title, loadgen_args, brokers in workloads:
             runs = alternately(loadgen_args, brokers, args.seconds, args.runs,
                                {rev: {"source": source} for rev, source in sources.items()})
@@ -59,9 +61,11 @@ def main():
                              for k in ("broker", "redis")}
             cells = [" / ".join(f"{r['msgs_per_s']:,.0f}" for r in runs[rev]) for rev in sources]
             before, after = args.before, args.after
+            p99 = " / ".join(f"{statistics.median(r['p99_ms'] for r in runs[rev]):.2f}"
+                             if "p99_ms" in runs[rev][0] else "-" for rev in sources)
             print(f"| {title} | {cells[0]} | {cells[1]} | {rate[after] / rate[before]:.2f} | "
                   + " | ".join(f"{cost[before][k]:.1f} / {cost[after][k]:.1f}"
-                               for k in ("broker", "redis")) + " |", flush=True)
+                               for k in ("broker", "redis")) + f" | {p99} |", flush=True)
     finally:
         for source in sources.values():
             subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", source])
