@@ -99,10 +99,13 @@ def watch_requeues(pubsub, wake_topics: dict, pending: dict, total: int, timeout
     end = time.monotonic() + timeout
     while left and time.monotonic() < end:
         message = pubsub.get_message(timeout=1.0)
-        if message is None or not message["data"]:
+        if message is None or message["type"] != "pmessage":
+            continue
+        channel = message["data"].decode().partition("|")[2]  # "V|C" (lib/news.lua)
+        if not channel:
             continue
         now_ms = time.time() * 1000
-        due = pending[(wake_topics[message["channel"]], message["data"].decode())]
+        due = pending[(wake_topics[message["channel"]], channel)]
         if not due or due[0][0] > now_ms:
             stray += 1
         while due and due[0][0] <= now_ms:

@@ -36,7 +36,8 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
     relay:{T}:backlog:deferred        ZSET  record -> due time (ms), same situation, deferred
     relay:{T}:trash:X:N               any   what an empty or delete took out (drop.lua), until
                                             freed (relay/jobs.py); X is one drop's token
-    relay:{T}:wake                    pub/sub: "" = whole topic has news, "C" = one channel
+    relay:{T}:wake                    pub/sub: "V|" = whole topic has news, "V|C" = one
+                                            channel, V the version it made
                                             (relay/wakeups.py lists the rest)
     relay:{T}:tombstones              HASH  broker HTTP address -> end (ms) of its tombstone
                                             for the topic (nsqlookupd's /topic/tombstone; TTL)
