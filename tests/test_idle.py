@@ -41,8 +41,7 @@ def lpops(client) -> int:
 def test_a_consumer_that_drained_its_channel_waits_for_news_instead_of_asking(
         processes, redis_url):
     """At RDY 1 each message costs one deliver call: a FIN that frees the credit of a
-    channel whose last deliver said the queue was empty does not ask Redis again, and
-    the once-a-second read skips a topic whose every wake-up was heard."""
+    channel whose last deliver said the queue was empty does not ask Redis again."""
     _, port = processes.broker()
     consumer = Wire(port)
     assert consumer.sub("drained", "c", rdy=1) == (0, b"OK")
@@ -57,7 +56,9 @@ def test_a_consumer_that_drained_its_channel_waits_for_news_instead_of_asking(
         consumer.command(b"FIN " + msg_id)
         time.sleep(0.05)  # what the FIN sets off happens before the next PUB
     time.sleep(1.5)  # past another read of the versions
-    assert lpops(client) - before == 10
+    # one more if a versions read fell between a publish and its wake-up (then that
+    # version looks missed); asking after every FIN would make it 20
+    assert lpops(client) - before in (10, 11)
 
 
 class LocalChannel:
