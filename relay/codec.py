@@ -31,6 +31,7 @@ _record_header = struct.Struct(">qH16s")
 _size = struct.Struct(">i")
 _timestamp = struct.Struct(">q")
 _NAME = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
+_INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
 
 
 def frame(frame_type: int, data: bytes) -> bytes:
@@ -105,6 +106,18 @@ def base10(raw: bytes) -> int:
     if raw and not raw.isdigit():
         raise ValueError(raw)
     return int(raw) if raw else 0
+
+
+def parse_int64(text: str) -> int:
+    """Go's strconv.ParseInt(text, 10, 64), as nsqd parses HTTP arguments: an optional
+    sign and ASCII digits only (Python's int() also takes spaces, '_' and other
+    scripts' digits)."""
+    if not _INT.fullmatch(text):
+        raise ValueError(text)
+    n = int(text)
+    if not -2 ** 63 <= n < 2 ** 63:
+        raise ValueError(text)
+    return n
 
 
 def int64(n: int) -> int:

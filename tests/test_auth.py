@@ -2,7 +2,9 @@
 auth file, and the HTTP API; every denial with nsqd's exact error."""
 
 import hashlib
+import http.client
 import json
+import socket
 import struct
 import subprocess
 import sys
@@ -32,6 +34,8 @@ GRANTS = {
                                                      "permissions": ["subscribe", "publish"]}]},
     "nothing": {"ttl": 3600, "authorizations": []},
 }
+# a secret the auth server grants only to clients from one address
+PINNED = {"pinned-secret": "127.0.0.2"}
 
 
 class AuthServer(ThreadingHTTPServer):
@@ -47,6 +51,15 @@ class AuthServer(ThreadingHTTPServer):
                 self.queries.append(query)
                 secret = query.get("secret", "")
                 self.asked[secret] += 1
+                if secret in PINNED:
+                    grant = GRANTS["both-secret" if PINNED[secret] == query["remote_ip"]
+                                   else "nothing"]
+                    body = json.dumps(grant).encode()
+                    handler.send_response(200)
+                    handler.send_header("Content-Length", str(len(body)))
+                    handler.end_headers()
+                    handler.wfile.write(body)
+                    return
                 if secret not in GRANTS:
                     handler.send_response(500)
                     handler.end_headers()
@@ -207,6 +220,57 @@ def test_http_api_needs_a_bearer_secret(broker, processes, auth_server):
         503, b'{"message":"AUTH_FAILED"}')
     assert api.request("GET", "/stats")[0] == 200
     assert api.request("GET", "/ping")[:2] == (200, b"OK")
+
+
+def test_http_grants_are_per_client_address(broker, processes, auth_server):
+    """The auth server grants the pinned secret to 127.0.0.2 only: each address gets its
+    own answer, in either order (a grant cached per secret let 127.0.0.1 and .3 in, and
+    a denial cached first locked .2 out)."""
+    http_port = processes.http_ports[broker]
+
+    def pub_from(address):
+        conn = http.client.HTTPConnection("127.0.0.1", http_port, timeout=5,
+                                          source_address=(address, 0))
+        conn.request("POST", "/pub?topic=orders", b"x",
+                     {"Authorization": "Bearer pinned-secret"})
+        reply = conn.getresponse()
+        status = reply.status, reply.read()
+        conn.close()
+        return status
+    denied = (403, b'{"message":"UNAUTHORIZED"}')
+    assert pub_from("127.0.0.1") == denied
+    assert pub_from("127.0.0.2") == (200, b"OK")
+    assert pub_from("127.0.0.3") == denied
+    assert pub_from("127.0.0.2") == (200, b"OK")
+    assert auth_server.asked["pinned-secret"] == 3       # each address once, for its ttl
+    assert sorted(q["remote_ip"] for q in auth_server.queries
+                  if q["secret"] == "pinned-secret") == ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+
+
+def test_every_change_over_http_needs_a_grant(broker, processes, auth_server):
+    """The lookupd port's tombstone and the nsqd port's PUT /config need auth too; an
+    anonymous tombstone used to empty /lookup on every broker."""
+    lookupd = Api(broker, processes.lookupd_ports[broker])
+    api = Api(broker, processes.http_ports[broker])
+    node = f"{socket.gethostname()}:{processes.http_ports[broker]}"
+    bearer = {"Authorization": "Bearer both-secret"}
+    assert api.request("POST", "/pub?topic=orders", b"x", bearer)[:2] == (200, b"OK")
+    tombstone = f"/topic/tombstone?topic=orders&node={node}"
+    assert lookupd.request("POST", tombstone)[:2] == (401, b'{"message":"AUTH_REQUIRED"}')
+    assert lookupd.request("POST", tombstone, None,
+                           {"Authorization": "Bearer sub-secret"})[:2] == (
+        403, b'{"message":"UNAUTHORIZED"}')
+    assert len(lookupd.json("GET", "/lookup?topic=orders")[1]["producers"]) == 1
+    assert lookupd.request("POST", tombstone, None, bearer)[:2] == (200, b"")
+    assert lookupd.json("GET", "/lookup?topic=orders")[1]["producers"] == []
+    assert lookupd.request("POST", "/topic/create?topic=x")[0] == 401
+    assert api.request("PUT", "/config/log_level", b"info")[:2] == (
+        401, b'{"message":"AUTH_REQUIRED"}')
+    assert api.request("PUT", "/config/log_level", b"info",
+                       {"Authorization": "Bearer nothing"})[:2] == (
+        403, b'{"message":"UNAUTHORIZED"}')
+    assert api.request("PUT", "/config/log_level", b"info", bearer)[:2] == (200, b'"info"')
+    assert api.request("GET", "/config/log_level")[:2] == (200, b'"info"')
 
 
 def test_secrets_never_reach_the_logs(broker, processes):

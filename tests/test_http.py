@@ -65,6 +65,9 @@ def test_deferred_pub_is_deferred(api):
     ("POST", "/pub?topic=t", b"x" * 101, 413, "MSG_TOO_BIG"),
     ("POST", "/pub?topic=t&defer=soon", b"x", 400, "INVALID_DEFER"),
     ("POST", "/pub?topic=t&defer=-1", b"x", 400, "INVALID_DEFER"),
+    ("POST", "/pub?topic=t&defer=%205", b"x", 400, "INVALID_DEFER"),
+    ("POST", "/pub?topic=t&defer=1_000", b"x", 400, "INVALID_DEFER"),
+    ("POST", "/pub?topic=t&defer=%D9%A5", b"x", 400, "INVALID_DEFER"),   # Arabic-Indic 5
     ("POST", "/mpub?topic=t", b"x" * 1001, 413, "BODY_TOO_BIG"),
     ("POST", "/mpub?topic=t", b"ok\n" + b"x" * 101, 413, "MSG_TOO_BIG"),
     ("POST", "/mpub?topic=t&binary=1", struct.pack(">i", 0), 413, "BAD_BODY"),
@@ -81,6 +84,31 @@ def test_deferred_pub_is_deferred(api):
 def test_errors_as_nsqd(api, method, path, body, code, message):
     status, data = api.json(method, path, body)
     assert (status, data) == (code, {"message": message})
+
+
+def test_defer_takes_a_sign_as_go_parseint_does(api):
+    assert api.request("POST", "/pub?topic=t&defer=%2B5", b"x")[:2] == (200, b"OK")
+
+
+def test_head_options_and_allow_as_nsqds_router(api):
+    """HEAD gets no body (a keep-alive client would read it as the next response's
+    start); 405 names the methods allowed; OPTIONS answers 200 with them."""
+    conn = http.client.HTTPConnection("127.0.0.1", api.http_port, timeout=5)
+    conn.request("HEAD", "/ping")
+    head = conn.getresponse()
+    assert (head.status, head.read(), head.getheader("Allow")) == (405, b"", "GET, OPTIONS")
+    conn.request("GET", "/ping")      # the same connection: nothing left over from HEAD
+    ping = conn.getresponse()
+    assert (ping.status, ping.read()) == (200, b"OK")
+    conn.close()
+    status, data, headers = api.request("GET", "/pub?topic=t")
+    assert (status, headers["Allow"]) == (405, "OPTIONS, POST")
+    status, data, headers = api.request("OPTIONS", "/pub?topic=t")
+    assert (status, data, headers["Allow"]) == (200, b"", "OPTIONS, POST")
+    status, data, headers = api.request("OPTIONS", "/config/log_level")
+    assert (status, headers["Allow"]) == (200, "GET, OPTIONS, PUT")
+    assert api.request("OPTIONS", "/nothing/here")[0] == 404
+    assert "Allow" not in api.request("GET", "/ping")[2]
 
 
 def test_error_publishes_nothing(api):

@@ -11,7 +11,7 @@ import socket
 import time
 
 from relay import registry, stats
-from relay.codec import NSQD_VERSION, split_mpub
+from relay.codec import NSQD_VERSION, parse_int64, split_mpub
 from relay.context import BrokerContext
 from relay.errors import ClientError, StoreError
 from relay.http.lookupd import LookupdApi
@@ -99,7 +99,7 @@ class NsqdApi:
         raw = request.arg("defer")
         if raw is not None:
             try:
-                defer = int(raw)
+                defer = parse_int64(raw)
             except ValueError:
                 raise HttpError(400, "INVALID_DEFER") from None
             if not 0 <= defer <= self.options.max_req_timeout:

@@ -24,11 +24,15 @@ from relay.sockio import listen
 log = logging.getLogger("relay.http")
 
 JSON = "application/json; charset=utf-8"
+# With AUTH on, what changes state needs a grant: to publish on the topic, to subscribe
+# to the topic and channel, or (PUT /config/...) any grant at all
 AUTHORIZED_PATHS = {
     **{p: "publish" for p in ("/pub", "/mpub", "/topic/create", "/topic/delete",
-                              "/topic/empty", "/topic/pause", "/topic/unpause")},
+                              "/topic/empty", "/topic/pause", "/topic/unpause",
+                              "/topic/tombstone")},
     **{p: "subscribe" for p in ("/channel/create", "/channel/delete", "/channel/empty",
                                 "/channel/pause", "/channel/unpause")}}
+IDENTIFIED = "identified"
 MAX_CACHED_GRANTS = 10_000
 TLS_REQUIRED_EVERYWHERE = 2     # --tls-required true: no plain HTTP API either
 REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
@@ -161,15 +165,19 @@ class HttpServer:
         request = Request(environ)
         code, data = self._answer(request)
         status, headers, body = encode(code, data)
+        allowed = self._allowed(request)
+        if allowed and (code == 405 or request.method == "OPTIONS"):
+            headers.append(("Allow", allowed))
         start_response(status, headers)
-        return [body]
+        return [] if request.method == "HEAD" else [body]
 
     def _answer(self, request: Request) -> tuple:
         """(status code, data) of the request; no exception escapes to the client."""
         try:
             self._check_tls(request)
             handler = self._handler(request)
-            self.bearer.check(request)
+            if request.method != "OPTIONS":
+                self.bearer.check(request)
             return 200, handler(request)
         except HttpError as e:
             return e.code, e.text if e.plain else {"message": e.text}
@@ -184,15 +192,28 @@ class HttpServer:
                 and request.environ.get("wsgi.url_scheme") != "https"):
             raise HttpError(403, "TLS_REQUIRED")
 
-    def _handler(self, request: Request) -> Callable:
-        """The route's handler: 404 for an unknown path, 405 for a known one's wrong method."""
+    def _methods(self, request: Request) -> dict | None:
+        """The path's handlers by method, None for an unknown path."""
         methods = self.routes.get(request.path.rstrip("/") or "/")
         for prefix, by_method in self.prefixes.items():
             if request.path.startswith(prefix) and len(request.path) > len(prefix):
                 methods = by_method
+        return methods
+
+    def _allowed(self, request: Request) -> str:
+        """The Allow header of the path as nsqd's router gives it ("" when unknown)."""
+        methods = self._methods(request)
+        return ", ".join(sorted({*methods, "OPTIONS"})) if methods else ""
+
+    def _handler(self, request: Request) -> Callable:
+        """The route's handler: 404 for an unknown path, 405 for a known one's wrong
+        method; OPTIONS on a known path answers 200 with nothing (and Allow, see app)."""
+        methods = self._methods(request)
         if methods is None:
             raise HttpError(404, "NOT_FOUND")
         handler = methods.get(request.method)
+        if handler is None and request.method == "OPTIONS":
+            return lambda request: None
         if handler is None:
             raise HttpError(405, "METHOD_NOT_ALLOWED")
         return handler
@@ -224,35 +245,47 @@ class BearerAuth:
 
     def __init__(self, broker: BrokerContext):
         self.broker = broker
-        self._grants: dict = {}     # (secret, tls) -> auth Grant, for its ttl
+        self._grants: dict = {}     # (secret, tls, address) -> auth Grant, for its ttl
 
     def check(self, request: Request) -> None:
         """With AUTH on, publishing and topic/channel changes need `Authorization: Bearer
-        <secret>` granting publish on the topic or subscribe on the topic and channel."""
-        kind = AUTHORIZED_PATHS.get(request.path.rstrip("/"))
-        topic = request.arg("topic")
-        if not self.broker.auth.enabled or kind is None or topic is None:
+        <secret>` granting publish on the topic or subscribe on the topic and channel;
+        PUT /config/... a secret with any grant."""
+        if not self.broker.auth.enabled:
             return
+        kind = AUTHORIZED_PATHS.get(request.path.rstrip("/"))
+        if request.method == "PUT" and request.path.startswith("/config/"):
+            kind = IDENTIFIED
+        topic = request.arg("topic")
+        if kind is None or (topic is None and kind != IDENTIFIED):
+            return      # nothing to change: the handler answers MISSING_ARG_TOPIC
         scheme, _, secret = request.environ.get("HTTP_AUTHORIZATION", "").partition(" ")
         if scheme.lower() != "bearer" or not secret:
             raise HttpError(401, "AUTH_REQUIRED")
+        grant = self._grant(request, secret)
+        if kind == IDENTIFIED:
+            if not grant.authorizations:
+                raise HttpError(403, "UNAUTHORIZED")
+            return
         channel = (request.arg("channel") or "") if kind == "subscribe" else ""
         if kind == "subscribe" and not channel:
             return      # the handler answers MISSING_ARG_CHANNEL
-        if not self._grant(request, secret).allows(topic, channel):
+        if not grant.allows(topic, channel):
             raise HttpError(403, "UNAUTHORIZED")
 
     def _grant(self, request: Request, secret: str):
+        """The secret's grant for this client: asked per secret, TLS and address, as an
+        auth server may answer each differently (TCP asks per connection)."""
         tls = request.environ.get("wsgi.url_scheme") == "https"
-        grant = self._grants.get((secret, tls))
+        address = request.environ.get("REMOTE_ADDR", "")
+        grant = self._grants.get((secret, tls, address))
         if grant is None or grant.expired:
             try:
-                grant = self.broker.auth.grant(secret, request.environ.get("REMOTE_ADDR", ""),
-                                               tls, "")
+                grant = self.broker.auth.grant(secret, address, tls, "")
             except AuthError as e:
                 log.warning("http: AUTH failed: %s", e)
                 raise HttpError(503, "AUTH_FAILED") from None
             if len(self._grants) >= MAX_CACHED_GRANTS:
                 self._grants.clear()
-            self._grants[(secret, tls)] = grant
+            self._grants[(secret, tls, address)] = grant
         return grant
