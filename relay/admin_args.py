@@ -12,7 +12,7 @@ import redis
 from relay import jobs
 from relay.codec import is_valid_name
 from relay.errors import ConfigError, StoreConnectionError, StoreError
-from relay.options import Options, config_file, load_options
+from relay.options import Options, config_file, load_options, redacted_url
 from relay.store import Store, replication
 from relay.store.connection import connect
 
@@ -35,7 +35,7 @@ def redis_options(command):
             return command(store, as_json, **kwargs)
         except (StoreConnectionError, redis.exceptions.ConnectionError,
                 redis.exceptions.TimeoutError) as e:
-            fail(f"redis at {redis_url} is unreachable: {e}")
+            fail(f"redis at {redacted_url(redis_url)} is unreachable: {e}")
         except (StoreError, jobs.NotFound) as e:
             fail(str(e))
     return wrapper

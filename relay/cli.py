@@ -10,7 +10,8 @@ import click
 
 from relay.errors import ConfigError
 from relay.options import (BROKER, DEFAULT_CONFIG, JOBS, REDIS, SCANNER, Options, config_file,
-                           load_options, option_flag, option_help, process_options)
+                           load_options, option_flag, option_help, process_options,
+                           redacted_url)
 
 
 def option_flags(process: str):
@@ -190,6 +191,7 @@ def _wait_for_redis(options, timeout: float | None = 30.0) -> None:
             return
         except (redis_py.exceptions.ConnectionError, redis_py.exceptions.TimeoutError):
             if time.monotonic() > deadline:
-                click.echo(f"relay: redis at {options.redis_url} does not answer", err=True)
+                click.echo(f"relay: redis at {redacted_url(options.redis_url)} does not answer",
+                           err=True)
                 sys.exit(1)
             time.sleep(0.2)

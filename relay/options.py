@@ -25,6 +25,21 @@ _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 
 
+def redacted_url(url: str) -> str:
+    """A Redis URL for logs and messages: its password (in the user part, however many
+    '@' it holds, or a `password=` argument) as ***."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    where, question, query = rest.partition("?")
+    credentials, at, host = where.rpartition("@")
+    if at:
+        user, colon, _ = credentials.partition(":")
+        where = f"{user}:***@{host}" if colon else f"***@{host}"
+    query = re.sub(r"(^|&)(password=)[^&]*", r"\1\2***", query)
+    return f"{scheme}://{where}{question}{query}"
+
+
 def parse_duration(value) -> int:
     """'60s', '15m', '1h30m', '250ms' or a number of milliseconds -> milliseconds."""
     if isinstance(value, bool):

@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from relay.errors import ConfigError
-from relay.options import OPTION_NAMES, Options, load_options, parse_duration
+from relay.options import OPTION_NAMES, Options, load_options, parse_duration, redacted_url
 
 NSQD_DEFAULTS = {
     "tcp_address": "0.0.0.0:4150",
@@ -306,3 +306,16 @@ def test_cli_bad_env_and_config(runner, tmp_path):
     result = runner.invoke(main, ["scanner"])
     assert result.exit_code == 2
     assert result.stderr == "relay: config file conf/relay.toml: unknown option bogus\n"
+
+
+@pytest.mark.parametrize("url,shown", [
+    ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+    ("redis://:s3cret@db:6379/0", "redis://:***@db:6379/0"),
+    ("redis://app:p@ss@w0rd@db:6379/0", "redis://app:***@db:6379/0"),
+    ("rediss://token@db/0", "rediss://***@db/0"),
+    ("redis://db:6379/0?password=s3cret&socket_timeout=2",
+     "redis://db:6379/0?password=***&socket_timeout=2"),
+    ("unix:///run/redis.sock?db=1&password=s3cret", "unix:///run/redis.sock?db=1&password=***"),
+])
+def test_redis_urls_are_shown_without_their_password(url, shown):
+    assert redacted_url(url) == shown

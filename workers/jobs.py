@@ -11,6 +11,7 @@ import redis
 from redis.exceptions import RedisClusterException
 
 from relay.jobs import QUEUE, QUEUE_KEY
+from relay.options import redacted_url
 from relay.store.connection import connect, is_cluster, node_url
 
 log = logging.getLogger("relay.jobs")
@@ -71,7 +72,7 @@ def _wait_while_served(worker: subprocess.Popen, url: str, redis_url: str) -> in
         except subprocess.TimeoutExpired:
             pass
         if _moved(url, redis_url):
-            log.warning("rq's slot moved from %s: moving the worker", url)
+            log.warning("rq's slot moved from %s: moving the worker", redacted_url(url))
             worker.terminate()
             try:
                 worker.wait(10)
