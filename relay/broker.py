@@ -33,7 +33,7 @@ from relay.http.nsqd import nsqd_server
 from relay.latency import E2eLatency
 from relay.metrics import Metrics
 from relay.codec import NSQD_VERSION
-from relay.options import Options
+from relay.options import Options, redacted_url
 from relay.protocol.reader import Reader
 from relay.protocol.v2 import ProtocolV2
 from relay.registry import Registry
@@ -114,7 +114,7 @@ class Broker:
             "tcp_port": self.tcp_port, "http_port": http[1], "version": NSQD_VERSION},
             self.announced_clients))
         log.info("broker %s listening tcp=%s http=%s https=%s lookupd=%s redis=%s", self.id,
-                 *map(_where, (address, http, https, lookupd)), _redacted(self.options.redis_url))
+                 *map(_where, (address, http, https, lookupd)), redacted_url(self.options.redis_url))
         return address
 
     def serve_forever(self, started=None) -> None:
@@ -176,9 +176,8 @@ class Broker:
             self._refuse(sock, address)
             return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(self.options.client_timeout / 1000)
         try:
-            magic = sock.recv(4, socket.MSG_WAITALL)
+            magic = self._magic(sock)
         except OSError:
             sock.close()
             return
@@ -207,6 +206,22 @@ class Broker:
             if client.channel is not None:
                 self.registry.clients_changed()  # announced once it is off the list
             log.debug("%r disconnected", client)
+
+    def _magic(self, sock: socket.socket) -> bytes:
+        """The 4-byte protocol magic, however the client splits it, within the client
+        timeout (gevent's recv does not wait for MSG_WAITALL); fewer bytes at EOF."""
+        magic = b""
+        deadline = time.monotonic() + self.options.client_timeout / 1000
+        while len(magic) < 4:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise socket.timeout("no protocol magic within the client timeout")
+            sock.settimeout(remaining)
+            chunk = sock.recv(4 - len(magic))
+            if not chunk:
+                break
+            magic += chunk
+        return magic
 
     def _refuse(self, sock: socket.socket, address) -> None:
         """Close a connection past the open-file limit at once, rather than letting
@@ -343,10 +358,3 @@ def _where(address: tuple) -> str:
     """host:port of a listener, "-" for one that is off (port 0)."""
     return f"{address[0]}:{address[1]}" if address[1] else "-"
 
-
-def _redacted(url: str) -> str:
-    """A Redis URL without its password, for logs."""
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.split('@', 1)[1]}"

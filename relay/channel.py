@@ -27,11 +27,14 @@ from relay.client import Client
 from relay.context import BrokerContext
 from relay.errors import StoreError
 from relay.store.keys import id_part, part_name
+from relay.store.runner import MAX_CALL_ARGS
 from relay.store.store import Subscribed
 
 log = logging.getLogger("relay.channel")
 
 RETRY_DELAY = 0.5
+# consumers in one deliver call (4 arguments each): a bounded call however many there are
+MAX_GROUPS = MAX_CALL_ARGS // 4 - 4
 
 
 class Part:
@@ -161,23 +164,27 @@ class Channel:
             self._deliver(self._shares(groups))
 
     def _shares(self, groups: list[tuple[Client, int]]) -> list:
-        """(part, [(client, count)]) for this round: each client's credit split over the
-        ready parts, from the part one further than the round before."""
+        """(part, [(client, count, bytes)]) for this round: each client's credit and room
+        for unsent bytes split over the ready parts, from the part one further than the
+        round before; a part's consumers in calls of at most MAX_GROUPS."""
         first = self._turn % len(self.parts)
         self._turn += 1
         ready = [p for p in self.parts[first:] + self.parts[:first] if p.maybe_ready]
         shares: dict[int, list] = {}
         for client, credit in groups:
             spread = min(credit, len(ready))
+            room = client.unsent_room()
             for k in range(spread):
                 count = credit // spread + (k < credit % spread)
-                shares.setdefault(k, []).append((client, count))
-        return [(ready[k], share) for k, share in sorted(shares.items())]
+                shares.setdefault(k, []).append((client, count, max(1, room // spread)))
+        return [(ready[k], share[i:i + MAX_GROUPS]) for k, share in sorted(shares.items())
+                for i in range(0, len(share), MAX_GROUPS)]
 
     def _deliver(self, rounds: list) -> None:
         store, commit = self.broker.store, self.broker.commit
         calls = [(part, share, part.arrivals, commit.submit(store.deliver_op(
-                    part.name, self.name, [(c.owner, c.msg_timeout, n) for c, n in share],
+                    part.name, self.name,
+                    [(c.owner, c.msg_timeout, n, room) for c, n, room in share],
                     self.broker.options.max_attempts), part.order))
                  for part, share in rounds]
         failed = False
@@ -197,11 +204,8 @@ class Channel:
         if batches.empties < part.empties:
             return  # popped before an empty already applied: they went with it
         self.emptied(batches.empties, part.index)
-        wanted = got = 0
         self.broker.metrics.delivered.inc(sum(len(records) for records in batches))
-        for (client, n), records in zip(share, batches):
-            wanted += n
-            got += len(records)
+        for (client, _, _), records in zip(share, batches):
             give_back, sampled_out = client.accept(records)
             if client.in_flight:
                 self.broker.holding.add(client)
@@ -213,5 +217,5 @@ class Channel:
                 commit.submit(store.finish_op(part.name, self.name,
                                               [(client.owner, i) for i in sampled_out]),
                               part.order)
-        if (got < wanted or not batches.more) and part.arrivals == seen:
-            part.maybe_ready = False
+        if not batches.more and part.arrivals == seen:
+            part.maybe_ready = False    # drained (a call cut short by bytes is not)

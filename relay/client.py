@@ -19,8 +19,13 @@ if TYPE_CHECKING:
 INIT, SUBSCRIBED, CLOSING = "init", "subscribed", "closing"
 DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024
 MAX_PENDING_REPLIES = 1024
+# IDENTIFY's client_id, hostname and user_agent are kept to this many characters (nsqd
+# keeps them whole, but it does not write them to a shared registry): 20 clients with a
+# 5 MB user_agent each made a 105 MB registry key and slowed every broker's reads of it
+MAX_NAME_LENGTH = 256
 # Bytes of delivered messages not yet written to a consumer's socket before it gets
-# no more: a consumer that stops reading costs this much memory, not RDY x msg size.
+# no more: a consumer that stops reading costs this much memory (plus one message),
+# not RDY x msg size, as each delivery is bounded by what is left of it.
 # One that stays stuck longer than --client-timeout is closed by the socket timeout.
 MAX_UNSENT_BYTES = 4 * 1024 * 1024
 
@@ -75,9 +80,9 @@ class Client:
 
     def identify(self, data: dict, options) -> str | None:
         """Apply IDENTIFY settings; the first invalid one is returned as nsqd words it."""
-        self.client_id = data.get("client_id", self.client_id)
-        self.hostname = data.get("hostname", self.hostname)
-        self.user_agent = data.get("user_agent", self.user_agent)
+        self.client_id = data.get("client_id", self.client_id)[:MAX_NAME_LENGTH]
+        self.hostname = data.get("hostname", self.hostname)[:MAX_NAME_LENGTH]
+        self.user_agent = data.get("user_agent", self.user_agent)[:MAX_NAME_LENGTH]
 
         hb = data.get("heartbeat_interval", 0)
         if hb == -1:
@@ -123,6 +128,11 @@ class Client:
         if self.state != SUBSCRIBED or self.closed or self._unsent >= MAX_UNSENT_BYTES:
             return 0
         return max(0, self.ready_count - len(self.in_flight))
+
+    def unsent_room(self) -> int:
+        """The bytes of messages this client may still be given before it has written
+        what it holds (its next delivery is bounded by this in Redis, deliver.lua)."""
+        return max(0, MAX_UNSENT_BYTES - self._unsent)
 
     def accept(self, records: list) -> tuple[list, list]:
         """Take delivered records: returns (ids to give back, ids sampled out to finish)."""
@@ -185,8 +195,8 @@ class Client:
         self.transport = transport.Snappy(self.transport)
         self.snappy = True
 
-    def upgrade_deflate(self, level: int) -> None:
-        self.transport = transport.Deflate(self.transport, level)
+    def upgrade_deflate(self, level: int, max_inflated: int) -> None:
+        self.transport = transport.Deflate(self.transport, level, max_inflated)
         self.deflate = True
 
     def respond(self, data: bytes) -> None:

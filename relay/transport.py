@@ -1,8 +1,14 @@
 """What a client connection reads from and writes to: the socket, then what IDENTIFY
 negotiates on top of it, in nsqd's order (TLS, then snappy or deflate).
 
-Each layer has recv(n) -> bytes (b"" at EOF) and send(data). Compression layers
-flush on every send, as nsqd does, so a frame never waits in a compressor.
+Each layer has recv(n) and send(data). recv gives at most n bytes, b"" when what it read
+decoded to nothing yet, and raises EOFError at the end. Compression layers flush on
+every send, as nsqd does, so a frame never waits in a compressor.
+
+Inflating is lazy and bounded: deflate gives out at most n bytes per recv and keeps the
+rest compressed, and the bytes one read of the socket may inflate to are capped
+(`max_inflated`, the largest command a client may send), so 32 KB of compressed NOPs
+cannot become 32 MB in memory or seconds of work before anything else runs.
 """
 
 import ssl
@@ -10,7 +16,7 @@ import zlib
 
 import snappy
 
-from relay.errors import ConfigError, RelayError
+from relay.errors import ConfigError, FatalClientError, RelayError
 from relay.sockio import send_all
 
 TLS_VERSIONS = {"tls1.0": ssl.TLSVersion.TLSv1, "tls1.1": ssl.TLSVersion.TLSv1_1,
@@ -28,7 +34,10 @@ class Plain:
         self.sock = sock
 
     def recv(self, n: int) -> bytes:
-        return self.sock.recv(n)
+        data = self.sock.recv(n)
+        if not data:
+            raise EOFError
+        return data
 
     def send(self, data: bytes) -> None:
         send_all(self.sock, data)
@@ -43,14 +52,14 @@ class Snappy:
         self.decompressor = snappy.StreamDecompressor()
 
     def recv(self, n: int) -> bytes:
-        while chunk := self.inner.recv(n):
-            try:
-                data = self.decompressor.decompress(chunk)
-            except Exception as e:
-                raise CompressionError(f"snappy: {e}") from None
-            if data:
-                return data
-        return b""
+        """Whole frames of at most 64 KB each: a read of n bytes inflates to about 21n
+        at most, which the reader's own limits bound."""
+        try:
+            return self.decompressor.decompress(self.inner.recv(n))
+        except EOFError:
+            raise
+        except Exception as e:
+            raise CompressionError(f"snappy: {e}") from None
 
     def send(self, data: bytes) -> None:
         self.inner.send(self.compressor.add_chunk(data))
@@ -59,20 +68,29 @@ class Snappy:
 class Deflate:
     """nsqd's deflate: raw DEFLATE (no zlib header), a sync flush after each write."""
 
-    def __init__(self, inner, level: int):
+    def __init__(self, inner, level: int, max_inflated: int):
+        """`max_inflated`: the bytes one read of the socket may inflate to."""
         self.inner = inner
         self.compressor = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS)
         self.decompressor = zlib.decompressobj(-zlib.MAX_WBITS)
+        self.max_inflated = max_inflated
+        self._left = 0      # of max_inflated, for the last read
 
     def recv(self, n: int) -> bytes:
-        while chunk := self.inner.recv(n):
-            try:
-                data = self.decompressor.decompress(chunk)
-            except zlib.error as e:
-                raise CompressionError(f"deflate: {e}") from None
-            if data:
-                return data
-        return b""
+        """At most n inflated bytes: of what is still compressed, else of a new read."""
+        pending = self.decompressor.unconsumed_tail
+        if not pending:
+            pending = self.inner.recv(n)
+            self._left = self.max_inflated
+        try:
+            data = self.decompressor.decompress(pending, n)
+        except zlib.error as e:
+            raise CompressionError(f"deflate: {e}") from None
+        self._left -= len(data)
+        if self._left < 0:
+            raise FatalClientError("E_BAD_BODY", f"deflate: one read inflates past "
+                                                 f"{self.max_inflated} bytes")
+        return data
 
     def send(self, data: bytes) -> None:
         self.inner.send(self.compressor.compress(data)

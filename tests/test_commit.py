@@ -8,8 +8,9 @@ import redis
 from relay.errors import StoreConnectionError, StoreError
 from relay.codec import parse_record
 from relay.store import Store
-from relay.store.commit import MERGEABLE, GroupCommit, _merge
+from relay.store.commit import MAX_MERGED_ARGS, MERGEABLE, GroupCommit, _merge
 from relay.store.keys import ChannelKeys
+from relay.store.runner import MAX_CALL_ARGS
 
 
 def mid(n: int) -> bytes:
@@ -51,6 +52,24 @@ def test_finish_ops_on_one_channel_become_one_call(fake_store):
     # the submitted ops are not changed
     assert [list(op.args) for op in ops] == original_args
     assert answer(merged, slices, [[1, 0, -1, 1]]) == [[1], [0, -1], [1]]
+
+
+def test_merged_calls_stop_growing_at_the_bound(fake_store):
+    """A flood of FINs (here 640,000 in ops of 128, as the reader gathers them) makes
+    many calls of at most MAX_MERGED_ARGS, each FIN in exactly one of them in order:
+    merged without a limit they made one call that Redis closes the connection on."""
+    s = fake_store
+    ops = [s.finish_op("t", "c", [("a", mid(i)) for i in range(j * 128, (j + 1) * 128)])
+           for j in range(5000)]
+    merged, slices = _merge(ops)
+    assert {op.script for op in merged} == {"finish"}
+    assert max(len(op.keys) + len(op.args) for op in merged) <= MAX_CALL_ARGS
+    per_call = MAX_MERGED_ARGS // (128 * 2)      # whole ops
+    assert len(merged) == -(-5000 // per_call)
+    codes = [[i for i in range(len(op.args) // 2)] for op in merged]
+    got = answer(merged, slices, codes)
+    assert [len(g) for g in got] == [128] * 5000
+    assert [a for op in merged for a in op.args[1::2]] == [mid(i) for i in range(640_000)]
 
 
 def test_requeue_ops_share_their_two_leading_args(fake_store):
@@ -131,8 +150,8 @@ def test_finishes_fold_into_the_deliver_of_their_channel_that_follows(fake_store
     merged, slices = _merge(ops)
     assert [op.script for op in merged] == ["publish", "deliver"]
     assert list(merged[1].args) == ["c", 5, 4, "a", "1", "b", "2", "b", "3", "a", "4",
-                                    "a", 1_000, 2, "b", 1_000, 1]
-    assert list(deliver.args) == ["c", 5, 0, "a", 1_000, 2, "b", 1_000, 1]
+                                    "a", 1_000, 2, 0, "b", 1_000, 1, 0]
+    assert list(deliver.args) == ["c", 5, 0, "a", 1_000, 2, 0, "b", 1_000, 1, 0]
     assert slices == [(1, 0, 1, "finished"), (0, None, None, None), (1, 1, 3, "finished"),
                       (1, None, None, None), (1, 3, 4, "finished")]
 

@@ -6,11 +6,20 @@ import json
 import re
 import socket
 import struct
+import threading
+import time
+import zlib
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from relay.codec import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE
+from relay import embedded
+from relay.codec import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, frame, parse_record
 from relay.protocol.reader import MAX_LINE
+from relay.store.connection import connect
+from relay.store.keys import ChannelKeys
+from tests.helpers.api import Api
+from tests.helpers.gnsq_clients import wait_for
+from tests.helpers.servers import all_keys
 from tests.helpers.wire import Wire
 
 ERROR = re.compile(rb"^E_(INVALID|BAD_BODY|BAD_TOPIC|BAD_CHANNEL|BAD_MESSAGE|PUB_FAILED|"
@@ -176,3 +185,269 @@ def test_hostile_clients_get_nsqd_errors_and_hurt_nobody(processes):
     still_serving()
     assert rss_kb(proc.pid) - before < 50_000
     witness.close()
+
+
+# -- one connection must never hurt another (issue 33) --------------------------------
+
+
+class Witness(threading.Thread):
+    """An innocent producer on its own connection: a PUB every 20 ms, each timed."""
+
+    def __init__(self, port: int):
+        super().__init__(daemon=True)
+        self.wire = Wire(port, timeout=30)
+        # a broker's first publish loads its scripts: not what is measured here
+        assert self.wire.pub("witness", b"first") == (FRAME_RESPONSE, b"OK")
+        self.times: list[float] = []
+        self.replies: set = set()
+        self.done = threading.Event()
+        self.start()
+
+    def run(self):
+        while not self.done.is_set():
+            started = time.perf_counter()
+            self.replies.add(self.wire.pub("witness", b"alive"))
+            self.times.append(time.perf_counter() - started)
+            time.sleep(0.02)
+
+    def stop(self) -> float:
+        """The slowest PUB; every PUB must have been answered OK."""
+        self.done.set()
+        self.join(30)
+        self.wire.close()
+        assert self.replies == {(FRAME_RESPONSE, b"OK")}, self.replies
+        assert len(self.times) >= 10, self.times
+        return max(self.times)
+
+
+def flood(port: int, seconds: float, data: bytes, first: bytes = b"") -> None:
+    """Send `data` over and over for `seconds`, reading nothing."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(b"  V2" + first)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        sock.sendall(data)
+    sock.close()
+
+
+def registered_until(url: str) -> float:
+    """The expiry (ms) of the one broker's registration."""
+    [(_, until)] = connect(url).zrange("relay:brokers", 0, -1, withscores=True)
+    return until
+
+
+def test_a_nop_or_rdy_flood_holds_up_no_one(processes, redis_url):
+    """Reads that find data waiting never block: a connection flooding NOPs (or RDYs)
+    held the broker for as long as it sent, 5 s for another client's PUB, and a 20 s
+    flood let the broker's registration lapse. Now the loop yields every 2 ms."""
+    proc, port = processes.broker()
+    before = rss_kb(proc.pid)
+    registered = registered_until(redis_url)
+    for name, first, line, seconds in [("NOP", b"", b"NOP\n", 6.0),
+                                       ("RDY", b"SUB t c\n", b"RDY 1\n", 2.0)]:
+        witness = Witness(port)
+        flood(port, seconds, line * 16384, first)
+        assert witness.stop() < 0.1, name
+    assert registered_until(redis_url) > registered     # the heartbeat went on
+    assert rss_kb(proc.pid) - before < 50_000
+
+
+def deflating(port: int) -> tuple:
+    """A connection with deflate negotiated: (socket, compressor, decompressor of replies)."""
+    w = Wire(port, timeout=30)
+    assert w.identify(deflate=True, deflate_level=9, feature_negotiation=True)[0] == \
+        FRAME_RESPONSE
+    inflate = zlib.decompressobj(-zlib.MAX_WBITS)
+    ok = b""
+    while len(ok) < 10:
+        ok += inflate.decompress(w.sock.recv(1 << 16))
+    assert ok == struct.pack(">ii", 6, FRAME_RESPONSE) + b"OK"
+    return w.sock, zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS), inflate
+
+
+def send_deflated(port: int, plain: bytes) -> list:
+    """Send `plain` through deflate in one write; every frame back until the broker closes."""
+    sock, compressor, inflate = deflating(port)
+    sock.sendall(compressor.compress(plain) + compressor.flush(zlib.Z_SYNC_FLUSH))
+    chunks = []
+    try:
+        while chunk := sock.recv(1 << 16):
+            chunks.append(inflate.decompress(chunk))
+    except (ConnectionResetError, TimeoutError):
+        pass
+    sock.close()
+    raw, pos, frames = b"".join(chunks), 0, []
+    while pos + 8 <= len(raw):
+        size, kind = struct.unpack_from(">ii", raw, pos)
+        frames.append((kind, raw[pos + 8:pos + 4 + size]))
+        pos += 4 + size
+    return frames
+
+
+def test_a_deflate_bomb_closes_only_its_connection(processes):
+    """32 KB of compressed NOPs inflated to 32 MB at once (a 6-7 s stall, +60 MB), and a
+    200 KB compressed line to 200 MB. Inflating is lazy now, and one read may inflate to
+    no more than the largest command a client may send."""
+    proc, port = processes.broker()
+    before = rss_kb(proc.pid)
+    witness = Witness(port)
+    largest = MAX_LINE + 8 + 5_242_880
+    assert send_deflated(port, b"NOP\n" * (8 << 20)) == [
+        (FRAME_ERROR, b"E_BAD_BODY deflate: one read inflates past %d bytes" % largest)]
+    assert send_deflated(port, b"A" * (200 << 20)) == []     # a line too long: closed
+    assert witness.stop() < 0.1
+    assert rss_kb(proc.pid) - before < 50_000
+    # what a client may send plainly it may send compressed, however well it compresses
+    sock, compressor, inflate = deflating(port)
+    body = struct.pack(">i", 4) + (struct.pack(">i", 1 << 20) + bytes(1 << 20)) * 4
+    sock.sendall(compressor.compress(b"MPUB zeros\n" + struct.pack(">i", len(body)) + body)
+                 + compressor.flush(zlib.Z_SYNC_FLUSH))
+    reply = b""
+    while len(reply) < 10:
+        reply += inflate.decompress(sock.recv(1 << 16))
+    assert reply == struct.pack(">ii", 6, FRAME_RESPONSE) + b"OK"
+    sock.close()
+
+
+def test_a_fin_flood_breaks_no_one_elses_publish(processes):
+    """FINs gathered from the read buffer and merged across commands without a limit
+    became one Redis call of over 1,048,576 arguments, which Redis answers by closing
+    the connection: an innocent PUB in the same pipeline failed. Now a call holds at most
+    MAX_CALL_ARGS arguments, and the flood gets its E_FIN_FAILEDs. (Through deflate, the
+    same FINs end at the bound on what one read may inflate to.)"""
+    proc, port = processes.broker()
+    before = rss_kb(proc.pid)
+    witness = Witness(port)
+    count = 1_200_000
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sender = threading.Thread(target=sock.sendall, daemon=True, args=(
+        b"  V2SUB fins c\n" + b"FIN 0000000000000000\n" * count + b"BOGUS\n",))
+    sender.start()
+    chunks = []
+    while chunk := sock.recv(1 << 20):
+        chunks.append(chunk)
+    sender.join()
+    sock.close()
+    raw = b"".join(chunks)
+    ok, failed = frame(FRAME_RESPONSE, b"OK"), frame(
+        FRAME_ERROR, b"E_FIN_FAILED FIN 0000000000000000 failed ID not in flight")
+    assert raw == ok + failed * count + frame(FRAME_ERROR, b"E_INVALID invalid command BOGUS")
+    witness.stop()
+    assert rss_kb(proc.pid) - before < 50_000
+    frames = send_deflated(port, b"SUB fins c\n" + b"FIN 0000000000000000\n" * count)
+    assert frames[-1] == (FRAME_ERROR, b"E_BAD_BODY deflate: one read inflates past "
+                                       b"5259272 bytes")
+    assert set(frames[1:-1]) == {(FRAME_ERROR, failed[8:])}
+
+
+def test_publishes_bigger_than_one_redis_call_land_whole(processes, redis_url):
+    """An MPUB of 1,048,575 one-byte messages (5,242,879 bytes, under --max-body-size) and
+    an HTTP /mpub of 5 MB of 'a\\n' were refused (E_MPUB_FAILED ... Connection reset by
+    peer, 503 EXITING): nsqd takes both. Their bodies are staged, then published by one
+    call, all or nothing."""
+    proc, port = processes.broker()
+    w = Wire(port, timeout=60)
+    assert w.sub("big", "c") == (FRAME_RESPONSE, b"OK")
+    count = 1_048_575
+    assert w.mpub("big", [b"x"] * count) == (FRAME_RESPONSE, b"OK")
+    client = connect(redis_url)
+    queue = ChannelKeys.of("big", "c").queue
+    assert client.llen(queue) == count
+    status, data, _ = Api(port, processes.http_ports[port]).request(
+        "POST", "/mpub?topic=big", b"a\n" * 2_621_440)
+    assert (status, data) == (200, b"OK")
+    assert client.llen(queue) == count + 2_621_440
+    assert [parse_record(r)[3] for r in client.lrange(queue, count - 1, count)] == [b"x", b"a"]
+    assert all_keys(client, "relay:{big}:staging:*") == []
+
+
+def test_a_consumer_that_never_reads_costs_bounded_memory(processes, redis_url):
+    """RDY 2500 fetched up to 2500 messages before the 4 MB cap on a consumer's unsent
+    bytes was checked: 100 messages of 1 MB took the broker from 59 to 262 MB. Now each
+    delivery is bounded in Redis by what is left of the cap."""
+    proc, port = processes.broker()
+    producer = Wire(port, timeout=30)
+    stuck = Wire(port, timeout=30)
+    stuck.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    assert stuck.sub("stuck", "c") == (FRAME_RESPONSE, b"OK")
+    for _ in range(100):
+        assert producer.pub("stuck", b"m" * 1_000_000) == (FRAME_RESPONSE, b"OK")
+    before = rss_kb(proc.pid)
+    stuck.command("RDY 2500")
+    client = connect(redis_url)
+    inflight = ChannelKeys.of("stuck", "c").inflight
+    assert wait_for(lambda: client.zcard(inflight) > 0)
+    time.sleep(1.0)
+    # the 4 MB cap and one message more, and what the kernel's socket buffers took
+    assert client.zcard(inflight) <= 15
+    assert rss_kb(proc.pid) - before < 30_000
+    stuck.close()
+    producer.close()
+
+
+def test_the_magic_may_arrive_in_pieces(processes):
+    """nsqd reads the 4-byte magic with io.ReadFull; relay closed on the first 2 bytes."""
+    _, port = processes.broker()
+    w = Wire(port, magic=b"  ")
+    time.sleep(0.2)
+    w.send(b"V2")
+    assert w.pub("t", b"x") == (FRAME_RESPONSE, b"OK")
+
+
+def test_a_command_must_arrive_within_two_heartbeats(processes):
+    """nsqd's read deadline covers the whole command: a PUB dripped a byte every 0.25 s
+    with a 1 s heartbeat lived as long as it dripped (15.7 s); nsqd closed it after 2.5."""
+    _, port = processes.broker()
+    w = Wire(port)
+    assert w.identify(heartbeat_interval=1000)[0] == FRAME_RESPONSE
+    started = time.monotonic()
+    closed_at = None
+    for byte in b"PUB t\n" + struct.pack(">i", 100) + b"x" * 100:
+        try:
+            w.sock.sendall(bytes([byte]))
+        except OSError:
+            closed_at = time.monotonic() - started
+            break
+        time.sleep(0.25)
+        if w.closed(timeout=0.001):
+            closed_at = time.monotonic() - started
+            break
+    assert closed_at is not None and 1.9 < closed_at < 3.0, closed_at
+
+
+def test_identify_names_are_capped(processes, redis_url):
+    """20 connections with a 5 MB user_agent made a 105 MB registry key."""
+    _, port = processes.broker()
+    w = Wire(port)
+    huge = "u" * 1_000_000
+    assert w.identify(user_agent=huge, client_id=huge, hostname=huge)[0] == FRAME_RESPONSE
+    assert w.sub("t", "c") == (FRAME_RESPONSE, b"OK")
+    _, stats = Api(port, processes.http_ports[port]).json("GET", "/stats?format=json")
+    [client] = stats["topics"][0]["channels"][0]["clients"]
+    assert [len(client[k]) for k in ("user_agent", "client_id", "hostname")] == [256] * 3
+    redis_client = connect(redis_url)
+    [broker] = redis_client.zrange("relay:brokers", 0, -1)
+    assert wait_for(lambda: redis_client.strlen(f"relay:broker:{broker.decode()}:clients"))
+    assert redis_client.strlen(f"relay:broker:{broker.decode()}:clients") < 4_000
+
+
+def test_the_startup_line_names_no_password(processes, tmp_path):
+    """A password in --redis-url's user part (with an '@' in it) or as ?password= was
+    printed, or half masked."""
+    port = embedded.free_port()
+    server = embedded.start(port, str(tmp_path / "redis"),
+                            extra=("--save", "", "--appendonly", "no", "--requirepass", "p@ss"))
+    try:
+        for url in (f"redis://:p@ss@127.0.0.1:{port}/0",
+                    f"redis://127.0.0.1:{port}/0?password=p%40ss"):
+            proc, _ = processes.broker("--redis-url", url, env={"REDIS_URL": url})
+            proc.terminate()
+            proc.wait(10)
+        logs = processes.logs()
+        assert logs.count("listening tcp=") == 2
+        assert "p@ss" not in logs and "ss@" not in logs and "p%40ss" not in logs
+        assert f"redis=redis://:***@127.0.0.1:{port}/0" in logs
+        assert f"redis=redis://127.0.0.1:{port}/0?password=***" in logs
+    finally:
+        server.terminate()
+        server.wait(10)

@@ -14,6 +14,7 @@ from relay import codec
 from relay.errors import StoreError
 from relay.codec import make_record, parse_record
 from relay.store import keys, runner
+from relay.store import store as store_module
 from relay.store.connection import is_cluster
 from relay.store.keys import ChannelKeys, TopicKeys
 from workers.scanner import Scanner
@@ -220,6 +221,65 @@ def test_large_mpub_to_backlog_then_first_channel(store):
     assert store.publish("t", sent) == 2500
     subscribed(store, "t", "c")
     assert bodies(queue(store, "t", "c")) == sent
+
+
+@pytest.mark.parametrize("defer_ms", [0, 60_000], ids=["now", "deferred"])
+def test_an_mpub_too_big_for_one_call_is_staged_and_published_whole(store, defer_ms):
+    """More bodies than a call may carry (runner.MAX_CALL_ARGS) are staged first, then
+    published by one call, once, even when the channel list it was sent with was stale
+    (the call is sent again, staging and all); the stage is gone after."""
+    subscribed(store, "t", "c")
+    other = store.sibling()
+    other._channels = {"t": []}     # a Store that does not know channel c yet: stale
+    n = 3 * store_module.INLINE_BODIES + 7
+    sent = [b"%d" % i for i in range(n)]
+    executed = []
+    real_execute = other.runner._execute
+    other.runner._execute = lambda ops: executed.append(ops) or real_execute(ops)
+    assert other.publish("t", sent, defer_ms=defer_ms) == n
+    assert len(executed) == 2           # stale, then again with channel c
+    longest = max(len(c) for ops in executed for op in ops for c in op.pre)
+    assert longest <= runner.MAX_CALL_ARGS
+    c = ChannelKeys.of("t", "c")
+    if defer_ms:
+        assert store.redis.zcard(c.deferred) == n
+        assert bodies(store.redis.hmget(c.msgs, [mid(1), mid(n)])) == [b"0", sent[-1]]
+    else:
+        q = queue(store, "t", "c")
+        assert bodies(q) == sent
+        assert ids(q) == [mid(i) for i in range(1, n + 1)]
+    assert store.read_channel("t", "c")["message_count"] == n
+    assert all_keys(store.redis, "relay:{t}:staging:*") == []
+
+
+def test_a_call_redis_would_refuse_fails_alone(store):
+    """Redis closes the connection on a command of more than 1024 * 1024 arguments, which
+    failed every call of the pipeline: such a call now fails before it is sent."""
+    subscribed(store, "t", "c")
+    huge = store.finish_op("t", "c", [("a", mid(i)) for i in range(runner.REDIS_MAX_ARGS)])
+    small = store.publish_op("t", [b"x"])
+    failed, published = store.run_many([huge, small])
+    assert isinstance(failed, StoreError) and "more than Redis takes" in str(failed)
+    assert published == 1
+
+
+def test_deliver_stops_at_its_byte_bound(store):
+    """Each group may be bounded in bytes (a consumer's room for unsent messages): the
+    records that would pass it stay queued, in order; the first is taken whatever its
+    size, so a message bigger than the bound still goes."""
+    subscribed(store, "t", "c")
+    sizes = [100, 300, 250, 50, 5000, 10]
+    store.publish("t", [b"x" * n for n in sizes])
+    record = codec.RECORD_HEADER
+    [got] = store.deliver("t", "c", [("a", 60_000, 10, 400 + 2 * record)])
+    assert [len(b) for b in bodies(got)] == [100, 300]
+    [got] = store.deliver("t", "c", [("a", 60_000, 10, 1)])
+    assert [len(b) for b in bodies(got)] == [250]
+    [got], [rest] = (store.deliver("t", "c", [("a", 60_000, 10, 100 + 2 * record)]),
+                     store.deliver("t", "c", [("b", 60_000, 10)]))
+    assert [len(b) for b in bodies(got)] == [50]
+    assert [len(b) for b in bodies(rest)] == [5000, 10]
+    assert ids(got + rest) == [mid(4), mid(5), mid(6)]
 
 
 # -- deliver -------------------------------------------------------------------

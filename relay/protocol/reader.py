@@ -1,6 +1,8 @@
 """Reading a client's commands: lines and sized bodies off its transport."""
 
 import re
+import socket
+import time
 
 from relay import codec
 from relay.client import Client
@@ -8,6 +10,14 @@ from relay.errors import Disconnect
 
 MAX_LINE = 16 * 1024
 FIN_LINE = re.compile(rb"FIN ([^ \r\n]{%d})\r?\n" % codec.MSG_ID_LENGTH)
+# FINs taken in one go from the read buffer: the group commit merges what follows, so a
+# flood of FINs never makes one huge call (nor holds more than this per queued reply)
+MAX_GATHERED_FINS = 128
+
+
+def largest_command(options) -> int:
+    """The most bytes one command may take: a line, a size and the largest body."""
+    return MAX_LINE + 8 + max(options.max_body_size, options.max_msg_size)
 
 
 class Reader:
@@ -20,6 +30,9 @@ class Reader:
         self.client = client
         self.buf = bytearray()
         self.pos = 0
+        # monotonic seconds by which the command being read must have arrived whole, as
+        # nsqd's read deadline (2 heartbeats); None: no limit
+        self.deadline: float | None = None
 
     @property
     def buffered(self) -> int:
@@ -27,9 +40,17 @@ class Reader:
         return len(self.buf) - self.pos
 
     def _fill(self) -> None:
-        chunk = self.client.transport.recv(self.CHUNK)
-        if not chunk:
-            raise EOFError
+        """Read more; a client that drips a command slower than its deadline times out."""
+        while True:
+            remaining = None
+            if self.deadline is not None:
+                remaining = self.deadline - time.monotonic()
+                if remaining <= 0:
+                    raise socket.timeout("command not complete within the client timeout")
+            self.client.sock.settimeout(remaining)
+            chunk = self.client.transport.recv(self.CHUNK)
+            if chunk:
+                break
         if self.pos:
             del self.buf[:self.pos]
             self.pos = 0

@@ -10,8 +10,10 @@ connections is batched by the group commit.
 
 import json
 import logging
+import time
 from typing import Any, Callable
 
+import gevent
 from gevent.event import AsyncResult
 from marshmallow import ValidationError
 
@@ -21,13 +23,19 @@ from relay.client import CLOSING, INIT, SUBSCRIBED, Client
 from relay.codec import NSQD_VERSION, base10, go_quote, int64, read_mpub
 from relay.context import BrokerContext
 from relay.errors import ClientError, Disconnect, FatalClientError, StoreError
-from relay.protocol.reader import Reader
+from relay.protocol.reader import MAX_GATHERED_FINS, Reader, largest_command
 from relay.schemas import IdentifySchema
 from relay.transport import CompressionError
 
 log = logging.getLogger("relay.protocol")
 
 _identify_schema = IdentifySchema()
+
+# the longest a connection's read loop runs before the broker's other greenlets get a
+# turn; the pause is a timer, not sleep(0), which runs the greenlets already woken but
+# does not poll the other sockets (their clients then waited 50 ms and more)
+YIELD_EVERY = 0.002
+YIELD_PAUSE = 0.0001
 
 
 class Pending:
@@ -123,13 +131,20 @@ class ProtocolV2:
     # -- connection loop -------------------------------------------------------
 
     def io_loop(self, client: Client, reader: Reader) -> None:
-        """Read commands until EOF, a read timeout or a fatal error; replies go to the writer."""
-        timeout_set = None      # (socket, heartbeat) the read timeout was last set for
+        """Read commands until EOF, a timeout or a fatal error; replies go to the writer.
+
+        Each command must arrive whole within two heartbeats of the last one (nsqd's read
+        deadline), and the loop lets the broker's other greenlets run at least every
+        YIELD_EVERY seconds: reads that find data waiting never block, so a client that
+        floods NOPs would otherwise hold the broker."""
+        next_yield = time.monotonic() + YIELD_EVERY
         while not client.closed:
+            now = time.monotonic()
+            if now >= next_yield:
+                gevent.sleep(YIELD_PAUSE)
+                next_yield = now + YIELD_EVERY
             hb = client.heartbeat_interval
-            if timeout_set != (client.sock, hb):
-                timeout_set = (client.sock, hb)
-                client.sock.settimeout(2 * hb / 1000 if hb > 0 else None)
+            reader.deadline = now + 2 * hb / 1000 if hb > 0 else None
             try:
                 params = reader.line().split(b" ")
                 reply = self.exec(client, params, reader)
@@ -178,8 +193,9 @@ class ProtocolV2:
                 reply.finish(False)
             return
         if isinstance(reply, Settled):
-            for error in reply.errors():
-                self._send_error(client, error)
+            errors = reply.errors()     # never fatal: sent in one write
+            if errors:
+                self._send(client, codec.FRAME_ERROR, *[e.wire() for e in errors])
             return
         if isinstance(reply, Pending):
             try:
@@ -210,9 +226,10 @@ class ProtocolV2:
         upgrade.finish(True)
 
     @staticmethod
-    def _send(client: Client, frame_type: int, data: bytes) -> None:
+    def _send(client: Client, frame_type: int, *data: bytes) -> None:
+        """Frames of one type, in one write."""
         try:
-            client.send(codec.frame(frame_type, data))
+            client.send(b"".join(codec.frame(frame_type, d) for d in data))
         except OSError:
             client.close()
 
@@ -278,7 +295,8 @@ class ProtocolV2:
         steps = [step for step, wanted in (
             (lambda: client.upgrade_tls(self.broker.tls_context), tls),
             (client.upgrade_snappy, snappy),
-            (lambda: client.upgrade_deflate(level), deflate)) if wanted]
+            (lambda: client.upgrade_deflate(level, largest_command(self.options)),
+             deflate)) if wanted]
         return Upgrade(response, steps) if steps else response
 
     def auth(self, client: Client, params: list[bytes], reader: Reader) -> bytes:
@@ -367,11 +385,11 @@ class ProtocolV2:
         return params[1]
 
     def fin(self, client: Client, params: list[bytes], reader: Reader) -> Settled:
-        """FIN, and every FIN right behind it in the read buffer: one call to Redis
-        for all of them, on the channel's lane, where the deliver call for the credit
-        they free is likely to join the same pipeline."""
+        """FIN, and the FINs right behind it in the read buffer (up to MAX_GATHERED_FINS):
+        one call to Redis for all of them, on the channel's lane, where the deliver call
+        for the credit they free is likely to join the same pipeline."""
         ids = [self._message_id(client, params, "FIN", 2)]
-        while (more := reader.buffered_fin()) is not None:
+        while len(ids) < MAX_GATHERED_FINS and (more := reader.buffered_fin()) is not None:
             ids.append(more)
         channel = client.channel
         published = {}

@@ -3,7 +3,8 @@
 Connections submit Ops and wait on their results; one greenlet sends whatever
 has queued up as one pipeline. While a pipeline is in flight the next batch
 builds up, so the batch grows with load. FIN, REQ and TOUCH calls on the same
-channel are merged into one script call (their args are lists of items).
+channel are merged into one script call (their args are lists of items), up to
+MAX_MERGED_ARGS: a flood of FINs makes many calls, never one Redis refuses.
 """
 
 import logging
@@ -14,13 +15,15 @@ import gevent
 from gevent.event import AsyncResult, Event
 
 from relay.errors import StoreConnectionError, StoreError
-from relay.store.runner import Op
+from relay.store.runner import MAX_CALL_ARGS, Op
 from relay.store.store import Store
 
 log = logging.getLogger("relay.commit")
 
 # script -> (number of leading args shared by a call, args per item)
 MERGEABLE = {"finish": (0, 2), "requeue": (2, 3), "touch": (1, 3)}
+# a merged call stops growing here, leaving room for the deliver call a finish folds into
+MAX_MERGED_ARGS = MAX_CALL_ARGS // 2
 
 
 class GroupCommit:
@@ -113,8 +116,8 @@ def _merge_items(ops: list) -> tuple[list, list]:
         shared, stride = shape
         key = (op.script, tuple(op.keys), tuple(op.args[:shared]))
         items = list(op.args[shared:])
-        if key in open_calls:
-            index, count = open_calls[key]
+        index, count = open_calls.get(key, (None, 0))
+        if index is not None and len(merged[index].args) + len(items) <= MAX_MERGED_ARGS:
             merged[index].args.extend(items)
         else:
             index, count = len(merged), 0

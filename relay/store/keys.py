@@ -36,6 +36,8 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
     relay:{T}:backlog:deferred        ZSET  record -> due time (ms), same situation, deferred
     relay:{T}:trash:X:N               any   what an empty or delete took out (drop.lua), until
                                             freed (relay/jobs.py); X is one drop's token
+    relay:{T}:staging:X               LIST  the bodies of one MPUB too big for one call,
+                                            staged just before its publish call (TTL)
     relay:{T}:wake                    pub/sub: "V|" = whole topic has news, "V|C" = one
                                             channel, V the version it made
                                             (relay/wakeups.py lists the rest)
@@ -134,6 +136,11 @@ def topic_prefix(topic: str) -> str:
 def trash_prefix(topic: str, token: str) -> str:
     """Prefix of the trash keys of one drop: trash key = prefix + number."""
     return topic_prefix(topic) + f"trash:{token}:"
+
+
+def staging_key(topic: str, token: str) -> str:
+    """The bodies of one MPUB too big for one call, until its publish call takes them."""
+    return topic_prefix(topic) + f"staging:{token}"
 
 
 def channel_prefix(topic: str) -> str:

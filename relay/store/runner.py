@@ -33,6 +33,13 @@ SCRIPT_NAMES = ("publish", "subscribe", "unsubscribe", "deliver", "finish", "req
 CROSS_SLOT = ("due", "versions")  # read-only scripts that reach keys of many slots of one node
 REPLICATED = ("publish", "redrive")  # scripts acknowledged only once replicas hold their writes
 SLOT_MOVE_PATIENCE = 30.0
+# The most arguments a call whose size a client drives may have (merged FINs, an MPUB's
+# messages, a channel's consumers): bigger ones are split by their builders.
+MAX_CALL_ARGS = 10_000
+# Redis closes the connection on a command of more arguments than this (1024 * 1024 with
+# EVALSHA, its sha and key count): every call sharing the pipeline would fail, so such a
+# call fails alone, before it is sent.
+REDIS_MAX_ARGS = 1024 * 1024 - 3
 CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 UNANSWERED = object()  # a pipeline's place whose reply was not read
 
@@ -223,6 +230,13 @@ class ScriptRunner:
                 results[i] = r
 
     def _execute(self, ops: Sequence[Op]) -> list:
+        too_big = [len(op.keys) + len(op.args) > REDIS_MAX_ARGS for op in ops]
+        if any(too_big):
+            results = self._execute([op for op, big in zip(ops, too_big) if not big])
+            sent = iter(results)
+            return [StoreError(f"{op.script}: {len(op.keys) + len(op.args)} arguments, more "
+                               f"than Redis takes") if big else next(sent)
+                    for op, big in zip(ops, too_big)]
         commands = []
         for op in ops:
             commands.extend(op.pre)

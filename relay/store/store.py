@@ -20,9 +20,13 @@ from relay.codec import is_ephemeral, make_record
 from relay.errors import RelayError, StoreError
 from relay.store import keys
 from relay.store.keys import ChannelKeys, TopicKeys, id_part, part_name, split_part
-from relay.store.runner import Op, ScriptRunner, guarded, identity
+from relay.store.runner import MAX_CALL_ARGS, Op, ScriptRunner, guarded, identity
 
 REGISTER_EVERY = 10.0
+# an MPUB of more messages is staged in a list first (publish.lua), as one call of them
+# all would pass MAX_CALL_ARGS
+INLINE_BODIES = MAX_CALL_ARGS // 2
+STAGE_TTL_MS = 300_000
 PARTITIONS_TTL = 1.0    # how long a topic's partition count is taken as read
 # channel meta fields that are settings, not counts: a new part copies them
 CHANNEL_COUNTS = {b"message_count", b"requeue_count", b"timeout_count", b"dead_count",
@@ -101,6 +105,16 @@ def _leave_keys(topic: str, channel: str) -> list:
     """The keys of a consumer leaving a channel (lib/leave.lua's layout)."""
     t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
     return [t.channels, t.meta, c.consumers, t.due, *(k for k in c.all() if k != c.consumers)]
+
+
+def _staged(stage: str, bodies: Sequence[bytes]) -> tuple:
+    """The commands that stage an MPUB's bodies in `stage` for its publish call: first
+    emptied, so a call sent again stages them once; gone by itself if the call never
+    comes (its broker died in between)."""
+    step = MAX_CALL_ARGS - 2
+    return (("DEL", stage),
+            *(("RPUSH", stage, *bodies[i:i + step]) for i in range(0, len(bodies), step)),
+            ("PEXPIRE", stage, STAGE_TTL_MS))
 
 
 def _stale(raw) -> list | None:
@@ -260,10 +274,17 @@ class Store:
         part = part_name(topic, index)
         t = TopicKeys.of(part)
         ts = make_record(timestamp_ns or time.time_ns(), 0, b"", b"")[:8]
-        return self._fanout_op(
-            "publish", part,
-            [t.ids, t.meta, t.channels, t.backlog, t.backlog_deferred, t.due, t.version],
-            [t.wake, ts, defer_ms, index, *bodies], int, pre=self._register(topic, count))
+        topic_keys = [t.ids, t.meta, t.channels, t.backlog, t.backlog_deferred, t.due,
+                      t.version]
+        pre = self._register(topic, count)
+        if len(bodies) <= INLINE_BODIES:
+            return self._fanout_op("publish", part, topic_keys,
+                                   [t.wake, ts, defer_ms, index, 0, *bodies], int, pre=pre)
+        stage = keys.staging_key(part, secrets.token_hex(8))
+        return self._fanout_op("publish", part, topic_keys,
+                               [t.wake, ts, defer_ms, index, len(bodies)], int,
+                               pre=pre + _staged(stage, bodies),
+                               extra_keys=lambda channels: [stage])
 
     def _register(self, topic: str, partitions: int = 1) -> tuple:
         """SADD to the topic registry (and its parts to the parts') with a publish at most
@@ -404,13 +425,14 @@ class Store:
 
     def deliver_op(self, part: str, channel: str, groups: Sequence[tuple],
                    max_attempts: int = 0) -> Op:
-        """Pop from one part for each (owner, timeout ms, count): a Delivered, one list
-        of records per group. Messages delivered `max_attempts` times already (0: no
-        limit; the channel's own setting wins) go to its dead-letter outbox instead."""
+        """Pop from one part for each (owner, timeout ms, count[, most bytes]): a
+        Delivered, one list of records per group. Messages delivered `max_attempts` times
+        already (0: no limit; the channel's own setting wins) go to its dead-letter outbox
+        instead."""
         c = ChannelKeys.of(part, channel)
         args = [channel, max_attempts, 0]
-        for owner, timeout_ms, count in groups:
-            args += [owner, timeout_ms, count]
+        for owner, timeout_ms, count, *most_bytes in groups:
+            args += [owner, timeout_ms, count, most_bytes[0] if most_bytes else 0]
         return Op("deliver", [c.queue, c.inflight, c.msgs, c.leases, TopicKeys.of(part).due,
                               c.meta, c.dead], args, Delivered.parse)
 
@@ -430,7 +452,8 @@ class Store:
                 break
             part = parts[(first + turn) % len(parts)]
             reply = self.run(self.deliver_op(
-                part, channel, [(*groups[i][:2], wanted[i] - len(got[i])) for i in short],
+                part, channel,
+                [(*groups[i][:2], wanted[i] - len(got[i]), *groups[i][3:]) for i in short],
                 max_attempts))
             for i, records in zip(short, reply):
                 got[i].extend(records)

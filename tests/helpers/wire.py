@@ -15,10 +15,8 @@ def size(n: int) -> bytes:
 
 def mpub_body(bodies, count=None) -> bytes:
     """An MPUB body; `count` declares another number of messages than it holds."""
-    data = size(len(bodies) if count is None else count)
-    for b in bodies:
-        data += size(len(b)) + b
-    return data
+    return size(len(bodies) if count is None else count) + b"".join(
+        size(len(b)) + b for b in bodies)
 
 
 class Wire:

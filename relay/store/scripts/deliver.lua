@@ -12,7 +12,7 @@
 -- ARGV[1] channel name (its member in the due index)   ARGV[2] max attempts (0: unlimited)
 -- ARGV[3] F, then F pairs to finish first: owner, id (the group commit folds the FINs
 -- of this channel that precede the call into it: one call frees credit and uses it)
--- then groups of 3: owner, timeout ms, count
+-- then groups of 4: owner, timeout ms, count, most bytes (0: any)
 -- Returns one list of records per group, in ARGV order, then the channel's count of
 -- empties (drop.lua), which tells the broker whether the records predate an empty,
 -- then the finish codes (finish.lua's), one per pair, then 1 if the queue still has
@@ -23,7 +23,7 @@ local finished = finish_pairs(KEYS[2], KEYS[3], KEYS[4], ARGV, 4, groups - 1)
 local out = {}
 local empties = tonumber(redis.call('HGET', KEYS[6], 'empties') or '0')
 if redis.call('HEXISTS', KEYS[6], 'paused') == 1 then
-  for g = groups, #ARGV, 3 do out[#out + 1] = {} end
+  for g = groups, #ARGV, 4 do out[#out + 1] = {} end
   out[#out + 1] = empties
   out[#out + 1] = finished
   out[#out + 1] = 0
@@ -34,17 +34,37 @@ local now = now_ms()
 local max_attempts = tonumber(redis.call('HGET', KEYS[6], 'max_attempts') or ARGV[2])
 local dead = {}
 
--- Up to `count` records that may still be delivered, oldest first.
-local function pop(count)
-  local records = {}
-  while count > 0 do
-    local popped = redis.call('LPOP', KEYS[1], count)
+-- Up to `count` records that may still be delivered, oldest first, of no more than
+-- `max_bytes` together (0: no limit) unless the first alone is more: a consumer's
+-- unsent bytes are bounded before its messages leave Redis, not after. With a bound,
+-- the queue is popped a few records at a time (as many as fit if they are the size
+-- of the largest seen, at most POP_BATCH), and what was popped past it goes back.
+local POP_BATCH = 64
+local function pop(count, max_bytes)
+  local records, bytes, largest = {}, 0, 0
+  while count > 0 and (max_bytes == 0 or bytes < max_bytes) do
+    local want = count
+    if max_bytes > 0 then
+      want = 1
+      if largest > 0 then
+        want = math.max(1, math.min(count, POP_BATCH, math.floor((max_bytes - bytes) / largest)))
+      end
+    end
+    local popped = redis.call('LPOP', KEYS[1], want)
     if not popped then break end
-    for _, r in ipairs(popped) do
+    for i, r in ipairs(popped) do
+      if max_bytes > 0 and #records > 0 and bytes + #r > max_bytes then
+        local rest = {}
+        for j = #popped, i, -1 do rest[#rest + 1] = popped[j] end
+        call_chunked('LPUSH', KEYS[1], rest)
+        return records
+      end
+      largest = math.max(largest, #r)
       if max_attempts > 0 and record_attempts(r) >= max_attempts then
         dead[#dead + 1] = r
       else
         records[#records + 1] = r
+        bytes = bytes + #r
         count = count - 1
       end
     end
@@ -53,10 +73,10 @@ local function pop(count)
 end
 
 local earliest = nil
-for g = groups, #ARGV, 3 do
+for g = groups, #ARGV, 4 do
   local deadline = now + tonumber(ARGV[g + 1])
   local lease = new_lease(now, ARGV[g])
-  local records = pop(tonumber(ARGV[g + 2]))
+  local records = pop(tonumber(ARGV[g + 2]), tonumber(ARGV[g + 3]))
   local msgs, inflight, leases = {}, {}, {}
   for i, r in ipairs(records) do
     r = with_attempts(r, math.min(record_attempts(r) + 1, 65535))

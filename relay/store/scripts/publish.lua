@@ -5,10 +5,15 @@
 --
 -- KEYS[1] topic ids (STRING)   KEYS[2] topic meta   KEYS[3] topic channels
 -- KEYS[4] backlog (LIST)       KEYS[5] backlog deferred (ZSET record -> due)
--- KEYS[6] topic due index (scanners)   KEYS[7] topic version (news.lua), then the
--- channels' keys (fanout.lua)
+-- KEYS[6] topic due index (scanners)   KEYS[7] topic version (news.lua)
+-- KEYS[8] the staged bodies (LIST), only when ARGV says so; then the channels' keys
+-- (fanout.lua)
 -- ARGV[1..ARG0] the channels (fanout.lua), then: wake pub/sub channel,
--- 8-byte timestamp, defer ms (0 = now), the part's number (keys.py), bodies...
+-- 8-byte timestamp, defer ms (0 = now), the part's number (keys.py), the number of
+-- bodies staged in KEYS[8] (0: the bodies follow in ARGV), bodies...
+-- A call's arguments are bounded (runner.MAX_CALL_ARGS), so a bigger MPUB stages its
+-- bodies first, in commands sent just before this call; this call publishes all of
+-- them or none, and deletes the stage.
 -- Ids are the part's number in 4 hex digits, then the topic's count in 12.
 -- Returns the count of the last message (ids are consecutive), or the stale reply.
 local stale = stale_channels(KEYS[3])
@@ -16,22 +21,29 @@ if stale then return stale end
 local wake, timestamp = ARGV[ARG0 + 1], ARGV[ARG0 + 2]
 local defer = tonumber(ARGV[ARG0 + 3])
 local part = tonumber(ARGV[ARG0 + 4])
-local n = #ARGV - ARG0 - 4
+local staged = tonumber(ARGV[ARG0 + 5])
+local FIRST_BODY = ARG0 + 6
+local n = staged
+if staged == 0 then n = #ARGV - FIRST_BODY + 1 end
 local last = redis.call('INCRBY', KEYS[1], n)
 local first = last - n + 1
+local BATCH = 10000   -- messages handled at a time, so a big MPUB's records never all
+                      -- sit in the script's memory at once
 
-local ids, records, bytes = {}, {}, 0
-for i = 1, n do
-  local body = ARGV[ARG0 + 4 + i]
-  ids[i] = string.format('%04x%012x', part, first + i - 1)
-  records[i] = new_record(timestamp, ids[i], body)
-  bytes = bytes + #body
+-- the bodies from..to (1-based, of this call's messages)
+local function bodies(from, to)
+  if staged > 0 then
+    return redis.call('LRANGE', KEYS[8], from - 1, to - 1)
+  end
+  local out = {}
+  for i = from, to do out[#out + 1] = ARGV[FIRST_BODY + i - 1] end
+  return out
 end
 
 -- {first[1], second[1], first[2], ...}; a non-table `first` repeats.
 local function interleave(first, second)
   local out = {}
-  for i = 1, n do
+  for i = 1, #second do
     out[2 * i - 1] = type(first) == 'table' and first[i] or first
     out[2 * i] = second[i]
   end
@@ -42,28 +54,45 @@ local channels = N_CHANNELS
 if redis.call('HEXISTS', KEYS[2], 'paused') == 1 then
   channels = 0  -- a paused topic keeps everything in its backlog (pause_topic.lua)
 end
-if defer == 0 then
-  if channels == 0 then
-    call_chunked('RPUSH', KEYS[4], records)
+local due = nil
+if defer > 0 then due = now_ms() + defer end
+local bytes = 0
+for from = 1, n, BATCH do
+  local batch = bodies(from, math.min(from + BATCH - 1, n))
+  local ids, records = {}, {}
+  for i, body in ipairs(batch) do
+    ids[i] = string.format('%04x%012x', part, first + from + i - 2)
+    records[i] = new_record(timestamp, ids[i], body)
+    bytes = bytes + #body
   end
-  for c = 1, channels do
-    call_chunked('RPUSH', channel_key(c, 'queue'), records)
-    redis.call('HINCRBY', channel_key(c, 'meta'), 'message_count', n)
+  if not due then
+    if channels == 0 then
+      call_chunked('RPUSH', KEYS[4], records)
+    end
+    for c = 1, channels do
+      call_chunked('RPUSH', channel_key(c, 'queue'), records)
+    end
+  else
+    if channels == 0 then
+      call_chunked('ZADD', KEYS[5], interleave(due, records))
+    end
+    for c = 1, channels do
+      call_chunked('HSET', channel_key(c, 'msgs'), interleave(ids, records))
+      call_chunked('ZADD', channel_key(c, 'deferred'), interleave(due, ids))
+    end
   end
-  if channels > 0 then
-    announce(KEYS[7], wake, '')
-  end
-else
-  local due = now_ms() + defer
-  if channels == 0 then
-    call_chunked('ZADD', KEYS[5], interleave(due, records))
-  end
-  for c = 1, channels do
-    call_chunked('HSET', channel_key(c, 'msgs'), interleave(ids, records))
-    call_chunked('ZADD', channel_key(c, 'deferred'), interleave(due, ids))
-    redis.call('HINCRBY', channel_key(c, 'meta'), 'message_count', n)
+end
+for c = 1, channels do
+  redis.call('HINCRBY', channel_key(c, 'meta'), 'message_count', n)
+  if due then
     redis.call('ZADD', KEYS[6], 'LT', due, channel_name(c))
   end
+end
+if channels > 0 and not due then
+  announce(KEYS[7], wake, '')
+end
+if staged > 0 then
+  redis.call('DEL', KEYS[8])
 end
 redis.call('HINCRBY', KEYS[2], 'message_count', n)
 redis.call('HINCRBY', KEYS[2], 'message_bytes', bytes)
