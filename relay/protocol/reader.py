@@ -4,6 +4,8 @@ import re
 import socket
 import time
 
+import gevent
+
 from relay import codec
 from relay.client import Client
 from relay.errors import Disconnect
@@ -13,6 +15,13 @@ FIN_LINE = re.compile(rb"FIN ([^ \r\n]{%d})\r?\n" % codec.MSG_ID_LENGTH)
 # FINs taken in one go from the read buffer: the group commit merges what follows, so a
 # flood of FINs never makes one huge call (nor holds more than this per queued reply)
 MAX_GATHERED_FINS = 128
+# the longest a connection's reading runs before the broker's other greenlets get a
+# turn: reads that find data waiting never block, so a client that floods NOPs, or
+# sends an MPUB of a million messages, would otherwise hold the broker. The pause is a
+# timer, not sleep(0), which runs the greenlets already woken but does not poll the
+# other sockets (their clients then waited 50 ms and more).
+YIELD_EVERY = 0.002
+YIELD_PAUSE = 0.0001
 
 
 def largest_command(options) -> int:
@@ -33,6 +42,13 @@ class Reader:
         # monotonic seconds by which the command being read must have arrived whole, as
         # nsqd's read deadline (2 heartbeats); None: no limit
         self.deadline: float | None = None
+        self._next_turn = time.monotonic() + YIELD_EVERY
+
+    def take_turn(self) -> None:
+        """Let the broker's other greenlets run if this connection has run YIELD_EVERY."""
+        if time.monotonic() >= self._next_turn:
+            gevent.sleep(YIELD_PAUSE)
+            self._next_turn = time.monotonic() + YIELD_EVERY
 
     @property
     def buffered(self) -> int:
@@ -41,6 +57,7 @@ class Reader:
 
     def _fill(self) -> None:
         """Read more; a client that drips a command slower than its deadline times out."""
+        self.take_turn()
         while True:
             remaining = None
             if self.deadline is not None:

@@ -13,7 +13,6 @@ import logging
 import time
 from typing import Any, Callable
 
-import gevent
 from gevent.event import AsyncResult
 from marshmallow import ValidationError
 
@@ -30,12 +29,6 @@ from relay.transport import CompressionError
 log = logging.getLogger("relay.protocol")
 
 _identify_schema = IdentifySchema()
-
-# the longest a connection's read loop runs before the broker's other greenlets get a
-# turn; the pause is a timer, not sleep(0), which runs the greenlets already woken but
-# does not poll the other sockets (their clients then waited 50 ms and more)
-YIELD_EVERY = 0.002
-YIELD_PAUSE = 0.0001
 
 
 class Pending:
@@ -134,17 +127,12 @@ class ProtocolV2:
         """Read commands until EOF, a timeout or a fatal error; replies go to the writer.
 
         Each command must arrive whole within two heartbeats of the last one (nsqd's read
-        deadline), and the loop lets the broker's other greenlets run at least every
-        YIELD_EVERY seconds: reads that find data waiting never block, so a client that
-        floods NOPs would otherwise hold the broker."""
-        next_yield = time.monotonic() + YIELD_EVERY
+        deadline), and the broker's other greenlets get a turn at least every few
+        milliseconds (Reader.take_turn)."""
         while not client.closed:
-            now = time.monotonic()
-            if now >= next_yield:
-                gevent.sleep(YIELD_PAUSE)
-                next_yield = now + YIELD_EVERY
+            reader.take_turn()
             hb = client.heartbeat_interval
-            reader.deadline = now + 2 * hb / 1000 if hb > 0 else None
+            reader.deadline = time.monotonic() + 2 * hb / 1000 if hb > 0 else None
             try:
                 params = reader.line().split(b" ")
                 reply = self.exec(client, params, reader)
