@@ -114,7 +114,8 @@ class Broker:
             "tcp_port": self.tcp_port, "http_port": http[1], "version": NSQD_VERSION},
             self.announced_clients))
         log.info("broker %s listening tcp=%s http=%s https=%s lookupd=%s redis=%s", self.id,
-                 *map(_where, (address, http, https, lookupd)), redacted_url(self.options.redis_url))
+                 *map(_where, (address, http, https, lookupd)),
+                 redacted_url(self.options.redis_url))
         return address
 
     def serve_forever(self, started=None) -> None:

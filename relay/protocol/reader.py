@@ -42,13 +42,22 @@ class Reader:
         # monotonic seconds by which the command being read must have arrived whole, as
         # nsqd's read deadline (2 heartbeats); None: no limit
         self.deadline: float | None = None
-        self._next_turn = time.monotonic() + YIELD_EVERY
+        self._loop = gevent.get_hub().loop
+        self._iteration = -1        # of the event loop, when this turn began
+        self._turn_began = 0.0
 
     def take_turn(self) -> None:
-        """Let the broker's other greenlets run if this connection has run YIELD_EVERY."""
-        if time.monotonic() >= self._next_turn:
+        """Let the broker's other greenlets run if this connection has run YIELD_EVERY
+        since they last could: since the event loop last went round (a read that waited,
+        or a turn given). A client that waits for each reply never pauses here; a loop
+        without an iteration count makes this a plain clock."""
+        iteration, now = getattr(self._loop, "iteration", 0), time.monotonic()
+        if iteration != self._iteration:
+            self._iteration, self._turn_began = iteration, now
+        elif now - self._turn_began >= YIELD_EVERY:
             gevent.sleep(YIELD_PAUSE)
-            self._next_turn = time.monotonic() + YIELD_EVERY
+            self._iteration = getattr(self._loop, "iteration", 0)
+            self._turn_began = time.monotonic()
 
     @property
     def buffered(self) -> int:
