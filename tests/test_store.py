@@ -918,8 +918,37 @@ def test_included_files_come_first_and_the_cluster_flag_line_before_them(monkeyp
     assert sharded["publish"].source == flag + plain["publish"].source.replace(
         b"redis.call('PUBLISH', wake", b"redis.call('SPUBLISH', wake")
     assert b"'PUBLISH'" not in b"".join(s.source for s in sharded.values())
-    assert [n for n, s in sharded.items() if s.source.startswith(b"#!")] == ["publish", "due"]
+    assert [n for n, s in sharded.items() if s.source.startswith(b"#!")] == ["due", "publish"]
     assert not any(s.source.startswith(b"#!") for s in plain.values())
+
+
+def test_a_script_names_only_what_it_uses_and_gets_each_include_once():
+    """Includes are resolved recursively: finish.lua names lib/finish.lua, which names
+    chunked.lua and lease.lua; deliver.lua names finish.lua and those too, and gets each
+    once, in an order where every file comes after what it uses."""
+    scripts = runner.load_scripts()
+    own = (resources.files("relay.store") / "scripts" / "finish.lua").read_bytes()
+    assert own.startswith(b"-- include: finish.lua\n")
+    assert scripts["finish"].source == (lua_lib("chunked.lua") + lua_lib("lease.lua")
+                                        + lua_lib("finish.lua") + own)
+    deliver = scripts["deliver"].source
+    for lib in ("time.lua", "chunked.lua", "record.lua", "lease.lua", "finish.lua"):
+        assert deliver.count(lua_lib(lib)) == 1, lib
+    assert deliver.index(lua_lib("lease.lua")) < deliver.index(lua_lib("finish.lua"))
+    folder = resources.files("relay.store") / "scripts"
+    assert sorted(scripts) == sorted(p.name[:-4] for p in folder.iterdir()
+                                     if p.name.endswith(".lua"))
+
+
+def test_lua_channel_key_suffixes_are_the_key_schemas(store):
+    """fanout.lua finds a channel's keys by their place in keys.CHANNEL_SUFFIXES."""
+    got = store.redis.eval(lua_lib("fanout.lua") + b"""
+        local out = {}
+        for name, place in pairs(SUFFIX) do out[#out + 1] = {name, place} end
+        return out
+        """, 0, 0)
+    places = {name.decode().replace("_", ":"): place for name, place in got}
+    assert places == {s: i for i, s in enumerate(keys.CHANNEL_SUFFIXES, 1)}
 
 
 def test_scripts_reloaded_after_script_flush(store):

@@ -27,9 +27,6 @@ from relay.errors import StoreConnectionError, StoreError
 from relay.sockio import send_all
 from relay.store.connection import SLOT_MOVING, is_cluster, sharded_pubsub
 
-SCRIPT_NAMES = ("publish", "subscribe", "unsubscribe", "deliver", "finish", "requeue",
-                "touch", "scan", "pause_topic", "pause_channel", "drop", "redrive", "due",
-                "reap", "versions", "partitions")
 CROSS_SLOT = ("due", "versions")  # read-only scripts that reach keys of many slots of one node
 REPLICATED = ("publish", "redrive")  # scripts acknowledged only once replicas hold their writes
 SLOT_MOVE_PATIENCE = 30.0
@@ -67,24 +64,36 @@ class Script(NamedTuple):
 
 
 def load_scripts(sharded: bool = False) -> dict:
-    """Each script's source, after the shared files (scripts/lib/) that its first line
-    names as `-- include: X.lua, Y.lua`, in that order. Where `sharded` (a cluster of
-    Redis 7+): wake-ups by SPUBLISH instead of PUBLISH, and CROSS_SLOT scripts flagged
-    as such on a first line of their own."""
+    """Each script of scripts/ by its file's name, after the shared files (scripts/lib/)
+    it names on its first line as `-- include: X.lua, Y.lua`, each with what it names
+    itself first, and each once. Where `sharded` (a cluster of Redis 7+): wake-ups by
+    SPUBLISH instead of PUBLISH, and CROSS_SLOT scripts flagged as such on a first line
+    of their own."""
     folder = resources.files("relay.store") / "scripts"
     scripts = {}
-    for name in SCRIPT_NAMES:
-        source = (folder / f"{name}.lua").read_bytes()
-        included = re.match(rb"-- include: ([^\n]+)\n", source)
-        if included:
-            libs = [lib.strip().decode() for lib in included.group(1).split(b",")]
-            source = b"".join((folder / "lib" / lib).read_bytes() for lib in libs) + source
+    for path in sorted(folder.iterdir(), key=lambda p: p.name):
+        if not path.name.endswith(".lua"):
+            continue
+        name = path.name[:-len(".lua")]
+        source = _with_includes(folder / "lib", path.read_bytes(), set())
         if sharded:
             source = source.replace(b"redis.call('PUBLISH'", b"redis.call('SPUBLISH'")
             if name in CROSS_SLOT:
                 source = b"#!lua flags=allow-cross-slot-keys,no-writes\n" + source
         scripts[name] = Script(name, source, hashlib.sha1(source).hexdigest())
     return scripts
+
+
+def _with_includes(lib, source: bytes, included: set) -> bytes:
+    """`source` after the lib files its first line names that are not in `included`
+    yet (which it adds them to), each after its own."""
+    named = re.match(rb"-- include: ([^\n]+)\n", source)
+    first = b""
+    for name in (n.strip().decode() for n in named.group(1).split(b",")) if named else ():
+        if name not in included:
+            included.add(name)
+            first += _with_includes(lib, (lib / name).read_bytes(), included)
+    return first + source
 
 
 def guarded(fn, *args):

@@ -1,4 +1,4 @@
--- include: chunked.lua, lease.lua, finish.lua
+-- include: finish.lua
 -- finish: forget messages their owner finished (FIN), for any number of owners.
 --
 -- KEYS[1] inflight   KEYS[2] msgs   KEYS[3] leases

@@ -1,4 +1,4 @@
--- include: fanout.lua, chunked.lua, record.lua, backlog.lua, news.lua
+-- include: fanout.lua, chunked.lua, backlog.lua, news.lua
 -- pause_topic: a paused topic keeps what is published in its backlog and fans nothing
 -- out (publish.lua and subscribe.lua check the flag); unpausing moves the backlog,
 -- deferred part included, to every channel and wakes the brokers.

@@ -1,4 +1,4 @@
--- include: record.lua, backlog.lua
+-- include: backlog.lua
 -- subscribe: create the channel if needed and count one more consumer on this broker
 -- (none when the broker id is empty: /channel/create).
 -- The first channel of a topic takes over the topic backlog, deferred part included.

@@ -1,4 +1,5 @@
--- backlog.lua (after record.lua) provides hand_over_deferred(): the deferred part of
+-- include: record.lua
+-- backlog.lua provides hand_over_deferred(): the deferred part of
 -- a topic's backlog goes to a channel, to its first one (subscribe.lua) or to every
 -- one when the topic is unpaused (pause_topic.lua). Each message keeps its due time,
 -- and the channel's entry in the topic's due index is lowered to match.

@@ -1,3 +1,4 @@
+-- include: chunked.lua, lease.lua
 -- finish.lua provides finish_pairs(): FIN of the (owner, id) pairs args[first..last],
 -- for any number of owners: one read of all their leases, then one variadic ZREM and
 -- HDELs for all that took. finish.lua runs it alone; deliver.lua first, for the FINs
