@@ -922,6 +922,18 @@ def test_included_files_come_first_and_the_cluster_flag_line_before_them(monkeyp
     assert not any(s.source.startswith(b"#!") for s in plain.values())
 
 
+@pytest.mark.parametrize("second_delay", [0, 60_000])
+def test_an_id_requeued_twice_in_one_call_goes_back_once(store, second_delay):
+    """Merged REQs may name one id twice: the first takes it, the second finds it gone."""
+    subscribed(store, "t", "c")
+    store.publish("t", [b"1"])
+    store.deliver("t", "c", [("a", 60_000, 1)])
+    assert store.requeue("t", "c", [("a", mid(1), 0), ("a", mid(1), second_delay)]) == [1, 0]
+    assert bodies(queue(store, "t", "c")) == [b"1"]
+    assert store.read_channel("t", "c")["deferred_count"] == 0
+    assert store.read_channel("t", "c")["requeue_count"] == 1
+
+
 def test_a_script_names_only_what_it_uses_and_gets_each_include_once():
     """Includes are resolved recursively: finish.lua names lib/finish.lua, which names
     chunked.lua and lease.lua; deliver.lua names finish.lua and those too, and gets each

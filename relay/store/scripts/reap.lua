@@ -1,4 +1,4 @@
--- include: leave.lua, news.lua
+-- include: leave.lua, lease.lua, queue.lua, news.lua
 -- reap: remove from one channel what a dead broker left (relay/reaper.py): its
 -- consumers, then the channel if it is ephemeral and that leaves it without one
 -- (as unsubscribe.lua), else its connections' in-flight messages go back to the
@@ -22,18 +22,15 @@ if gone > 0 then
 end
 local prefix = ARGV[2] .. ':'
 local leases = redis.call('HGETALL', KEYS[9])
-local requeued = 0
+local ids = {}
 for i = 1, #leases, 2 do
-  local id, lease = leases[i], leases[i + 1]
-  local owner = string.sub(lease, string.find(lease, ' ', 1, true) + 1)
+  local _, owner = parse_lease(leases[i + 1])
   if string.sub(owner, 1, #prefix) == prefix then
-    redis.call('ZREM', KEYS[6], id)
-    redis.call('HDEL', KEYS[9], id)
-    redis.call('RPUSH', KEYS[5], redis.call('HGET', KEYS[8], id))
-    redis.call('HDEL', KEYS[8], id)
-    requeued = requeued + 1
+    ids[#ids + 1] = leases[i]
   end
 end
+back_to_queue(KEYS[5], KEYS[6], KEYS[8], ids, KEYS[9])
+local requeued = #ids
 if requeued > 0 then
   redis.call('HINCRBY', KEYS[10], 'requeue_count', requeued)
   announce(KEYS[13], ARGV[5], ARGV[1])

@@ -1,4 +1,4 @@
--- include: time.lua, lease.lua, news.lua
+-- include: time.lua, lease.lua, queue.lua, news.lua
 -- requeue: put messages their owner gave back (REQ, or the connection closed)
 -- at the tail of the queue, or deferred for a while.
 --
@@ -10,31 +10,31 @@
 -- Returns per triple: 1 requeued, 0 not in flight, -1 in flight for another client.
 local now = now_ms()
 local out = {}
-local requeued, ready = 0, 0
+local requeued, ready, taken = 0, {}, {}
 for i = 3, #ARGV, 3 do
   local owner, id, delay = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   local delivered, refused = held(KEYS[4], id, owner)
-  if not delivered then
-    out[#out + 1] = refused
+  if not delivered or taken[id] then
+    out[#out + 1] = refused or 0
   else
-    redis.call('ZREM', KEYS[2], id)
-    redis.call('HDEL', KEYS[4], id)
+    taken[id] = true
     if delay > 0 then
+      redis.call('ZREM', KEYS[2], id)
+      redis.call('HDEL', KEYS[4], id)
       redis.call('ZADD', KEYS[5], now + delay, id)
       redis.call('ZADD', KEYS[7], 'LT', now + delay, ARGV[1])
     else
-      redis.call('RPUSH', KEYS[1], redis.call('HGET', KEYS[3], id))
-      redis.call('HDEL', KEYS[3], id)
-      ready = ready + 1
+      ready[#ready + 1] = id
     end
     requeued = requeued + 1
     out[#out + 1] = 1
   end
 end
+back_to_queue(KEYS[1], KEYS[2], KEYS[3], ready, KEYS[4])
 if requeued > 0 then
   redis.call('HINCRBY', KEYS[6], 'requeue_count', requeued)
 end
-if ready > 0 then
+if #ready > 0 then
   announce(KEYS[8], ARGV[2], ARGV[1])
 end
 return out

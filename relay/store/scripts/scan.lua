@@ -1,4 +1,4 @@
--- include: time.lua, chunked.lua, news.lua
+-- include: time.lua, queue.lua, news.lua
 -- scan: the scanner's move for one channel. In-flight messages past their
 -- deadline go back to the queue (a timeout, as nsqd's processInFlightQueue),
 -- deferred messages that are due join the queue (processDeferredQueue), and the
@@ -15,26 +15,16 @@
 local now = now_ms()
 local limit = tonumber(ARGV[3])
 
--- One command per CHUNK ids rather than per id: fewer calls and AOF entries.
-local function move(zset, release_lease)
+-- Up to `limit` messages of `zset` due by now back to the queue (the leases too for
+-- in-flight ones); how many.
+local function move(zset, leases)
   local ids = redis.call('ZRANGEBYSCORE', zset, '-inf', now, 'LIMIT', 0, limit)
-  local records = {}
-  for _, reply in ipairs(call_chunked('HMGET', KEYS[3], ids)) do
-    for _, record in ipairs(reply) do
-      if record then records[#records + 1] = record end
-    end
-  end
-  call_chunked('RPUSH', KEYS[1], records)
-  call_chunked('HDEL', KEYS[3], ids)
-  if release_lease then
-    call_chunked('HDEL', KEYS[4], ids)
-  end
-  call_chunked('ZREM', zset, ids)
+  back_to_queue(KEYS[1], zset, KEYS[3], ids, leases)
   return #ids
 end
 
-local timed_out = move(KEYS[2], true)
-local promoted = move(KEYS[5], false)
+local timed_out = move(KEYS[2], KEYS[4])
+local promoted = move(KEYS[5], nil)
 if timed_out > 0 then
   redis.call('HINCRBY', KEYS[6], 'timeout_count', timed_out)
 end

@@ -1,8 +1,15 @@
--- lease.lua provides new_lease(), lease_of(), held() and leases_of(): an in-flight message's lease in
+-- lease.lua provides new_lease(), parse_lease(), lease_of(), held() and leases_of(): an
+-- in-flight message's lease in
 -- its channel's leases hash is "<delivered ms> <owner>" (written by deliver.lua, checked
 -- by FIN, REQ and TOUCH; the Store's admin requeue and relay/stats.py read it too).
 local function new_lease(delivered_ms, owner)
   return string.format('%d %s', delivered_ms, owner)
+end
+
+-- The delivery time (ms) and the owner a lease names.
+local function parse_lease(lease)
+  local space = string.find(lease, ' ', 1, true)
+  return tonumber(string.sub(lease, 1, space - 1)), string.sub(lease, space + 1)
 end
 
 -- The delivery time (ms) in `lease` (a leases hash value, or false) if `owner` holds it;
@@ -11,11 +18,11 @@ local function lease_of(lease, owner)
   if not lease then
     return nil, 0
   end
-  local space = string.find(lease, ' ', 1, true)
-  if string.sub(lease, space + 1) ~= owner then
+  local delivered, holder = parse_lease(lease)
+  if holder ~= owner then
     return nil, -1
   end
-  return tonumber(string.sub(lease, 1, space - 1))
+  return delivered
 end
 
 -- lease_of() for message `id` of hash `leases`.
