@@ -354,7 +354,7 @@ def test_publishes_bigger_than_one_redis_call_land_whole(processes, redis_url):
     queue = ChannelKeys.of("big", "c").queue
     assert client.llen(queue) == count
     status, data, _ = Api(port, processes.http_ports[port]).request(
-        "POST", "/mpub?topic=big", b"a\n" * 2_621_440)
+        "POST", "/mpub?topic=big", b"a\n" * 2_621_440, timeout=60)
     assert (status, data) == (200, b"OK")
     assert client.llen(queue) == count + 2_621_440
     assert [parse_record(r)[3] for r in client.lrange(queue, count - 1, count)] == [b"x", b"a"]

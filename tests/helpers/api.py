@@ -11,9 +11,9 @@ class Api:
         self.tcp_port = tcp_port
         self.http_port = http_port
 
-    def request(self, method, path, body=None, headers=None):
+    def request(self, method, path, body=None, headers=None, timeout=5.0):
         """(status, body bytes, headers dict)."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=5)
+        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=timeout)
         conn.request(method, path, body=body, headers=headers or {})
         resp = conn.getresponse()
         data = resp.read()
