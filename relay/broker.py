@@ -155,8 +155,7 @@ class Broker:
         consumer is closed as soon as it holds nothing, the rest after `grace`."""
         for client in list(self.clients.values()):
             if client.state == SUBSCRIBED:
-                client.state = CLOSING
-                client.ready_count = 0
+                client.start_close()
                 client.respond(codec.CLOSE_WAIT)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
@@ -301,8 +300,7 @@ class Broker:
         channel = client.channel
         if channel is None:
             return
-        held = list(client.in_flight)
-        client.in_flight.clear()
+        held = client.release()
         self.holding.discard(client)
         channel.remove(client)
         if not channel.clients:
@@ -339,8 +337,8 @@ class Broker:
             for client in list(self.holding):
                 if not client.in_flight:
                     self.holding.discard(client)
-                elif client.expire(now) and client.channel:
-                    client.channel.credit_changed()
+                else:
+                    client.expire(now)
 
     def flush_latency(self) -> None:
         """Hand this broker's FIN latencies to Redis, where /stats of any broker reads them."""

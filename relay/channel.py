@@ -129,11 +129,8 @@ class Channel:
             return
         self.parts[index].empties = empties
         for client in self.clients:
-            if len(self.parts) == 1:
-                client.in_flight.clear()
-                continue
-            for msg_id in [i for i in client.in_flight if id_part(i) == index]:
-                del client.in_flight[msg_id]
+            client.forget(None if len(self.parts) == 1 else
+                          [i for i in client.in_flight if id_part(i) == index])
         self.messages_arrived(index)
 
     def add(self, client: Client) -> None:

@@ -32,6 +32,8 @@ MAX_UNSENT_BYTES = 4 * 1024 * 1024
 
 class Client:
     """Settings from IDENTIFY, RDY credit, and the ids this connection holds in flight.
+    Its methods are the only writers of the credit (ready_count, in_flight), as nsqd's
+    clientV2; each change that frees credit tells the channel.
 
     `in_flight` maps id -> (local deadline in monotonic seconds, publish time in ns),
     oldest first, so the broker can free RDY credit when a message times out without
@@ -155,8 +157,46 @@ class Client:
             self._outbox_ready.set()
         return [], sampled_out
 
+    def set_ready(self, count: int) -> None:
+        """RDY (nsqd SetReadyCount)."""
+        self.ready_count = count
+        self._credit_changed()
+
+    def start_close(self) -> None:
+        """CLS, or the broker draining (nsqd StartClose): no more deliveries."""
+        self.state = CLOSING
+        self.ready_count = 0
+
+    def settled(self, ids: list[bytes]) -> dict[bytes, int]:
+        """FIN or REQ of ids (nsqd FinishedMessage / RequeuedMessage): those it held stop
+        counting against RDY; returns them with their publish times (ns)."""
+        held = {}
+        for msg_id in ids:
+            entry = self.in_flight.pop(msg_id, None)
+            if entry is not None:
+                held[msg_id] = entry[1]
+        if held:
+            self._credit_changed()
+        return held
+
+    def release(self) -> list[bytes]:
+        """Everything held in flight, given up as the connection closes."""
+        held = list(self.in_flight)
+        self.in_flight.clear()
+        return held
+
+    def forget(self, ids: list[bytes] | None = None) -> None:
+        """The channel (or the part of it that held `ids`) was emptied: what was held
+        there is gone (the channel looks again for what it may deliver)."""
+        if ids is None:
+            self.in_flight.clear()
+        else:
+            for msg_id in ids:
+                self.in_flight.pop(msg_id, None)
+
     def expire(self, now: float) -> int:
-        """Forget in-flight ids past their deadline (the scanner requeues them)."""
+        """Forget in-flight ids past their deadline (the scanner requeues them); their
+        credit is free again."""
         n = 0
         while self.in_flight:
             msg_id, (deadline, _) = next(iter(self.in_flight.items()))
@@ -164,7 +204,13 @@ class Client:
                 break
             del self.in_flight[msg_id]
             n += 1
+        if n:
+            self._credit_changed()
         return n
+
+    def _credit_changed(self) -> None:
+        if self.channel is not None:
+            self.channel.credit_changed()
 
     def touched(self, msg_id: bytes, timeout_ms: int) -> None:
         if msg_id in self.in_flight:
@@ -241,8 +287,8 @@ class Client:
         """Written to the socket: a client held back by MAX_UNSENT_BYTES may take more."""
         held_back = self._unsent >= MAX_UNSENT_BYTES
         self._unsent -= n
-        if held_back and self._unsent < MAX_UNSENT_BYTES and self.channel is not None:
-            self.channel.credit_changed()
+        if held_back and self._unsent < MAX_UNSENT_BYTES:
+            self._credit_changed()
 
     def heartbeat_changed(self) -> None:
         """Let the pump pick up a new heartbeat interval now."""

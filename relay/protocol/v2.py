@@ -358,8 +358,7 @@ class ProtocolV2:
         if count < 0 or count > self.options.max_rdy_count:
             raise FatalClientError(
                 "E_INVALID", f"RDY count {count} out of range 0-{self.options.max_rdy_count}")
-        client.ready_count = count
-        client.channel.credit_changed()
+        client.set_ready(count)
         return None
 
     def _message_id(self, client: Client, params: list[bytes], command: str,
@@ -380,13 +379,7 @@ class ProtocolV2:
         while len(ids) < MAX_GATHERED_FINS and (more := reader.buffered_fin()) is not None:
             ids.append(more)
         channel = client.channel
-        published = {}
-        for msg_id in ids:
-            held = client.in_flight.pop(msg_id, None)
-            if held is not None:
-                published[msg_id] = held[1]
-        if published:
-            channel.credit_changed()
+        published = client.settled(ids)
         calls = self._by_part(channel, self.broker.store.finish_op,
                               [(client.owner, i) for i in ids])
 
@@ -406,8 +399,7 @@ class ProtocolV2:
                 "E_INVALID", "REQ could not parse timeout " + _text(params[2])) from None
         delay = min(delay, self.options.max_req_timeout)
         channel = client.channel
-        if client.in_flight.pop(msg_id, None) is not None:
-            channel.credit_changed()
+        client.settled([msg_id])
         calls = self._by_part(channel, self.broker.store.requeue_op,
                               [(client.owner, msg_id, delay)])
 
@@ -441,8 +433,7 @@ class ProtocolV2:
     def cls(self, client: Client, params: list[bytes], reader: Reader) -> bytes:
         if client.state != SUBSCRIBED:
             raise FatalClientError("E_INVALID", "cannot CLS in current state")
-        client.state = CLOSING
-        client.ready_count = 0
+        client.start_close()
         return codec.CLOSE_WAIT
 
     def pub(self, client: Client, params: list[bytes], reader: Reader) -> Pending:
