@@ -51,7 +51,7 @@ def broker(config, **flags):
     options = load(config, flags)
     if options.workers == 1:
         sys.exit(_serve(options))
-    from relay.prefork import Workers
+    from relay.broker.prefork import Workers
     try:
         workers = Workers(options, _serve)
     except OSError as e:
@@ -68,7 +68,7 @@ def _serve(options: Options, started=None) -> int:
     # no spawning stack and parent per greenlet: at 10,000 consumers (4 greenlets each)
     # they were a fifth of the objects each full garbage collection walks
     gevent.config.track_greenlet_tree = False
-    from relay.broker import Broker
+    from relay.broker.broker import Broker
     try:
         Broker(options).serve_forever(started)
     except (ConfigError, OSError) as e:

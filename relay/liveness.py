@@ -1,5 +1,5 @@
 """Liveness: processes of one kind that announce they are alive, brokers
-(relay/registry.py: 5 s heartbeat, 15 s TTL) and scanners (workers/scanner.py: 1 s
+(relay/broker/registry.py: 5 s heartbeat, 15 s TTL) and scanners (workers/scanner.py: 1 s
 heartbeat, 5 s TTL).
 
 Each heartbeat scores the member in a sorted set with the expiry (ms) of its

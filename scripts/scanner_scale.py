@@ -167,7 +167,7 @@ def measure(args, url: str, workdir: str) -> dict:
 
         started = time.time()
         # channels with no consumer counted: a consumer of an unregistered broker id
-        # would be reaped as a dead broker's (relay/reaper.py), its messages requeued
+        # would be reaped as a dead broker's (workers/reaper.py), its messages requeued
         run_chunked(store, [store.subscribe_op(t, c, "") for t, c in channels])
         body = b"x" * args.size
         run_chunked(store, [store.publish_op(t, [body] * per_channel_count) for t in topics])

@@ -10,9 +10,12 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from relay import admin, embedded, jobs, stats, transport
-from relay.registry import Registry
-from relay.stats import client_stats
+from relay import admin, embedded
+from relay.broker import transport
+from relay.store import stats
+from workers import operations
+from relay.broker.registry import Registry
+from relay.store.stats import client_stats
 from relay.store import Store
 from relay.store.connection import connect
 from tests.helpers.admin import ok, ok_json, run
@@ -306,7 +309,7 @@ def test_operations_inline_and_as_rq_jobs_do_the_same(store, backend, args, expe
     assert re.fullmatch(rf"queued job \S+: {operation} {target.format(t='job')} "
                         r"\(relay-admin jobs shows it\)", queued)
     work(backend)
-    [job] = jobs.all_jobs(backend)
+    [job] = operations.all_jobs(backend)
     inline, queued = (Store(backend).redis.keys(f"relay:{{{t}}}:*") for t in ("inline", "job"))
     assert sorted(k.replace(b"{inline}", b"{job}") for k in inline) == sorted(queued)
     assert [stats_of(store, t) for t in ("inline", "job")] == [stats_of(store, "job")] * 2

@@ -2,7 +2,8 @@
 
 import json
 
-from relay import admin, deadletter
+from relay import admin
+from relay.store import deadletter
 from relay.codec import parse_record
 from relay.store.keys import ChannelKeys
 from tests.helpers.admin import ok, ok_json, run

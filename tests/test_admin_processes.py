@@ -10,7 +10,8 @@ import time
 import gnsq
 from click.testing import CliRunner
 
-from relay import admin, jobs
+from relay import admin
+from workers import operations
 from relay.codec import parse_record
 from relay.store import Store
 from relay.store.connection import connect
@@ -31,7 +32,7 @@ def test_empty_of_a_big_channel_runs_in_a_real_jobs_worker(processes, redis_url)
     processes.jobs()
     store.subscribe("t", "c", "")
     fill(store, "t", 50_000)
-    assert wait_for(lambda: jobs.has_worker(store.redis), 20)
+    assert wait_for(lambda: operations.has_worker(store.redis), 20)
     producer = Producer(Store(connect(redis_url)), "t")
     producer.start()
     assert wait_for(lambda: len(producer.bodies) >= 100)

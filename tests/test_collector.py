@@ -1,8 +1,8 @@
-"""The broker's garbage collector policy (relay/collector.py)."""
+"""The broker's garbage collector policy (relay/broker/collector.py)."""
 
 import gc
 
-from relay import collector
+from relay.broker import collector
 
 
 def test_the_survivors_of_a_full_collection_are_frozen():

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from relay import deadletter
+from relay.store import deadletter
 from relay.errors import StoreError
 from relay.codec import parse_record
 from relay.store import keys

@@ -17,7 +17,7 @@ import rq
 from relay import embedded, jobs
 from relay.codec import FRAME_RESPONSE
 from relay.errors import StoreConnectionError, StoreError
-from relay.jobs import QUEUE_KEY
+from workers.operations import QUEUE_KEY
 from relay.store import Store
 from relay.store.connection import connect
 from relay.store.keys import TopicKeys

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from relay import embedded
 from relay.codec import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, frame, parse_record
-from relay.protocol.reader import MAX_LINE
+from relay.broker.protocol.reader import MAX_LINE
 from relay.store.connection import connect
 from relay.store.keys import ChannelKeys
 from tests.helpers.api import Api

@@ -4,7 +4,7 @@ import time
 from types import SimpleNamespace
 
 from relay.store.connection import connect
-from relay.wakeups import WakeupListener
+from relay.broker.wakeups import WakeupListener
 from tests.helpers.store import subscribed
 from tests.helpers.wire import Wire
 

@@ -5,7 +5,8 @@ import time
 
 import fakeredis
 
-from relay import jobs, stats
+from relay.store import stats
+from workers import operations
 from relay.codec import parse_record
 from relay.store import Store
 from relay.store.keys import ChannelKeys, TopicKeys
@@ -28,7 +29,7 @@ def test_drop_detaches_into_trash_and_frees_it_in_chunks(store):
     assert dropped.last_id == 4
     assert [k.rsplit(":", 1)[1] for k in dropped.trash] == ["1", "2", "3", "4", "5"]
     assert all(k.startswith("relay:{t}:trash:") for k in dropped.trash)
-    assert jobs.trash_sizes(store, dropped.trash) == [(b"list", 2), (b"zset", 1), (b"zset", 1),
+    assert operations.trash_sizes(store, dropped.trash) == [(b"list", 2), (b"zset", 1), (b"zset", 1),
                                                 (b"hash", 2), (b"hash", 1)]
     c = store.read_channel("t", "c")
     assert (c["depth"], c["in_flight_count"], c["deferred_count"], c["message_count"]) == (
@@ -37,7 +38,7 @@ def test_drop_detaches_into_trash_and_frees_it_in_chunks(store):
     store.publish("t", [b"after"])
     assert queued_bodies(store, "t", "c") == [b"after"]
 
-    assert [sum(jobs.free_trash(store, k, 1)) for k in dropped.trash] == [2, 1, 1, 2, 1]
+    assert [sum(operations.free_trash(store, k, 1)) for k in dropped.trash] == [2, 1, 1, 2, 1]
     assert all_keys(store.redis, "relay:{t}:trash:*") == []
 
 
@@ -45,9 +46,9 @@ def test_free_trash_chunks(store):
     store.redis.rpush("relay:{t}:trash:x:1", *range(2500))
     store.redis.zadd("relay:{t}:trash:x:2", {str(i): i for i in range(2500)})
     store.redis.hset("relay:{t}:trash:x:3", mapping={str(i): i for i in range(2500)})
-    assert list(jobs.free_trash(store, "relay:{t}:trash:x:1", 1000)) == [1000, 1000, 500]
-    assert list(jobs.free_trash(store, "relay:{t}:trash:x:2", 1000)) == [1000, 1000, 500]
-    chunks = list(jobs.free_trash(store, "relay:{t}:trash:x:3", 1000))
+    assert list(operations.free_trash(store, "relay:{t}:trash:x:1", 1000)) == [1000, 1000, 500]
+    assert list(operations.free_trash(store, "relay:{t}:trash:x:2", 1000)) == [1000, 1000, 500]
+    chunks = list(operations.free_trash(store, "relay:{t}:trash:x:3", 1000))
     assert sum(chunks) == 2500 and len(chunks) >= 2
     assert all_keys(store.redis, "*") == []
 
@@ -59,10 +60,10 @@ def test_drop_deletes_channel_and_topic(store):
     assert store.detach("t", "nope", delete=True) is None
     channel = store.detach("t", "c", delete=True)
     assert store.channel_names("t") == ["d"]
-    assert jobs.trash_sizes(store, channel.trash) == [(b"list", 1)]
+    assert operations.trash_sizes(store, channel.trash) == [(b"list", 1)]
     assert all_keys(store.redis, "relay:{t}:ch:c:*") == []
     topic = store.detach("t", delete=True)
-    assert jobs.trash_sizes(store, topic.trash) == [(b"list", 1)]
+    assert operations.trash_sizes(store, topic.trash) == [(b"list", 1)]
     assert store.topic_names() == []
     assert store.detach("t", delete=True) is None
     assert sorted(all_keys(store.redis, "relay:{t}:*")) == sorted(
@@ -94,7 +95,7 @@ def test_empty_job_of_a_million_messages_keeps_what_is_published_meanwhile(store
     producer.start()
     while len(producer.bodies) < 100:
         time.sleep(0.001)
-    job = jobs.enqueue(backend, "empty", "t", "c")
+    job = operations.enqueue(backend, "empty", "t", "c")
     work(backend)
     time.sleep(0.05)
     producer.stop()
@@ -124,7 +125,7 @@ def test_empty_cut_is_the_first_step(store):
     store.subscribe("t", "c", "b1")
     fill(store, "t", 2500)
     store.deliver("t", "c", [("b1:1", 60000, 10)])
-    steps = jobs.empty(store, "t", "c")
+    steps = operations.empty(store, "t", "c")
     progress = next(steps)
     assert progress == {"cut_id": f"{2500:016x}", "done": 0, "total": 2490 + 10 * 3,
                         "messages": 2500}
@@ -138,7 +139,7 @@ def test_requeue_all_leaves_later_deliveries_alone(store):
     fill(store, "t", 2600)
     store.deliver("t", "c", [("b1:1", 60000, 1200), ("b2:1", 60000, 1200)])
     time.sleep(0.002)
-    steps = jobs.requeue_all(store, "t", "c")
+    steps = operations.requeue_all(store, "t", "c")
     progress = next(steps)
     assert (progress["done"], progress["total"], progress["requeued"]) == (0, 2400, 0)
     time.sleep(0.002)
@@ -157,8 +158,8 @@ def test_requeue_and_delete_jobs_report_progress_in_meta(store, backend):
     store.subscribe("t", "d", "b1")
     fill(store, "t", 3000)
     store.deliver("t", "c", [("b1:1", 60000, 2500)])
-    requeue = jobs.enqueue(backend, "requeue", "t", "c")
-    delete = jobs.enqueue(backend, "delete", "t", "")
+    requeue = operations.enqueue(backend, "requeue", "t", "c")
+    delete = operations.enqueue(backend, "delete", "t", "")
     work(backend)
     assert requeue.return_value() == {"operation": "requeue", "target": "t/c", "done": 2500,
                                       "total": 2500, "requeued": 2500,

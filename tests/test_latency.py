@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from relay import stats
-from relay.latency import NO_LATENCY, E2eLatency, bucket, bucket_value, describe, human, \
+from relay.store import stats
+from relay.store.latency import NO_LATENCY, E2eLatency, bucket, bucket_value, describe, human, \
     percentiles
 from tests.helpers.api import Api
 from tests.helpers.wire import FRAME_RESPONSE, Wire

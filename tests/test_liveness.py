@@ -3,7 +3,7 @@ sorted set scored with their expiry, the live list, ranks and leaving."""
 
 import json
 
-from relay import registry
+from relay.broker import registry
 from relay.liveness import Liveness
 from relay.store import keys
 

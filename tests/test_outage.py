@@ -10,7 +10,7 @@ import redis
 import rq
 
 from relay import embedded
-from relay.jobs import QUEUE as JOBS_QUEUE
+from workers.operations import QUEUE as JOBS_QUEUE
 from tests.helpers.api import Api
 from relay.codec import FRAME_ERROR
 from tests.helpers.wire import FRAME_RESPONSE, Wire

@@ -15,7 +15,7 @@ import gnsq
 import pytest
 import redis
 
-from relay import deadletter
+from relay.store import deadletter
 from relay.codec import parse_record
 from relay.store import Store, keys
 from relay.store.connection import connect, is_cluster

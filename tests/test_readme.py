@@ -201,7 +201,7 @@ def http_codes() -> set:
     """The error codes relay's HTTP servers can answer: the upper-case literals of
     relay/http, MISSING_ARG_<NAME> for each argument they require, and the codec's
     MPUB errors without their E_ (nsqd.py answers e.code[2:])."""
-    http = source_text("relay/http/*.py")
+    http = source_text("relay/broker/http/*.py")
     codec = source_text("relay/codec.py")
     assert "e.code[2:]" in http and 'f"MISSING_ARG_{name.upper()}"' in http
     return ({*re.findall(r'"([A-Z][A-Z_]+)\b', http)}
@@ -212,8 +212,8 @@ def http_codes() -> set:
 def protocol_codes() -> str:
     """The TCP protocol's sources, with f"E_{command}_FAILED" written out for each command
     that v2.py names in a str literal (FIN, REQ, TOUCH, PUB, MPUB, DPUB pass theirs)."""
-    protocol = source_text("relay/protocol/*.py", "relay/codec.py", "relay/auth.py",
-                           "relay/broker.py")
+    protocol = source_text("relay/broker/protocol/*.py", "relay/codec.py", "relay/broker/auth.py",
+                           "relay/broker/broker.py")
     assert 'f"E_{command}_FAILED"' in protocol
     commands = re.findall(r'b"([A-Z]+)": self\.', protocol)
     return protocol + " ".join(f"E_{c}_FAILED" for c in commands if f'"{c}"' in protocol)

@@ -1,5 +1,5 @@
 """A dead broker is reaped: reap.lua on every backend, the Reaper's decisions, and
-kill -9 of a real broker next to a surviving one (relay/reaper.py)."""
+kill -9 of a real broker next to a surviving one (workers/reaper.py)."""
 
 import http.client
 import json
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from relay.reaper import GRACE, Reaper
-from relay.registry import TTL_MS
+from workers.reaper import GRACE, Reaper
+from relay.broker.registry import TTL_MS
 from relay.store import keys
 from relay.store.keys import ChannelKeys, TopicKeys
 from tests.helpers.store import bodies, empty_channel, queue, subscribed

@@ -14,7 +14,9 @@ import time
 import pytest
 import redis
 
-from relay import deadletter, embedded, jobs
+from relay import embedded
+from relay.store import deadletter
+from workers import operations
 from relay.codec import FRAME_ERROR, make_record
 from relay.errors import StoreError
 from relay.store import Store
@@ -211,10 +213,10 @@ def test_without_the_replicas_the_spark_sink_and_a_redrive_job_fail(single_redis
     record = make_record(time.time_ns(), 2, b"0000000000000001", b"dead")
     store.publish("t.dead", [deadletter.envelope("t", "c", record)])
     client = store.redis
-    waiting = jobs.enqueue(client, "redrive", "t", "c", {"wait_replicas": 1, "wait_timeout": 200})
+    waiting = operations.enqueue(client, "redrive", "t", "c", {"wait_replicas": 1, "wait_timeout": 200})
     work(client)
     assert waiting.get_status(refresh=True) == "failed"
     assert "0 of 1 replicas confirmed" in waiting.latest_result().exc_string
-    alone = jobs.enqueue(client, "redrive", "t", "c", Store(client).replication())
+    alone = operations.enqueue(client, "redrive", "t", "c", Store(client).replication())
     work(client)
     assert (alone.get_status(refresh=True), alone.result["requeued"]) == ("finished", 1)

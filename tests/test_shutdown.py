@@ -5,7 +5,7 @@ stops its rq worker."""
 import signal
 import time
 
-from relay import jobs as relay_jobs
+from workers import operations
 from relay.codec import CLOSE_WAIT
 from relay.store import keys
 from relay.store.connection import connect
@@ -69,12 +69,12 @@ def test_sigterm_stops_the_jobs_worker_and_its_rq_worker(processes):
     jobs = processes.jobs()
     connection = connect(processes.redis_url)
     deadline = time.monotonic() + 15
-    while not relay_jobs.has_worker(connection) and time.monotonic() < deadline:
+    while not operations.has_worker(connection) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert relay_jobs.has_worker(connection)
+    assert operations.has_worker(connection)
     jobs.send_signal(signal.SIGTERM)
     assert jobs.wait(10) == 0
     deadline = time.monotonic() + 5
-    while relay_jobs.has_worker(connection) and time.monotonic() < deadline:
+    while operations.has_worker(connection) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not relay_jobs.has_worker(connection)     # the rq worker left too
+    assert not operations.has_worker(connection)     # the rq worker left too

@@ -21,7 +21,7 @@ if not REQUIRE_SPARK:
 
 import relay.spark  # noqa: E402
 from relay.codec import record_id  # noqa: E402
-from relay.spark_batches import QueryBatches  # noqa: E402
+from relay.spark.batches import QueryBatches  # noqa: E402
 from relay.store import Store  # noqa: E402
 from relay.store.connection import connect  # noqa: E402
 from tests.helpers.servers import flush  # noqa: E402

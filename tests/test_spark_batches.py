@@ -1,11 +1,11 @@
-"""A Spark query's micro-batches in Redis (relay/spark_batches.py) shared with NSQ
+"""A Spark query's micro-batches in Redis (relay/spark/batches.py) shared with NSQ
 consumers and the scanner, without Spark: these need no Java runtime."""
 
 import time
 
 import pytest
 
-from relay.spark_batches import QueryBatches
+from relay.spark.batches import QueryBatches
 from relay.store import Store
 from relay.store.connection import connect
 from tests.helpers.servers import flush

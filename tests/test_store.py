@@ -797,7 +797,7 @@ def test_wake_notifications(store):
     each after the topic's version it made and "|"."""
     wake = TopicKeys.of("t").wake
     sub = store.redis.pubsub()
-    if is_cluster(store.redis):  # sharded pub/sub (relay/wakeups.py)
+    if is_cluster(store.redis):  # sharded pub/sub (relay/broker/wakeups.py)
         sub.ssubscribe(wake)
         get, kind = sub.get_sharded_message, "smessage"
     else:

@@ -7,7 +7,7 @@ import zlib
 import pytest
 
 from relay.errors import FatalClientError
-from relay.transport import Deflate
+from relay.broker.transport import Deflate
 
 
 class OneRead:

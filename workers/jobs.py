@@ -1,4 +1,4 @@
-"""`relay jobs`: the rq worker that runs relay-admin's long operations (relay/jobs.py),
+"""`relay jobs`: the rq worker that runs relay-admin's long operations (workers/operations.py),
 supervised: started again when it dies, stopped gracefully on SIGTERM."""
 
 import logging
@@ -10,7 +10,7 @@ from typing import Callable
 import redis
 from redis.exceptions import RedisClusterException
 
-from relay.jobs import QUEUE, QUEUE_KEY
+from workers.operations import QUEUE, QUEUE_KEY
 from relay.options import redacted_url
 from relay.store.connection import connect, is_cluster, node_url
 

@@ -20,8 +20,8 @@ changes the share at the next heartbeat of the others; one killed with -9 leaves
 its share uncovered until its registration expires (SHARE_TTL), after which the
 others take it over: messages are requeued late, never lost. Overlaps while the
 share changes are harmless: scan.lua is atomic, so a message is requeued once.
-Scanners also publish dead letters to their dead-letter topic (relay/deadletter.py)
-and reap what dead brokers left (relay/reaper.py).
+Scanners also publish dead letters to their dead-letter topic (relay/store/deadletter.py)
+and reap what dead brokers left (workers/reaper.py).
 """
 
 import logging
@@ -36,10 +36,10 @@ from functools import cached_property
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException, RedisError
 
-from relay import deadletter
+from relay.store import deadletter
 from relay.errors import StoreConnectionError, StoreError
 from relay.liveness import Liveness
-from relay.reaper import Reaper
+from workers.reaper import Reaper
 from relay.store import Store, connect_redis, guarded, keys, replication
 from relay.store.keys import TopicKeys
 

@@ -22,7 +22,7 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
     relay:broker:ID                   HASH  a live broker's addresses, ports, version (TTL)
     relay:broker:ID:clients           STRING JSON list of that broker's subscribed clients (TTL)
     relay:reap:ID                     STRING the reaper cleaning up after dead broker ID,
-                                            then "done" (TTL; relay/reaper.py)
+                                            then "done" (TTL; workers/reaper.py)
     relay:scanners                    ZSET  scanner id -> expiry (ms) of its registration;
                                             the live ones split the slots between them
     relay:partitions                  SET   the parts beyond the first of partitioned
@@ -35,12 +35,12 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
     relay:{T}:backlog                 LIST  records published while the topic had no channel
     relay:{T}:backlog:deferred        ZSET  record -> due time (ms), same situation, deferred
     relay:{T}:trash:X:N               any   what an empty or delete took out (drop.lua), until
-                                            freed (relay/jobs.py); X is one drop's token
+                                            freed (workers/operations.py); X is one drop's token
     relay:{T}:staging:X               LIST  the bodies of one MPUB too big for one call,
                                             staged just before its publish call (TTL)
     relay:{T}:wake                    pub/sub: "V|" = whole topic has news, "V|C" = one
                                             channel, V the version it made
-                                            (relay/wakeups.py lists the rest)
+                                            (relay/broker/wakeups.py lists the rest)
     relay:{T}:tombstones              HASH  broker HTTP address -> end (ms) of its tombstone
                                             for the topic (nsqlookupd's /topic/tombstone; TTL)
     relay:{T}:deregistered            HASH  "" (the topic) or channel -> end (ms): lookupd's
@@ -62,7 +62,7 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             published them to the dead-letter topic
     relay:{T}:ch:C:dead:lock          STRING the scanner forwarding them (short TTL)
     relay:{T}:ch:C:spark:Q:progress   HASH  claimed, finished, parked: micro-batches of
-                                            Spark query consumer Q (relay/spark_batches.py)
+                                            Spark query consumer Q (relay/spark/batches.py)
     relay:{T}:ch:C:spark:Q:batch:N    LIST  the records Spark's batch N claimed, until the
                                             query's checkpoint holds it as done
     relay:{T}:ch:C:spark:Q:strays     SET   ids whose claim ran out before their batch was
@@ -70,7 +70,7 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
     relay:{T}:ch:C:e2e:N              HASH  latency bucket -> FINs in half-window N of
                                             --e2e-processing-latency-window-time (expires)
     {rq}:*                            rq's queue "relay": relay-admin's jobs and the
-                                            `relay jobs` workers (relay/jobs.py); one hash
+                                            `relay jobs` workers (workers/operations.py); one hash
                                             tag, so rq's transactions work on a cluster
 
 """
@@ -193,11 +193,11 @@ class ChannelKeys:
         return cls(topic, channel, *(p + s for s in CHANNEL_SUFFIXES))
 
     def spark(self, consumer: str, part: str) -> str:
-        """A Spark query's progress, strays or one batch's claims (relay/spark_batches.py)."""
+        """A Spark query's progress, strays or one batch's claims (relay/spark/batches.py)."""
         return f"{channel_prefix(self.topic)}{self.name}:spark:{consumer}:{part}"
 
     def e2e(self, slot: int) -> str:
-        """FIN latency buckets of one half-window (relay/latency.py)."""
+        """FIN latency buckets of one half-window (relay/store/latency.py)."""
         return f"{channel_prefix(self.topic)}{self.name}:e2e:{slot}"
 
     def all(self):

@@ -330,7 +330,7 @@ class Store:
                    incarnation], int)
 
     def reap_op(self, part: str, channel: str, broker_id: str) -> Op:
-        """A dead broker's share of a channel's part (relay/reaper.py): (0 kept,
+        """A dead broker's share of a channel's part (workers/reaper.py): (0 kept,
         1 ephemeral channel deleted, 2 topic deleted too; in-flight messages requeued)."""
         topic = split_part(part)[0]
         return Op("reap", [*_leave_keys(part, channel), TopicKeys.of(part).version],

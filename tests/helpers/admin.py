@@ -4,7 +4,8 @@ import json
 
 from click.testing import CliRunner
 
-from relay import admin, admin_args
+from relay import admin
+from relay.admin import args as admin_args
 
 
 def run(backend, *args, input=None, color=False):

@@ -6,7 +6,7 @@ import time
 
 from rq import Queue, SimpleWorker
 
-from relay import jobs
+from workers import operations
 from workers.jobs import worker_connection
 
 
@@ -48,4 +48,4 @@ class Producer(threading.Thread):
 def work(backend):
     """Run every queued job with a real rq worker, in this process (burst mode)."""
     connection = worker_connection(backend)
-    SimpleWorker([Queue(jobs.QUEUE, connection=connection)], connection=connection).work(burst=True)
+    SimpleWorker([Queue(operations.QUEUE, connection=connection)], connection=connection).work(burst=True)

@@ -3,7 +3,7 @@
 -- Channel.Delete, Topic.Empty, Topic.Delete). The keys holding the dropped messages
 -- are renamed to trash keys, O(1) each, so this one call is the cut: what the target
 -- holds now goes, what is published after it stays. The caller frees the trash, at
--- once (UNLINK) or in short chunks (relay/jobs.py). Emptying keeps the counters;
+-- once (UNLINK) or in short chunks (workers/operations.py). Emptying keeps the counters;
 -- the topic's id counter always stays, so ids are never reused.
 --
 -- KEYS[1] topic ids   KEYS[2] topic channels   KEYS[3] topic meta   KEYS[4] backlog

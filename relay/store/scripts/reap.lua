@@ -1,5 +1,5 @@
 -- include: leave.lua, lease.lua, queue.lua, news.lua
--- reap: remove from one channel what a dead broker left (relay/reaper.py): its
+-- reap: remove from one channel what a dead broker left (workers/reaper.py): its
 -- consumers, then the channel if it is ephemeral and that leaves it without one
 -- (as unsubscribe.lua), else its connections' in-flight messages go back to the
 -- queue at once. Safe to run again: a second run finds nothing of the broker, nor

@@ -12,7 +12,7 @@
 -- incarnation (a number from the topic version key's field `channels`, new each time
 -- a channel of the topic is created; not news: brokers need not look again)
 -- and the count of empties (drop.lua) are what brokers compare to see that the
--- channel their consumers joined was deleted or emptied (relay/wakeups.py).
+-- channel their consumers joined was deleted or emptied (relay/broker/wakeups.py).
 local created = redis.call('SADD', KEYS[1], ARGV[1])
 if ARGV[2] ~= '' then
   redis.call('HINCRBY', KEYS[8], ARGV[2], 1)

@@ -1,7 +1,7 @@
 -- lease.lua provides new_lease(), parse_lease(), lease_of(), held() and leases_of(): an
 -- in-flight message's lease in
 -- its channel's leases hash is "<delivered ms> <owner>" (written by deliver.lua, checked
--- by FIN, REQ and TOUCH; the Store's admin requeue and relay/stats.py read it too).
+-- by FIN, REQ and TOUCH; the Store's admin requeue and relay/store/stats.py read it too).
 local function new_lease(delivered_ms, owner)
   return string.format('%d %s', delivered_ms, owner)
 end

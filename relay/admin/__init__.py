@@ -2,7 +2,7 @@
 
 Every command prints an aligned table (or one line) and takes --json; it exits 0 on
 success, 1 with one line on stderr on an error and 2 with one line on a usage error.
-empty, delete, requeue --all and redrive run as rq jobs (relay/jobs.py) when the target
+empty, delete, requeue --all and redrive run as rq jobs (workers/operations.py) when the target
 holds more than INLINE_LIMIT messages.
 """
 
@@ -14,18 +14,20 @@ import time
 import click
 from rq.job import JobStatus
 
-from relay import deadletter, jobs, registry
-from relay import stats as relay_stats
-from relay.admin_args import (REDIS_ENV, AdminGroup, background_option, existing, fail,
+from relay.broker import registry
+from relay.store import deadletter
+from relay.store import stats as relay_stats
+from workers import operations
+from relay.admin.args import (REDIS_ENV, AdminGroup, background_option, existing, fail,
                               parse_target, redis_options, relay_options, replicated)
-from relay.admin_text import (clients_table, percent, preview, show, stats_text, summary,
+from relay.admin.text import (clients_table, percent, preview, show, stats_text, summary,
                                table, utc)
 from relay.codec import MSG_ID_LENGTH, is_valid_name
 from relay.options import DEFAULT_CONFIG, Options, option_source
 from relay.store import Store
 from relay.store.keys import MAX_PARTITIONS
 from relay.store.store import PartitionsRefused
-from relay.tail import Tail, TailError
+from relay.admin.tail import Tail, TailError
 
 INLINE_LIMIT = 10_000
 POLL = 0.1
@@ -99,7 +101,7 @@ def stats(store, as_json, target, watch, by_part):
 
 
 def stats_with_clients(store: Store, topic, channel, by_part: bool = False) -> dict:
-    """relay/stats.py's figures, each channel with the clients live brokers announced and
+    """relay/store/stats.py's figures, each channel with the clients live brokers announced and
     their number as client_count (rather than the channel's consumer counts, which keep
     those of a broker killed with -9), so the table counts the clients it lists."""
     data = relay_stats.collect(store, topic, channel, by_part=by_part)
@@ -160,7 +162,7 @@ def inflight(store, as_json, target, limit):
 def list_jobs(store, as_json):
     """rq jobs of relay-admin (queue "relay"), oldest first, with state and progress."""
     rows = []
-    for job in jobs.all_jobs(store.redis):
+    for job in operations.all_jobs(store.redis):
         progress = job.meta.get("progress", {})
         rows.append({"job": job.id, "operation": job.meta.get("operation"),
                      "target": job.meta.get("target"),
@@ -294,18 +296,18 @@ def run_operation(store: Store, as_json: bool, operation: str, topic: str,
     else as an rq job with a progress bar; --background always queues a job and returns."""
     channel = channel or ""
     if background:
-        job = jobs.enqueue(store.redis, operation, topic, channel, store.replication())
+        job = operations.enqueue(store.redis, operation, topic, channel, store.replication())
         show({"job": job.id, "status": "queued", "operation": operation,
-              "target": jobs.target(topic, channel)}, as_json,
+              "target": operations.target(topic, channel)}, as_json,
              f"queued job {job.id}: {job.description} (relay-admin jobs shows it)")
         return
     if (held_messages(store, topic, channel) if size is None else size) <= INLINE_LIMIT:
-        result = jobs.run(store, operation, topic, channel)
-    elif not jobs.has_worker(store.redis):
+        result = operations.run(store, operation, topic, channel)
+    elif not operations.has_worker(store.redis):
         fail("no `relay jobs` worker is running: start one, or pass --background "
              "to queue the job")
     else:
-        result = wait(jobs.enqueue(store.redis, operation, topic, channel,
+        result = wait(operations.enqueue(store.redis, operation, topic, channel,
                                    store.replication()))
     show(result, as_json, summary(result))
 

@@ -5,7 +5,7 @@ credit and the channel may have messages, pop up to the summed credit in one
 deliver call and hand each client its share. When a call comes back short or says the
 queue is empty, the channel is drained and the loop sleeps until a wake-up (a publish or
 requeue on this topic, via Redis pub/sub, or the broker's once-a-second read of its
-topics' versions when one was missed: relay/wakeups.py) or more credit.
+topics' versions when one was missed: relay/broker/wakeups.py) or more credit.
 
 A channel deleted or emptied elsewhere is seen the same two ways, and compared with
 what SUB returned (its incarnation and count of empties, subscribe.lua).
@@ -23,8 +23,8 @@ import logging
 import gevent
 from gevent.event import Event
 
-from relay.client import Client
-from relay.context import BrokerContext
+from relay.broker.client import Client
+from relay.broker.context import BrokerContext
 from relay.errors import StoreError
 from relay.store.keys import id_part, part_name
 from relay.store.runner import MAX_CALL_ARGS

@@ -38,7 +38,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from relay.context import BrokerContext
+from relay.broker.context import BrokerContext
 from relay.errors import StoreError
 from relay.store import Store, connect_redis
 from relay.store.connection import is_cluster, sharded_pubsub

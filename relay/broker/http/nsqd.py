@@ -10,15 +10,16 @@ import logging
 import socket
 import time
 
-from relay import registry, stats
+from relay.broker import registry
+from relay.store import stats
 from relay.codec import NSQD_VERSION, parse_int64, split_mpub
-from relay.context import BrokerContext
+from relay.broker.context import BrokerContext
 from relay.errors import ClientError, StoreError
-from relay.http.lookupd import LookupdApi
-from relay.http.server import (JSON, HttpError, HttpServer, Routes, Typed, existing_topic,
+from relay.broker.http.lookupd import LookupdApi
+from relay.broker.http.server import (JSON, HttpError, HttpServer, Routes, Typed, existing_topic,
                                from_registry, from_store)
 from relay.log import LEVELS, set_level
-from relay.metrics import CONTENT_TYPE
+from relay.broker.metrics import CONTENT_TYPE
 from relay.options import DURATION
 
 log = logging.getLogger("relay.http")

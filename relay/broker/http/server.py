@@ -16,8 +16,8 @@ import redis
 from gevent.pywsgi import WSGIServer
 
 from relay import codec
-from relay.auth import AuthError
-from relay.context import BrokerContext
+from relay.broker.auth import AuthError
+from relay.broker.context import BrokerContext
 from relay.errors import RelayError, StoreError
 from relay.sockio import listen
 
@@ -118,7 +118,7 @@ def from_store(broker, fn):
 
 
 def from_registry(broker, fn):
-    """fn(broker.redis), for the broker registry's plain commands (relay/registry.py);
+    """fn(broker.redis), for the broker registry's plain commands (relay/broker/registry.py);
     a Redis failure answers 500 INTERNAL_ERROR."""
     try:
         return fn(broker.redis)

@@ -9,7 +9,7 @@ import sys
 import click
 import redis
 
-from relay import jobs
+from workers import operations
 from relay.codec import is_valid_name
 from relay.errors import ConfigError, StoreConnectionError, StoreError
 from relay.options import Options, config_file, load_options, redacted_url
@@ -36,7 +36,7 @@ def redis_options(command):
         except (StoreConnectionError, redis.exceptions.ConnectionError,
                 redis.exceptions.TimeoutError) as e:
             fail(f"redis at {redacted_url(redis_url)} is unreachable: {e}")
-        except (StoreError, jobs.NotFound) as e:
+        except (StoreError, operations.NotFound) as e:
             fail(str(e))
     return wrapper
 

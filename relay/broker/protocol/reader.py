@@ -7,7 +7,7 @@ import time
 import gevent
 
 from relay import codec
-from relay.client import Client
+from relay.broker.client import Client
 from relay.errors import Disconnect
 
 MAX_LINE = 16 * 1024

@@ -7,7 +7,7 @@ each has in flight. Everything else is in Redis, so brokers can run side by side
 In-flight messages of a connection that closes (EOF, client timeout, fatal
 error, broker shutdown) are requeued at once, under the owner check, so they
 are never delivered twice. If the broker process itself dies, a scanner requeues
-them when its registration expires (relay/reaper.py).
+them when its registration expires (workers/reaper.py).
 """
 
 import itertools
@@ -23,24 +23,26 @@ import redis
 from gevent.event import Event
 from gevent.server import StreamServer
 
-from relay import codec, collector, stats, transport
-from relay.auth import Authorizer
-from relay.channel import Channel
-from relay.client import CLOSING, SUBSCRIBED, Client
+from relay import codec
+from relay.broker import collector, transport
+from relay.store import stats
+from relay.broker.auth import Authorizer
+from relay.broker.channel import Channel
+from relay.broker.client import CLOSING, SUBSCRIBED, Client
 from relay.errors import StoreError
-from relay.http.lookupd import lookupd_server
-from relay.http.nsqd import nsqd_server
-from relay.latency import E2eLatency
-from relay.metrics import Metrics
+from relay.broker.http.lookupd import lookupd_server
+from relay.broker.http.nsqd import nsqd_server
+from relay.store.latency import E2eLatency
+from relay.broker.metrics import Metrics
 from relay.codec import NSQD_VERSION
 from relay.options import Options, redacted_url
-from relay.protocol.reader import Reader
-from relay.protocol.v2 import ProtocolV2
-from relay.registry import Registry
+from relay.broker.protocol.reader import Reader
+from relay.broker.protocol.v2 import ProtocolV2
+from relay.broker.registry import Registry
 from relay.sockio import listen, raise_open_file_limit
 from relay.store import Store, connect_redis, replication
 from relay.store.commit import GroupCommit
-from relay.wakeups import WakeupListener
+from relay.broker.wakeups import WakeupListener
 
 log = logging.getLogger("relay.broker")
 
@@ -121,7 +123,7 @@ class Broker:
     def serve_forever(self, started=None) -> None:
         """Serve until SIGTERM or SIGINT; the handlers come first, so a signal that
         arrives as soon as the port accepts still stops the broker cleanly. `started()`
-        is called once it listens (relay/prefork.py waits for it)."""
+        is called once it listens (relay/broker/prefork.py waits for it)."""
         stop = Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             gevent.signal_handler(sig, stop.set)

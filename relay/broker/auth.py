@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from marshmallow import ValidationError
 
 from relay.errors import ConfigError, RelayError
-from relay.schemas import AuthReplySchema
+from relay.broker.schemas import AuthReplySchema
 
 REQUEST_TIMEOUT = 5.0
 _reply_schema = AuthReplySchema()

@@ -11,10 +11,11 @@ from gevent.event import Event
 from gevent.lock import Semaphore
 from gevent.queue import Queue
 
-from relay import codec, transport
+from relay import codec
+from relay.broker import transport
 
 if TYPE_CHECKING:
-    from relay.channel import Channel
+    from relay.broker.channel import Channel
 
 INIT, SUBSCRIBED, CLOSING = "init", "subscribed", "closing"
 DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024
@@ -49,7 +50,7 @@ class Client:
         self.tls_common_name = ""
         self.tls_details = transport.NO_TLS
         self.secret = ""
-        self.grant = None       # relay.auth.Grant once AUTH succeeded
+        self.grant = None       # relay.broker.auth.Grant once AUTH succeeded
         self.remote_address = f"{address[0]}:{address[1]}"
         self.state = INIT
         self.client_id = self.hostname = str(address[0])

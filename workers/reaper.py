@@ -1,7 +1,7 @@
 """The reaper: removes what a dead broker left in Redis (run by each scanner).
 
 A broker killed with -9 cannot unsubscribe its consumers or give back what its
-connections held. When its registration expires (relay/registry.py), the reaper
+connections held. When its registration expires (relay/broker/registry.py), the reaper
 takes its id out of every channel's consumers, deletes the ephemeral channels (and
 ephemeral topics) that leaves without a consumer, and requeues at once the messages
 its connections held in flight (their leases name the owner "broker id:connection"),
@@ -23,7 +23,7 @@ import time
 from functools import cached_property
 
 from relay.liveness import Liveness
-from relay.registry import broker_liveness
+from relay.broker.registry import broker_liveness
 from relay.store import Store, guarded, keys
 
 log = logging.getLogger("relay.reaper")

@@ -6,7 +6,7 @@
          .option("topic", "events").option("channel", "spark").load()
 
 Streaming read: each micro-batch claims up to max_messages_per_batch messages of the
-channel (relay/spark_batches.py): in flight under the batch's owner, so NSQ consumers of
+channel (relay/spark/batches.py): in flight under the batch's owner, so NSQ consumers of
 the same channel never get them, with their records kept so that a batch Spark runs
 again has the same messages. A batch is finished when Spark's checkpoint holds it as
 done, which Spark shows by asking for the offsets after it. While the query lives its
@@ -35,7 +35,7 @@ from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStre
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows,
                                               SupportsTriggerAvailableNow)
 
-from relay.spark_batches import LEASE_MS, PARK_MS, QueryBatches
+from relay.spark.batches import LEASE_MS, PARK_MS, QueryBatches
 
 SCHEMA = ("id string, topic string, channel string, body binary, timestamp timestamp, "
           "attempts int")
@@ -150,7 +150,7 @@ class BatchPartition(InputPartition):
 
 class ChannelStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batches of claimed messages; offsets are {"batch": n}, the query's own batch
-    numbers (relay/spark_batches.py). Spark calls every method but read() in one process
+    numbers (relay/spark/batches.py). Spark calls every method but read() in one process
     of the driver that lives as long as the query: the first call starts the lease keeper
     there, and stop() parks what is not confirmed."""
 

@@ -2,7 +2,7 @@
 in-flight messages of a channel (relay-admin inflight).
 
 Every message of relay is in Redis, so `backend_depth` equals `depth`;
-e2e_processing_latency comes from relay/latency.py.
+e2e_processing_latency comes from relay/store/latency.py.
 """
 
 import datetime
@@ -12,13 +12,13 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from relay.codec import is_ephemeral, parse_record
-from relay.latency import NO_LATENCY, E2eLatency, describe, percentiles
+from relay.store.latency import NO_LATENCY, E2eLatency, describe, percentiles
 from relay.store import Store, guarded
 from relay.store.store import summed
 from relay.store.keys import ChannelKeys
 
 if TYPE_CHECKING:  # relay-admin reads stats without the broker's gevent modules
-    from relay.client import Client
+    from relay.broker.client import Client
 
 
 def collect(store: Store, topic: str | None = None, channel: str | None = None,
@@ -113,7 +113,7 @@ def client_stats(client: "Client") -> dict:
 
 
 def announcement(client: "Client") -> str:
-    """A subscribed client's entry in its broker's registration (relay/registry.py), as
+    """A subscribed client's entry in its broker's registration (relay/broker/registry.py), as
     JSON: its stats, channel and owner id (as in-flight leases name it). Encoded again
     only when a figure that can change after SUB did: encoding 10,000 idle consumers at
     every heartbeat took 75 ms, and its garbage made the collector walk every object."""

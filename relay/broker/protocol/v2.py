@@ -17,14 +17,14 @@ from gevent.event import AsyncResult
 from marshmallow import ValidationError
 
 from relay import codec
-from relay.auth import AuthError
-from relay.client import CLOSING, INIT, SUBSCRIBED, Client
+from relay.broker.auth import AuthError
+from relay.broker.client import CLOSING, INIT, SUBSCRIBED, Client
 from relay.codec import NSQD_VERSION, base10, go_quote, int64, read_mpub
-from relay.context import BrokerContext
+from relay.broker.context import BrokerContext
 from relay.errors import ClientError, Disconnect, FatalClientError, StoreError
-from relay.protocol.reader import MAX_GATHERED_FINS, Reader, largest_command
-from relay.schemas import IdentifySchema
-from relay.transport import CompressionError
+from relay.broker.protocol.reader import MAX_GATHERED_FINS, Reader, largest_command
+from relay.broker.schemas import IdentifySchema
+from relay.broker.transport import CompressionError
 
 log = logging.getLogger("relay.protocol")
 

@@ -3,7 +3,7 @@
 for all of them, and `relay-admin` can show every broker's clients.
 
 A broker killed with -9 drops out when its registration expires (3 heartbeats), and
-its clients with it; a scanner then reaps what it left in the channels (relay/reaper.py). The clients are announced at each heartbeat and soon after one
+its clients with it; a scanner then reaps what it left in the channels (workers/reaper.py). The clients are announced at each heartbeat and soon after one
 subscribes or leaves, so their counters are up to a heartbeat old.
 
 A broker tombstoned for a topic (nsqlookupd's /topic/tombstone) is named by its HTTP

@@ -9,12 +9,12 @@ tombstones.
 
 import logging
 
-from relay import registry
+from relay.broker import registry
 from relay.codec import NSQD_VERSION, is_valid_name
-from relay.context import BrokerContext
-from relay.http.server import (HttpError, HttpServer, Routes, existing_topic, from_registry,
+from relay.broker.context import BrokerContext
+from relay.broker.http.server import (HttpError, HttpServer, Routes, existing_topic, from_registry,
                                from_store)
-from relay.registry import live_brokers
+from relay.broker.registry import live_brokers
 
 log = logging.getLogger("relay.http")
 
@@ -84,7 +84,7 @@ class LookupdApi:
         """nsqlookupd forgets the topic and answers 200, known or not. relay's
         registrations are the topic itself, shared by every broker, so the data stays for
         the nsqd API's /topic/delete that nsqadmin sends each producer next; the first
-        deletes it, and the others answer 200 as well (relay/http/nsqd.py)."""
+        deletes it, and the others answer 200 as well (relay/broker/http/nsqd.py)."""
         topic = request.required("topic")
         if is_valid_name(topic):
             self._deregister(topic, "")

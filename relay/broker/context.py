@@ -10,12 +10,12 @@ if TYPE_CHECKING:
     from redis import Redis
     from redis.cluster import RedisCluster
 
-    from relay.auth import Authorizer
-    from relay.channel import Channel
-    from relay.client import Client
-    from relay.http.server import HttpServer
-    from relay.latency import E2eLatency
-    from relay.metrics import Metrics
+    from relay.broker.auth import Authorizer
+    from relay.broker.channel import Channel
+    from relay.broker.client import Client
+    from relay.broker.http.server import HttpServer
+    from relay.store.latency import E2eLatency
+    from relay.broker.metrics import Metrics
     from relay.options import Options
     from relay.store import Store
     from relay.store.commit import GroupCommit
@@ -25,7 +25,7 @@ class BrokerContext(Protocol):
     """What the protocol handlers, the channels' delivery loops, the wake-up listener,
     /metrics and the HTTP API use of the broker they serve, so a reader (and a type
     checker) can follow the data path without the broker's lifecycle.
-    relay.broker.Broker is the one implementation. Nothing here is imported at run
+    relay.broker.broker.Broker is the one implementation. Nothing here is imported at run
     time, so any module can name this type without an import cycle."""
 
     options: Options                        # replaced whole by PUT /config/log_level
