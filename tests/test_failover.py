@@ -14,7 +14,8 @@ import pytest
 import redis
 import rq
 
-from relay import embedded, jobs
+from relay import embedded
+from workers import operations
 from relay.codec import FRAME_RESPONSE
 from relay.errors import StoreConnectionError, StoreError
 from workers.operations import QUEUE_KEY
@@ -227,7 +228,7 @@ def consuming(ports: list, topic: str, received: set) -> gnsq.Consumer:
 def job_done(url: str) -> bool:
     """Whether `relay jobs` runs a job enqueued now, within 15 s."""
     connection = worker_connection(connect(url))
-    job = rq.Queue(jobs.QUEUE, connection=connection).enqueue(len, "abc")
+    job = rq.Queue(operations.QUEUE, connection=connection).enqueue(len, "abc")
     deadline = time.monotonic() + 15
     while job.get_status() != "finished" and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -258,7 +259,7 @@ def test_the_jobs_worker_follows_the_promoted_replica(replicated, tmp_path):
     processes = Processes(url, str(tmp_path))
     try:
         worker = processes.jobs()
-        assert wait_for(lambda: jobs.has_worker(worker_connection(connect(url))), timeout=10)
+        assert wait_for(lambda: operations.has_worker(worker_connection(connect(url))), timeout=10)
         os.kill(nodes[dead].pid, signal.SIGKILL)
         promoted(survivor, connect(url).keyslot(QUEUE_KEY), dead, timeout=15)
         assert job_done(url), processes.logs()
