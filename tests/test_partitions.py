@@ -20,7 +20,7 @@ from relay.codec import parse_record
 from relay.store import Store, keys
 from relay.store.connection import connect, is_cluster
 from relay.store.keys import ChannelKeys, TopicKeys, part_name
-from relay.store.store import PartitionsRefused
+from relay.store.control import PartitionsRefused
 from tests.helpers.gnsq_clients import addr, stop, wait_for
 from tests.helpers.store import bodies, channel_state, now_ms, wait_past
 from tests.helpers.wire import Wire

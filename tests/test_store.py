@@ -14,7 +14,7 @@ from relay import codec
 from relay.errors import StoreError
 from relay.codec import make_record, parse_record
 from relay.store import keys, runner
-from relay.store import store as store_module
+from relay.store import data_path
 from relay.store.connection import is_cluster
 from relay.store.keys import ChannelKeys, TopicKeys
 from workers.scanner import Scanner
@@ -231,7 +231,7 @@ def test_an_mpub_too_big_for_one_call_is_staged_and_published_whole(store, defer
     subscribed(store, "t", "c")
     other = store.sibling()
     other._channels = {"t": []}     # a Store that does not know channel c yet: stale
-    n = 3 * store_module.INLINE_BODIES + 7
+    n = 3 * data_path.INLINE_BODIES + 7
     sent = [b"%d" % i for i in range(n)]
     executed = []
     real_execute = other.runner._execute

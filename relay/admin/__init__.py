@@ -26,7 +26,7 @@ from relay.codec import MSG_ID_LENGTH, is_valid_name
 from relay.options import DEFAULT_CONFIG, Options, option_source
 from relay.store import Store
 from relay.store.keys import MAX_PARTITIONS
-from relay.store.store import PartitionsRefused
+from relay.store.control import PartitionsRefused
 from relay.admin.tail import Tail, TailError
 
 INLINE_LIMIT = 10_000

@@ -28,7 +28,7 @@ from relay.broker.context import BrokerContext
 from relay.errors import StoreError
 from relay.store.keys import id_part, part_name
 from relay.store.runner import MAX_CALL_ARGS
-from relay.store.store import Subscribed
+from relay.store.replies import Subscribed
 
 log = logging.getLogger("relay.channel")
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from relay.codec import is_ephemeral, parse_record
 from relay.store.latency import NO_LATENCY, E2eLatency, describe, percentiles
 from relay.store import Store, guarded
-from relay.store.store import summed
+from relay.store.replies import summed
 from relay.store.keys import ChannelKeys
 
 if TYPE_CHECKING:  # relay-admin reads stats without the broker's gevent modules

@@ -1,0 +1,152 @@
+"""What every part of the Store shares: the Redis client and the ScriptRunner that sends
+the calls, the partition counts it caches, the channel lists that fan-out calls are given
+(a stale list makes the call come back to be sent again with the real one, fanout.lua)
+and the grouping of topics by the node that serves them."""
+
+import itertools
+import secrets
+import threading
+import time
+from typing import Callable, Sequence
+
+import redis
+
+from relay.store import keys
+from relay.store.keys import ChannelKeys, TopicKeys
+from relay.store.runner import Op, ScriptRunner, guarded, identity
+
+PARTITIONS_TTL = 1.0    # how long a topic's partition count is taken as read
+
+
+def replication(options, socket_timeout: int | None = None) -> dict:
+    """Store arguments for --wait-replicas. WAIT gets half the connection's timeout
+    (--redis-timeout unless given, ms), so the server answers before the connection
+    gives up on the whole pipeline (FINs and all): Redis may end a WAIT up to 100 ms
+    late (hz 10)."""
+    timeout = socket_timeout or options.redis_timeout
+    return {"wait_replicas": options.wait_replicas, "wait_timeout": max(1, timeout // 2)}
+
+
+STALE = b"stale"
+
+
+def _channel_keys(topic: str, channels) -> list:
+    return [k for c in channels for k in ChannelKeys.of(topic, c).all()]
+
+
+def _stale(raw) -> list | None:
+    """The topic's real channels if a fan-out script was given a stale list."""
+    if isinstance(raw, list) and raw[:1] == [STALE]:
+        return sorted(c.decode() for c in raw[1:])
+    return None
+
+
+class StoreBase:
+    """The client, the runner and the caches that the Store's parts share."""
+
+    _guard = staticmethod(guarded)
+
+    def __init__(self, client: redis.Redis, dedicated: bool = False, wait_replicas: int = 0,
+                 wait_timeout: int = 0, topic_partitions: int = 1):
+        """`dedicated`, `wait_replicas`, `wait_timeout`: see ScriptRunner;
+        `topic_partitions`: the partition count of topics this Store creates."""
+        self.redis = client
+        self.runner = ScriptRunner(client, dedicated, wait_replicas, wait_timeout)
+        self.cluster = self.runner.cluster
+        self.topic_partitions = topic_partitions
+        self._channels: dict[str, list] = {}
+        self._registered: dict[str, float] = {}
+        self._partitions: dict[str, tuple[int, float]] = {}
+        self._reading: dict[str, threading.Lock] = {}   # one read per topic at a time
+        # how the partition counts it caches are read: at once; a broker's go through
+        # its group commit, so a burst of SUBs and PUBs to new topics is one pipeline
+        self.lookup: Callable[[Op], object] = self.run
+        # from a random part: short-lived publishers (a Spark task, relay-admin pub)
+        # spread over the parts too
+        self._turns = itertools.count(secrets.randbelow(keys.MAX_PARTITIONS))
+
+    def sibling(self):
+        """Another Store on the same client (a group-commit lane of its own) that shares
+        what this one learned: channel lists, topic registrations, partition counts."""
+        other = type(self)(self.redis, self.runner.dedicated, self.runner.wait_replicas,
+                            self.runner.wait_timeout, self.topic_partitions)
+        other._channels, other._registered = self._channels, self._registered
+        other._partitions, other._turns = self._partitions, self._turns
+        other._reading, other.lookup = self._reading, self.lookup
+        return other
+
+    def replication(self) -> dict:
+        """This Store's wait for replicas, as Store(...) takes it."""
+        return {"wait_replicas": self.runner.wait_replicas,
+                "wait_timeout": self.runner.wait_timeout}
+
+    def run(self, op: Op):
+        return self.runner.run(op)
+
+    def run_many(self, ops: Sequence[Op]) -> list:
+        """Run ops in one pipeline; each result is a value or the exception for that op."""
+        return self.runner.run_many(ops)
+
+    def _fanout_op(self, script: str, topic: str, topic_keys: list, args: list,
+                   parse: Callable = identity, pre: tuple = (), extra_keys: Callable = None,
+                   channels: list | None = None) -> Op:
+        """A call of a script that touches every channel of the topic (fanout.lua), with
+        the channels this Store last saw; a stale reply sends it again with the real
+        ones. `extra_keys(channels)` are declared between the topic's and the channels'."""
+        if channels is None:
+            channels = self._channels.get(topic, [])
+
+        def redo(raw):
+            real = _stale(raw)
+            if real is None:
+                return None
+            self._channels[topic] = real
+            return self._fanout_op(script, topic, topic_keys, args, parse, pre, extra_keys,
+                                   real)
+
+        extra = extra_keys(channels) if extra_keys else []
+        return Op(script, [*topic_keys, *extra, *_channel_keys(topic, channels)],
+                  [len(channels), *channels, *args], parse, pre, redo)
+
+    def partitions_op(self, topic: str, raise_to: int = 0) -> Op:
+        """The topic's partition count, [now, before]; a new topic takes this Store's
+        default, and `raise_to` raises it."""
+        t = TopicKeys.of(topic)
+        return Op("partitions", [t.version, t.meta], [self.topic_partitions, raise_to, t.wake],
+                  lambda reply: [int(n) for n in reply])
+
+    def partitions(self, topic: str, fresh: bool = False) -> int:
+        """The topic's partition count, as read at most PARTITIONS_TTL ago unless `fresh`."""
+        asked = time.monotonic()
+        known = self._partitions.get(topic)
+        if known and not fresh and asked - known[1] < PARTITIONS_TTL:
+            return known[0]
+        # the SUBs and PUBs of a burst that meet a new topic wait for one read of it
+        with self._reading.setdefault(topic, threading.Lock()):
+            known = self._partitions.get(topic)
+            if known and known[1] >= asked:
+                return known[0]
+            count = self.lookup(self.partitions_op(topic))[0]
+            self.learn_partitions(topic, count)
+            return count
+
+    def learn_partitions(self, topic: str, count: int) -> None:
+        self._partitions[topic] = (count, time.monotonic())
+
+    def parts(self, topic: str, fresh: bool = False) -> list[str]:
+        """The names the topic's parts are stored under (keys.part_name)."""
+        return keys.part_names(topic, self.partitions(topic, fresh))
+
+    def _node_groups(self, topics: Sequence[str]) -> list[list]:
+        """The topics by the node that serves them (all in one on a single server)."""
+        if not self.cluster:
+            return [list(topics)] if topics else []
+        groups: dict = {}
+        for topic in topics:
+            groups.setdefault(self.runner.node_group(TopicKeys.of(topic).due), []).append(topic)
+        return list(groups.values())
+
+    def now_ms(self) -> int:
+        """Redis' clock, the one every script uses."""
+        sec, usec = self._guard(self.redis.time)
+        return sec * 1000 + usec // 1000

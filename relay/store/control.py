@@ -1,0 +1,178 @@
+"""The Store's control of topics and channels, used by brokers' HTTP API, relay-admin
+and the jobs worker: create, partition, pause, empty and delete, channel settings, and
+the admin requeue of in-flight messages."""
+
+import secrets
+from typing import Sequence
+
+from relay.errors import RelayError
+from relay.store import keys
+from relay.store.data_path import DataPath
+from relay.store.keys import ChannelKeys, TopicKeys, id_part, part_name
+from relay.store.reads import Reads
+from relay.store.replies import Dropped
+from relay.store.runner import Op
+
+# channel meta fields that are settings, not counts: a new part copies them
+CHANNEL_COUNTS = {b"message_count", b"requeue_count", b"timeout_count", b"dead_count",
+                  b"incarnation", b"empties"}
+
+
+class PartitionsRefused(RelayError):
+    """A topic's partition count only grows."""
+
+
+class Control(DataPath, Reads):
+    """Changes made by people and their tools, not by the flow of messages."""
+
+    def set_partitions(self, topic: str, count: int) -> int:
+        """Raise the topic's partition count to `count`; the new parts get the topic's
+        channels and settings first, so no publish reaches a part without them. Lowering
+        it raises PartitionsRefused. Returns the count before."""
+        if not 1 <= count <= keys.MAX_PARTITIONS:
+            raise PartitionsRefused(f"partitions must be 1-{keys.MAX_PARTITIONS}, not {count}")
+        before = self.partitions(topic, fresh=True)
+        if count < before:
+            raise PartitionsRefused(f"topic {topic} has {before} partitions: the count can "
+                                    f"only grow (asked for {count})")
+        self._guard(self.redis.sadd, keys.TOPICS, topic)
+        new = [part_name(topic, i) for i in range(before, count)]
+        if new:
+            self._prepare_parts(topic, new)
+        now, before = self.run(self.partitions_op(topic, count))
+        self.learn_partitions(topic, now)
+        return before
+
+    def _prepare_parts(self, topic: str, parts: list[str]) -> None:
+        """Give new parts the topic's channels, their settings and the topic's pause."""
+        self._guard(self.redis.sadd, keys.PARTITIONS, *parts)
+        paused = self.read_topic(topic, parts=[topic])["paused"]
+        for channel in self.channel_names(topic):
+            settings = {k: v for k, v in self._guard(
+                self.redis.hgetall, ChannelKeys.of(topic, channel).meta).items()
+                if k not in CHANNEL_COUNTS}
+            for part in parts:
+                self.run(self.subscribe_op(part, channel, ""))
+                if settings:
+                    meta = ChannelKeys.of(part, channel).meta
+                    self._guard(lambda: self.redis.hset(meta, mapping=settings))
+        if paused:
+            for part in parts:
+                self.pause_topic(part, True, parts=[part])
+
+    def create_topic(self, topic: str) -> bool:
+        """/topic/create: a topic is its name in the registry (and its partition count,
+        this Store's default) until something is published. True if it is new."""
+        created = bool(self._guard(self.redis.sadd, keys.TOPICS, topic))
+        count = self.partitions(topic, fresh=True)
+        if count > 1:
+            self._guard(self.redis.sadd, keys.PARTITIONS, *self.parts(topic)[1:])
+        return created
+
+    def create_channel(self, topic: str, channel: str) -> bool:
+        """/channel/create: subscribe without a consumer."""
+        return self.subscribe(topic, channel, "")
+
+    def pause_topic(self, topic: str, paused: bool, parts: list | None = None) -> None:
+        for part in parts or self.parts(topic):
+            t = TopicKeys.of(part)
+            self.run(self._fanout_op("pause_topic", part,
+                                     [t.meta, t.channels, t.backlog, t.backlog_deferred, t.due,
+                                      t.version],
+                                     ["1" if paused else "0", t.wake]))
+
+    def pause_channel(self, topic: str, channel: str, paused: bool) -> None:
+        for part in self.parts(topic):
+            c, t = ChannelKeys.of(part, channel), TopicKeys.of(part)
+            self.run(Op("pause_channel", [c.meta, t.version],
+                        ["1" if paused else "0", t.wake, channel]))
+
+    def drop_op(self, topic: str, channel: str = "", delete: bool = False) -> Op:
+        """Empty or delete a channel, or with channel "" the topic (drop.lua): its
+        messages move to new trash keys in this one call. Returns a Dropped, or None
+        when the channel to delete does not exist."""
+        t = TopicKeys.of(topic)
+        trash = keys.trash_prefix(topic, secrets.token_hex(8))
+        per_channel = len(keys.MESSAGE_SUFFIXES)
+
+        def trash_keys(channels):
+            return [f"{trash}{i}" for i in range(1, 3 + per_channel * len(channels))]
+
+        return self._fanout_op(
+            "drop", topic,
+            [t.ids, t.channels, t.meta, t.backlog, t.backlog_deferred, t.due, t.version],
+            [channel, int(delete), t.wake], Dropped.parse, extra_keys=trash_keys,
+            channels=[channel] if channel else (None if delete else []))
+
+    def detach(self, topic: str, channel: str = "", delete: bool = False) -> "Dropped | None":
+        """drop_op on every part, and a deleted topic leaves the topic registry; None if
+        not found. The cut is part 0's; the trash is every part's."""
+        if delete and not channel and not self._guard(self.redis.sismember, keys.TOPICS, topic):
+            return None
+        dropped = [self.run(self.drop_op(part, channel, delete))
+                   for part in self.parts(topic, fresh=True)]
+        if delete and not channel:
+            self.forget_topic(topic)
+        if dropped[0] is None:
+            return None
+        return Dropped(dropped[0].last_id, [k for d in dropped if d for k in d.trash])
+
+    def drop(self, topic: str, channel: str = "", delete: bool = False) -> "Dropped | None":
+        """detach, then free the trash at once: UNLINK frees it off Redis' main thread."""
+        dropped = self.detach(topic, channel, delete)
+        if dropped is not None and dropped.trash:
+            self._guard(self.redis.unlink, *dropped.trash)
+        return dropped
+
+    def empty_channel(self, topic: str, channel: str) -> None:
+        self.drop(topic, channel)
+
+    def empty_topic(self, topic: str) -> None:
+        """Drop the topic backlog; channels keep their messages (nsqd's Topic.Empty)."""
+        self.drop(topic)
+
+    def delete_channel(self, topic: str, channel: str) -> bool:
+        """False if the channel did not exist."""
+        return self.drop(topic, channel, delete=True) is not None
+
+    def delete_topic(self, topic: str) -> bool:
+        """False if the topic did not exist; its channels go with it."""
+        return self.drop(topic, delete=True) is not None
+
+    def forget_topic(self, topic: str) -> None:
+        self._registered.pop(topic, None)
+        self.redis.srem(keys.TOPICS, topic)
+        parts = self.parts(topic)[1:]
+        if parts:
+            self.redis.srem(keys.PARTITIONS, *parts)
+
+    def requeue_in_flight(self, topic: str, channel: str, ids: Sequence[bytes],
+                          delivered_by_ms: int | None = None) -> list[int]:
+        """Admin requeue: in-flight messages go back to the queue whoever holds them
+        (their holder's FIN then fails, as after a timeout). With `delivered_by_ms`,
+        only those delivered by then. Per id: 1 requeued, else 0."""
+        pipe = self.redis.pipeline(transaction=False)
+        for msg_id in ids:
+            pipe.hget(ChannelKeys.of(part_name(topic, max(id_part(msg_id), 0)), channel).leases,
+                      msg_id)
+        leases = self._guard(pipe.execute)
+        triples = []
+        for msg_id, lease in zip(ids, leases):
+            if lease is None:
+                continue
+            delivered, _, owner = lease.partition(b" ")
+            if delivered_by_ms is None or int(delivered) <= delivered_by_ms:
+                triples.append((owner, msg_id, 0))
+        done = self.requeue(topic, channel, triples) if triples else []
+        requeued = {msg_id for (_, msg_id, _), r in zip(triples, done) if r == 1}
+        return [int(msg_id in requeued) for msg_id in ids]
+
+    def configure_channel(self, topic: str, channel: str, name: str, value) -> None:
+        """Set (or with None, clear) a channel setting kept in its meta hash, on every
+        part (read from part 0)."""
+        for part in self.parts(topic):
+            meta = ChannelKeys.of(part, channel).meta
+            if value is None:
+                self._guard(self.redis.hdel, meta, name)
+            else:
+                self._guard(self.redis.hset, meta, name, value)

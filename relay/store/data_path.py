@@ -1,0 +1,236 @@
+"""The Store's data path, used by brokers (and by the Spark connector and relay-admin pub
+and tail): publish, subscribe and leave, deliver, finish, requeue and touch, and the
+scanner's scan. Each is one Lua script call: `x_op(...)` builds the Op that a broker's
+group commit batches with other connections' work into one pipeline; `x(...)` runs it
+alone."""
+
+import secrets
+import time
+from typing import Callable, Sequence
+
+from relay.codec import is_ephemeral, make_record
+from relay.errors import StoreError
+from relay.store import keys
+from relay.store.base import StoreBase
+from relay.store.keys import ChannelKeys, TopicKeys, id_part, part_name, split_part
+from relay.store.replies import Delivered, Subscribed
+from relay.store.runner import MAX_CALL_ARGS, Op
+
+REGISTER_EVERY = 10.0
+# an MPUB of more messages is staged in a list first (publish.lua), as one call of them
+# all would pass MAX_CALL_ARGS
+INLINE_BODIES = MAX_CALL_ARGS // 2
+
+STAGE_TTL_MS = 300_000
+
+
+def _leave_keys(topic: str, channel: str) -> list:
+    """The keys of a consumer leaving a channel (lib/leave.lua's layout)."""
+    t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
+    return [t.channels, t.meta, c.consumers, t.due, *(k for k in c.all() if k != c.consumers)]
+
+
+def _staged(stage: str, bodies: Sequence[bytes]) -> tuple:
+    """The commands that stage an MPUB's bodies in `stage` for its publish call: first
+    emptied, so a call sent again stages them once; gone by itself if the call never
+    comes (its broker died in between)."""
+    step = MAX_CALL_ARGS - 2
+    return (("DEL", stage),
+            *(("RPUSH", stage, *bodies[i:i + step]) for i in range(0, len(bodies), step)),
+            ("PEXPIRE", stage, STAGE_TTL_MS))
+
+
+class DataPath(StoreBase):
+    """The state transitions of messages and consumers."""
+
+    def publish_op(self, topic: str, bodies: Sequence[bytes], defer_ms: int = 0,
+                   timestamp_ns: int | None = None, index: int | None = None) -> Op:
+        """PUB/MPUB/DPUB to part `index` of the topic, else to its parts in turn (one
+        call's messages stay together): returns the count of the last message. With
+        the count unreadable it goes to part 0, which every topic has: the call itself
+        then fails or lands."""
+        try:
+            count = self.partitions(topic)
+        except StoreError:
+            count = 1
+        if index is None:
+            index = next(self._turns) % count if count > 1 else 0
+        part = part_name(topic, index)
+        t = TopicKeys.of(part)
+        ts = make_record(timestamp_ns or time.time_ns(), 0, b"", b"")[:8]
+        topic_keys = [t.ids, t.meta, t.channels, t.backlog, t.backlog_deferred, t.due,
+                      t.version]
+        pre = self._register(topic, count)
+        if len(bodies) <= INLINE_BODIES:
+            return self._fanout_op("publish", part, topic_keys,
+                                   [t.wake, ts, defer_ms, index, 0, *bodies], int, pre=pre)
+        stage = keys.staging_key(part, secrets.token_hex(8))
+        return self._fanout_op("publish", part, topic_keys,
+                               [t.wake, ts, defer_ms, index, len(bodies)], int,
+                               pre=pre + _staged(stage, bodies),
+                               extra_keys=lambda channels: [stage])
+
+    def _register(self, topic: str, partitions: int = 1) -> tuple:
+        """SADD to the topic registry (and its parts to the parts') with a publish at most
+        every REGISTER_EVERY seconds: it is one key, so on a cluster its node would get a
+        command per publish. SUB always registers, so every topic a scanner must watch
+        is there."""
+        now = time.monotonic()
+        if now - self._registered.get(topic, float("-inf")) < REGISTER_EVERY:
+            return ()
+        self._registered[topic] = now
+        if partitions > 1:
+            return (("SADD", keys.TOPICS, topic),
+                    ("SADD", keys.PARTITIONS, *keys.part_names(topic, partitions)[1:]))
+        return (("SADD", keys.TOPICS, topic),)
+
+    def publish(self, topic, bodies, defer_ms=0, index=None):
+        return self.run(self.publish_op(topic, bodies, defer_ms, index=index))
+
+    def subscribe_op(self, part: str, channel: str, broker_id: str) -> Op:
+        """SUB in one part: creates topic and channel as needed; returns a Subscribed."""
+        t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
+        topic, index = split_part(part)
+        registry = ("SADD", keys.PARTITIONS, part) if index else ("SADD", keys.TOPICS, topic)
+        return Op("subscribe",
+                  [t.channels, t.backlog, t.backlog_deferred, c.queue, c.deferred, c.msgs,
+                   c.meta, c.consumers, t.due, t.meta, t.version],
+                  [channel, broker_id], Subscribed.parse, pre=(registry,))
+
+    def subscribe(self, topic, channel, broker_id) -> bool:
+        """SUB on every part: True if the channel is new."""
+        joined = self.run_many([self.subscribe_op(part, channel, broker_id)
+                                for part in self.parts(topic)])
+        for reply in joined:
+            if isinstance(reply, Exception):
+                raise reply
+        return joined[0].created
+
+    def unsubscribe_op(self, topic: str, channel: str, broker_id: str,
+                       channel_ephemeral: bool, topic_ephemeral: bool, incarnation: int) -> Op:
+        """A consumer left: 0 kept, 1 ephemeral channel deleted, 2 topic deleted too."""
+        return Op("unsubscribe", _leave_keys(topic, channel),
+                  [channel, broker_id, int(channel_ephemeral), int(topic_ephemeral),
+                   incarnation], int)
+
+    def reap_op(self, part: str, channel: str, broker_id: str) -> Op:
+        """A dead broker's share of a channel's part (workers/reaper.py): (0 kept,
+        1 ephemeral channel deleted, 2 topic deleted too; in-flight messages requeued)."""
+        topic = split_part(part)[0]
+        return Op("reap", [*_leave_keys(part, channel), TopicKeys.of(part).version],
+                  [channel, broker_id, int(is_ephemeral(channel)), int(is_ephemeral(topic)),
+                   TopicKeys.of(part).wake], tuple)
+
+    def deliver_op(self, part: str, channel: str, groups: Sequence[tuple],
+                   max_attempts: int = 0) -> Op:
+        """Pop from one part for each (owner, timeout ms, count[, most bytes]): a
+        Delivered, one list of records per group. Messages delivered `max_attempts` times
+        already (0: no limit; the channel's own setting wins) go to its dead-letter outbox
+        instead."""
+        c = ChannelKeys.of(part, channel)
+        args = [channel, max_attempts, 0]
+        for owner, timeout_ms, count, *most_bytes in groups:
+            args += [owner, timeout_ms, count, most_bytes[0] if most_bytes else 0]
+        return Op("deliver", [c.queue, c.inflight, c.msgs, c.leases, TopicKeys.of(part).due,
+                              c.meta, c.dead], args, Delivered.parse)
+
+    def deliver(self, topic: str, channel: str, groups: Sequence[tuple],
+                max_attempts: int = 0) -> list:
+        """deliver_op over the topic's parts, starting at the next in turn, until each
+        group has its count or every part was asked: one list of records per group."""
+        parts = self.parts(topic)
+        if len(parts) == 1:
+            return self.run(self.deliver_op(topic, channel, groups, max_attempts))
+        first = next(self._turns)
+        wanted = [count for _, _, count in groups]
+        got: list[list] = [[] for _ in groups]
+        for turn in range(len(parts)):
+            short = [i for i, n in enumerate(wanted) if len(got[i]) < n]
+            if not short:
+                break
+            part = parts[(first + turn) % len(parts)]
+            reply = self.run(self.deliver_op(
+                part, channel,
+                [(*groups[i][:2], wanted[i] - len(got[i]), *groups[i][3:]) for i in short],
+                max_attempts))
+            for i, records in zip(short, reply):
+                got[i].extend(records)
+        return got
+
+    @staticmethod
+    def finishing_first(deliver: Op, finish: Op) -> Op:
+        """A deliver call of the same channel that also does a finish call's work first:
+        the group commit folds FINs into the deliver that follows them."""
+        args = deliver.args
+        pairs = int(args[2])
+        return deliver._replace(args=[*args[:2], pairs + len(finish.args) // 2,
+                                      *args[3:3 + 2 * pairs], *finish.args,
+                                      *args[3 + 2 * pairs:]])
+
+    def finish_op(self, part: str, channel: str, pairs: Sequence[tuple]) -> Op:
+        """FIN each (owner, id) of one part: per pair 1 done, 0 not in flight, -1 owned
+        by another."""
+        c = ChannelKeys.of(part, channel)
+        return Op("finish", [c.inflight, c.msgs, c.leases], [x for p in pairs for x in p])
+
+    def finish(self, topic, channel, pairs):
+        return self._by_part(self.finish_op, topic, channel, pairs)
+
+    def _by_part(self, make_op: Callable, topic: str, channel: str,
+                 items: Sequence[tuple], *shared) -> list:
+        """make_op(part, channel, *shared, items) for the items of each part (by the
+        part their id, item[1], names), in one pipeline: the codes in items' order."""
+        return self.run_by_part(self.by_part(make_op, topic, channel, items, *shared))
+
+    @staticmethod
+    def by_part(make_op: Callable, topic: str, channel: str, items: Sequence[tuple],
+                *shared) -> list[tuple[Op, list]]:
+        """(op, positions of its items) for each part the items' ids name."""
+        positions: dict[int, list] = {}
+        for i, item in enumerate(items):
+            positions.setdefault(max(id_part(item[1]), 0), []).append(i)
+        return [(make_op(part_name(topic, index), channel, *shared, [items[i] for i in where]),
+                 where) for index, where in positions.items()]
+
+    def run_by_part(self, calls: list[tuple[Op, list]]) -> list:
+        codes = [0] * sum(len(where) for _, where in calls)
+        for (_, where), reply in zip(calls, self.run_many([op for op, _ in calls])):
+            if isinstance(reply, Exception):
+                raise reply
+            for i, code in zip(where, reply):
+                codes[i] = code
+        return codes
+
+    def requeue_op(self, part: str, channel: str, triples: Sequence[tuple]) -> Op:
+        """REQ each (owner, id, delay ms) of one part: per triple 1 done, 0 / -1 as finish."""
+        t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
+        return Op("requeue",
+                  [c.queue, c.inflight, c.msgs, c.leases, c.deferred, c.meta, t.due,
+                   t.version],
+                  [channel, t.wake, *(x for tr in triples for x in tr)])
+
+    def requeue(self, topic, channel, triples):
+        return self._by_part(self.requeue_op, topic, channel, triples)
+
+    def touch_op(self, part: str, channel: str, max_msg_timeout_ms: int,
+                 triples: Sequence[tuple]) -> Op:
+        """TOUCH each (owner, id, timeout ms) of one part: per triple the new deadline ms,
+        or 0 / -1."""
+        c = ChannelKeys.of(part, channel)
+        return Op("touch", [c.inflight, c.leases],
+                  [max_msg_timeout_ms, *(x for tr in triples for x in tr)])
+
+    def touch(self, topic, channel, max_msg_timeout_ms, triples):
+        return self._by_part(self.touch_op, topic, channel, triples, max_msg_timeout_ms)
+
+    def scan_op(self, topic: str, channel: str, limit: int) -> Op:
+        """Requeue expired and due messages: (timed out, promoted, next due ms or -1,
+        messages waiting in the dead-letter outbox)."""
+        t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
+        return Op("scan",
+                  [c.queue, c.inflight, c.msgs, c.leases, c.deferred, c.meta, t.due, c.dead,
+                   t.version],
+                  [channel, t.wake, limit], tuple)
+
+    def scan(self, topic, channel, limit=1000):
+        return self.run(self.scan_op(topic, channel, limit))

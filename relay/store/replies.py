@@ -1,0 +1,68 @@
+"""What the scripts reply, parsed: the types the Store's calls return (each parse is an
+Op's), and the sum of a topic's or channel's parts."""
+
+from typing import NamedTuple
+
+
+class Dropped(NamedTuple):
+    """What drop.lua took out: the topic's last message id at that moment (the cut:
+    everything published later stays) and the trash keys that now hold it."""
+
+    last_id: int
+    trash: list
+
+    @classmethod
+    def parse(cls, reply) -> "Dropped | None":
+        return None if reply is None else cls(reply[0], [k.decode() for k in reply[1:]])
+
+
+class Subscribed(NamedTuple):
+    """subscribe.lua's reply: whether the channel is new, and what a broker compares
+    to see it deleted (a new incarnation each time it is created) or emptied."""
+
+    created: bool
+    incarnation: int
+    empties: int
+
+    @classmethod
+    def parse(cls, reply) -> "Subscribed":
+        return cls(bool(reply[0]), int(reply[1]), int(reply[2]))
+
+
+class Delivered(list):
+    """deliver.lua's reply: one list of records per group, the channel's count of
+    empties when they were popped (`empties`), the codes of the FINs folded into
+    the call (`finished`, as finish_op's), and whether the queue has more (`more`)."""
+
+    empties: int = 0
+    finished: list = []
+    more: bool = False
+
+    @classmethod
+    def parse(cls, reply) -> "Delivered":
+        delivered = cls(reply[:-3])
+        delivered.empties = int(reply[-3])
+        delivered.finished = reply[-2]
+        delivered.more = bool(reply[-1])
+        return delivered
+
+
+class DueView(NamedTuple):
+    now: int
+    due: list
+    more: bool
+    failed: int
+
+
+# read as part 0 has them, not summed
+FIRST_PART_ONLY = ("paused", "client_count")
+
+
+def summed(parts: list[dict]) -> dict:
+    """One dict of the parts' counts: summed, but FIRST_PART_ONLY as part 0's."""
+    total = dict(parts[0])
+    for part in parts[1:]:
+        for name, value in part.items():
+            if name not in FIRST_PART_ONLY:
+                total[name] += value
+    return total
