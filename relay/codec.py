@@ -81,6 +81,11 @@ def is_ephemeral(name: str) -> bool:
     return name.endswith("#ephemeral")
 
 
+def as_text(raw: bytes) -> str:
+    """Raw client bytes inside an error text; they go back on the wire unchanged."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
 def go_quote(raw: bytes) -> str:
     """Go's %q of a byte string (strconv.Quote), as nsqd echoes bad names."""
     out = []

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from relay import admin, embedded
+from relay.admin import messages, reading, steering, text
 from relay.broker import transport
 from relay.store import stats
 from workers import operations
@@ -22,7 +23,7 @@ from tests.helpers.admin import ok, ok_json, run
 from tests.helpers.jobs import work
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-KEYS_PY = Path(admin.__file__).parent / "store" / "keys.py"
+KEYS_PY = Path(admin.__file__).parent.parent / "store" / "keys.py"
 
 
 def announce(backend, broker_id, port, *clients):
@@ -133,7 +134,7 @@ def test_stats_watch_redraws_in_place(store, backend, monkeypatch):
             raise KeyboardInterrupt
         store.publish("t", [b"m"])
 
-    monkeypatch.setattr(admin.time, "sleep", sleep)
+    monkeypatch.setattr(reading.time, "sleep", sleep)
     result = run(backend, "stats", "t/c", "--watch", "2", color=True)
     assert (result.exit_code, sleeps) == (0, [2.0, 2.0])
     header = ("topic  channel  depth  in_flight  deferred  messages  requeued  timed_out"
@@ -197,7 +198,7 @@ def test_pub_from_stdin_and_file_in_batches(store, backend, monkeypatch, tmp_pat
     publish = store.publish
     monkeypatch.setattr(Store, "publish", lambda self, t, bodies: (
         calls.append(len(bodies)), publish(t, bodies))[1])
-    monkeypatch.setattr(admin, "PUB_BATCH", 2)
+    monkeypatch.setattr(messages, "PUB_BATCH", 2)
     assert ok(backend, "pub", "t", input="one\ntwo\n\nthree\r\n") == [
         "published 3 messages to t"]
     path = tmp_path / "messages"
@@ -246,7 +247,7 @@ def test_inflight_lists_ids_owners_attempts_and_deadlines(store, backend):
     assert [(m["id"], m["owner"], m["attempts"]) for m in rows] == [
         ("0000000000000002", "b1:4", 1), ("0000000000000003", "b1:4", 1),
         ("0000000000000001", "b2:1", 2)]
-    times = [(admin.utc(m["delivered_ms"]), admin.utc(m["deadline_ms"])) for m in rows]
+    times = [(text.utc(m["delivered_ms"]), text.utc(m["deadline_ms"])) for m in rows]
     assert ok(backend, "inflight", "t/c") == [
         "id                attempts  delivered                 deadline                  broker"
         "  client",
@@ -313,7 +314,7 @@ def test_operations_inline_and_as_rq_jobs_do_the_same(store, backend, args, expe
     inline, queued = (Store(backend).redis.keys(f"relay:{{{t}}}:*") for t in ("inline", "job"))
     assert sorted(k.replace(b"{inline}", b"{job}") for k in inline) == sorted(queued)
     assert [stats_of(store, t) for t in ("inline", "job")] == [stats_of(store, "job")] * 2
-    assert admin.summary(job.return_value()) == expected.format(t="job")
+    assert text.summary(job.return_value()) == expected.format(t="job")
 
 
 def stats_of(store, topic):
@@ -341,7 +342,7 @@ def test_jobs_lists_state_and_progress(store, backend):
 
 def test_big_operation_needs_a_worker_unless_background(store, backend, monkeypatch):
     setup_channel(store, "t")
-    monkeypatch.setattr(admin, "INLINE_LIMIT", 2)
+    monkeypatch.setattr(steering, "INLINE_LIMIT", 2)
     result = run(backend, "empty", "t/c")
     assert (result.exit_code, result.output) == (
         1, "relay-admin: no `relay jobs` worker is running: start one, or pass --background "

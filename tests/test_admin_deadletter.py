@@ -2,7 +2,7 @@
 
 import json
 
-from relay import admin
+from relay.admin import steering
 from relay.store import deadletter
 from relay.codec import parse_record
 from relay.store.keys import ChannelKeys
@@ -96,7 +96,7 @@ def test_redrive_inline_and_as_a_job(store, backend, monkeypatch):
 
     store.redis.delete(queue)
     dead_letters(store, b"c")
-    monkeypatch.setattr(admin, "INLINE_LIMIT", 0)
+    monkeypatch.setattr(steering, "INLINE_LIMIT", 0)
     queued = ok_json(backend, "redrive", "t/c", "--background")
     assert (queued["status"], queued["operation"], queued["target"]) == (
         "queued", "redrive", "t/c")

@@ -11,104 +11,24 @@ connections is batched by the group commit.
 import json
 import logging
 import time
-from typing import Any, Callable
+from typing import Callable
 
-from gevent.event import AsyncResult
 from marshmallow import ValidationError
 
 from relay import codec
 from relay.broker.auth import AuthError
 from relay.broker.client import CLOSING, INIT, SUBSCRIBED, Client
-from relay.codec import NSQD_VERSION, base10, go_quote, int64, read_mpub
 from relay.broker.context import BrokerContext
-from relay.errors import ClientError, Disconnect, FatalClientError, StoreError
 from relay.broker.protocol.reader import MAX_GATHERED_FINS, Reader, largest_command
+from relay.broker.protocol.replies import Pending, Reply, Settled, Upgrade
 from relay.broker.schemas import IdentifySchema
 from relay.broker.transport import CompressionError
+from relay.codec import NSQD_VERSION, as_text, base10, go_quote, int64, read_mpub
+from relay.errors import ClientError, Disconnect, FatalClientError, StoreError
 
 log = logging.getLogger("relay.protocol")
 
 _identify_schema = IdentifySchema()
-
-
-class Pending:
-    """A reply that waits for Redis: `finish(value, error)` makes it bytes/None or raises
-    ClientError, which `resolve()` passes on."""
-
-    __slots__ = ("result", "finish")
-
-    def __init__(self, result: AsyncResult,
-                 finish: Callable[[Any, StoreError | None], bytes | None]):
-        self.result = result
-        self.finish = finish
-
-    def resolve(self) -> bytes | None:
-        try:
-            value = self.result.get()
-        except StoreError as e:
-            return self.finish(None, e)
-        return self.finish(value, None)
-
-
-class Settled:
-    """The reply to FIN, REQ or TOUCH commands sent to Redis as one call per part of
-    the topic their ids name: nothing for each that took (nsqd sends none), a non-fatal
-    E_<COMMAND>_FAILED for each that did not, in the commands' order. `took(ids)` is
-    told the ids that took, once Redis has answered."""
-
-    __slots__ = ("calls", "command", "ids", "took")
-
-    def __init__(self, calls: list[tuple[AsyncResult, list]], command: str,
-                 ids: list[bytes], took: Callable[[list[bytes]], None]):
-        """`calls`: each call's result, and the positions in `ids` of its ids."""
-        self.calls = calls
-        self.command = command
-        self.ids = ids
-        self.took = took
-
-    def errors(self) -> list[ClientError]:
-        codes = [None] * len(self.ids)
-        for result, where in self.calls:
-            try:
-                for i, code in zip(where, result.get()):
-                    codes[i] = code
-            except StoreError:
-                pass
-        done, errors = [], []
-        for msg_id, code in zip(self.ids, codes):
-            reason = SETTLE_FAILURES.get(code)
-            if reason is None:
-                done.append(msg_id)
-            else:
-                errors.append(ClientError(f"E_{self.command}_FAILED",
-                                          f"{self.command} {_text(msg_id)} failed {reason}"))
-        self.took(done)
-        return errors
-
-
-# a FIN, REQ or TOUCH's code from Redis (None: no answer) -> why it failed
-SETTLE_FAILURES = {None: "redis unavailable", 0: "ID not in flight",
-                   -1: "client does not own message"}
-
-
-class Upgrade:
-    """IDENTIFY's response when it negotiated TLS or compression: the writer sends it,
-    runs the steps, and tells the reader whether the connection may go on."""
-
-    def __init__(self, response: bytes, steps: list):
-        self.response = response
-        self.steps = steps
-        self._done = AsyncResult()
-
-    def finish(self, ok: bool) -> None:
-        self._done.set(ok)
-
-    def wait(self) -> bool:
-        return self._done.get()
-
-
-Reply = bytes | Pending | Settled | Upgrade | None
-"""A handler's reply; the queue to the writer also carries the ClientErrors they raise."""
 
 
 class ProtocolV2:
@@ -229,10 +149,10 @@ class ProtocolV2:
     def exec(self, client: Client, params: list[bytes], reader: Reader) -> Reply:
         handler = self.commands.get(params[0])
         if handler is None:
-            raise FatalClientError("E_INVALID", "invalid command " + _text(params[0]))
+            raise FatalClientError("E_INVALID", "invalid command " + as_text(params[0]))
         if self.options.tls_required and not client.tls and handler != self.identify:
             raise FatalClientError(
-                "E_INVALID", f"cannot {_text(params[0])} in current state (TLS required)")
+                "E_INVALID", f"cannot {as_text(params[0])} in current state (TLS required)")
         return handler(client, params, reader)
 
     # -- commands ----------------------------------------------------------------
@@ -354,7 +274,7 @@ class ProtocolV2:
                 count = int64(base10(params[1]))
             except ValueError:
                 raise FatalClientError(
-                    "E_INVALID", "RDY could not parse count " + _text(params[1])) from None
+                    "E_INVALID", "RDY could not parse count " + as_text(params[1])) from None
         if count < 0 or count > self.options.max_rdy_count:
             raise FatalClientError(
                 "E_INVALID", f"RDY count {count} out of range 0-{self.options.max_rdy_count}")
@@ -396,7 +316,7 @@ class ProtocolV2:
             delay = base10(params[2])
         except ValueError:
             raise FatalClientError(
-                "E_INVALID", "REQ could not parse timeout " + _text(params[2])) from None
+                "E_INVALID", "REQ could not parse timeout " + as_text(params[2])) from None
         delay = min(delay, self.options.max_req_timeout)
         channel = client.channel
         client.settled([msg_id])
@@ -452,7 +372,7 @@ class ProtocolV2:
             defer = base10(params[2])
         except ValueError:
             raise FatalClientError(
-                "E_INVALID", "DPUB could not parse timeout " + _text(params[2])) from None
+                "E_INVALID", "DPUB could not parse timeout " + as_text(params[2])) from None
         if defer > self.options.max_req_timeout:
             raise FatalClientError(
                 "E_INVALID",
@@ -541,8 +461,3 @@ class ProtocolV2:
             if failed:
                 raise FatalClientError(code, text)
         return size
-
-
-def _text(raw: bytes) -> str:
-    """Raw client bytes inside an error text; they go back on the wire unchanged."""
-    return raw.decode("utf-8", "surrogateescape")

@@ -1,0 +1,149 @@
+"""relay-admin's commands on messages themselves: dlq and redrive (dead letters), pub
+(stdin as messages) and tail (a topic's messages from now on, through a live broker)."""
+
+import json
+import sys
+import tempfile
+
+import click
+
+from relay.admin.args import (background_option, existing, fail, parse_target, redis_options,
+                              relay_options, replicated)
+from relay.admin.steering import run_operation
+from relay.admin.tail import Tail, TailError
+from relay.admin.text import preview, show, table, utc
+from relay.broker import registry
+from relay.store import Store, deadletter
+
+PUB_BATCH = 1000
+PUB_BATCH_BYTES = 1 << 20
+PUB_SPOOL_BYTES = 64 << 20      # pub's input is kept in memory up to this, then on disk
+
+
+@click.command()
+@click.argument("target", metavar="TOPIC/CHANNEL")
+@click.option("-n", "--limit", type=click.IntRange(min=1), default=100, show_default=True,
+              help="show at most this many")
+@redis_options
+def dlq(store, as_json, target, limit):
+    """Dead letters of a channel waiting in its dead-letter topic: id, attempts, first
+    published, reason and body."""
+    topic, channel = existing(store, target, channel_required=True)
+    seen, rows = set(), []
+    for _, _, letter in deadletter.letters(store, topic, channel):
+        if letter["id"] in seen:
+            continue
+        seen.add(letter["id"])
+        rows.append({k: letter[k] for k in ("id", "attempts", "timestamp", "reason")}
+                    | {"body": letter.get("body", letter.get("body_base64"))})
+        if len(rows) == limit:
+            break
+    text = table([[r["id"], r["attempts"], utc(r["timestamp"] // 1_000_000), r["reason"],
+                   preview(r["body"])] for r in rows],
+                 ["id", "attempts", "published", "reason", "body"]) if rows \
+        else f"no dead letters for {target}"
+    show(rows, as_json, text)
+
+
+@click.command()
+@click.argument("target", metavar="TOPIC/CHANNEL")
+@background_option
+@redis_options
+def redrive(store, as_json, target, background):
+    """Queue a channel's dead letters on it again (attempts start over) and remove them
+    from the dead-letter topic."""
+    topic, channel = existing(store, target, channel_required=True)
+    size = sum(1 for _ in deadletter.letters(store, topic, channel))
+    run_operation(replicated(store), as_json, "redrive", topic, channel, background, size)
+
+
+@click.command()
+@click.argument("topic")
+@click.option("--file", "source", type=click.File("rb"), default="-",
+              help="read the messages from this file instead of stdin")
+@redis_options
+def pub(store, as_json, topic, source):
+    """Publish each non-empty line of stdin (or --file) as a message, in batches of at
+    most --max-body-size; a line over --max-msg-size is refused and, as nsqd's /mpub,
+    nothing is published."""
+    parse_target(topic)
+    options, _ = relay_options()
+    store = replicated(store)
+    with tempfile.SpooledTemporaryFile(PUB_SPOOL_BYTES) as lines:
+        refused = []
+        for number, line in enumerate(source, 1):
+            size = len(line.rstrip(b"\r\n"))
+            if size > options.max_msg_size:
+                refused.append((number, size))
+            lines.write(line if line.endswith(b"\n") else line + b"\n")
+        for number, size in refused:
+            click.echo(f"relay-admin: line {number}: {size} bytes, over --max-msg-size "
+                       f"{options.max_msg_size} (MSG_TOO_BIG): nothing published", err=True)
+        if refused:
+            sys.exit(1)
+        lines.seek(0)
+        count = 0
+        for batch in batches(lines, min(PUB_BATCH_BYTES, options.max_body_size)):
+            store.publish(topic, batch)
+            count += len(batch)
+    show({"topic": topic, "published": count}, as_json, f"published {count} messages to {topic}")
+
+
+def batches(lines, limit: int):
+    """Non-empty lines without their line end, PUB_BATCH at a time and at most `limit`
+    bytes as /mpub's body (a newline each), or one line alone."""
+    batch, size = [], 0
+    for line in lines:
+        line = line.rstrip(b"\r\n")
+        if not line:
+            continue
+        if batch and (len(batch) == PUB_BATCH or size + len(line) + 1 > limit):
+            yield batch
+            batch, size = [], 0
+        batch.append(line)
+        size += len(line) + 1
+    if batch:
+        yield batch
+
+
+@click.command()
+@click.argument("topic")
+@click.option("-n", "count", type=click.IntRange(min=1), default=None,
+              help="exit after N messages (default: until Ctrl-C)")
+@click.option("--broker", metavar="HOST:PORT",
+              help="the broker to read from (default: the first live one in the registry)")
+@redis_options
+def tail(store, as_json, topic, count, broker):
+    """Print the messages published to a topic from now on, through an ephemeral channel
+    (as nsq_tail). On a topic without channels it takes the backlog, as nsq_tail does."""
+    existing(store, topic)
+    host, port = broker_address(store, broker)
+    try:
+        reader = Tail(host, port, topic)
+    except (OSError, TailError) as e:
+        fail(f"cannot tail {topic} on {host}:{port}: {e}")
+    try:
+        for msg_id, ts, attempts, body in reader.messages(count):
+            if as_json:
+                click.echo(json.dumps({"id": msg_id, "timestamp": ts, "attempts": attempts,
+                                       "body": body.decode(errors="replace")}))
+            else:
+                click.echo(body)
+    except KeyboardInterrupt:
+        pass
+    except (OSError, TailError) as e:
+        fail(f"tail of {topic} stopped: {e}")
+    finally:
+        reader.close()
+
+
+def broker_address(store: Store, broker: str | None) -> tuple[str, int]:
+    if broker:
+        host, _, port = broker.rpartition(":")
+        if not port.isdigit():
+            fail(f"invalid broker address {broker!r}: HOST:PORT")
+        return host, int(port)
+    live = registry.live_brokers(store.redis)
+    if not live:
+        fail("no live broker in the registry: start `relay broker`, or pass --broker")
+    return live[0]["broadcast_address"], int(live[0]["tcp_port"])

@@ -1,0 +1,90 @@
+"""What a command handler returns besides bytes and None (protocol/v2.py): a Pending
+publish, the Settled FINs, REQs and TOUCHes of one command, and an Upgrade of the
+connection after IDENTIFY's reply (TLS, snappy, deflate)."""
+
+from typing import Any, Callable
+
+from gevent.event import AsyncResult
+
+from relay.codec import as_text
+from relay.errors import ClientError, StoreError
+
+
+class Pending:
+    """A reply that waits for Redis: `finish(value, error)` makes it bytes/None or raises
+    ClientError, which `resolve()` passes on."""
+
+    __slots__ = ("result", "finish")
+
+    def __init__(self, result: AsyncResult,
+                 finish: Callable[[Any, StoreError | None], bytes | None]):
+        self.result = result
+        self.finish = finish
+
+    def resolve(self) -> bytes | None:
+        try:
+            value = self.result.get()
+        except StoreError as e:
+            return self.finish(None, e)
+        return self.finish(value, None)
+
+
+class Settled:
+    """The reply to FIN, REQ or TOUCH commands sent to Redis as one call per part of
+    the topic their ids name: nothing for each that took (nsqd sends none), a non-fatal
+    E_<COMMAND>_FAILED for each that did not, in the commands' order. `took(ids)` is
+    told the ids that took, once Redis has answered."""
+
+    __slots__ = ("calls", "command", "ids", "took")
+
+    def __init__(self, calls: list[tuple[AsyncResult, list]], command: str,
+                 ids: list[bytes], took: Callable[[list[bytes]], None]):
+        """`calls`: each call's result, and the positions in `ids` of its ids."""
+        self.calls = calls
+        self.command = command
+        self.ids = ids
+        self.took = took
+
+    def errors(self) -> list[ClientError]:
+        codes = [None] * len(self.ids)
+        for result, where in self.calls:
+            try:
+                for i, code in zip(where, result.get()):
+                    codes[i] = code
+            except StoreError:
+                pass
+        done, errors = [], []
+        for msg_id, code in zip(self.ids, codes):
+            reason = SETTLE_FAILURES.get(code)
+            if reason is None:
+                done.append(msg_id)
+            else:
+                errors.append(ClientError(f"E_{self.command}_FAILED",
+                                          f"{self.command} {as_text(msg_id)} failed {reason}"))
+        self.took(done)
+        return errors
+
+
+# a FIN, REQ or TOUCH's code from Redis (None: no answer) -> why it failed
+SETTLE_FAILURES = {None: "redis unavailable", 0: "ID not in flight",
+                   -1: "client does not own message"}
+
+
+class Upgrade:
+    """IDENTIFY's response when it negotiated TLS or compression: the writer sends it,
+    runs the steps, and tells the reader whether the connection may go on."""
+
+    def __init__(self, response: bytes, steps: list):
+        self.response = response
+        self.steps = steps
+        self._done = AsyncResult()
+
+    def finish(self, ok: bool) -> None:
+        self._done.set(ok)
+
+    def wait(self) -> bool:
+        return self._done.get()
+
+
+Reply = bytes | Pending | Settled | Upgrade | None
+"""A handler's reply; the queue to the writer also carries the ClientErrors they raise."""
