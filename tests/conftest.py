@@ -1,5 +1,6 @@
-"""Fixtures: Redis (fakeredis, a real server, a cluster), the store on it, real broker and
-scanner processes, and a test PKI; the plain helpers they use are in tests/helpers/."""
+"""Fixtures: Redis (fakeredis, a real server, a cluster, a cluster with replicas), the store
+on it, real broker and scanner processes, and a test PKI; the plain helpers they use are
+in tests/helpers/."""
 
 import os
 import shutil
@@ -7,14 +8,14 @@ import tempfile
 
 import fakeredis
 import pytest
-import trustme
 
 from relay import embedded
 from relay.store import Store
 from relay.store.connection import connect
 from tests.helpers.ports import worker_free_port
 from tests.helpers.processes import Processes
-from tests.helpers.servers import flush, local_cluster
+from tests.helpers.servers import flush, local_cluster, replicated_cluster
+from tests.helpers.tls import write_pki
 
 embedded.free_port = worker_free_port(embedded.free_port)
 
@@ -66,6 +67,14 @@ def single_redis_url():
     shutil.rmtree(data, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def replicated():
+    """A cluster of 3 masters with a replica each, for the tests of one module:
+    (url, {port: process}, data dir)."""
+    with replicated_cluster() as cluster:
+        yield cluster
+
+
 @pytest.fixture(params=["fakeredis", "redis", "cluster"])
 def backend(request):
     """A flushed Redis client; every test using it runs on fakeredis, a real server and
@@ -114,18 +123,9 @@ def broker(processes):
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    """A CA, the broker's certificate for 127.0.0.1, and a client certificate."""
-    folder = tmp_path_factory.mktemp("pki")
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1", "localhost")
-    client = ca.issue_cert("worker-7@example.com", common_name="worker-7")
-    paths = {"ca": folder / "ca.pem", "cert": folder / "server.pem",
-             "key": folder / "server.key", "client": folder / "client.pem"}
-    ca.cert_pem.write_to_path(str(paths["ca"]))
-    server.cert_chain_pems[0].write_to_path(str(paths["cert"]))
-    server.private_key_pem.write_to_path(str(paths["key"]))
-    client.private_key_and_cert_chain_pem.write_to_path(str(paths["client"]))
-    return {k: str(v) for k, v in paths.items()}
+    """A CA, the broker's certificate for 127.0.0.1 and its key, a client certificate,
+    another key, all in one folder: their paths (tests/helpers/tls.py)."""
+    return write_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -16,16 +16,10 @@ from relay.codec import parse_record
 from relay.store import Store
 from relay.store.connection import connect
 from relay.store.keys import ChannelKeys
-from tests.helpers.gnsq_clients import consumer, publish, stop, wait_for
+from tests.helpers.admin import RELAY_ADMIN, relay_admin
+from tests.helpers.gnsq_clients import consumer, publish, stop
 from tests.helpers.jobs import Producer, fill
-
-RELAY_ADMIN = os.path.join(os.path.dirname(sys.executable), "relay-admin")
-
-
-def relay_admin(redis_url, *args, **kwargs):
-    return subprocess.run([RELAY_ADMIN, *args], env={**os.environ, "REDIS_URL": redis_url},
-                          capture_output=True, text=True, timeout=60, **kwargs)
-
+from tests.helpers.wait import wait_for
 
 def test_empty_of_a_big_channel_runs_in_a_real_jobs_worker(processes, redis_url):
     store = Store(connect(redis_url))

@@ -18,9 +18,9 @@ import pytest
 
 from relay.codec import FRAME_ERROR, FRAME_RESPONSE
 from tests.helpers.api import Api
-from tests.helpers.gnsq_clients import wait_for
 from tests.helpers.pynsq import run_pynsq_secure
 from tests.helpers.tls import Secure, body_of, tls_broker
+from tests.helpers.wait import wait_for
 from tests.helpers.wire import Wire
 
 GRANTS = {

@@ -11,8 +11,9 @@ import gnsq
 from relay.store import Store
 from relay.store.connection import connect
 from tests.helpers.api import client_count
-from tests.helpers.gnsq_clients import addr, consumer, publish, round_trip, stop, wait_for
+from tests.helpers.gnsq_clients import addr, consumer, publish, round_trip, stop
 from tests.helpers.pynsq import run_pynsq_client
+from tests.helpers.wait import wait_for
 from tests.helpers.wire import subscribed
 
 

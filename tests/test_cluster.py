@@ -15,9 +15,10 @@ from relay.store import Store, keys
 from relay.store.connection import connect
 from relay.store.keys import TopicKeys
 from workers.scanner import SHARE_TTL_MS, Scanner, Share
-from tests.helpers.gnsq_clients import addr, stop, wait_for
+from tests.helpers.gnsq_clients import addr, stop
 from tests.helpers.processes import Processes
 from tests.helpers.servers import flush, local_cluster
+from tests.helpers.wait import wait_for
 
 TOPICS = [f"moving{i}" for i in range(6)]
 

@@ -11,10 +11,7 @@ from relay.store import Store
 from relay.store.commit import MAX_MERGED_ARGS, MERGEABLE, GroupCommit, _merge
 from relay.store.keys import ChannelKeys
 from relay.store.runner import MAX_CALL_ARGS
-
-
-def mid(n: int) -> bytes:
-    return b"%016x" % n
+from tests.helpers.store import mid
 
 
 @pytest.fixture

@@ -1,7 +1,6 @@
 """Max attempts and dead letters: deliver.lua's cut, the scanner's forward, redrive."""
 
 import json
-import time
 
 import pytest
 
@@ -11,6 +10,7 @@ from relay.codec import parse_record
 from relay.store import keys
 from relay.store.keys import ChannelKeys, TopicKeys
 from tests.helpers.api import Api
+from tests.helpers.wait import wait_for
 from tests.helpers.wire import FRAME_RESPONSE, Wire
 from workers.scanner import Scanner
 
@@ -207,12 +207,8 @@ def test_broker_and_scanner_dead_letter_after_max_attempts(processes):
     dead = Wire(port)
     dead.identify()
     assert dead.sub("t.dead", "ops", rdy=1) == (FRAME_RESPONSE, b"OK")
-    deadline = time.monotonic() + 5
-    while True:
-        _, data = api.json("GET", "/stats?format=json&topic=t.dead")
-        if data["topics"] or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+    wait_for(lambda: api.json("GET", "/stats?format=json&topic=t.dead")[1]["topics"],
+             timeout=5, interval=0.1)
     letter = json.loads(dead.message()[3])
     assert {k: letter[k] for k in ("topic", "channel", "attempts", "reason", "body")} == {
         "topic": "t", "channel": "c", "attempts": 2, "reason": "max_attempts",

@@ -3,14 +3,11 @@ every acknowledged message is delivered, and the brokers and scanner follow the
 promoted replica without a restart. Prints the failover window."""
 
 import os
-import shutil
 import signal
-import tempfile
 import threading
 import time
 
 import gnsq
-import pytest
 import redis
 import rq
 
@@ -22,30 +19,14 @@ from workers.operations import QUEUE_KEY
 from relay.store import Store
 from relay.store.connection import connect
 from relay.store.keys import TopicKeys
-from tests.helpers.gnsq_clients import addr, stop, wait_for
+from tests.helpers.gnsq_clients import addr, stop
 from tests.helpers.processes import Processes
 from tests.helpers.servers import wake_listeners
+from tests.helpers.wait import wait_for, wait_until
 from tests.helpers.wire import Wire
 from workers.jobs import worker_connection
 
 NO_PERSISTENCE = ("--save", "", "--appendonly", "no")
-
-
-@pytest.fixture(scope="module")
-def replicated():
-    """A cluster of 3 masters with a replica each: (url, {port: process}, data dir)."""
-    first = embedded.free_ports(6)
-    ports = list(range(first, first + 6))
-    data = tempfile.mkdtemp(prefix="relay-test-failover-")
-    procs = dict(zip(ports, embedded.start_cluster(ports, data, extra=NO_PERSISTENCE,
-                                                   replicas=1)))
-    yield f"redis://127.0.0.1:{first}/0", procs, data
-    for proc in procs.values():
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs.values():
-        proc.wait(10)
-    shutil.rmtree(data, ignore_errors=True)
 
 
 def busy_topic(url: str) -> str:
@@ -115,13 +96,11 @@ def publishes(store: Store, topic: str, body: bytes) -> bool:
 
 def promoted(survivor: int, slot: int, dead: int, timeout: float) -> int:
     """The port of the replica serving `slot` in place of `dead`, once there is one."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        port = embedded.master_of(survivor, slot)
-        if port not in (None, dead):
-            return port
-        time.sleep(0.05)
-    raise AssertionError(f"slot {slot} not failed over within {timeout}s")
+    port = wait_until(lambda: embedded.master_of(survivor, slot),
+                      lambda port: port not in (None, dead), timeout, interval=0.05)
+    if port in (None, dead):
+        raise AssertionError(f"slot {slot} not failed over within {timeout}s")
+    return port
 
 
 def serving(ports: list, topic: str) -> list:
@@ -229,10 +208,7 @@ def job_done(url: str) -> bool:
     """Whether `relay jobs` runs a job enqueued now, within 15 s."""
     connection = worker_connection(connect(url))
     job = rq.Queue(operations.QUEUE, connection=connection).enqueue(len, "abc")
-    deadline = time.monotonic() + 15
-    while job.get_status() != "finished" and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return job.get_status() == "finished"
+    return wait_for(lambda: job.get_status() == "finished", timeout=15, interval=0.2)
 
 
 def report_window(killed: float, in_place: float, busy: list, calm: list) -> None:

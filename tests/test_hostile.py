@@ -18,8 +18,9 @@ from relay.broker.protocol.reader import MAX_LINE
 from relay.store.connection import connect
 from relay.store.keys import ChannelKeys
 from tests.helpers.api import Api
-from tests.helpers.gnsq_clients import wait_for
+from tests.helpers.processes import rss_kb
 from tests.helpers.servers import all_keys
+from tests.helpers.wait import wait_for
 from tests.helpers.wire import Wire
 
 ERROR = re.compile(rb"^E_(INVALID|BAD_BODY|BAD_TOPIC|BAD_CHANNEL|BAD_MESSAGE|PUB_FAILED|"
@@ -83,11 +84,6 @@ def assert_answered(data: bytes, frames):
     silently on every input must not pass."""
     assert_nsqd_like(frames)
     assert frames or not reply_due(data), data[:200]
-
-
-def rss_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
 
 
 def body(data: bytes, size=None) -> bytes:

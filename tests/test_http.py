@@ -9,9 +9,9 @@ import struct
 import pytest
 
 from tests.helpers.api import Api
-from tests.helpers.gnsq_clients import wait_for
 from tests.helpers.pynsq import run_pynsq_client
 from tests.helpers.servers import wake_listeners
+from tests.helpers.wait import wait_for
 from tests.helpers.wire import FRAME_RESPONSE, Wire
 
 

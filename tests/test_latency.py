@@ -10,6 +10,8 @@ from relay.store import stats
 from relay.store.latency import NO_LATENCY, E2eLatency, bucket, bucket_value, describe, human, \
     percentiles
 from tests.helpers.api import Api
+from tests.helpers.clock import Clock
+from tests.helpers.wait import wait_until
 from tests.helpers.wire import FRAME_RESPONSE, Wire
 
 
@@ -46,14 +48,6 @@ def test_human_reads_as_nsqd_prints_nanoseconds():
                                                   {"quantile": 0.5, "value": 1500}]}) \
         == "2.5ms, 1.5us"
     assert describe(NO_LATENCY) == ""
-
-
-class Clock:
-    def __init__(self, now):
-        self.now = now
-
-    def __call__(self):
-        return self.now
 
 
 def test_windows_of_several_brokers_add_up_and_age_out(store):
@@ -115,13 +109,12 @@ def test_stats_of_every_broker_show_publish_to_fin_percentiles(processes):
     assert a.request("POST", "/channel/create?topic=t&channel=c")[0] == 200
     assert a.request("POST", "/mpub?topic=t", b"1\n2\n3\n4")[0] == 200
     _consume_slowly(port_a, 4, 0.2)
-    deadline = time.monotonic() + 5
-    while True:
-        _, data = b.json("GET", "/stats?format=json")
-        latency = data["topics"][0]["channels"][0]["e2e_processing_latency"]
-        if latency["count"] == 4 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    _, data = wait_until(
+        lambda: b.json("GET", "/stats?format=json"),
+        lambda reply: reply[1]["topics"][0]["channels"][0]["e2e_processing_latency"][
+            "count"] == 4,
+        timeout=5, interval=0.2)
+    latency = data["topics"][0]["channels"][0]["e2e_processing_latency"]
     assert latency["count"] == 4
     assert [p["quantile"] for p in latency["percentiles"]] == [1.0, 0.5]
     slowest, median = (p["value"] for p in latency["percentiles"])

@@ -10,7 +10,7 @@ from relay.store import Store
 from relay.store.connection import connect
 from relay.store.keys import TopicKeys
 from tests.helpers.api import Api
-from tests.helpers.gnsq_clients import wait_for
+from tests.helpers.wait import wait_for
 from tests.helpers.wire import FRAME_RESPONSE, Wire
 
 pytestmark = pytest.mark.cluster     # on one Redis and on a cluster (tests/conftest.py)

@@ -13,6 +13,7 @@ from relay import embedded
 from workers.operations import QUEUE as JOBS_QUEUE
 from tests.helpers.api import Api
 from relay.codec import FRAME_ERROR
+from tests.helpers.wait import wait_for, wait_until
 from tests.helpers.wire import FRAME_RESPONSE, Wire
 
 
@@ -32,14 +33,13 @@ def own_redis(tmp_path):
 
 def publish_until_ok(port, topic, body, timeout=15.0):
     """What a client with retries does: PUB again (new connection) until OK."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def publish():
         w = Wire(port)
         reply = w.pub(topic, body)
         w.close()
-        if reply == (FRAME_RESPONSE, b"OK") or time.monotonic() > deadline:
-            return reply
-        time.sleep(0.2)
+        return reply
+    return wait_until(publish, lambda reply: reply == (FRAME_RESPONSE, b"OK"), timeout,
+                      interval=0.2)
 
 
 def test_redis_hang_and_crash_fail_fast_then_recover_by_themselves(processes, own_redis):
@@ -90,7 +90,5 @@ def test_redis_hang_and_crash_fail_fast_then_recover_by_themselves(processes, ow
     assert not consumer.closed(timeout=0.5)
     assert scanner.poll() is None
     job = rq.Queue(JOBS_QUEUE, connection=redis.Redis.from_url(url)).enqueue(len, "abc")
-    deadline = time.monotonic() + 15
-    while job.get_status() != "finished" and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_for(lambda: job.get_status() == "finished", timeout=15, interval=0.2)
     assert (job.get_status(), job.return_value(), jobs.poll()) == ("finished", 3, None)

@@ -3,9 +3,6 @@ brokers started with --topic-partitions 3 over sockets, with gnsq consumers."""
 
 import itertools
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -21,17 +18,12 @@ from relay.store import Store, keys
 from relay.store.connection import connect, is_cluster
 from relay.store.keys import ChannelKeys, TopicKeys, part_name
 from relay.store.control import PartitionsRefused
-from tests.helpers.gnsq_clients import addr, stop, wait_for
+from tests.helpers.admin import relay_admin
+from tests.helpers.gnsq_clients import addr, stop
 from tests.helpers.store import bodies, channel_state, now_ms, wait_past
+from tests.helpers.wait import wait_for
 from tests.helpers.wire import Wire
 from workers.scanner import Scanner
-
-RELAY_ADMIN = os.path.join(os.path.dirname(sys.executable), "relay-admin")
-
-
-def relay_admin(redis_url, *args):
-    return subprocess.run([RELAY_ADMIN, *args], env={**os.environ, "REDIS_URL": redis_url},
-                          capture_output=True, text=True, timeout=60)
 
 
 def parts_of(store, topic="t", channel="c", field="depth") -> list:

@@ -6,14 +6,13 @@ import re
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
-import trustme
 
 from relay import embedded
 from relay.options import OPTION_NAMES, option_flag
 from tests.helpers.processes import listening_ports
+from tests.helpers.wait import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,15 +46,17 @@ def started(tmp_path, single_redis_url):
 
 def log_line(proc, text: str, timeout: float = 15.0) -> str:
     """The first line of the process's log that holds `text`, once it is written."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def found():
         proc.log.seek(0)
         for line in proc.log:
             if text in line:
                 return line.strip()
         assert proc.poll() is None, f"exited {proc.returncode}:\n{proc.log.read()}"
-        time.sleep(0.05)
-    raise AssertionError(f"no {text!r} in the log after {timeout}s")
+        return None
+    line = wait_until(found, lambda line: line is not None, timeout, interval=0.05)
+    if line is None:
+        raise AssertionError(f"no {text!r} in the log after {timeout}s")
+    return line
 
 
 def held_port(host="127.0.0.1", port=0) -> socket.socket:
@@ -64,19 +65,6 @@ def held_port(host="127.0.0.1", port=0) -> socket.socket:
     sock.bind((host, port))
     sock.listen()
     return sock
-
-
-@pytest.fixture(scope="module")
-def pem(tmp_path_factory):
-    """A CA's certificate, a server certificate and its key, and another key."""
-    folder = tmp_path_factory.mktemp("pem")
-    ca = trustme.CA()
-    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
-    cert = ca.issue_cert("127.0.0.1")
-    cert.cert_chain_pems[0].write_to_path(str(folder / "server.pem"))
-    cert.private_key_pem.write_to_path(str(folder / "server.key"))
-    ca.issue_cert("127.0.0.1").private_key_pem.write_to_path(str(folder / "other.key"))
-    return folder
 
 
 # -- 17.2: a lookupd port only when asked ---------------------------------------------
@@ -108,13 +96,13 @@ def test_broker_runs_beside_nsqlookupd_and_binds_no_lookupd_port_unless_asked(st
 
 @pytest.mark.parametrize("workers", ["1", "2"])
 @pytest.mark.parametrize("busy", ["tcp", "http", "lookupd-http", "https"])
-def test_a_taken_port_is_named_in_one_line(busy, workers, pem, single_redis_url):
+def test_a_taken_port_is_named_in_one_line(busy, workers, pki, single_redis_url):
     ports = {name: embedded.free_port() for name in ("tcp", "http", "lookupd-http", "https")}
     holder = held_port(port=ports[busy])
     flags = [a for name, port in ports.items()
              for a in (f"--{name}-address", f"127.0.0.1:{port}")]
     result = relay("broker", *flags, "--tls-cert", "server.pem", "--tls-key", "server.key",
-                   "--redis-url", single_redis_url, "--workers", workers, cwd=pem)
+                   "--redis-url", single_redis_url, "--workers", workers, cwd=pki["folder"])
     holder.close()
     assert (result.returncode, result.stderr, result.stdout) == (
         1, f"relay: cannot listen on 127.0.0.1:{ports[busy]}: Address already in use\n", "")
@@ -203,10 +191,10 @@ def test_an_unknown_log_level_is_one_line(tmp_path):
     ("server.pem", "server.pem", "", "--tls-key server.pem: no PEM private key in it"),
     ("server.pem", "other.key", "", "--tls-key other.key: not the key of --tls-cert server.pem"),
 ])
-def test_a_certificate_or_key_that_cannot_be_used_is_named(cert, key, ca, error, pem):
+def test_a_certificate_or_key_that_cannot_be_used_is_named(cert, key, ca, error, pki):
     flags = ["--tls-cert", cert, "--tls-key", key] + (["--tls-root-ca-file", ca] if ca else [])
     result = relay("broker", *flags, "--tcp-address", f"127.0.0.1:{embedded.free_port()}",
-                   "--http-address", "", cwd=pem)
+                   "--http-address", "", cwd=pki["folder"])
     assert (result.returncode, result.stderr) == (2, f"relay: {error}\n")
 
 

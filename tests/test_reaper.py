@@ -12,6 +12,7 @@ from workers.reaper import GRACE, Reaper
 from relay.broker.registry import TTL_MS
 from relay.store import keys
 from relay.store.keys import ChannelKeys, TopicKeys
+from tests.helpers.clock import Clock
 from tests.helpers.store import bodies, empty_channel, queue, subscribed
 from tests.helpers.wire import FRAME_RESPONSE, Wire
 
@@ -57,14 +58,6 @@ def test_reap_deletes_an_ephemeral_channel_and_topic_left_without_consumer(store
 
 
 # -- the Reaper ------------------------------------------------------------------
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
-
 
 def expired(store, broker_id):
     """A registration that ran out a moment ago, as a broker killed with -9 leaves it."""

@@ -3,11 +3,9 @@
 pipeline and node."""
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -59,22 +57,6 @@ def test_relay_redis_starts_a_cluster_with_replicas_and_restarts_it(tmp_path):
     assert run() == started  # the same nodes, from their nodes.conf
 
 
-@pytest.fixture(scope="module")
-def replicated():
-    """A cluster of 3 masters with a replica each: (url, {port: process})."""
-    first = embedded.free_ports(6)
-    ports = list(range(first, first + 6))
-    data = tempfile.mkdtemp(prefix="relay-test-replicas-")
-    procs = embedded.start_cluster(ports, data, extra=("--save", "", "--appendonly", "no"),
-                                   replicas=1)
-    yield f"redis://127.0.0.1:{first}/0", dict(zip(ports, procs))
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        proc.wait(10)
-    shutil.rmtree(data, ignore_errors=True)
-
-
 def replica_of(url: str, ports, key: str) -> redis.Redis:
     """A client of the replica of the master serving `key`, in READONLY mode."""
     master = connect(url).get_node_from_key(key)
@@ -95,7 +77,7 @@ def waits(url: str) -> dict:
 
 @pytest.fixture
 def waiting_broker(replicated, tmp_path):
-    url, _ = replicated
+    url, _, _ = replicated
     flush(url)
     procs = Processes(url, str(tmp_path))
     _, port = procs.broker("--wait-replicas", "1", "--redis-timeout", "2s")
@@ -105,7 +87,7 @@ def waiting_broker(replicated, tmp_path):
 
 def test_an_acknowledged_publish_is_on_the_replica(replicated, waiting_broker):
     """The replica is stopped while the broker publishes: the OK waits for it."""
-    url, procs = replicated
+    url, procs, _ = replicated
     replica = replica_of(url, procs, TopicKeys.of("held").backlog)
     pid = procs[replica.connection_pool.connection_kwargs["port"]].pid
     wire = Wire(waiting_broker)
@@ -129,7 +111,7 @@ def test_an_acknowledged_publish_is_on_the_replica(replicated, waiting_broker):
 def test_one_wait_per_pipeline_and_node(replicated):
     """A pipeline of 30 publishes to topics on every master, and other calls: one WAIT on
     each node that got a publish."""
-    url, _ = replicated
+    url, _, _ = replicated
     flush(url)
     store = Store(connect(url), wait_replicas=1, wait_timeout=1000)
     topics = [f"w{i}" for i in range(10)]
@@ -145,7 +127,7 @@ def test_one_wait_per_pipeline_and_node(replicated):
 
 
 def test_a_burst_of_publishes_shares_waits(replicated, waiting_broker):
-    url, _ = replicated
+    url, _, _ = replicated
     before = sum(waits(url).values())
     wire = Wire(waiting_broker)
     wire.send(b"".join(b"PUB burst\n" + len(b"m").to_bytes(4, "big") + b"m"

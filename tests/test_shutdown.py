@@ -10,6 +10,7 @@ from relay.codec import CLOSE_WAIT
 from relay.store import keys
 from relay.store.connection import connect
 from tests.helpers.api import Api
+from tests.helpers.wait import wait_for
 from tests.helpers.wire import FRAME_RESPONSE, Wire
 
 
@@ -55,9 +56,8 @@ def test_sigterm_drains_consumers_then_requeues_what_they_keep(processes):
 def test_sigterm_stops_the_scanner(processes):
     scanner = processes.scanner()
     connection = connect(processes.redis_url)
-    deadline = time.monotonic() + 15
-    while not connection.zcard(keys.SCANNERS) and time.monotonic() < deadline:
-        time.sleep(0.05)  # registered: its first pass ran, after its signal handlers
+    # registered: its first pass ran, after its signal handlers
+    wait_for(lambda: connection.zcard(keys.SCANNERS), timeout=15, interval=0.05)
     assert connection.zcard(keys.SCANNERS) == 1
     started = time.monotonic()
     scanner.send_signal(signal.SIGTERM)
@@ -68,13 +68,9 @@ def test_sigterm_stops_the_scanner(processes):
 def test_sigterm_stops_the_jobs_worker_and_its_rq_worker(processes):
     jobs = processes.jobs()
     connection = connect(processes.redis_url)
-    deadline = time.monotonic() + 15
-    while not operations.has_worker(connection) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: operations.has_worker(connection), timeout=15, interval=0.1)
     assert operations.has_worker(connection)
     jobs.send_signal(signal.SIGTERM)
     assert jobs.wait(10) == 0
-    deadline = time.monotonic() + 5
-    while operations.has_worker(connection) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: not operations.has_worker(connection), timeout=5, interval=0.1)
     assert not operations.has_worker(connection)     # the rq worker left too

@@ -1,20 +1,16 @@
 """A consumer that stops reading its socket: bounded broker memory, others unaffected,
 its messages redelivered after their timeout, and the connection closed."""
 
-import re
 import socket
 import threading
 import time
 
 from tests.helpers.api import Api
+from tests.helpers.processes import rss_kb
+from tests.helpers.wait import wait_until
 from tests.helpers.wire import FRAME_RESPONSE, Wire
 
 BODY = 100 * 1024
-
-
-def rss_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
 
 
 def stuck_consumer(port):
@@ -65,11 +61,10 @@ def test_a_stuck_consumer_costs_bounded_memory_and_slows_nobody(processes):
     # it (measured: +72 MB, vs +24 MB with it, most of that the 4 MB HTTP bodies)
     assert rss_kb(proc.pid) - before < 45_000
 
-    _, stats = api.json("GET", "/stats?format=json")
-    deadline = time.monotonic() + 10
-    while len(stats["topics"][0]["channels"][0]["clients"]) > 1 and time.monotonic() < deadline:
-        time.sleep(0.2)
-        _, stats = api.json("GET", "/stats?format=json")
+    _, stats = wait_until(
+        lambda: api.json("GET", "/stats?format=json"),
+        lambda reply: len(reply[1]["topics"][0]["channels"][0]["clients"]) <= 1,
+        timeout=10, interval=0.2)
     assert len(stats["topics"][0]["channels"][0]["clients"]) == 1   # the stuck one is closed
     assert stats["topics"][0]["channels"][0]["timeout_count"] > 0
     alive.set()

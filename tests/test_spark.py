@@ -26,6 +26,7 @@ from relay.store import Store  # noqa: E402
 from relay.store.connection import connect  # noqa: E402
 from tests.helpers.servers import flush  # noqa: E402
 from tests.helpers.store import channel_state  # noqa: E402
+from tests.helpers.wait import wait_for  # noqa: E402
 from workers.scanner import Scanner  # noqa: E402
 
 try:
@@ -73,13 +74,6 @@ def source(spark, redis_url, batch=10, **extra):
     for key, value in extra.items():
         reader = reader.option(key, value)
     return reader.load()
-
-
-def wait_for(condition, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return condition()
 
 
 # -- streaming queries --------------------------------------------------------------
@@ -187,7 +181,8 @@ def test_a_query_stopped_mid_stream_keeps_its_batch_parked_until_it_runs_again(
     # next batch before the stop took (under load it sometimes does)
     progress = {}
     assert wait_for(lambda: progress.update(query_batches.progress()) or (
-        progress["claimed"] >= 2 and progress["parked"] == progress["claimed"])), progress
+        progress["claimed"] >= 2 and progress["parked"] == progress["claimed"]),
+        timeout=60.0, interval=0.1), progress
     claimed, finished = progress["claimed"], progress["finished"]
     assert claimed in (2, 3) and finished >= 1
     time.sleep(2.5)                     # past lease_timeout
@@ -350,7 +345,7 @@ def test_example_pipeline_killed_mid_batch_counts_each_event_once(java, store, r
         cwd=HERE, env=SPARK_ENV, start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        assert wait_for(writing.exists, timeout=300)
+        assert wait_for(writing.exists, timeout=300, interval=0.1)
     finally:
         os.killpg(driver.pid, signal.SIGKILL)   # the driver's machine goes: nothing parks
         driver.wait()

@@ -11,9 +11,10 @@ import pytest
 
 from relay.store import keys
 from relay.store.connection import connect
-from tests.helpers.gnsq_clients import round_trip, wait_for
+from tests.helpers.gnsq_clients import round_trip
 from tests.helpers.processes import listening_ports
 from tests.helpers.servers import flush
+from tests.helpers.wait import wait_for
 from tests.helpers.wire import subscribed
 
 

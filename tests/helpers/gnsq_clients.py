@@ -1,10 +1,8 @@
-"""gnsq producers and consumers in the test's own process (on gevent), and waiting for
-what they do."""
+"""gnsq producers and consumers in the test's own process (on gevent)."""
 
-import time
-
-import gevent
 import gnsq
+
+from tests.helpers.wait import wait_for
 
 
 def addr(port):
@@ -48,16 +46,6 @@ def consumer(port, topic, channel, handler, ports=None, **kwargs):
 
     c.start(block=False)
     return c
-
-
-def wait_for(predicate, timeout=10.0):
-    """Whether predicate() holds within timeout seconds; sleeps on gevent, so gnsq runs."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        gevent.sleep(0.02)
-    return predicate()
 
 
 def stop(*consumers):

@@ -1,6 +1,7 @@
 """relay's own processes (broker, scanner, jobs) for one test."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -91,3 +92,9 @@ def listening_ports(pid: int) -> set:
                 if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
                     ports.add(int(cols[1].rpartition(":")[2], 16))
     return ports
+
+
+def rss_kb(pid: int) -> int:
+    """The process's resident memory (VmRSS), in kB."""
+    with open(f"/proc/{pid}/status") as f:
+        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))

@@ -52,3 +52,24 @@ def local_cluster(ports: list, binary: str | None = None):
         for proc in procs:
             proc.wait(10)
         shutil.rmtree(data, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def replicated_cluster():
+    """A cluster of 3 masters with a replica each, without persistence:
+    (url, {port: process}, data dir). A process the test killed is left as it is."""
+    first = embedded.free_ports(6)
+    ports = list(range(first, first + 6))
+    data = tempfile.mkdtemp(prefix="relay-test-replicas-")
+    procs = dict(zip(ports, embedded.start_cluster(ports, data,
+                                                   extra=("--save", "", "--appendonly", "no"),
+                                                   replicas=1)))
+    try:
+        yield f"redis://127.0.0.1:{first}/0", procs, data
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs.values():
+            proc.wait(10)
+        shutil.rmtree(data, ignore_errors=True)

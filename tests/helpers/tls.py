@@ -1,5 +1,5 @@
-"""A raw client that negotiates TLS, snappy or deflate, and a broker with a certificate
-from the test PKI (the `pki` fixture)."""
+"""The test PKI (the `pki` fixture), a raw client that negotiates TLS, snappy or deflate,
+and a broker with a certificate from the test PKI."""
 
 import hashlib
 import json
@@ -7,10 +7,30 @@ import ssl
 import zlib
 
 import snappy
+import trustme
 
 from relay import embedded
 from relay.codec import FRAME_RESPONSE
 from tests.helpers.wire import Wire
+
+
+def write_pki(folder) -> dict:
+    """A CA and what it issued, written to `folder`: ca.pem, the broker's certificate for
+    127.0.0.1 (server.pem) and its key (server.key), a client certificate with its key
+    (client.pem), and other.key, the key of another certificate. Their paths by what they
+    are, and the folder's."""
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    client = ca.issue_cert("worker-7@example.com", common_name="worker-7")
+    paths = {"ca": folder / "ca.pem", "cert": folder / "server.pem",
+             "key": folder / "server.key", "client": folder / "client.pem",
+             "other_key": folder / "other.key"}
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    server.cert_chain_pems[0].write_to_path(str(paths["cert"]))
+    server.private_key_pem.write_to_path(str(paths["key"]))
+    client.private_key_and_cert_chain_pem.write_to_path(str(paths["client"]))
+    ca.issue_cert("127.0.0.1").private_key_pem.write_to_path(str(paths["other_key"]))
+    return {"folder": str(folder), **{k: str(v) for k, v in paths.items()}}
 
 
 def tls_broker(processes, pki, *extra):
