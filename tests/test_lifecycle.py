@@ -1,14 +1,12 @@
 """A channel's life across brokers on one Redis: deletes, empties and connections that
 go away while deliveries are on their way (issue 16)."""
 
-import dataclasses
 import time
 
 import pytest
 
 from relay.store import Store
 from relay.store.connection import connect
-from relay.store.keys import TopicKeys
 from tests.helpers.api import Api
 from tests.helpers.wait import wait_for
 from tests.helpers.wire import FRAME_RESPONSE, Wire
@@ -73,43 +71,3 @@ def test_delete_right_after_sub_on_another_broker_closes_the_consumer(processes)
         assert api.request("POST", "/channel/delete?topic=gone&channel=c")[0] == 200
         assert consumer.closed(timeout=2.0), attempt
         consumer.close()
-
-
-
-@pytest.fixture
-def unheard(monkeypatch, redis_url):
-    """A Store in this process whose scripts publish their wake-ups where no broker
-    listens (in the topic's slot): every notice is lost, as pub/sub may lose one."""
-    of = TopicKeys.of
-    monkeypatch.setattr(TopicKeys, "of", staticmethod(
-        lambda topic: dataclasses.replace(of(topic), wake=f"relay:{{{topic}}}:nowhere")))
-    return Store(connect(redis_url))
-
-
-def test_what_a_lost_notice_said_is_applied_all_the_same(processes, unheard):
-    _, port1 = processes.broker()
-    _, port2 = processes.broker()
-    consumer = Wire(port2)
-    consumer.identify(msg_timeout=60000)
-    assert consumer.sub("quiet", "c", rdy=1) == (FRAME_RESPONSE, b"OK")
-    time.sleep(1.5)     # past the check of the channel new on broker 2
-
-    unheard.publish("quiet", [b"unheard"])
-    assert consumer.message()[3] == b"unheard"
-
-    unheard.empty_channel("quiet", "c")     # frees the consumer's RDY 1
-    producer = Wire(port1)
-    assert producer.pub("quiet", b"after empty") == (FRAME_RESPONSE, b"OK")
-    _, _, msg_id, body = consumer.message()
-    assert body == b"after empty"
-
-    unheard.pause_channel("quiet", "c", True)
-    consumer.command(f"FIN {msg_id.decode()}")
-    assert producer.pub("quiet", b"while paused") == (FRAME_RESPONSE, b"OK")
-    assert consumer.nothing(wait=1.5)
-    unheard.pause_channel("quiet", "c", False)
-    assert consumer.message()[3] == b"while paused"
-
-    unheard.delete_channel("quiet", "c")
-    assert consumer.closed(timeout=2.0)
-    producer.close()

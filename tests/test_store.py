@@ -2,7 +2,8 @@
 
 Asserts are on what a user or operator sees: the records a consumer gets (parsed
 as the wire would), the counters of read_topic / read_channel, and raw keys.
-The scanner's scripts (scan, due) are tested in test_scanner.py.
+The scanner's scripts (scan, due) are tested in test_scanner.py, the wake-ups they
+publish in test_wakeups.py.
 """
 
 import time
@@ -15,7 +16,6 @@ from relay.errors import StoreError
 from relay.codec import make_record, parse_record
 from relay.store import keys, runner
 from relay.store import data_path
-from relay.store.connection import is_cluster
 from relay.store.keys import ChannelKeys, TopicKeys
 from tests.helpers.servers import all_keys
 from tests.helpers.store import (attempts, bodies, due_score, empty_channel, ids, inflight_score,
@@ -605,78 +605,7 @@ def test_ephemeral_topic_kept_while_a_durable_channel_remains(store):
     assert store.read_topic(topic)["message_count"] == 1
 
 
-# -- wake-ups -----------------------------------------------------------------
-
-def test_wake_notifications(store):
-    """Brokers learn of news on a topic's wake channel: "" = whole topic, "C" = channel C,
-    each after the topic's version it made and "|"."""
-    wake = TopicKeys.of("t").wake
-    sub = store.redis.pubsub()
-    if is_cluster(store.redis):  # sharded pub/sub (relay/broker/wakeups.py)
-        sub.ssubscribe(wake)
-        get, kind = sub.get_sharded_message, "smessage"
-    else:
-        sub.subscribe(wake)
-        get, kind = sub.get_message, "message"
-    assert get(timeout=2)["type"] in ("subscribe", "ssubscribe")
-
-    def next_wake():
-        while True:
-            msg = get(timeout=2)
-            assert msg is not None, "no wake-up"
-            if msg["type"] == kind:
-                assert msg["channel"] == wake.encode()
-                return msg["data"]
-
-    store.publish("t", [b"backlog"])               # no channel: nobody to wake
-    subscribed(store, "t", "c")
-    store.publish("t", [b"1"], defer_ms=60_000)    # deferred: nothing ready
-    store.publish("t", [b"2", b"3"])
-    assert next_wake() == b"1|"
-    store.deliver("t", "c", [("a", 1, 3)])
-    store.requeue("t", "c", [("a", mid(1), 60_000)])   # deferred again: nothing ready
-    store.requeue("t", "c", [("a", mid(3), 0)])
-    assert next_wake() == b"2|c"
-    wait_past(store, inflight_score(store, "t", "c", mid(4)))
-    assert store.scan("t", "c")[0] == 1
-    assert next_wake() == b"3|c"
-    assert store.scan("t", "c")[:2] == (0, 0)       # nothing moved: no wake-up
-    store.finish("t", "c", [("a", mid(9))])
-    store.publish("t", [b"4"])
-    assert next_wake() == b"4|"
-    assert store.versions(["t"]) == {"t": 4}
-    sub.close()
-
-
-
-def test_versions_move_with_every_wake_up_and_control_change(store):
-    """What a broker reads once a second for the wake-ups it may have missed."""
-    assert store.versions(["t", "other"]) == {"t": 0, "other": 0}
-    versions = [store.versions(["t"])["t"]]
-
-    def moved():
-        versions.append(store.versions(["t"])["t"])
-        return versions[-1] != versions[-2]
-
-    subscribed(store, "t", "c")
-    assert not moved()                              # a new channel: no news
-    store.publish("t", [b"1"], defer_ms=60_000)     # deferred: nothing ready
-    assert not moved()
-    store.publish("t", [b"2"])
-    assert moved()
-    store.deliver("t", "c", [("a", 60_000, 1)])
-    assert not moved()
-    store.requeue("t", "c", [("a", mid(2), 0)])
-    assert moved()
-    store.pause_channel("t", "c", True)
-    store.pause_channel("t", "c", False)
-    assert moved()
-    store.empty_channel("t", "c")
-    assert moved()
-    store.delete_channel("t", "c")
-    assert moved()
-    assert store.versions(["t", "other"]) == {"t": versions[-1], "other": 0}
-
+# -- a channel's incarnation and empties -------------------------------------
 
 def test_incarnation_and_empties_tell_a_channel_deleted_or_emptied(store):
     first = store.run(store.subscribe_op("t", "c", "b1"))
