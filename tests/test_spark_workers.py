@@ -49,8 +49,8 @@ def test_workers_on_a_missing_interpreter_get_one_line(monkeypatch):
 
 STOP_ON_SIGTERM = """
 import os, signal, time
-import relay.spark
-signal.signal(signal.SIGTERM, relay.spark._exit)
+import relay.spark.source
+signal.signal(signal.SIGTERM, relay.spark.source._exit)
 try:
     os.kill(os.getpid(), signal.SIGTERM)        # stopWorker
     time.sleep(10)
