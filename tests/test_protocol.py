@@ -3,6 +3,7 @@
 Every expectation is nsqd v1.3.0's exact wire behaviour (frame type and payload
 bytes, which errors are fatal). Where relay deviates, the test still asserts
 nsqd's behaviour and is marked xfail(strict=True) with the deviation as reason.
+What RDY and CLS do to a client's credit is in test_client.py.
 """
 
 import json
@@ -873,65 +874,6 @@ def test_client_answering_nop_stays_open(broker):
         w.command("NOP")
     assert beats >= 2
     assert w.pub("t", b"still open") == OK
-
-
-# -- CLS --------------------------------------------------------------------------------
-
-
-def test_cls_stops_delivery_but_fin_still_works(broker):
-    p = Wire(broker)
-    assert p.pub("t", b"before") == OK
-    c = subscribed(broker, "t", "ch", rdy=5)
-    _, _, mid, body = c.message()
-    assert body == b"before"
-    c.command("CLS")
-    assert c.frame() == CLOSE_WAIT
-    assert p.pub("t", b"after") == OK
-    assert c.nothing(1.5)
-    c.command("RDY 5")  # ignored after CLS, no error
-    c.command("RDY abc")  # even unparsable: nsqd returns before parsing when closing
-    assert c.nothing(1.0)
-    c.command(b"FIN " + mid)  # FIN of a message received before CLS: no error
-    assert c.nothing(0.5)
-    assert c.pub("other", b"x") == OK  # still usable
-    c.close()
-    # "before" was finished: only "after" is left for another consumer
-    d = subscribed(broker, "t", "ch", rdy=5)
-    assert d.message()[3] == b"after"
-    assert d.nothing(1.0)
-
-
-# -- RDY -----------------------------------------------------------------------------------
-
-
-def test_rdy_limits_in_flight(broker):
-    p = Wire(broker)
-    bodies = [b"m%d" % i for i in range(5)]
-    assert p.mpub("t", bodies) == OK
-    c = subscribed(broker, "t", "ch", rdy=2)
-    got = [c.message(), c.message()]
-    assert c.nothing(1.0)
-    c.command(b"FIN " + got[0][2])
-    got.append(c.message())
-    assert c.nothing(1.0)
-    c.command("RDY 0")
-    c.command(b"FIN " + got[1][2])
-    c.command(b"FIN " + got[2][2])
-    assert c.nothing(1.5)
-    c.command("RDY 10")
-    got += [c.message(), c.message()]
-    assert c.nothing(1.0)
-    assert sorted(m[3] for m in got) == bodies
-    assert all(m[1] == 1 for m in got)  # attempts
-
-
-def test_rdy_zero_stops_delivery(broker):
-    c = subscribed(broker, "t", "ch", rdy=0)
-    p = Wire(broker)
-    assert p.pub("t", b"m") == OK
-    assert c.nothing(1.5)
-    c.command("RDY 1")
-    assert c.message()[3] == b"m"
 
 
 # -- pipelining ------------------------------------------------------------------------------

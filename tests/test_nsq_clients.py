@@ -1,7 +1,6 @@
 """Real NSQ clients (gnsq in-process on gevent, pynsq in its own process) against real
 broker and scanner processes."""
 
-import json
 import signal
 import time
 
@@ -258,18 +257,3 @@ def test_brokers_share_one_port_with_so_reuseport(processes):
         w.close()
     round_trip(port, "shared-port", 20)
     assert first.poll() is None and second.poll() is None
-
-
-def test_identify_msg_timeout_applies_to_that_client(broker):
-    """A raw client asks for msg_timeout 1000 ms (the broker default is 60 s)."""
-    from tests.helpers.wire import Wire
-    c = Wire(broker)
-    frame_type, reply = c.identify(feature_negotiation=True, msg_timeout=1000)
-    assert json.loads(reply)["msg_timeout"] == 1000
-    c.sub("own-timeout", "c", rdy=1)
-    published = time.monotonic()        # the delivery, and so its deadline, comes later
-    Wire(broker).pub("own-timeout", b"x")
-    first = c.message()
-    second = c.message()
-    assert (first[1], second[1], first[2] == second[2]) == (1, 2, True)
-    assert 0.99 <= time.monotonic() - published < 5

@@ -1,0 +1,87 @@
+"""One TCP client's state on a broker (relay/broker/client.py), seen over the wire: its
+RDY credit (set_ready, settled), CLS (start_close) and the msg_timeout it asked for."""
+
+import json
+import time
+
+from tests.helpers.wire import FRAME_RESPONSE, Wire, subscribed
+
+OK = (FRAME_RESPONSE, b"OK")
+CLOSE_WAIT = (FRAME_RESPONSE, b"CLOSE_WAIT")
+
+
+# -- RDY -----------------------------------------------------------------------------------
+
+
+def test_rdy_limits_in_flight(broker):
+    p = Wire(broker)
+    bodies = [b"m%d" % i for i in range(5)]
+    assert p.mpub("t", bodies) == OK
+    c = subscribed(broker, "t", "ch", rdy=2)
+    got = [c.message(), c.message()]
+    assert c.nothing(1.0)
+    c.command(b"FIN " + got[0][2])
+    got.append(c.message())
+    assert c.nothing(1.0)
+    c.command("RDY 0")
+    c.command(b"FIN " + got[1][2])
+    c.command(b"FIN " + got[2][2])
+    assert c.nothing(1.5)
+    c.command("RDY 10")
+    got += [c.message(), c.message()]
+    assert c.nothing(1.0)
+    assert sorted(m[3] for m in got) == bodies
+    assert all(m[1] == 1 for m in got)  # attempts
+
+
+def test_rdy_zero_stops_delivery(broker):
+    c = subscribed(broker, "t", "ch", rdy=0)
+    p = Wire(broker)
+    assert p.pub("t", b"m") == OK
+    assert c.nothing(1.5)
+    c.command("RDY 1")
+    assert c.message()[3] == b"m"
+
+
+# -- CLS --------------------------------------------------------------------------------
+
+
+def test_cls_stops_delivery_but_fin_still_works(broker):
+    p = Wire(broker)
+    assert p.pub("t", b"before") == OK
+    c = subscribed(broker, "t", "ch", rdy=5)
+    _, _, mid, body = c.message()
+    assert body == b"before"
+    c.command("CLS")
+    assert c.frame() == CLOSE_WAIT
+    assert p.pub("t", b"after") == OK
+    assert c.nothing(1.5)
+    c.command("RDY 5")  # ignored after CLS, no error
+    c.command("RDY abc")  # even unparsable: nsqd returns before parsing when closing
+    assert c.nothing(1.0)
+    c.command(b"FIN " + mid)  # FIN of a message received before CLS: no error
+    assert c.nothing(0.5)
+    assert c.pub("other", b"x") == OK  # still usable
+    c.close()
+    # "before" was finished: only "after" is left for another consumer
+    d = subscribed(broker, "t", "ch", rdy=5)
+    assert d.message()[3] == b"after"
+    assert d.nothing(1.0)
+
+
+# -- IDENTIFY --------------------------------------------------------------------------
+
+
+def test_identify_msg_timeout_applies_to_that_client(broker):
+    """A raw client asks for msg_timeout 1000 ms (the broker default is 60 s)."""
+    from tests.helpers.wire import Wire
+    c = Wire(broker)
+    frame_type, reply = c.identify(feature_negotiation=True, msg_timeout=1000)
+    assert json.loads(reply)["msg_timeout"] == 1000
+    c.sub("own-timeout", "c", rdy=1)
+    published = time.monotonic()        # the delivery, and so its deadline, comes later
+    Wire(broker).pub("own-timeout", b"x")
+    first = c.message()
+    second = c.message()
+    assert (first[1], second[1], first[2] == second[2]) == (1, 2, True)
+    assert 0.99 <= time.monotonic() - published < 5
