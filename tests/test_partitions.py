@@ -1,8 +1,8 @@
 """Partitioned topics (keys.py): the Store on fakeredis, one Redis and the cluster; then
-brokers started with --topic-partitions 3 over sockets, with gnsq consumers."""
+brokers started with --topic-partitions 3 over sockets, with gnsq consumers. The dead
+letters of every part are tested in test_deadletter.py."""
 
 import itertools
-import json
 import threading
 import time
 from collections import Counter
@@ -10,9 +10,7 @@ from collections import Counter
 import gevent
 import gnsq
 import pytest
-import redis
 
-from relay.store import deadletter
 from relay.codec import parse_record
 from relay.store import Store, keys
 from relay.store.connection import connect, is_cluster
@@ -20,14 +18,9 @@ from relay.store.keys import ChannelKeys, TopicKeys, part_name
 from relay.store.control import PartitionsRefused
 from tests.helpers.admin import relay_admin
 from tests.helpers.gnsq_clients import addr, stop
-from tests.helpers.store import bodies, channel_state, now_ms, wait_past
+from tests.helpers.store import bodies, channel_state, parts_of
 from tests.helpers.wait import wait_for
 from tests.helpers.wire import Wire
-from workers.scanner import Scanner
-
-
-def parts_of(store, topic="t", channel="c", field="depth") -> list:
-    return [p[field] for p in store.read_channel_parts(topic, channel)]
 
 
 # -- the Store -------------------------------------------------------------------------
@@ -159,41 +152,6 @@ def test_empty_delete_and_in_flight_requeue_cover_every_part(store):
     assert store.topic_names() == [] and store.stored_parts() == []
     assert store.redis.exists(*(ChannelKeys.of(part_name("t", i), "c").queue
                                 for i in range(3))) == 0
-
-
-def dead_in_every_part(store) -> None:
-    """Three messages, one per part of t, delivered on t/c at max attempts 1 and timed
-    out twice: each goes to t.dead (read by channel `read`)."""
-    store.set_partitions("t", 3)
-    store.subscribe("t", "c", "b1")
-    store.subscribe("t.dead", "read", "")
-    for n in range(3):
-        store.publish("t", [b"%d" % n])
-    scanner = Scanner(store)
-    for attempt in range(2):
-        got = store.deliver("t", "c", [("o", 50, 3)], max_attempts=1)[0]
-        assert len(got) == (3 if attempt == 0 else 0)
-        wait_past(store, now_ms(store) + 60)
-        scanner.scan_once()
-
-
-def test_timeouts_and_dead_letters_of_every_part(store):
-    dead_in_every_part(store)
-    assert store.read_channel("t", "c")["timeout_count"] == 3
-    assert store.read_channel("t", "c")["dead_count"] == 3
-    letters = [json.loads(parse_record(r)[3])
-               for r in store.deliver("t.dead", "read", [("r", 60_000, 10)])[0]]
-    assert sorted((l["topic"], l["channel"], l["body"]) for l in letters) == \
-        [("t", "c", "0"), ("t", "c", "1"), ("t", "c", "2")]
-
-
-def test_redrive_puts_each_letter_back_in_its_part(store):
-    dead_in_every_part(store)
-    assert channel_state(store, "c", "t") == (0, 0, 3)
-    list(deadletter.redrive(store, "t", "c"))
-    assert parts_of(store) == [1, 1, 1]
-    [got] = store.deliver("t", "c", [("o", 60_000, 3)])
-    assert store.finish("t", "c", [("o", parse_record(r)[2]) for r in got]) == [1, 1, 1]
 
 
 def test_a_topic_whose_parts_land_on_every_master(backend):

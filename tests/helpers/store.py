@@ -72,3 +72,8 @@ def channel_state(store, channel="spark", topic="events") -> tuple:
     """(depth, in flight, timed out) of a channel."""
     state = store.read_channel(topic, channel)
     return state["depth"], state["in_flight_count"], state["timeout_count"]
+
+
+def parts_of(store, topic="t", channel="c", field="depth") -> list:
+    """A figure of read_channel_parts (depth unless named) for each part of a channel."""
+    return [p[field] for p in store.read_channel_parts(topic, channel)]
