@@ -8,6 +8,7 @@ import sys
 import time
 
 import gnsq
+import pytest
 from click.testing import CliRunner
 
 from relay import admin
@@ -20,6 +21,8 @@ from tests.helpers.admin import RELAY_ADMIN, relay_admin
 from tests.helpers.gnsq_clients import consumer, publish, stop
 from tests.helpers.jobs import Producer, fill
 from tests.helpers.wait import wait_for
+
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
 
 def test_empty_of_a_big_channel_runs_in_a_real_jobs_worker(processes, redis_url):
     store = Store(connect(redis_url))

@@ -23,6 +23,8 @@ from tests.helpers.tls import Secure, body_of, tls_broker
 from tests.helpers.wait import wait_for
 from tests.helpers.wire import Wire
 
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
+
 GRANTS = {
     "pub-secret": {"ttl": 1, "identity": "producer", "identity_url": "http://ids/p",
                    "authorizations": [{"topic": "^orders$", "channels": [".*"],

@@ -12,6 +12,8 @@ from tests.helpers.api import Api
 from tests.helpers.wait import wait_for
 from tests.helpers.wire import FRAME_RESPONSE, Wire
 
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
+
 
 @pytest.mark.cluster     # on one Redis and on a cluster (tests/conftest.py)
 def test_no_message_stays_in_flight_after_its_consumer_drops_the_connection(

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
+
 
 def chaos(*args: str, timeout: float) -> dict:
     """scripts/chaos.py's report."""

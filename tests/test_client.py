@@ -4,7 +4,11 @@ RDY credit (set_ready, settled), CLS (start_close) and the msg_timeout it asked 
 import json
 import time
 
+import pytest
+
 from tests.helpers.wire import FRAME_RESPONSE, Wire, subscribed
+
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
 
 OK = (FRAME_RESPONSE, b"OK")
 CLOSE_WAIT = (FRAME_RESPONSE, b"CLOSE_WAIT")

@@ -18,6 +18,8 @@ from tests.helpers.processes import Processes
 from tests.helpers.servers import local_cluster
 from tests.helpers.wait import wait_for
 
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
+
 TOPICS = [f"moving{i}" for i in range(6)]
 
 

@@ -18,6 +18,8 @@ from relay import embedded
 from tests.helpers.api import Api
 from tests.helpers.wire import FRAME_RESPONSE, Wire
 
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
+
 HEARTBEAT = b"\x00\x00\x00\x0f\x00\x00\x00\x00_heartbeat_"
 
 

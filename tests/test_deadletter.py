@@ -345,6 +345,7 @@ def test_stats_count_dead_letters(store, backend):
 # -- a real broker and scanner ------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_broker_and_scanner_dead_letter_after_max_attempts(processes):
     _, port = processes.broker("--max-attempts", "2")
     processes.scanner("--queue-scan-interval", "50ms")

@@ -8,6 +8,7 @@ import threading
 import time
 
 import gnsq
+import pytest
 import redis
 import rq
 
@@ -25,6 +26,8 @@ from tests.helpers.servers import wake_listeners
 from tests.helpers.wait import wait_for, wait_until
 from tests.helpers.wire import Wire
 from workers.jobs import worker_connection
+
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
 
 NO_PERSISTENCE = ("--save", "", "--appendonly", "no")
 

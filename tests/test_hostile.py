@@ -10,6 +10,7 @@ import threading
 import time
 import zlib
 
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from relay import embedded
@@ -22,6 +23,8 @@ from tests.helpers.processes import rss_kb
 from tests.helpers.servers import all_keys
 from tests.helpers.wait import wait_for
 from tests.helpers.wire import Wire
+
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
 
 ERROR = re.compile(rb"^E_(INVALID|BAD_BODY|BAD_TOPIC|BAD_CHANNEL|BAD_MESSAGE|PUB_FAILED|"
                    rb"MPUB_FAILED|DPUB_FAILED|FIN_FAILED|REQ_FAILED|TOUCH_FAILED|SUB_FAILED|"

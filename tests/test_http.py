@@ -14,6 +14,8 @@ from tests.helpers.servers import wake_listeners
 from tests.helpers.wait import wait_for
 from tests.helpers.wire import FRAME_RESPONSE, Wire
 
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
+
 
 @pytest.fixture
 def api(processes):

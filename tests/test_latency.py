@@ -100,6 +100,7 @@ def _consume_slowly(port, n, hold):
     wire.close()
 
 
+@pytest.mark.integration
 def test_stats_of_every_broker_show_publish_to_fin_percentiles(processes):
     flags = ("--e2e-processing-latency-percentile", "1.0,0.5")
     _, port_a = processes.broker(*flags)
@@ -127,6 +128,7 @@ def test_stats_of_every_broker_show_publish_to_fin_percentiles(processes):
     assert b.json("GET", "/config/e2e_processing_latency_window_time") == (200, 600_000_000_000)
 
 
+@pytest.mark.integration
 def test_without_the_option_stats_show_no_percentiles(broker, processes):
     api = Api(broker, processes.http_ports[broker])
     assert api.request("POST", "/topic/create?topic=t")[0] == 200

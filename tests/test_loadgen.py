@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
+
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "loadgen.py")
 
 

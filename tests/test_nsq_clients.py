@@ -6,6 +6,7 @@ import time
 
 import gevent
 import gnsq
+import pytest
 
 from relay.store import Store
 from relay.store.connection import connect
@@ -14,6 +15,8 @@ from tests.helpers.gnsq_clients import addr, consumer, publish, round_trip, stop
 from tests.helpers.pynsq import run_pynsq_client
 from tests.helpers.wait import wait_for
 from tests.helpers.wire import subscribed
+
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
 
 
 def test_gnsq_publish_consume_finish(broker, redis_url):

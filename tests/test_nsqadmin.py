@@ -10,6 +10,8 @@ import pytest
 from tests.helpers.api import Api
 from tests.helpers.wire import FRAME_RESPONSE, Wire
 
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
+
 
 class Nsqadmin:
     """The calls of nsqadmin's DeleteTopic, DeleteChannel and TombstoneNodeForTopic

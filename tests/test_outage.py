@@ -16,6 +16,8 @@ from relay.codec import FRAME_ERROR
 from tests.helpers.wait import wait_for, wait_until
 from tests.helpers.wire import FRAME_RESPONSE, Wire
 
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
+
 
 @pytest.fixture
 def own_redis(tmp_path):

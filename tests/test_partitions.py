@@ -176,6 +176,7 @@ def test_a_topic_whose_parts_land_on_every_master(backend):
 # -- brokers -----------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 @pytest.mark.cluster
 def test_consumers_on_two_brokers_get_3000_messages_exactly_once(processes):
     ports = [processes.broker("--topic-partitions", "3")[1] for _ in range(2)]
@@ -205,6 +206,7 @@ def test_consumers_on_two_brokers_get_3000_messages_exactly_once(processes):
     assert channel_state(store, "c", "hot") == (0, 0, 0)
 
 
+@pytest.mark.integration
 @pytest.mark.cluster
 def test_a_rdy_1_consumer_is_served_from_every_part_and_fin_req_touch_work(processes):
     _, port = processes.broker("--topic-partitions", "3")
@@ -230,6 +232,7 @@ def test_a_rdy_1_consumer_is_served_from_every_part_and_fin_req_touch_work(proce
     assert wait_for(lambda: channel_state(store, "c", "t") == (0, 0, 0))
 
 
+@pytest.mark.integration
 @pytest.mark.cluster
 def test_raising_the_count_under_load_loses_nothing(processes):
     ports = [processes.broker("--topic-partitions", "2")[1] for _ in range(2)]
@@ -271,6 +274,7 @@ def test_raising_the_count_under_load_loses_nothing(processes):
         1, "relay-admin: topic grow has 4 partitions: the count can only grow (asked for 3)\n")
 
 
+@pytest.mark.integration
 @pytest.mark.cluster
 def test_a_busy_part_does_not_starve_the_others(processes):
     """30 messages wait in part 0 and one in each other part: a consumer at RDY 1 gets

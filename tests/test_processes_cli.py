@@ -14,6 +14,8 @@ from relay.options import OPTION_NAMES, option_flag
 from tests.helpers.processes import listening_ports
 from tests.helpers.wait import wait_until
 
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

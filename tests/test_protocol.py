@@ -15,6 +15,8 @@ import pytest
 
 from tests.helpers.wire import Wire, mpub_body, size, subscribed
 
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
+
 RESPONSE, ERROR = 0, 1
 OK = (RESPONSE, b"OK")
 HEARTBEAT = (RESPONSE, b"_heartbeat_")

@@ -152,6 +152,7 @@ def killed_with_messages_in_flight(processes, n):
     return port_b, survivor, time.monotonic()
 
 
+@pytest.mark.integration
 @pytest.mark.cluster
 def test_killed_broker_is_reaped_within_its_registration_ttl(processes, deployment):
     """Its ephemeral channel goes, its in-flight messages come back at once (not after
@@ -166,6 +167,7 @@ def test_killed_broker_is_reaped_within_its_registration_ttl(processes, deployme
     assert survivor.nothing(1.0)
 
 
+@pytest.mark.integration
 @pytest.mark.cluster
 def test_two_reapers_requeue_each_message_once(processes, deployment):
     processes.scanner()

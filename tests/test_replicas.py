@@ -25,6 +25,8 @@ from tests.helpers.processes import Processes
 from tests.helpers.servers import flush
 from tests.helpers.wire import Wire, subscribed
 
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
+
 
 def roles(ports) -> dict:
     """port -> (role, connected replicas, node id)."""

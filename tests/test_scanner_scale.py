@@ -6,7 +6,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from relay.store.connection import connect
+
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "scanner_scale.py")
 

@@ -5,6 +5,8 @@ stops its rq worker."""
 import signal
 import time
 
+import pytest
+
 from workers import operations
 from relay.codec import CLOSE_WAIT
 from relay.store import keys
@@ -12,6 +14,8 @@ from relay.store.connection import connect
 from tests.helpers.api import Api
 from tests.helpers.wait import wait_for
 from tests.helpers.wire import FRAME_RESPONSE, Wire
+
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
 
 
 def test_sigterm_drains_consumers_then_requeues_what_they_keep(processes):

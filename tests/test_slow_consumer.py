@@ -5,10 +5,14 @@ import socket
 import threading
 import time
 
+import pytest
+
 from tests.helpers.api import Api
 from tests.helpers.processes import rss_kb
 from tests.helpers.wait import wait_until
 from tests.helpers.wire import FRAME_RESPONSE, Wire
+
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
 
 BODY = 100 * 1024
 

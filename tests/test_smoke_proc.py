@@ -1,4 +1,8 @@
+import pytest
+
 from tests.helpers.wire import Wire
+
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
 
 
 def test_pub_sub_fin(broker):

@@ -40,6 +40,8 @@ if JAVA_MISSING and not REQUIRE_SPARK:
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPARK_ENV = {**os.environ, "PYSPARK_PYTHON": sys.executable}
 
+pytestmark = pytest.mark.integration     # Spark: -m "not integration" leaves it out
+
 
 @pytest.fixture(scope="module")
 def java():

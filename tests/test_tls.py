@@ -16,6 +16,8 @@ from tests.helpers.pynsq import run_pynsq_secure
 from tests.helpers.tls import Secure, body_of, tls_broker
 from tests.helpers.wire import Wire
 
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
+
 SIZES = [1, 100, 65_536, 1_048_576]
 
 

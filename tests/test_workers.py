@@ -17,6 +17,8 @@ from tests.helpers.servers import flush
 from tests.helpers.wait import wait_for
 from tests.helpers.wire import subscribed
 
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
+
 
 @pytest.fixture
 def parent(single_redis_url, tmp_path):
