@@ -1,4 +1,5 @@
-"""What the README tells a newcomer to run, run as written (ports moved to free ones)."""
+"""What the README and docs/*.md tell a newcomer to run, run as written (ports moved to
+free ones), and what they name, checked against the project."""
 
 import ast
 import dataclasses
@@ -17,12 +18,26 @@ from relay import admin, cli, embedded, options
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def doc_paths() -> list:
+    """README.md and the reference it links to, docs/*.md, relative to ROOT."""
+    docs = sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+    return ["README.md", *(os.path.relpath(path, ROOT) for path in docs)]
+
+
+def doc_text(path: str) -> str:
+    with open(os.path.join(ROOT, path)) as f:
+        return f.read()
+
+
 def readme_commands(first: str) -> list:
-    """The commands of the README's indented block that starts with `first`, each with
-    its continuation lines joined."""
-    with open(os.path.join(ROOT, "README.md")) as f:
-        lines = f.read().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("    " + first))
+    """The commands of the indented block that starts with `first`, in README.md or
+    docs/*.md (one block in all of them), each with its continuation lines joined."""
+    found = [(path, i, lines) for path in doc_paths()
+             for lines in [doc_text(path).splitlines()]
+             for i, line in enumerate(lines) if line.startswith("    " + first)
+             and not (i and lines[i - 1].startswith("    "))]
+    assert len(found) == 1, [path for path, _, _ in found]
+    [(_, start, lines)] = found
     block = []
     for line in lines[start:]:
         if not line.startswith("    "):
@@ -96,26 +111,48 @@ def test_a_second_stack_on_other_ports(tmp_path):
         log.close()
 
 
+def anchors(path: str) -> set:
+    """The anchors GitHub gives the headings of the Markdown file `path` (code blocks left out)."""
+    text = re.sub(r"^```.*?^```", "", doc_text(path), flags=re.M | re.S)
+    return {re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+            for title in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
 def test_links_lead_to_the_project_own_files_and_sections():
-    with open(os.path.join(ROOT, "README.md")) as f:
-        text = f.read()
-    assert "../" not in text  # nothing outside the project
-    anchors = {re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
-               for title in re.findall(r"^#+ (.+)$", text, re.M)}
-    for target in re.findall(r"\]\(([^)\s]+)\)", text):
-        path, _, anchor = target.partition("#")
-        if path:
-            full = os.path.normpath(os.path.join(ROOT, path))
-            assert full.startswith(ROOT + os.sep) and os.path.exists(full), target
-        else:
-            assert anchor in anchors, target
+    for doc in doc_paths():
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc_text(doc)):
+            path, _, anchor = target.partition("#")
+            full = os.path.normpath(os.path.join(ROOT, os.path.dirname(doc), path or
+                                                 os.path.basename(doc)))
+            assert full.startswith(ROOT + os.sep), (doc, target)   # nothing outside the project
+            assert os.path.exists(full), (doc, target)
+            if anchor:
+                assert anchor in anchors(os.path.relpath(full, ROOT)), (doc, target)
+
+
+def test_every_doc_is_linked_from_the_readme():
+    linked = set(re.findall(r"\]\((docs/[\w.-]+\.md)[)#]", doc_text("README.md")))
+    assert set(doc_paths()[1:]) - linked == set()
+
+
+def test_the_module_map_names_every_module():
+    """Every Python module of relay/ and workers/ has its line in the README's module map
+    (a package's __init__.py may go by its folder's)."""
+    section = doc_text("README.md").split("\n## Where things live\n", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`([\w/]+(?:\.py|/))`", section))
+    modules = {os.path.relpath(path, ROOT) for top in ("relay", "workers")
+               for path in glob.glob(os.path.join(ROOT, top, "**", "*.py"), recursive=True)}
+    unnamed = {module for module in modules if module not in named
+               and not (os.path.basename(module) == "__init__.py"
+                        and os.path.dirname(module) + "/" in named)}
+    assert unnamed == set()
 
 
 # -- what the README names exists: options, defaults, error codes, files --------------
 
 def readme_text() -> str:
-    with open(os.path.join(ROOT, "README.md")) as f:
-        return f.read()
+    """README.md and docs/*.md, one after the other."""
+    return "\n\n".join(doc_text(path) for path in doc_paths())
 
 
 def script_options() -> dict:
@@ -247,7 +284,7 @@ def openssl_outputs() -> set:
 
 
 def test_every_file_the_readme_names_exists():
-    tops = "|".join(["relay", "tests", "scripts", "conf", "workers", r"\.venv"])
+    tops = "|".join(["relay", "tests", "scripts", "conf", "workers", "docs", r"\.venv"])
     named = {path.rstrip(".") for path in re.findall(
         rf"(?<![\w./:-])((?:{tops})/[\w./*<>-]*|Procfile|pyproject\.toml|[A-Z]+\.md)",
         readme_text())}
