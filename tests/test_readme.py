@@ -52,6 +52,7 @@ def readme_commands(first: str) -> list:
     return commands
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not (shutil.which("openssl") and shutil.which("curl")),
                     reason="needs openssl and curl")
 def test_tls_example(tmp_path, single_redis_url):
@@ -84,6 +85,7 @@ def test_tls_example(tmp_path, single_redis_url):
         proc.wait(10)
 
 
+@pytest.mark.integration
 def test_a_second_stack_on_other_ports(tmp_path):
     import redis as redis_py
     [command] = readme_commands("RELAY_TCP_ADDRESS=")
