@@ -3,6 +3,8 @@ registry and exits in bounded time; the scanner stops between passes; the jobs w
 stops its rq worker."""
 
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -78,3 +80,33 @@ def test_sigterm_stops_the_jobs_worker_and_its_rq_worker(processes):
     assert jobs.wait(10) == 0
     wait_for(lambda: not operations.has_worker(connection), timeout=5, interval=0.1)
     assert not operations.has_worker(connection)     # the rq worker left too
+
+
+# an rq worker that announces itself and never handles signals: rq's own between its
+# register_birth and its signal handlers
+UNHANDLING_RQ = """#!{python}
+import sys, time
+import redis
+from rq import Queue, Worker
+connection = redis.Redis.from_url(sys.argv[3])
+Worker([Queue(sys.argv[4], connection=connection)], connection=connection).register_birth()
+time.sleep(60)
+"""
+
+
+def test_a_sigterm_before_rq_handles_signals_still_stops_it_cleanly(processes, tmp_path):
+    rq = tmp_path / "rq"
+    rq.write_text(UNHANDLING_RQ.format(python=sys.executable))
+    rq.chmod(0o755)
+    jobs = subprocess.Popen([sys.executable, "-c",
+                             "import sys; from workers.jobs import run_worker; "
+                             f"sys.exit(run_worker({str(rq)!r}, {processes.redis_url!r}, "
+                             "lambda: None))"])
+    connection = connect(processes.redis_url)
+    try:
+        wait_for(lambda: operations.has_worker(connection), timeout=15, interval=0.05)
+        jobs.send_signal(signal.SIGTERM)
+        assert jobs.wait(10) == 0
+    finally:
+        jobs.kill()
+    assert not operations.has_worker(connection)

@@ -3,12 +3,14 @@ supervised: started again when it dies, stopped gracefully on SIGTERM."""
 
 import logging
 import signal
+import socket
 import subprocess
 import time
 from typing import Callable
 
 import redis
 from redis.exceptions import RedisClusterException
+from rq import Queue, Worker
 
 from workers.operations import QUEUE, QUEUE_KEY
 from relay.options import redacted_url
@@ -38,10 +40,10 @@ def run_worker(rq: str, redis_url: str, wait_for_redis: Callable[[], None]) -> i
     """`relay jobs`: an rq worker on QUEUE, started again when it dies (rq exits on some
     Redis errors during an outage). SIGTERM and SIGINT go to the worker, which ends its
     current job first (rq's warm shutdown); its exit code is ours."""
-    state = {"stopping": False, "worker": None}
+    state = {"stopping": False, "worker": None, "signal": 0}
 
     def forward(signum, _frame):
-        state["stopping"] = True
+        state["stopping"], state["signal"] = True, signum
         if state["worker"] is not None:
             state["worker"].send_signal(signum)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -53,6 +55,9 @@ def run_worker(rq: str, redis_url: str, wait_for_redis: Callable[[], None]) -> i
         code = _wait_while_served(worker, url, redis_url) if _clustered(redis_url) \
             else worker.wait()
         if state["stopping"] or code == 0:
+            if code == -state["signal"]:
+                _unregister(redis_url, worker.pid)
+                return 0
             return code or 0
         if code is None:
             continue  # started again at once, on rq's node
@@ -60,6 +65,19 @@ def run_worker(rq: str, redis_url: str, wait_for_redis: Callable[[], None]) -> i
         time.sleep(1)
         wait_for_redis()
     return 0
+
+
+def _unregister(redis_url: str, pid: int) -> None:
+    """rq announces its worker before it handles signals: one that came in between ended
+    it before it took a job (the stop that was asked for) but left it announced. Take the
+    announcement back, as rq would have."""
+    try:
+        connection = worker_connection(connect(redis_url, timeout=5, connect_timeout=2))
+        for worker in Worker.all(connection=connection, queue=Queue(QUEUE, connection=connection)):
+            if worker.pid == pid and worker.hostname == socket.gethostname():
+                worker.register_death()
+    except (redis.exceptions.RedisError, RedisClusterException):
+        log.warning("rq worker %d ended by a signal stays announced until its TTL", pid)
 
 
 def _wait_while_served(worker: subprocess.Popen, url: str, redis_url: str) -> int | None:
