@@ -5,6 +5,7 @@ them, and fail()."""
 import contextlib
 import functools
 import sys
+from typing import NoReturn
 
 import click
 import redis
@@ -46,7 +47,13 @@ def background_option(command):
                         help="queue the job and return at once")(command)
 
 
-def fail(message: str):
+def limit_option(help: str):
+    """-n/--limit: how many rows a listing shows at most."""
+    return click.option("-n", "--limit", type=click.IntRange(min=1), default=100,
+                        show_default=True, help=help)
+
+
+def fail(message: str) -> NoReturn:
     click.echo(f"relay-admin: {message}", err=True)
     sys.exit(1)
 

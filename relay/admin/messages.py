@@ -7,8 +7,8 @@ import tempfile
 
 import click
 
-from relay.admin.args import (background_option, existing, fail, parse_target, redis_options,
-                              relay_options, replicated)
+from relay.admin.args import (background_option, existing, fail, limit_option, parse_target,
+                              redis_options, relay_options, replicated)
 from relay.admin.steering import run_operation
 from relay.admin.tail import Tail, TailError
 from relay.admin.text import preview, show, table, utc
@@ -22,8 +22,7 @@ PUB_SPOOL_BYTES = 64 << 20      # pub's input is kept in memory up to this, then
 
 @click.command()
 @click.argument("target", metavar="TOPIC/CHANNEL")
-@click.option("-n", "--limit", type=click.IntRange(min=1), default=100, show_default=True,
-              help="show at most this many")
+@limit_option("show at most this many")
 @redis_options
 def dlq(store, as_json, target, limit):
     """Dead letters of a channel waiting in its dead-letter topic: id, attempts, first

@@ -6,7 +6,7 @@ import time
 
 import click
 
-from relay.admin.args import existing, redis_options
+from relay.admin.args import existing, limit_option, redis_options
 from relay.admin.text import clients_table, percent, show, stats_text, table, utc
 from relay.broker import registry
 from relay.store import Store
@@ -97,8 +97,7 @@ def brokers(store, as_json):
 
 @click.command()
 @click.argument("target", metavar="TOPIC/CHANNEL")
-@click.option("-n", "--limit", type=click.IntRange(min=1), default=100, show_default=True,
-              help="show the messages due first, at most this many")
+@limit_option("show the messages due first, at most this many")
 @redis_options
 def inflight(store, as_json, target, limit):
     """Messages in flight: id, attempts, delivery time, deadline, owner broker and client."""
