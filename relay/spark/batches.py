@@ -1,4 +1,5 @@
-"""The micro-batches of one Spark query on one channel, as kept in Redis (relay/spark/source.py reads through them).
+"""The micro-batches of one Spark query on one channel, as kept in Redis (the source,
+relay/spark/source.py, reads through them).
 
 A batch's messages are claimed through deliver.lua, in flight under the batch's owner
 `spark:<consumer>:<n>`, and its records are kept until the batch is confirmed: Spark
