@@ -22,8 +22,9 @@ embedded.free_port = worker_free_port(embedded.free_port)
 
 # Modules whose tests run against a one-node Redis and again against a 3-master
 # Redis Cluster (the `deployment` parameter): the integration suite.
-CLUSTER_MODULES = {"test_nsq_clients", "test_client", "test_protocol", "test_http", "test_admin_processes",
-                   "test_deadletter", "test_shutdown", "test_auth", "test_nsqadmin"}
+CLUSTER_MODULES = {"test_nsq_clients", "test_client", "test_protocol", "test_http",
+                   "test_admin_processes", "test_deadletter", "test_shutdown", "test_auth",
+                   "test_nsqadmin"}
 
 
 def pytest_generate_tests(metafunc):

@@ -48,4 +48,5 @@ class Producer(threading.Thread):
 def work(backend):
     """Run every queued job with a real rq worker, in this process (burst mode)."""
     connection = worker_connection(backend)
-    SimpleWorker([Queue(operations.QUEUE, connection=connection)], connection=connection).work(burst=True)
+    queue = Queue(operations.QUEUE, connection=connection)
+    SimpleWorker([queue], connection=connection).work(burst=True)
