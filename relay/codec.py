@@ -8,6 +8,7 @@ A stored message record *is* the message frame payload, so delivery copies bytes
 
 import re
 import struct
+from typing import Callable, Iterable
 
 from relay.errors import FatalClientError
 
@@ -39,7 +40,7 @@ def frame(frame_type: int, data: bytes) -> bytes:
     return _frame_header.pack(len(data) + 4, frame_type) + data
 
 
-def message_frames(records) -> bytes:
+def message_frames(records: Iterable[bytes]) -> bytes:
     """Message frames for stored records, ready for one socket write."""
     pack = _frame_header.pack
     return b"".join(pack(len(r) + 4, FRAME_MESSAGE) + r for r in records)
@@ -58,7 +59,7 @@ def make_record(timestamp_ns: int, attempts: int, msg_id: bytes, body: bytes) ->
     return _record_header.pack(timestamp_ns, attempts, msg_id) + body
 
 
-def parse_record(record: bytes):
+def parse_record(record: bytes) -> tuple[int, int, bytes, bytes]:
     """(timestamp_ns, attempts, id, body) of a record or message frame payload."""
     ts, attempts, msg_id = _record_header.unpack_from(record)
     return ts, attempts, msg_id, record[RECORD_HEADER:]
@@ -131,7 +132,8 @@ def int64(n: int) -> int:
     return n - 2 ** 64 if n >= 2 ** 63 else n
 
 
-def read_mpub(read, max_body_size: int, max_msg_size: int) -> list:
+def read_mpub(read: Callable[[int], bytes], max_body_size: int,
+              max_msg_size: int) -> list[bytes]:
     """The messages of an MPUB body, read as nsqd's readMPUB reads them off the stream:
     read(n) gives n bytes or raises EOFError (or OSError), and each count and size is checked as it
     arrives, so a count or size that lies is an error before anything more is read."""
@@ -161,7 +163,7 @@ def read_mpub(read, max_body_size: int, max_msg_size: int) -> list:
     return messages
 
 
-def split_mpub(body: bytes, max_body_size: int, max_msg_size: int) -> list:
+def split_mpub(body: bytes, max_body_size: int, max_msg_size: int) -> list[bytes]:
     """The messages of an MPUB body held whole (HTTP's binary /mpub); bytes after the
     counted messages are ignored, as nsqd ignores the rest of the request body."""
     pos = 0

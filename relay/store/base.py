@@ -7,18 +7,20 @@ import itertools
 import secrets
 import threading
 import time
-from typing import Callable, Sequence
-
-import redis
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Self, Sequence
 
 from relay.store import keys
+from relay.store.connection import RedisClient
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.runner import Op, ScriptRunner, guarded, identity
+
+if TYPE_CHECKING:
+    from relay.options import Options
 
 PARTITIONS_TTL = 1.0    # how long a topic's partition count is taken as read
 
 
-def replication(options, socket_timeout: int | None = None) -> dict:
+def replication(options: "Options", socket_timeout: int | None = None) -> dict:
     """Store arguments for --wait-replicas. WAIT gets half the connection's timeout
     (--redis-timeout unless given, ms), so the server answers before the connection
     gives up on the whole pipeline (FINs and all): Redis may end a WAIT up to 100 ms
@@ -30,11 +32,11 @@ def replication(options, socket_timeout: int | None = None) -> dict:
 STALE = b"stale"
 
 
-def _channel_keys(topic: str, channels) -> list:
+def _channel_keys(topic: str, channels: Iterable[str]) -> list[str]:
     return [k for c in channels for k in ChannelKeys.of(topic, c).all()]
 
 
-def _stale(raw) -> list | None:
+def _stale(raw: Any) -> list[str] | None:
     """The topic's real channels if a fan-out script was given a stale list."""
     if isinstance(raw, list) and raw[:1] == [STALE]:
         return sorted(c.decode() for c in raw[1:])
@@ -46,26 +48,26 @@ class StoreBase:
 
     _guard = staticmethod(guarded)
 
-    def __init__(self, client: redis.Redis, dedicated: bool = False, wait_replicas: int = 0,
-                 wait_timeout: int = 0, topic_partitions: int = 1):
+    def __init__(self, client: RedisClient, dedicated: bool = False, wait_replicas: int = 0,
+                 wait_timeout: int = 0, topic_partitions: int = 1) -> None:
         """`dedicated`, `wait_replicas`, `wait_timeout`: see ScriptRunner;
         `topic_partitions`: the partition count of topics this Store creates."""
         self.redis = client
         self.runner = ScriptRunner(client, dedicated, wait_replicas, wait_timeout)
         self.cluster = self.runner.cluster
         self.topic_partitions = topic_partitions
-        self._channels: dict[str, list] = {}
+        self._channels: dict[str, list[str]] = {}
         self._registered: dict[str, float] = {}
         self._partitions: dict[str, tuple[int, float]] = {}
         self._reading: dict[str, threading.Lock] = {}   # one read per topic at a time
         # how the partition counts it caches are read: at once; a broker's go through
         # its group commit, so a burst of SUBs and PUBs to new topics is one pipeline
-        self.lookup: Callable[[Op], object] = self.run
+        self.lookup: Callable[[Op], Any] = self.run
         # from a random part: short-lived publishers (a Spark task, relay-admin pub)
         # spread over the parts too
         self._turns = itertools.count(secrets.randbelow(keys.MAX_PARTITIONS))
 
-    def sibling(self):
+    def sibling(self) -> Self:
         """Another Store on the same client (a group-commit lane of its own) that shares
         what this one learned: channel lists, topic registrations, partition counts."""
         other = type(self)(self.redis, self.runner.dedicated, self.runner.wait_replicas,
@@ -80,23 +82,24 @@ class StoreBase:
         return {"wait_replicas": self.runner.wait_replicas,
                 "wait_timeout": self.runner.wait_timeout}
 
-    def run(self, op: Op):
+    def run(self, op: Op) -> Any:
         return self.runner.run(op)
 
     def run_many(self, ops: Sequence[Op]) -> list:
         """Run ops in one pipeline; each result is a value or the exception for that op."""
         return self.runner.run_many(ops)
 
-    def _fanout_op(self, script: str, topic: str, topic_keys: list, args: list,
-                   parse: Callable = identity, pre: tuple = (), extra_keys: Callable = None,
-                   channels: list | None = None) -> Op:
+    def _fanout_op(self, script: str, topic: str, topic_keys: list[str], args: list[Any],
+                   parse: Callable[[Any], Any] = identity, pre: tuple[tuple[Any, ...], ...] = (),
+                   extra_keys: Callable[[list[str]], list[str]] | None = None,
+                   channels: list[str] | None = None) -> Op:
         """A call of a script that touches every channel of the topic (fanout.lua), with
         the channels this Store last saw; a stale reply sends it again with the real
         ones. `extra_keys(channels)` are declared between the topic's and the channels'."""
         if channels is None:
             channels = self._channels.get(topic, [])
 
-        def redo(raw):
+        def redo(raw: Any) -> Op | None:
             real = _stale(raw)
             if real is None:
                 return None
@@ -137,11 +140,11 @@ class StoreBase:
         """The names the topic's parts are stored under (keys.part_name)."""
         return keys.part_names(topic, self.partitions(topic, fresh))
 
-    def _node_groups(self, topics: Sequence[str]) -> list[list]:
+    def _node_groups(self, topics: Sequence[str]) -> list[list[str]]:
         """The topics by the node that serves them (all in one on a single server)."""
         if not self.cluster:
             return [list(topics)] if topics else []
-        groups: dict = {}
+        groups: dict[str | int, list[str]] = {}
         for topic in topics:
             groups.setdefault(self.runner.node_group(TopicKeys.of(topic).due), []).append(topic)
         return list(groups.values())

@@ -10,6 +10,7 @@ MAX_MERGED_ARGS: a flood of FINs makes many calls, never one Redis refuses.
 import logging
 import time
 from collections import deque
+from typing import Any, Callable, Protocol
 
 import gevent
 from gevent.event import AsyncResult, Event
@@ -26,20 +27,29 @@ MERGEABLE = {"finish": (0, 2), "requeue": (2, 3), "touch": (1, 3)}
 MAX_MERGED_ARGS = MAX_CALL_ARGS // 2
 
 
+class Submitted(Protocol):
+    """What submit hands back (a gevent AsyncResult): get() waits for the op's parsed
+    result, or raises its error. (gevent's stubs type AsyncResult.get() as maybe None, for
+    a result set without a value; a lane sets each op's.)"""
+
+    def get(self) -> Any: ...
+
+
 class GroupCommit:
     """`lanes` pipelines may be in flight at once, each on its own connection. An op's
     `order` key picks its lane, so ops of the same key (a connection or a channel, as the
     caller chooses) stay in the order they were submitted."""
 
-    def __init__(self, store: Store, lanes: int = 1, max_batch: int = 2000, observe=None):
+    def __init__(self, store: Store, lanes: int = 1, max_batch: int = 2000,
+                 observe: Callable[[float], object] | None = None) -> None:
         """`observe(seconds)` is told the time of each pipeline round trip."""
         stores = [store] + [store.sibling() for _ in range(lanes - 1)]
         self.lanes = [_Lane(s, max_batch, observe) for s in stores]
 
-    def submit(self, op: Op, order: int = 0) -> AsyncResult:
+    def submit(self, op: Op, order: int = 0) -> Submitted:
         return self.lanes[order % len(self.lanes)].submit(op)
 
-    def call(self, op: Op, order: int = 0):
+    def call(self, op: Op, order: int = 0) -> Any:
         """Submit and wait; raises the op's error."""
         return self.submit(op, order).get()
 
@@ -49,16 +59,17 @@ class GroupCommit:
 
 
 class _Lane:
-    def __init__(self, store: Store, max_batch: int, observe=None):
+    def __init__(self, store: Store, max_batch: int,
+                 observe: Callable[[float], object] | None = None) -> None:
         self.store = store
         self.max_batch = max_batch
         self.observe = observe
-        self._queue: deque = deque()
+        self._queue: deque[tuple[Op, AsyncResult[Any]]] = deque()
         self._ready = Event()
         self.greenlet = gevent.spawn(self._loop)
 
-    def submit(self, op: Op) -> AsyncResult:
-        result = AsyncResult()
+    def submit(self, op: Op) -> Submitted:
+        result: AsyncResult[Any] = AsyncResult()
         self._queue.append((op, result))
         self._ready.set()
         return result

@@ -5,6 +5,7 @@ and answers with redis-py's cluster client if so: brokers, scanners, jobs,
 relay-admin and the Spark connector are all given the same `redis://HOST:PORT/0`.
 """
 
+from typing import Any, TypeAlias, TypeGuard
 from urllib.parse import urlparse, urlunparse
 
 import redis
@@ -21,6 +22,9 @@ REQUEST_TTL = 200
 # one to be free (up to the call's timeout) instead of failing with "Too many
 # connections", as redis-py's default pool of 100 does.
 MAX_CONNECTIONS = 100
+
+# what `connect` gives: one server's client, or the cluster's
+RedisClient: TypeAlias = redis.Redis | RedisCluster
 
 
 def connect(url: str, timeout: float | None = None, connect_timeout: float | None = None,
@@ -100,7 +104,7 @@ def _without_db(url: str) -> str:
     return urlunparse(parts)
 
 
-def is_cluster(client) -> bool:
+def is_cluster(client: Any) -> TypeGuard[RedisCluster]:
     return isinstance(client, RedisCluster)
 
 

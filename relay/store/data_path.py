@@ -6,7 +6,7 @@ alone."""
 
 import secrets
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from relay.codec import is_ephemeral, make_record
 from relay.errors import StoreError
@@ -24,13 +24,13 @@ INLINE_BODIES = MAX_CALL_ARGS // 2
 STAGE_TTL_MS = 300_000
 
 
-def _leave_keys(topic: str, channel: str) -> list:
+def _leave_keys(topic: str, channel: str) -> list[str]:
     """The keys of a consumer leaving a channel (lib/leave.lua's layout)."""
     t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
     return [t.channels, t.meta, c.consumers, t.due, *(k for k in c.all() if k != c.consumers)]
 
 
-def _staged(stage: str, bodies: Sequence[bytes]) -> tuple:
+def _staged(stage: str, bodies: Sequence[bytes]) -> tuple[tuple[Any, ...], ...]:
     """The commands that stage an MPUB's bodies in `stage` for its publish call: first
     emptied, so a call sent again stages them once; gone by itself if the call never
     comes (its broker died in between)."""
@@ -70,7 +70,7 @@ class DataPath(StoreBase):
                                pre=pre + _staged(stage, bodies),
                                extra_keys=lambda channels: [stage])
 
-    def _register(self, topic: str, partitions: int = 1) -> tuple:
+    def _register(self, topic: str, partitions: int = 1) -> tuple[tuple[Any, ...], ...]:
         """SADD to the topic registry (and its parts to the parts') with a publish at most
         every REGISTER_EVERY seconds: it is one key, so on a cluster its node would get a
         command per publish. SUB always registers, so every topic a scanner must watch
@@ -84,7 +84,8 @@ class DataPath(StoreBase):
                     ("SADD", keys.PARTITIONS, *keys.part_names(topic, partitions)[1:]))
         return (("SADD", keys.TOPICS, topic),)
 
-    def publish(self, topic, bodies, defer_ms=0, index=None):
+    def publish(self, topic: str, bodies: Sequence[bytes], defer_ms: int = 0,
+                index: int | None = None) -> int:
         return self.run(self.publish_op(topic, bodies, defer_ms, index=index))
 
     def subscribe_op(self, part: str, channel: str, broker_id: str) -> Op:
@@ -97,7 +98,7 @@ class DataPath(StoreBase):
                    c.meta, c.consumers, t.due, t.meta, t.version],
                   [channel, broker_id], Subscribed.parse, pre=(registry,))
 
-    def subscribe(self, topic, channel, broker_id) -> bool:
+    def subscribe(self, topic: str, channel: str, broker_id: str) -> bool:
         """SUB on every part: True if the channel is new."""
         joined = self.run_many([self.subscribe_op(part, channel, broker_id)
                                 for part in self.parts(topic)])
@@ -173,26 +174,26 @@ class DataPath(StoreBase):
         c = ChannelKeys.of(part, channel)
         return Op("finish", [c.inflight, c.msgs, c.leases], [x for p in pairs for x in p])
 
-    def finish(self, topic, channel, pairs):
+    def finish(self, topic: str, channel: str, pairs: Sequence[tuple]) -> list:
         return self._by_part(self.finish_op, topic, channel, pairs)
 
-    def _by_part(self, make_op: Callable, topic: str, channel: str,
-                 items: Sequence[tuple], *shared) -> list:
+    def _by_part(self, make_op: Callable[..., Op], topic: str, channel: str,
+                 items: Sequence[tuple], *shared: Any) -> list:
         """make_op(part, channel, *shared, items) for the items of each part (by the
         part their id, item[1], names), in one pipeline: the codes in items' order."""
         return self.run_by_part(self.by_part(make_op, topic, channel, items, *shared))
 
     @staticmethod
-    def by_part(make_op: Callable, topic: str, channel: str, items: Sequence[tuple],
-                *shared) -> list[tuple[Op, list]]:
+    def by_part(make_op: Callable[..., Op], topic: str, channel: str, items: Sequence[tuple],
+                *shared: Any) -> list[tuple[Op, list[int]]]:
         """(op, positions of its items) for each part the items' ids name."""
-        positions: dict[int, list] = {}
+        positions: dict[int, list[int]] = {}
         for i, item in enumerate(items):
             positions.setdefault(max(id_part(item[1]), 0), []).append(i)
         return [(make_op(part_name(topic, index), channel, *shared, [items[i] for i in where]),
                  where) for index, where in positions.items()]
 
-    def run_by_part(self, calls: list[tuple[Op, list]]) -> list:
+    def run_by_part(self, calls: list[tuple[Op, list[int]]]) -> list:
         codes = [0] * sum(len(where) for _, where in calls)
         for (_, where), reply in zip(calls, self.run_many([op for op, _ in calls])):
             if isinstance(reply, Exception):
@@ -209,7 +210,7 @@ class DataPath(StoreBase):
                    t.version],
                   [channel, t.wake, *(x for tr in triples for x in tr)])
 
-    def requeue(self, topic, channel, triples):
+    def requeue(self, topic: str, channel: str, triples: Sequence[tuple]) -> list:
         return self._by_part(self.requeue_op, topic, channel, triples)
 
     def touch_op(self, part: str, channel: str, max_msg_timeout_ms: int,
@@ -220,7 +221,8 @@ class DataPath(StoreBase):
         return Op("touch", [c.inflight, c.leases],
                   [max_msg_timeout_ms, *(x for tr in triples for x in tr)])
 
-    def touch(self, topic, channel, max_msg_timeout_ms, triples):
+    def touch(self, topic: str, channel: str, max_msg_timeout_ms: int,
+              triples: Sequence[tuple]) -> list:
         return self._by_part(self.touch_op, topic, channel, triples, max_msg_timeout_ms)
 
     def scan_op(self, topic: str, channel: str, limit: int) -> Op:
@@ -232,5 +234,5 @@ class DataPath(StoreBase):
                    t.version],
                   [channel, t.wake, limit], tuple)
 
-    def scan(self, topic, channel, limit=1000):
+    def scan(self, topic: str, channel: str, limit: int = 1000) -> tuple:
         return self.run(self.scan_op(topic, channel, limit))

@@ -200,6 +200,6 @@ class ChannelKeys:
         """FIN latency buckets of one half-window (relay/store/latency.py)."""
         return f"{channel_prefix(self.topic)}{self.name}:e2e:{slot}"
 
-    def all(self):
+    def all(self) -> list[str]:
         return [self.queue, self.inflight, self.deferred, self.msgs, self.leases,
                 self.meta, self.consumers, self.dead, self.dead_lock]

@@ -1,7 +1,7 @@
 """What the scripts reply, parsed: the types the Store's calls return (each parse is an
 Op's), and the sum of a topic's or channel's parts."""
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class Dropped(NamedTuple):
@@ -12,7 +12,7 @@ class Dropped(NamedTuple):
     trash: list
 
     @classmethod
-    def parse(cls, reply) -> "Dropped | None":
+    def parse(cls, reply: list[Any] | None) -> "Dropped | None":
         return None if reply is None else cls(reply[0], [k.decode() for k in reply[1:]])
 
 
@@ -25,7 +25,7 @@ class Subscribed(NamedTuple):
     empties: int
 
     @classmethod
-    def parse(cls, reply) -> "Subscribed":
+    def parse(cls, reply: list[Any]) -> "Subscribed":
         return cls(bool(reply[0]), int(reply[1]), int(reply[2]))
 
 
@@ -39,7 +39,7 @@ class Delivered(list):
     more: bool = False
 
     @classmethod
-    def parse(cls, reply) -> "Delivered":
+    def parse(cls, reply: list[Any]) -> "Delivered":
         delivered = cls(reply[:-3])
         delivered.empties = int(reply[-3])
         delivered.finished = reply[-2]

@@ -18,14 +18,20 @@ import hashlib
 import re
 import time
 from importlib import resources
-from typing import Callable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, Sequence, TypeVar, cast
 
 import redis
+from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, TryAgainError
 
 from relay.errors import StoreConnectionError, StoreError
 from relay.sockio import send_all
-from relay.store.connection import SLOT_MOVING, is_cluster, sharded_pubsub
+from relay.store.connection import SLOT_MOVING, RedisClient, is_cluster, sharded_pubsub
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
+    from redis.connection import AbstractConnection
 
 CROSS_SLOT = ("due", "versions")  # read-only scripts that reach keys of many slots of one node
 REPLICATED = ("publish", "redrive")  # scripts acknowledged only once replicas hold their writes
@@ -40,8 +46,10 @@ REDIS_MAX_ARGS = 1024 * 1024 - 3
 CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 UNANSWERED = object()  # a pipeline's place whose reply was not read
 
+_T = TypeVar("_T")
 
-def identity(value):
+
+def identity(value: _T) -> _T:
     return value
 
 
@@ -51,10 +59,10 @@ class Op(NamedTuple):
 
     script: str
     keys: Sequence[str]
-    args: Sequence
-    parse: Callable = identity
-    pre: tuple = ()
-    redo: Callable | None = None
+    args: Sequence[Any]
+    parse: Callable[[Any], Any] = identity
+    pre: tuple[tuple[Any, ...], ...] = ()
+    redo: "Callable[[Any], Op | None] | None" = None
 
 
 class Script(NamedTuple):
@@ -63,7 +71,7 @@ class Script(NamedTuple):
     sha: str
 
 
-def load_scripts(sharded: bool = False) -> dict:
+def load_scripts(sharded: bool = False) -> dict[str, Script]:
     """Each script of scripts/ by its file's name, after the shared files (scripts/lib/)
     it names on its first line as `-- include: X.lua, Y.lua`, each with what it names
     itself first, and each once. Where `sharded` (a cluster of Redis 7+): wake-ups by
@@ -84,7 +92,7 @@ def load_scripts(sharded: bool = False) -> dict:
     return scripts
 
 
-def _with_includes(lib, source: bytes, included: set) -> bytes:
+def _with_includes(lib: "Traversable", source: bytes, included: set[str]) -> bytes:
     """`source` after the lib files its first line names that are not in `included`
     yet (which it adds them to), each after its own."""
     named = re.match(rb"-- include: ([^\n]+)\n", source)
@@ -96,7 +104,7 @@ def _with_includes(lib, source: bytes, included: set) -> bytes:
     return first + source
 
 
-def guarded(fn, *args):
+def guarded(fn: Callable[..., Any], *args: Any) -> Any:
     """fn(*args), with a lost or timed-out connection raised as StoreConnectionError."""
     try:
         return fn(*args)
@@ -107,8 +115,8 @@ def guarded(fn, *args):
 class ScriptRunner:
     """Runs Ops on one client: a single server or a cluster."""
 
-    def __init__(self, client: redis.Redis, dedicated: bool = False, wait_replicas: int = 0,
-                 wait_timeout: int = 0):
+    def __init__(self, client: RedisClient, dedicated: bool = False, wait_replicas: int = 0,
+                 wait_timeout: int = 0) -> None:
         """`dedicated`: pipelines go over one connection of their own; only for a
         single caller at a time, as the broker's group commit (one server only).
         `wait_replicas`: replicas that must hold a publish before it succeeds, waited
@@ -116,13 +124,13 @@ class ScriptRunner:
         self.redis = client
         self.cluster = is_cluster(client)
         self.dedicated = dedicated and not self.cluster
-        self._connection = None
+        self._connection: "AbstractConnection | None" = None
         self.scripts = load_scripts()
-        self.sharded = None
+        self.sharded: bool | None = None
         self._loaded = False
         self.wait_replicas = wait_replicas
         self.wait_timeout = wait_timeout
-        self.wait_command = None
+        self.wait_command: tuple[Any, ...] | None = None
 
     def load_scripts(self) -> None:
         if self.sharded is None:
@@ -138,7 +146,7 @@ class ScriptRunner:
         if not self._loaded:
             guarded(self.load_scripts)
 
-    def run(self, op: Op):
+    def run(self, op: Op) -> Any:
         result = self.run_many([op])[0]
         if isinstance(result, Exception):
             raise result
@@ -157,12 +165,12 @@ class ScriptRunner:
             out.append(r if isinstance(r, Exception) else op.parse(r))
         return out
 
-    def _wait_command(self) -> tuple:
+    def _wait_command(self) -> tuple[Any, ...]:
         """WAITAOF 0 N where the server has it (Redis 7.2+, Valkey) and fsyncs every
         write (appendfsync always): a confirmation then also means on the replicas'
         disks. Under everysec WAITAOF waits for the next fsync, up to a second per
         pipeline, so there WAIT N: the replicas hold it in memory."""
-        target = {"target_nodes": self.redis.RANDOM} if self.cluster else {}
+        target = {"target_nodes": RedisCluster.RANDOM} if self.cluster else {}
         try:
             version = self.redis.info("server", **target)["redis_version"]
             fsync = self.redis.config_get("appendfsync", **target).get("appendfsync")
@@ -178,10 +186,10 @@ class ScriptRunner:
             c[0] == "EVALSHA" and c[1] in self._replicated_shas for c in commands)
 
     @property
-    def _replicated_shas(self) -> set:
+    def _replicated_shas(self) -> set[str]:
         return {self.scripts[name].sha for name in REPLICATED}
 
-    def _unconfirmed(self, reply) -> StoreError | None:
+    def _unconfirmed(self, reply: Any) -> StoreError | None:
         """The error of the writes a WAIT (WAITAOF) reply does not cover, or None."""
         if isinstance(reply, Exception):
             return StoreError(f"replicas not confirmed: {reply}")
@@ -191,7 +199,8 @@ class ScriptRunner:
         return StoreError(f"{confirmed} of {self.wait_replicas} replicas confirmed the write "
                           f"within {self.wait_timeout}ms (it may exist)")
 
-    def _confirm(self, commands: list, raw: list, indexes, wait_reply) -> None:
+    def _confirm(self, commands: list, raw: list, indexes: Iterable[int],
+                 wait_reply: Any) -> None:
         """Publishes among `indexes` fail unless wait_reply confirms them."""
         error = self._unconfirmed(wait_reply)
         if error is None:
@@ -202,15 +211,16 @@ class ScriptRunner:
                     and not isinstance(raw[i], Exception):
                 raw[i] = error
 
-    def node_group(self, key: str):
+    def node_group(self, key: str) -> str | int:
         """What calls of a CROSS_SLOT script on `key` share: its node where scripts may
         reach other slots of their node (sharded: Redis 7+), else its slot."""
         self.ensure_loaded()
-        return self.redis.get_node_from_key(key).name if self.sharded else self.redis.keyslot(key)
+        cluster = cast(RedisCluster, self.redis)    # only asked on a cluster
+        return cluster.get_node_from_key(key).name if self.sharded else cluster.keyslot(key)
 
     def refresh_slots(self) -> None:
         try:
-            self.redis.nodes_manager.initialize()
+            cast(RedisCluster, self.redis).nodes_manager.initialize()
         except redis.exceptions.RedisError:
             pass  # the next call tries again
 
@@ -242,11 +252,11 @@ class ScriptRunner:
         too_big = [len(op.keys) + len(op.args) > REDIS_MAX_ARGS for op in ops]
         if any(too_big):
             results = self._execute([op for op, big in zip(ops, too_big) if not big])
-            sent = iter(results)
+            answered = iter(results)
             return [StoreError(f"{op.script}: {len(op.keys) + len(op.args)} arguments, more "
-                               f"than Redis takes") if big else next(sent)
+                               f"than Redis takes") if big else next(answered)
                     for op, big in zip(ops, too_big)]
-        commands = []
+        commands: list = []
         for op in ops:
             commands.extend(op.pre)
             commands.append(("EVALSHA", self.scripts[op.script].sha, len(op.keys),
@@ -278,7 +288,8 @@ class ScriptRunner:
         is its only user)."""
         conn = self._connection
         if conn is None:
-            conn = self._connection = self.redis.connection_pool.make_connection()
+            pool = cast(redis.Redis, self.redis).connection_pool    # dedicated: one server
+            conn = self._connection = cast("AbstractConnection", pool.make_connection())
         try:
             if conn._sock is None:
                 conn.connect()
@@ -305,10 +316,11 @@ class ScriptRunner:
         (TRYAGAIN) go again one by one through redis-py, which follows redirects and
         keeps its slot map. A node that cannot be reached (killed, failing over) fails
         its own commands only, and the slot map is read again."""
+        cluster = cast(RedisCluster, self.redis)
         groups: dict = {}
         for i, command in enumerate(commands):
             key = command[3] if command[0] == "EVALSHA" else command[1]
-            node = self.redis.get_node_from_key(key)
+            node = cluster.get_node_from_key(key)
             groups.setdefault(node.name, (node, []))[1].append(i)
         raw: list = [UNANSWERED] * len(commands)
         sent, lost = [], []
@@ -317,7 +329,7 @@ class ScriptRunner:
                 node_commands = [commands[i] for i in indexes]
                 if self._waits(node_commands):
                     node_commands.append(self.wait_command)
-                pool = self.redis.get_redis_connection(node).connection_pool
+                pool = cluster.get_redis_connection(node).connection_pool
                 try:
                     conn = pool.get_connection()
                     sent.append((pool, conn, indexes))
@@ -350,7 +362,8 @@ class ScriptRunner:
                     self._confirm(commands, raw, [i], self._wait_on(commands[i][3]))
         return raw
 
-    def _unreachable(self, commands: list, raw: list, indexes, error) -> None:
+    def _unreachable(self, commands: list, raw: list, indexes: list[int],
+                     error: Exception) -> None:
         """A node's commands left unanswered, and its publishes unconfirmed, fail with
         the lost connection's error."""
         failed = StoreConnectionError(str(error))
@@ -361,15 +374,17 @@ class ScriptRunner:
                                         and commands[i][1] in shas):
                 raw[i] = failed
 
-    def _wait_on(self, key: str):
+    def _wait_on(self, key: str) -> Any:
         """WAIT on the node serving `key`, for a publish sent there alone."""
+        assert self.wait_command is not None    # asked only where _waits said so
+        cluster = cast(RedisCluster, self.redis)
         try:
-            node = self.redis.get_node_from_key(key)
-            return self.redis.get_redis_connection(node).execute_command(*self.wait_command)
+            node = cluster.get_node_from_key(key)
+            return cluster.get_redis_connection(node).execute_command(*self.wait_command)
         except redis.exceptions.RedisError as e:
             return e
 
-    def _redirected(self, command: tuple):
+    def _redirected(self, command: tuple[Any, ...]) -> Any:
         """A refused command through redis-py's cluster client, which follows MOVED/ASK.
         When redis-py gives up without an answer ('TTL exhausted', or its slot map
         caught half-updated), the command was not run: it counts as refused again, to
@@ -383,7 +398,7 @@ class ScriptRunner:
             return TryAgainError(f"{command[0]} not routed: {e}")
 
 
-def _read(conn):
+def _read(conn: "AbstractConnection") -> Any:
     """One reply of a pipeline; a command's error is its reply."""
     try:
         return conn.read_response()
