@@ -28,7 +28,7 @@ from relay.broker.context import BrokerContext
 from relay.errors import StoreError
 from relay.store.keys import id_part, part_name
 from relay.store.runner import MAX_CALL_ARGS
-from relay.store.replies import Subscribed
+from relay.store.replies import Delivered, Subscribed
 
 log = logging.getLogger("relay.channel")
 
@@ -68,7 +68,7 @@ class Channel:
         self._look_again = Event()
         self._greenlet = gevent.spawn(self._loop)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Channel({self.topic}/{self.name})"
 
     @property
@@ -196,7 +196,7 @@ class Channel:
         if failed:
             gevent.sleep(RETRY_DELAY)
 
-    def _hand_out(self, part: Part, share: list, seen: int, batches) -> None:
+    def _hand_out(self, part: Part, share: list, seen: int, batches: Delivered) -> None:
         store, commit = self.broker.store, self.broker.commit
         if batches.empties < part.empties:
             return  # popped before an empty already applied: they went with it

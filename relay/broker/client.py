@@ -15,7 +15,13 @@ from relay import codec
 from relay.broker import transport
 
 if TYPE_CHECKING:
+    import ssl
+
+    from relay.broker.auth import Grant
     from relay.broker.channel import Channel
+    from relay.broker.protocol.replies import Reply
+    from relay.errors import ClientError
+    from relay.options import Options
 
 INIT, SUBSCRIBED, CLOSING = "init", "subscribed", "closing"
 DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024
@@ -41,16 +47,17 @@ class Client:
     asking Redis, and time publish-to-FIN.
     """
 
-    def __init__(self, number: int, sock: socket.socket, address, broker_id: str, options):
+    def __init__(self, number: int, sock: socket.socket, address: tuple, broker_id: str,
+                 options: "Options") -> None:
         self.number = number
         self.owner = f"{broker_id}:{number}"
         self.sock = sock
-        self.transport = transport.Plain(sock)
+        self.transport: transport.Transport = transport.Plain(sock)
         self.tls = self.snappy = self.deflate = False
         self.tls_common_name = ""
         self.tls_details = transport.NO_TLS
         self.secret = ""
-        self.grant = None       # relay.broker.auth.Grant once AUTH succeeded
+        self.grant: Grant | None = None       # once AUTH succeeded
         self.remote_address = f"{address[0]}:{address[1]}"
         self.state = INIT
         self.client_id = self.hostname = str(address[0])
@@ -69,19 +76,20 @@ class Client:
         self.announced: tuple | None = None     # (figures, JSON) as stats.announcement made it
         self.connect_ts = int(time.time())
         self.closed = False
-        self.replies = Queue(MAX_PENDING_REPLIES)
+        # to the writer: replies and errors in command order, None once the reader is done
+        self.replies: Queue[Reply | ClientError] = Queue(MAX_PENDING_REPLIES)
         self.writing = False    # the writer greenlet is sending a reply
         self._outbox: list[bytes] = []
         self._unsent = 0
         self._outbox_ready = Event()
         self._write_lock = Semaphore()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Client({self.owner} {self.remote_address})"
 
     # -- IDENTIFY --------------------------------------------------------------
 
-    def identify(self, data: dict, options) -> str | None:
+    def identify(self, data: dict, options: "Options") -> str | None:
         """Apply IDENTIFY settings; the first invalid one is returned as nsqd words it."""
         self.client_id = data.get("client_id", self.client_id)[:MAX_NAME_LENGTH]
         self.hostname = data.get("hostname", self.hostname)[:MAX_NAME_LENGTH]
@@ -228,7 +236,7 @@ class Client:
 
     # -- upgrades negotiated by IDENTIFY ---------------------------------------------
 
-    def upgrade_tls(self, context) -> None:
+    def upgrade_tls(self, context: "ssl.SSLContext") -> None:
         """The server side of the TLS handshake, on the socket as it is."""
         sock = context.wrap_socket(self.sock, server_side=True, do_handshake_on_connect=False)
         self.sock = sock

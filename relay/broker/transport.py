@@ -97,6 +97,10 @@ class Deflate:
                         + self.compressor.flush(zlib.Z_SYNC_FLUSH))
 
 
+# what a client connection reads from and writes to, as IDENTIFY left it
+Transport = Plain | Snappy | Deflate
+
+
 def server_context(options) -> ssl.SSLContext | None:
     """The TLS context of --tls-cert/--tls-key, or None when TLS is off. A file that
     cannot be read or used is a ConfigError naming its option and path."""

@@ -3,12 +3,16 @@
 import re
 import socket
 import time
+from typing import TYPE_CHECKING
 
 import gevent
 
 from relay import codec
 from relay.broker.client import Client
 from relay.errors import Disconnect
+
+if TYPE_CHECKING:
+    from relay.options import Options
 
 MAX_LINE = 16 * 1024
 FIN_LINE = re.compile(rb"FIN ([^ \r\n]{%d})\r?\n" % codec.MSG_ID_LENGTH)
@@ -24,7 +28,7 @@ YIELD_EVERY = 0.002
 YIELD_PAUSE = 0.0001
 
 
-def largest_command(options) -> int:
+def largest_command(options: "Options") -> int:
     """The most bytes one command may take: a line, a size and the largest body."""
     return MAX_LINE + 8 + max(options.max_body_size, options.max_msg_size)
 
@@ -35,7 +39,7 @@ class Reader:
 
     CHUNK = 64 * 1024
 
-    def __init__(self, client: Client):
+    def __init__(self, client: Client) -> None:
         self.client = client
         self.buf = bytearray()
         self.pos = 0

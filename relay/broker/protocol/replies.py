@@ -2,12 +2,15 @@
 publish, the Settled FINs, REQs and TOUCHes of one command, and an Upgrade of the
 connection after IDENTIFY's reply (TLS, snappy, deflate)."""
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 from gevent.event import AsyncResult
 
 from relay.codec import as_text
 from relay.errors import ClientError, StoreError
+
+if TYPE_CHECKING:
+    from relay.store.commit import Submitted
 
 
 class Pending:
@@ -16,8 +19,8 @@ class Pending:
 
     __slots__ = ("result", "finish")
 
-    def __init__(self, result: AsyncResult,
-                 finish: Callable[[Any, StoreError | None], bytes | None]):
+    def __init__(self, result: "Submitted",
+                 finish: Callable[[Any, StoreError | None], bytes | None]) -> None:
         self.result = result
         self.finish = finish
 
@@ -37,8 +40,8 @@ class Settled:
 
     __slots__ = ("calls", "command", "ids", "took")
 
-    def __init__(self, calls: list[tuple[AsyncResult, list]], command: str,
-                 ids: list[bytes], took: Callable[[list[bytes]], None]):
+    def __init__(self, calls: "list[tuple[Submitted, Sequence[int]]]", command: str,
+                 ids: list[bytes], took: Callable[[list[bytes]], None]) -> None:
         """`calls`: each call's result, and the positions in `ids` of its ids."""
         self.calls = calls
         self.command = command
@@ -74,16 +77,16 @@ class Upgrade:
     """IDENTIFY's response when it negotiated TLS or compression: the writer sends it,
     runs the steps, and tells the reader whether the connection may go on."""
 
-    def __init__(self, response: bytes, steps: list):
+    def __init__(self, response: bytes, steps: list[Callable[[], None]]) -> None:
         self.response = response
         self.steps = steps
-        self._done = AsyncResult()
+        self._done: AsyncResult[bool] = AsyncResult()
 
     def finish(self, ok: bool) -> None:
         self._done.set(ok)
 
     def wait(self) -> bool:
-        return self._done.get()
+        return cast(bool, self._done.get())    # finish() sets a bool
 
 
 Reply = bytes | Pending | Settled | Upgrade | None

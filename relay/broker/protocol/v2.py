@@ -11,7 +11,7 @@ connections is batched by the group commit.
 import json
 import logging
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 from marshmallow import ValidationError
 
@@ -26,13 +26,21 @@ from relay.broker.transport import CompressionError
 from relay.codec import NSQD_VERSION, as_text, base10, go_quote, int64, read_mpub
 from relay.errors import ClientError, Disconnect, FatalClientError, StoreError
 
+if TYPE_CHECKING:
+    import ssl
+
+    from relay.broker.auth import Grant
+    from relay.broker.channel import Channel
+    from relay.store.commit import Submitted
+    from relay.store.runner import Op
+
 log = logging.getLogger("relay.protocol")
 
 _identify_schema = IdentifySchema()
 
 
 class ProtocolV2:
-    def __init__(self, broker: BrokerContext):
+    def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
         self.options = broker.options
         self.commands = {
@@ -201,7 +209,7 @@ class ProtocolV2:
             "output_buffer_timeout": client.output_buffer_timeout,
         }, separators=(",", ":")).encode()
         steps = [step for step, wanted in (
-            (lambda: client.upgrade_tls(self.broker.tls_context), tls),
+            (lambda: client.upgrade_tls(cast("ssl.SSLContext", self.broker.tls_context)), tls),
             (client.upgrade_snappy, snappy),
             (lambda: client.upgrade_deflate(level, largest_command(self.options)),
              deflate)) if wanted]
@@ -220,9 +228,10 @@ class ProtocolV2:
             raise FatalClientError("E_AUTH_DISABLED", "AUTH disabled")
         client.secret = secret.decode("latin-1")
         self._ask_auth(client)
-        if not client.grant.authorizations:
+        grant = cast("Grant", client.grant)     # _ask_auth set it, or raised
+        if not grant.authorizations:
             raise FatalClientError("E_UNAUTHORIZED", "AUTH no authorizations found")
-        return client.grant.reply()
+        return grant.reply()
 
     def _ask_auth(self, client: Client) -> None:
         """Fetch the client's grant; a failure is E_AUTH_FAILED with no detail (the log
@@ -299,6 +308,7 @@ class ProtocolV2:
         while len(ids) < MAX_GATHERED_FINS and (more := reader.buffered_fin()) is not None:
             ids.append(more)
         channel = client.channel
+        assert channel is not None      # SUBSCRIBED or CLOSING (_message_id): SUB set it
         published = client.settled(ids)
         calls = self._by_part(channel, self.broker.store.finish_op,
                               [(client.owner, i) for i in ids])
@@ -319,6 +329,7 @@ class ProtocolV2:
                 "E_INVALID", "REQ could not parse timeout " + as_text(params[2])) from None
         delay = min(delay, self.options.max_req_timeout)
         channel = client.channel
+        assert channel is not None      # SUBSCRIBED or CLOSING (_message_id): SUB set it
         client.settled([msg_id])
         calls = self._by_part(channel, self.broker.store.requeue_op,
                               [(client.owner, msg_id, delay)])
@@ -331,6 +342,7 @@ class ProtocolV2:
         msg_id = self._message_id(client, params, "TOUCH", 2)
         timeout = client.msg_timeout
         channel = client.channel
+        assert channel is not None      # SUBSCRIBED or CLOSING (_message_id): SUB set it
         calls = self._by_part(channel, self.broker.store.touch_op,
                               [(client.owner, msg_id, timeout)], self.options.max_msg_timeout)
 
@@ -339,7 +351,8 @@ class ProtocolV2:
                 client.touched(touched, timeout)
         return Settled(calls, "TOUCH", [msg_id], took)
 
-    def _by_part(self, channel, make_op: Callable, items: list, *shared) -> list:
+    def _by_part(self, channel: "Channel", make_op: "Callable[..., Op]", items: list[tuple],
+                 *shared: Any) -> "list[tuple[Submitted, Sequence[int]]]":
         """Submit make_op's call for the items (id second) of each part, on that part's
         lane, where the deliver call for the credit they free is likely to join it."""
         if len(channel.parts) == 1:
@@ -402,7 +415,7 @@ class ProtocolV2:
         result = self.broker.commit.submit(self.broker.store.publish_op(topic, bodies, defer),
                                            client.number)
 
-        def done(value, err):
+        def done(value: Any, err: StoreError | None) -> bytes:
             if err is not None:
                 raise FatalClientError(f"E_{command}_FAILED", f"{command} failed {err}")
             self.broker.metrics.published.inc(len(bodies))
