@@ -215,7 +215,8 @@ def add_master(port: int, data_dir: str, cluster_ports: list,
     proc, _ = _cluster_node(port, data_dir, extra)
     import redis as redis_py
     seed = redis_py.Redis(port=cluster_ports[0], socket_timeout=5)
-    seed_bus = int(seed.config_get("cluster-port")["cluster-port"]) or cluster_ports[0] + 10000
+    seed_bus = (int(seed.config_get("cluster-port")["cluster-port"])  # type: ignore[arg-type]
+                or cluster_ports[0] + 10000)
     node = redis_py.Redis(port=port, socket_timeout=5)
     node.execute_command("CLUSTER MEET", "127.0.0.1", cluster_ports[0], seed_bus)
     wait_for_cluster([redis_py.Redis(port=p, socket_timeout=5) for p in cluster_ports] + [node])

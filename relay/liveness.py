@@ -9,12 +9,14 @@ outside any script, so on a cluster it may live on any node.
 """
 
 import time
+from typing import TYPE_CHECKING
 
-import redis
+if TYPE_CHECKING:
+    from relay.store.connection import RedisClient
 
 
 class Liveness:
-    def __init__(self, client: redis.Redis, key: str, ttl_ms: int, clock=time.time):
+    def __init__(self, client: "RedisClient", key: str, ttl_ms: int, clock=time.time):
         self.redis = client
         self.key = key
         self.ttl_ms = ttl_ms

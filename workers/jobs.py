@@ -6,7 +6,7 @@ import signal
 import socket
 import subprocess
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import redis
 from redis.exceptions import RedisClusterException
@@ -40,7 +40,7 @@ def run_worker(rq: str, redis_url: str, wait_for_redis: Callable[[], None]) -> i
     """`relay jobs`: an rq worker on QUEUE, started again when it dies (rq exits on some
     Redis errors during an outage). SIGTERM and SIGINT go to the worker, which ends its
     current job first (rq's warm shutdown); its exit code is ours."""
-    state = {"stopping": False, "worker": None, "signal": 0}
+    state: dict[str, Any] = {"stopping": False, "worker": None, "signal": 0}
 
     def forward(signum, _frame):
         state["stopping"], state["signal"] = True, signum

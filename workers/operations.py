@@ -11,7 +11,7 @@ A new operation is a generator added to OPERATIONS.
 """
 
 import time
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from rq import Queue, Worker, get_current_job
 from rq.defaults import RQ_KEY_PREFIX
@@ -51,9 +51,9 @@ def _drop(store, topic, channel, delete):
     if dropped is None:
         raise NotFound(f"{target(topic, channel)} not found")
     sizes = trash_sizes(store, dropped.trash)
-    progress = {"cut_id": f"{dropped.last_id:016x}", "done": 0,
-                "total": sum(n for _, n in sizes),
-                "messages": sum(n for kind, n in sizes if kind != b"hash")}
+    progress: dict[str, Any] = {"cut_id": f"{dropped.last_id:016x}", "done": 0,
+                                "total": sum(n for _, n in sizes),
+                                "messages": sum(n for kind, n in sizes if kind != b"hash")}
     yield progress
     for key in dropped.trash:
         for n in free_trash(store, key, CHUNK):
@@ -154,6 +154,7 @@ def perform(operation: str, topic: str, channel: str, replication: dict | None =
     redrive's publishes wait for replicas as `replication` (Store.replication) says, as
     relay-admin's options did where it was queued."""
     job = get_current_job()
+    assert job is not None      # rq runs it as a job
     store = Store(whole(job.connection), **(replication or {}))
     result = run(store, operation, topic, channel, MetaWriter(job))
     job.meta["progress"] = result

@@ -91,7 +91,8 @@ def pub(store, as_json, topic, source):
 def batches(lines, limit: int):
     """Non-empty lines without their line end, PUB_BATCH at a time and at most `limit`
     bytes as /mpub's body (a newline each), or one line alone."""
-    batch, size = [], 0
+    batch: list[bytes] = []
+    size = 0
     for line in lines:
         line = line.rstrip(b"\r\n")
         if not line:

@@ -17,9 +17,9 @@ import secrets
 import signal
 import socket
 import time
+from typing import cast
 
 import gevent
-import redis
 from gevent.event import Event
 from gevent.server import StreamServer
 
@@ -42,6 +42,7 @@ from relay.broker.registry import Registry
 from relay.sockio import listen, raise_open_file_limit
 from relay.store import Store, connect_redis, replication
 from relay.store.commit import GroupCommit
+from relay.store.connection import RedisClient
 from relay.broker.wakeups import WakeupListener
 
 log = logging.getLogger("relay.broker")
@@ -57,7 +58,7 @@ LATENCY_FLUSH_INTERVAL = 1.0
 
 
 class Broker:
-    def __init__(self, options: Options, client: redis.Redis | None = None):
+    def __init__(self, options: Options, client: RedisClient | None = None):
         self.options = options
         self.id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.redis = client or connect_redis(options)
@@ -84,8 +85,8 @@ class Broker:
                               options.e2e_processing_latency_window_time)
         self.tcp_port = 0
         self._numbers = itertools.count(1)
-        self._server = None
-        self._greenlets = []
+        self._server: StreamServer | None = None
+        self._greenlets: list[gevent.Greenlet] = []
         self.max_clients = 0
         self._last_refusal_log = float("-inf")
 
@@ -137,7 +138,7 @@ class Broker:
     def stop(self) -> None:
         """Stop accepting, let consumers finish what they hold, then close every client
         (what is still in flight is requeued at once)."""
-        self._server.close()
+        cast(StreamServer, self._server).close()     # started
         self.http.stop()
         self.lookupd.stop()
         self._drain(DRAIN_GRACE)

@@ -42,7 +42,7 @@ class Workers:
         runs one broker in a worker and returns its exit status."""
         self.reserved = {name: reserve(address)
                          for name, address in _listen_addresses(options).items()}
-        self.options = dataclasses.replace(options, **{
+        self.options = dataclasses.replace(options, **{  # type: ignore[arg-type]
             name: f"{getattr(options, name).rpartition(':')[0]}:{sock.getsockname()[1]}"
             for name, sock in self.reserved.items()})
         self.serve = serve

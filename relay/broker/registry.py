@@ -24,6 +24,7 @@ from gevent.event import Event
 
 from relay.liveness import Liveness
 from relay.store import keys
+from relay.store.connection import RedisClient
 from relay.store.keys import TopicKeys
 
 log = logging.getLogger("relay.registry")
@@ -34,7 +35,7 @@ MIN_INTERVAL = 0.5
 
 
 class Registry:
-    def __init__(self, client: redis.Redis, broker_id: str):
+    def __init__(self, client: RedisClient, broker_id: str):
         self.redis = client
         self.id = broker_id
         self.brokers = broker_liveness(client)
@@ -90,11 +91,11 @@ class Registry:
             log.warning("could not deregister broker %s: %s", self.id, e)
 
 
-def broker_liveness(client: redis.Redis) -> Liveness:
+def broker_liveness(client: RedisClient) -> Liveness:
     return Liveness(client, keys.BROKERS, TTL_MS)
 
 
-def live_brokers(client: redis.Redis) -> list[dict]:
+def live_brokers(client: RedisClient) -> list[dict]:
     """Registrations that have not expired, oldest id first; expired ones are dropped."""
     ids = broker_liveness(client).live()
     pipe = client.pipeline(transaction=False)
@@ -107,7 +108,7 @@ def live_brokers(client: redis.Redis) -> list[dict]:
     return out
 
 
-def live_clients(client: redis.Redis, brokers: list[dict]) -> list[dict]:
+def live_clients(client: RedisClient, brokers: list[dict]) -> list[dict]:
     """The clients the given brokers announced, each with its "broker" id."""
     if not brokers:
         return []
@@ -124,28 +125,28 @@ def node(broker: dict) -> str:
     return f"{broker['broadcast_address']}:{broker['http_port']}"
 
 
-def tombstone(client: redis.Redis, topic: str, address: str, lifetime_ms: int) -> None:
+def tombstone(client: RedisClient, topic: str, address: str, lifetime_ms: int) -> None:
     """Leave the broker at HTTP `address` out of the topic's producers for lifetime_ms."""
     _hold(client, TopicKeys.of(topic).tombstones, address, lifetime_ms)
 
 
-def tombstoned(client: redis.Redis, topics: list[str]) -> dict[str, set[str]]:
+def tombstoned(client: RedisClient, topics: list[str]) -> dict[str, set[str]]:
     """The HTTP addresses of the brokers whose tombstone for each topic still holds."""
     return dict(zip(topics, _holding(client, [TopicKeys.of(t).tombstones for t in topics])))
 
 
-def deregister(client: redis.Redis, topic: str, channel: str, lifetime_ms: int) -> None:
+def deregister(client: RedisClient, topic: str, channel: str, lifetime_ms: int) -> None:
     """nsqlookupd forgot the topic ("") or channel: nsqadmin now sends its delete to
     every broker, of which only the first finds it (see deregistered)."""
     _hold(client, TopicKeys.of(topic).deregistered, channel, lifetime_ms)
 
 
-def deregistered(client: redis.Redis, topic: str, channel: str) -> bool:
+def deregistered(client: RedisClient, topic: str, channel: str) -> bool:
     [fields] = _holding(client, [TopicKeys.of(topic).deregistered])
     return channel in fields
 
 
-def _hold(client: redis.Redis, key: str, field: str, lifetime_ms: int) -> None:
+def _hold(client: RedisClient, key: str, field: str, lifetime_ms: int) -> None:
     """Set a hash field to the time (ms) it ends; the hash expires with the last one."""
     pipe = client.pipeline(transaction=False)
     pipe.hset(key, field, int(time.time() * 1000) + lifetime_ms)
@@ -153,7 +154,7 @@ def _hold(client: redis.Redis, key: str, field: str, lifetime_ms: int) -> None:
     pipe.execute()
 
 
-def _holding(client: redis.Redis, hashes: list[str]) -> list[set[str]]:
+def _holding(client: RedisClient, hashes: list[str]) -> list[set[str]]:
     """The fields of each hash that have not ended yet."""
     pipe = client.pipeline(transaction=False)  # not one key: on a cluster they spread
     for key in hashes:

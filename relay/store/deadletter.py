@@ -157,7 +157,7 @@ def _remove(store: Store, key: str, records: Sequence[bytes]) -> None:
     """LREM each record once."""
     pipe = store.redis.pipeline(transaction=False)
     for record in records:
-        pipe.lrem(key, 1, record)
+        pipe.lrem(key, 1, record)  # type: ignore[arg-type]  # redis-py: str
     guarded(pipe.execute)
 
 
@@ -169,7 +169,8 @@ def redrive(store: Store, topic: str, channel: str, chunk: int = 1000):
     progress = {"done": 0, "requeued": 0,
                 "total": sum(1 for _ in letters(store, topic, channel, chunk))}
     yield progress
-    seen, handled = set(), 0
+    seen: set[str] = set()
+    handled = 0
     while handled < progress["total"]:
         batch = list(itertools.islice(letters(store, topic, channel, chunk),
                                       min(chunk, progress["total"] - handled)))

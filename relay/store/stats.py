@@ -9,7 +9,7 @@ import datetime
 import json
 import time
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from relay.codec import is_ephemeral, parse_record
 from relay.store.latency import NO_LATENCY, E2eLatency, describe, percentiles
@@ -120,6 +120,7 @@ def announcement(client: "Client") -> str:
     figures = (client.ready_count, len(client.in_flight), client.message_count,
                client.finish_count, client.requeue_count)
     if client.announced is None or client.announced[0] != figures:
+        assert client.channel is not None   # subscribed
         client.announced = (figures, json.dumps({
             "topic": client.channel.topic, "channel": client.channel.name,
             "owner": client.owner, **client_stats(client)}))
@@ -132,7 +133,7 @@ def producer_stats(client: "Client") -> dict:
             "pub_counts": [{"topic": t, "count": n} for t, n in client.pub_counts.items()]}
 
 
-def text(data: dict, health: str, start_time: int, producers: list = ()) -> str:
+def text(data: dict, health: str, start_time: int, producers: Sequence[dict] = ()) -> str:
     """nsqd's plain-text /stats (httpServer.printStats)."""
     started = datetime.datetime.fromtimestamp(start_time, datetime.timezone.utc)
     lines = ["nsqd v1.3.0 (relay)", f"start_time {started.isoformat()}",

@@ -166,6 +166,7 @@ class NsqdApi:
         if self._tombstoned(topic):
             existing_topic(self.broker, topic)
             for client in self.broker.subscribed_clients():
+                assert client.channel is not None   # subscribed_clients() have one
                 if client.channel.topic == topic:
                     client.close()
             return
@@ -272,6 +273,7 @@ class NsqdApi:
         out: dict = {}
         for client in self.broker.subscribed_clients():
             channel = client.channel
+            assert channel is not None      # subscribed_clients() have one
             out.setdefault((channel.topic, channel.name), []).append(stats.client_stats(client))
         return out
 

@@ -152,10 +152,10 @@ class HttpServer:
         server = WSGIServer(listen(address), self.app, log=None, error_log=log, **extra)
         server.start()
         self.servers.append(server)
-        address = server.socket.getsockname()[:2]
+        bound = server.socket.getsockname()[:2]
         if ssl_context is None:
-            self.port = address[1]
-        return address
+            self.port = bound[1]
+        return bound
 
     def stop(self) -> None:
         for server in self.servers:
