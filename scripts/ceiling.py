@@ -10,7 +10,8 @@ broker and no client sockets in between:
   LPOP 100 from a filled list (`consume`), both in turn (`loop`).
 
 Prints one JSON line per measurement:
-{"ceiling": "scripts"|"plain", "work": "publish"|"consume"|"loop", "msgs_per_s": N}.
+{"ceiling": "scripts"|"plain", "work": "publish"|"consume"|"loop", "msgs_per_s": N,
+ "redis_us_per_msg": the server's CPU (INFO cpu, user + sys) over the messages}.
 
     .venv/bin/python scripts/ceiling.py --redis-url redis://127.0.0.1:6379/0 [--seconds 5]
 """
@@ -48,8 +49,9 @@ def scripts(store: Store, seconds: float, size: int) -> dict:
         store.finish("ceiling", "c", [(owner, record_id(r)) for r in records])
         return len(records)
 
-    return {"publish": _rate(publish, seconds), "consume": _rate(consume, seconds),
-            "loop": _rate(loop, seconds)}
+    client = store.redis
+    return {"publish": _rate(publish, seconds, client),
+            "consume": _rate(consume, seconds, client), "loop": _rate(loop, seconds, client)}
 
 
 def plain(client: redis.Redis, seconds: float, size: int) -> dict:
@@ -67,21 +69,29 @@ def plain(client: redis.Redis, seconds: float, size: int) -> dict:
         client.rpush("ceiling:plain", *([body] * BATCH))
         return len(client.lpop("ceiling:plain", BATCH))
 
-    return {"publish": _rate(publish, seconds), "consume": _rate(consume, seconds),
-            "loop": _rate(loop, seconds)}
+    return {"publish": _rate(publish, seconds, client),
+            "consume": _rate(consume, seconds, client), "loop": _rate(loop, seconds, client)}
 
 
-def _rate(step, seconds: float) -> float:
+def _cpu(client: redis.Redis) -> float:
+    """The server's CPU seconds so far (user + sys)."""
+    info = client.info("cpu")
+    return info["used_cpu_user"] + info["used_cpu_sys"]
+
+
+def _rate(step, seconds: float, client: redis.Redis) -> tuple[float, float]:
     """Messages per second of `step` (returns how many it did) for `seconds`, or until
-    it does nothing (a consume that emptied what publish filled)."""
+    it does nothing (a consume that emptied what publish filled), and the server's CPU
+    µs per message meanwhile."""
     done, end = 0, time.perf_counter() + seconds
-    start = time.perf_counter()
+    cpu, start = _cpu(client), time.perf_counter()
     while time.perf_counter() < end:
         n = step()
         if not n:
             break
         done += n
-    return done / (time.perf_counter() - start)
+    elapsed, used = time.perf_counter() - start, _cpu(client) - cpu
+    return done / elapsed, used * 1e6 / max(done, 1)
 
 
 def measure(url: str, seconds: float, size: int) -> list[dict]:
@@ -89,8 +99,8 @@ def measure(url: str, seconds: float, size: int) -> list[dict]:
     out = []
     for name, rates in (("scripts", scripts(Store(client), seconds, size)),
                         ("plain", plain(client, seconds, size))):
-        out += [{"ceiling": name, "work": work, "size": size, "msgs_per_s": round(rate)}
-                for work, rate in rates.items()]
+        out += [{"ceiling": name, "work": work, "size": size, "msgs_per_s": round(rate),
+                 "redis_us_per_msg": round(us, 2)} for work, (rate, us) in rates.items()]
     return out
 
 
