@@ -9,10 +9,16 @@ commandstats: EVALSHA's time includes theirs).
 
 Prints one JSON line: {"publish_us": .., "deliver_us": .., "finish_us": .., "commands":
 {name: µs per message}}. It flushes the database it is given.
+
+`--strings` instead times a script that builds 2,500 strings of PREFIX bytes, a 16-hex id
+and a 200 B body, for prefixes of 0-23 bytes: Lua 5.1 hashes a long string by a sample
+of its bytes, so whether ids that differ only in their low digits collide depends on
+where they sit (BENCHMARKS.md).
 """
 
 import argparse
 import json
+import time
 
 import redis
 
@@ -20,6 +26,25 @@ from relay.codec import record_id
 from relay.store import Store
 
 BATCH = 100
+
+
+STRINGS = """
+local n, prefix = tonumber(ARGV[1]), string.rep('h', tonumber(ARGV[2]))
+local body, made = string.rep('x', 200), {}
+for i = 1, n do made[i] = prefix .. string.format('%016x', i) .. body end
+return #made
+"""
+
+
+def strings(url: str) -> dict:
+    """ms to build 2,500 strings in one script, by the bytes before their id."""
+    client = redis.Redis.from_url(url)
+    sha, took = client.script_load(STRINGS), {}
+    for prefix in (0, 1, 3, 5, 8, 10, 20, 23):
+        start = time.perf_counter()
+        client.evalsha(sha, 0, 2500, prefix)
+        took[prefix] = round((time.perf_counter() - start) * 1000, 1)
+    return {"ms_by_prefix": took}
 
 
 def cpu(client: redis.Redis) -> float:
@@ -57,5 +82,8 @@ if __name__ == "__main__":
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--batches", type=int, default=1500)
     parser.add_argument("--size", type=int, default=200)
+    parser.add_argument("--strings", action="store_true")
     args = parser.parse_args()
-    print(json.dumps(profile(args.redis_url, args.batches, args.size)), flush=True)
+    result = strings(args.redis_url) if args.strings else profile(args.redis_url,
+                                                                   args.batches, args.size)
+    print(json.dumps(result), flush=True)
