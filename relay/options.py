@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from marshmallow import Schema, ValidationError, fields, post_load, validate
 
-from relay.errors import ConfigError
 from relay.codec import MAX_PARTITIONS, is_valid_name
+from relay.errors import ConfigError
 from relay.log import LEVELS
 
 DURATION = "duration"

@@ -13,12 +13,12 @@ from click.testing import CliRunner
 from relay import admin, embedded
 from relay.admin import messages, reading, steering, text
 from relay.broker import transport
-from relay.store import stats
-from workers import operations
 from relay.broker.registry import Registry
-from relay.store.stats import client_stats
+from relay.store import stats
 from relay.store import Store
 from relay.store.connection import connect
+from relay.store.stats import client_stats
+from workers import operations
 from tests.helpers.admin import ok, ok_json, run
 from tests.helpers.jobs import work
 

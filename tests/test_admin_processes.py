@@ -12,11 +12,11 @@ import pytest
 from click.testing import CliRunner
 
 from relay import admin
-from workers import operations
 from relay.codec import parse_record
 from relay.store import Store
 from relay.store.connection import connect
 from relay.store.keys import ChannelKeys
+from workers import operations
 from tests.helpers.admin import RELAY_ADMIN, relay_admin
 from tests.helpers.gnsq_clients import consumer, publish, stop
 from tests.helpers.jobs import Producer, fill

@@ -5,8 +5,8 @@ import gevent
 import pytest
 import redis
 
-from relay.errors import StoreConnectionError, StoreError
 from relay.codec import parse_record
+from relay.errors import StoreConnectionError, StoreError
 from relay.store import Store
 from relay.store.commit import MAX_MERGED_ARGS, MERGEABLE, GroupCommit, _merge
 from relay.store.keys import ChannelKeys

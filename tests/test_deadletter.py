@@ -7,9 +7,9 @@ import json
 import pytest
 
 from relay.admin import steering
-from relay.store import deadletter
-from relay.errors import StoreError
 from relay.codec import parse_record
+from relay.errors import StoreError
+from relay.store import deadletter
 from relay.store import keys
 from relay.store.keys import ChannelKeys, TopicKeys
 from tests.helpers.admin import ok, ok_json, run

@@ -13,13 +13,13 @@ import redis
 import rq
 
 from relay import embedded
-from workers import operations
 from relay.codec import FRAME_RESPONSE
 from relay.errors import StoreConnectionError, StoreError
-from workers.operations import QUEUE_KEY
 from relay.store import Store
 from relay.store.connection import connect
 from relay.store.keys import TopicKeys
+from workers import operations
+from workers.operations import QUEUE_KEY
 from tests.helpers.gnsq_clients import addr, stop
 from tests.helpers.processes import Processes
 from tests.helpers.servers import wake_listeners

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from relay import embedded
-from relay.codec import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, frame, parse_record
 from relay.broker.protocol.reader import MAX_LINE
+from relay.codec import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, frame, parse_record
 from relay.store.connection import connect
 from relay.store.keys import ChannelKeys
 from tests.helpers.api import Api

@@ -5,11 +5,11 @@ import time
 
 import fakeredis
 
-from relay.store import stats
-from workers import operations
 from relay.codec import parse_record
+from relay.store import stats
 from relay.store import Store
 from relay.store.keys import ChannelKeys, TopicKeys
+from workers import operations
 from tests.helpers.jobs import Producer, fill, work
 from tests.helpers.servers import all_keys
 

@@ -14,8 +14,8 @@ import pytest
 from relay.codec import parse_record
 from relay.store import Store, keys
 from relay.store.connection import connect, is_cluster
-from relay.store.keys import ChannelKeys, TopicKeys, part_name
 from relay.store.control import PartitionsRefused
+from relay.store.keys import ChannelKeys, TopicKeys, part_name
 from tests.helpers.admin import relay_admin
 from tests.helpers.gnsq_clients import addr, stop
 from tests.helpers.store import bodies, channel_state, parts_of

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from workers.reaper import GRACE, Reaper
 from relay.broker.registry import TTL_MS
 from relay.store import keys
 from relay.store.keys import ChannelKeys, TopicKeys
+from workers.reaper import GRACE, Reaper
 from tests.helpers.clock import Clock
 from tests.helpers.store import bodies, empty_channel, queue, subscribed
 from tests.helpers.wire import FRAME_RESPONSE, Wire

@@ -13,13 +13,13 @@ import pytest
 import redis
 
 from relay import embedded
-from relay.store import deadletter
-from workers import operations
 from relay.codec import FRAME_ERROR, make_record
 from relay.errors import StoreError
+from relay.store import deadletter
 from relay.store import Store
 from relay.store.connection import connect
 from relay.store.keys import ChannelKeys, TopicKeys
+from workers import operations
 from tests.helpers.jobs import work
 from tests.helpers.processes import Processes
 from tests.helpers.servers import flush

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from workers import operations
 from relay.codec import CLOSE_WAIT
 from relay.store import keys
 from relay.store.connection import connect
+from workers import operations
 from tests.helpers.api import Api
 from tests.helpers.wait import wait_for
 from tests.helpers.wire import FRAME_RESPONSE, Wire

@@ -19,8 +19,8 @@ REQUIRE_SPARK = os.environ.get("RELAY_REQUIRE_SPARK") == "1"
 if not REQUIRE_SPARK:
     pytest.importorskip("pyspark")
 
-import relay.spark  # noqa: E402
 from relay.codec import record_id  # noqa: E402
+import relay.spark  # noqa: E402
 from relay.spark.batches import QueryBatches  # noqa: E402
 from relay.store import Store  # noqa: E402
 from relay.store.connection import connect  # noqa: E402

@@ -12,8 +12,8 @@ from importlib import resources
 import pytest
 
 from relay import codec
-from relay.errors import StoreError
 from relay.codec import make_record, parse_record
+from relay.errors import StoreError
 from relay.store import keys, runner
 from relay.store import data_path
 from relay.store.keys import ChannelKeys, TopicKeys

@@ -6,8 +6,8 @@ import zlib
 
 import pytest
 
-from relay.errors import FatalClientError
 from relay.broker.transport import Deflate
+from relay.errors import FatalClientError
 
 
 class OneRead:

@@ -12,9 +12,9 @@ import redis
 from redis.exceptions import RedisClusterException
 from rq import Queue, Worker
 
-from workers.operations import QUEUE, QUEUE_KEY
 from relay.options import redacted_url
 from relay.store.connection import connect, is_cluster, node_url
+from workers.operations import QUEUE, QUEUE_KEY
 
 log = logging.getLogger("relay.jobs")
 

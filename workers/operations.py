@@ -17,8 +17,8 @@ from rq import Queue, Worker, get_current_job
 from rq.defaults import RQ_KEY_PREFIX
 from rq.job import Job
 
-from relay.store import deadletter
 from relay.errors import RelayError
+from relay.store import deadletter
 from relay.store import Store, guarded
 from relay.store.connection import whole
 from relay.store.keys import ChannelKeys

@@ -22,8 +22,8 @@ import logging
 import time
 from functools import cached_property
 
-from relay.liveness import Liveness
 from relay.broker.registry import broker_liveness
+from relay.liveness import Liveness
 from relay.store import Store, guarded, keys
 
 log = logging.getLogger("relay.reaper")

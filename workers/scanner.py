@@ -36,12 +36,12 @@ from functools import cached_property
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException, RedisError
 
-from relay.store import deadletter
 from relay.errors import StoreConnectionError, StoreError
 from relay.liveness import Liveness
-from workers.reaper import Reaper
+from relay.store import deadletter
 from relay.store import Store, connect_redis, guarded, keys, replication
 from relay.store.keys import TopicKeys
+from workers.reaper import Reaper
 
 log = logging.getLogger("relay.scanner")
 

@@ -10,12 +10,12 @@ from typing import NoReturn
 import click
 import redis
 
-from workers import operations
 from relay.codec import is_valid_name
 from relay.errors import ConfigError, StoreConnectionError, StoreError
 from relay.options import Options, config_file, load_options, redacted_url
 from relay.store import Store, replication
 from relay.store.connection import connect
+from workers import operations
 
 NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())     # click 8.2+: no command
 REDIS_ENV = ["RELAY_REDIS_URL", "REDIS_URL"]

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from marshmallow import ValidationError
 
-from relay.errors import ConfigError, RelayError
 from relay.broker.schemas import AuthReplySchema
+from relay.errors import ConfigError, RelayError
 
 REQUEST_TIMEOUT = 5.0
 _reply_schema = AuthReplySchema()

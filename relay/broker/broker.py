@@ -25,25 +25,25 @@ from gevent.server import StreamServer
 
 from relay import codec
 from relay.broker import collector, transport
-from relay.store import stats
 from relay.broker.auth import Authorizer
 from relay.broker.channel import Channel
 from relay.broker.client import CLOSING, SUBSCRIBED, Client
-from relay.errors import StoreError
 from relay.broker.http.lookupd import lookupd_server
 from relay.broker.http.nsqd import nsqd_server
-from relay.store.latency import E2eLatency
 from relay.broker.metrics import Metrics
-from relay.codec import NSQD_VERSION
-from relay.options import Options, redacted_url
 from relay.broker.protocol.reader import Reader
 from relay.broker.protocol.v2 import ProtocolV2
 from relay.broker.registry import Registry
+from relay.broker.wakeups import WakeupListener
+from relay.codec import NSQD_VERSION
+from relay.errors import StoreError
+from relay.options import Options, redacted_url
 from relay.sockio import listen, raise_open_file_limit
+from relay.store import stats
 from relay.store import Store, connect_redis, replication
 from relay.store.commit import GroupCommit
 from relay.store.connection import RedisClient
-from relay.broker.wakeups import WakeupListener
+from relay.store.latency import E2eLatency
 
 log = logging.getLogger("relay.broker")
 

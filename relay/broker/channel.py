@@ -27,8 +27,8 @@ from relay.broker.client import Client
 from relay.broker.context import BrokerContext
 from relay.errors import StoreError
 from relay.store.keys import id_part, part_name
-from relay.store.runner import MAX_CALL_ARGS
 from relay.store.replies import Delivered, Subscribed
+from relay.store.runner import MAX_CALL_ARGS
 
 log = logging.getLogger("relay.channel")
 

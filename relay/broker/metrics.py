@@ -10,8 +10,8 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from relay.store import stats
 from relay.broker.context import BrokerContext
+from relay.store import stats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

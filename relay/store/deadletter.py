@@ -21,9 +21,9 @@ import json
 import secrets
 from typing import Sequence
 
+from relay import codec
 from relay.errors import StoreError
 from relay.options import DEFAULT_DEAD_LETTER_TOPIC
-from relay import codec
 from relay.store import Op, Store, guarded
 from relay.store.keys import ChannelKeys, TopicKeys, id_part, part_name, split_part
 

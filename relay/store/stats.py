@@ -12,10 +12,10 @@ from collections import Counter
 from typing import TYPE_CHECKING, Sequence
 
 from relay.codec import is_ephemeral, parse_record
-from relay.store.latency import NO_LATENCY, E2eLatency, describe, percentiles
 from relay.store import Store, guarded
-from relay.store.replies import summed
 from relay.store.keys import ChannelKeys
+from relay.store.latency import NO_LATENCY, E2eLatency, describe, percentiles
+from relay.store.replies import summed
 
 if TYPE_CHECKING:  # relay-admin reads stats without the broker's gevent modules
     from relay.broker.client import Client

@@ -18,8 +18,8 @@ from relay.errors import ClientError, StoreError
 from relay.broker.http.lookupd import LookupdApi
 from relay.broker.http.server import (JSON, HttpError, HttpServer, Routes, Typed, existing_topic,
                                from_registry, from_store)
-from relay.log import LEVELS, set_level
 from relay.broker.metrics import CONTENT_TYPE
+from relay.log import LEVELS, set_level
 from relay.options import DURATION
 
 log = logging.getLogger("relay.http")
