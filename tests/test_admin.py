@@ -247,21 +247,18 @@ def test_inflight_lists_ids_owners_attempts_and_deadlines(store, backend):
     assert [(m["id"], m["owner"], m["attempts"]) for m in rows] == [
         ("0000000000000002", "b1:4", 1), ("0000000000000003", "b1:4", 1),
         ("0000000000000001", "b2:1", 2)]
-    times = [(text.utc(m["delivered_ms"]), text.utc(m["deadline_ms"])) for m in rows]
+    deadlines = [text.utc(m["deadline_ms"]) for m in rows]
     assert ok(backend, "inflight", "t/c") == [
-        "id                attempts  delivered                 deadline                  broker"
-        "  client",
-        f"0000000000000002  1         {times[0][0]}  {times[0][1]}  b1      10.0.0.1:5001",
-        f"0000000000000003  1         {times[1][0]}  {times[1][1]}  b1      10.0.0.1:5001",
-        f"0000000000000001  2         {times[2][0]}  {times[2][1]}  b2      #1",
+        "id                attempts  deadline                  broker  client",
+        f"0000000000000002  1         {deadlines[0]}  b1      10.0.0.1:5001",
+        f"0000000000000003  1         {deadlines[1]}  b1      10.0.0.1:5001",
+        f"0000000000000001  2         {deadlines[2]}  b2      #1",
     ]
     assert ok(backend, "inflight", "t/c", "-n", "1")[-1] == "(1 of 3 shown, those due first)"
     data = ok_json(backend, "inflight", "t/c", "-n", "1")
     assert data == {"in_flight_count": 3, "messages": [{
-        "id": "0000000000000002", "attempts": 1, "delivered": rows[0]["delivered_ms"],
-        "deadline": rows[0]["deadline_ms"], "broker": "b1", "connection": 4,
-        "client": "10.0.0.1:5001"}]}
-    assert rows[0]["deadline_ms"] - rows[0]["delivered_ms"] == 60000
+        "id": "0000000000000002", "attempts": 1, "deadline": rows[0]["deadline_ms"],
+        "broker": "b1", "connection": 4, "client": "10.0.0.1:5001"}]}
     store.empty_channel("t", "c")
     assert ok(backend, "inflight", "t/c") == ["nothing in flight on t/c"]
 
@@ -333,11 +330,11 @@ def test_jobs_lists_state_and_progress(store, backend):
     work(backend)
     assert [line.split() for line in ok(backend, "jobs")] == [
         ["job", "operation", "target", "state", "progress"],
-        [queued["job"], "empty", "t/c", "finished", "100%", "(9/9)"],
+        [queued["job"], "empty", "t/c", "finished", "100%", "(7/7)"],
         [failing["job"], "delete", "t/gone", "failed", "-"]]
     listed = ok_json(backend, "jobs")["jobs"]
     assert [(j["job"], j["state"], j["done"], j["total"]) for j in listed] == [
-        (queued["job"], "finished", 9, 9), (failing["job"], "failed", None, None)]
+        (queued["job"], "finished", 7, 7), (failing["job"], "failed", None, None)]
 
 
 def test_big_operation_needs_a_worker_unless_background(store, backend, monkeypatch):

@@ -89,3 +89,27 @@ def test_identify_msg_timeout_applies_to_that_client(broker):
     second = c.message()
     assert (first[1], second[1], first[2] == second[2]) == (1, 2, True)
     assert 0.99 <= time.monotonic() - published < 5
+
+
+def test_touch_never_holds_a_message_past_max_msg_timeout(processes):
+    """nsqd's TouchMessage: a TOUCH pushes the deadline msg_timeout ahead, but never past
+    delivery + --max-msg-timeout. Redis keeps no delivery time: the client's record of it
+    caps the timeout its broker sends."""
+    _, port = processes.broker("--msg-timeout", "1000", "--max-msg-timeout", "2000")
+    processes.scanner()
+    c = Wire(port)
+    c.identify(msg_timeout=1000)
+    assert c.sub("capped", "c", rdy=1) == OK
+    Wire(port).pub("capped", b"x")
+    first = c.message()
+    delivered = time.monotonic()
+    c.sock.settimeout(0.3)
+    while True:     # TOUCH well before each 1 s deadline, until the message comes again
+        try:
+            again = c.message()
+            break
+        except TimeoutError:
+            assert time.monotonic() - delivered < 3.0, "TOUCH held the message past the cap"
+            c.command(b"TOUCH " + first[2])
+    assert (again[1], again[2]) == (2, first[2])
+    assert time.monotonic() - delivered >= 1.9

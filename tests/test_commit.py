@@ -31,7 +31,7 @@ def answer(merged, slices, results):
 # -- _merge ----------------------------------------------------------------------
 
 def test_mergeable_scripts_and_their_shapes():
-    assert MERGEABLE == {"finish": (0, 2), "requeue": (2, 3), "touch": (1, 3)}
+    assert MERGEABLE == {"finish": (0, 2), "requeue": (2, 3), "touch": (0, 3)}
 
 
 def test_finish_ops_on_one_channel_become_one_call(fake_store):
@@ -82,15 +82,15 @@ def test_requeue_ops_share_their_two_leading_args(fake_store):
     assert answer(merged, slices, [[1, 1, 0]]) == [[1], [1, 0]]
 
 
-def test_touch_ops_merge_only_with_the_same_max_msg_timeout(fake_store):
+def test_touch_ops_of_one_channel_merge(fake_store):
     s = fake_store
-    ops = [s.touch_op("t", "c", 900_000, [("a", "1", 60_000)]),
-           s.touch_op("t", "c", 5_000, [("b", "2", 60_000)]),
-           s.touch_op("t", "c", 900_000, [("c", "3", 1_000), ("c", "4", 2_000)])]
+    ops = [s.touch_op("t", "c", [("a", "1", 60_000)]),
+           s.touch_op("t", "c2", [("b", "2", 60_000)]),
+           s.touch_op("t", "c", [("c", "3", 1_000), ("c", "4", 2_000)])]
     merged, slices = _merge(ops)
     assert len(merged) == 2
-    assert list(merged[0].args) == [900_000, "a", "1", 60_000, "c", "3", 1_000, "c", "4", 2_000]
-    assert list(merged[1].args) == [5_000, "b", "2", 60_000]
+    assert list(merged[0].args) == ["a", "1", 60_000, "c", "3", 1_000, "c", "4", 2_000]
+    assert list(merged[1].args) == ["b", "2", 60_000]
     assert slices == [(0, 0, 1, None), (1, 0, 1, None), (0, 1, 3, None)]
     assert answer(merged, slices, [[11, 13, 14], [12]]) == [[11], [12], [13, 14]]
 
@@ -158,7 +158,7 @@ def test_finishes_do_not_fold_past_another_change_of_their_channel(fake_store, b
     """A FIN moved after a REQ, TOUCH or empty of its channel could change their answers."""
     s = fake_store
     other = {"requeue": lambda: s.requeue_op("t", "c", [("a", "1", 0)]),
-             "touch": lambda: s.touch_op("t", "c", 1_000, [("a", "1", 60_000)]),
+             "touch": lambda: s.touch_op("t", "c", [("a", "1", 60_000)]),
              "drop": lambda: s.drop_op("t", "c")}[between]()
     ops = [s.finish_op("t", "c", [("a", "1")]), other, s.deliver_op("t", "c", [("a", 1, 1)])]
     merged, slices = _merge(ops)
@@ -246,7 +246,7 @@ def test_concurrent_submits_are_merged_and_answered(fake_store, commit):
         return commit.call(s.finish_op("t", "c", [("intruder", mid(i + 1))]))
 
     def touch(i):
-        return commit.call(s.touch_op("t", "c", 900_000, [(f"client{i}", mid(i + 1), 1_000)]))
+        return commit.call(s.touch_op("t", "c", [(f"client{i}", mid(i + 1), 1_000)]))
 
     def pub():
         return commit.call(s.publish_op("t", [b"new"]))

@@ -50,7 +50,7 @@ def test_deliver_finish_requeue_and_touch_reach_every_part(store):
     assert sorted(bodies(got)) == [b"%02d" % n for n in range(9)]
     ids = [parse_record(r)[2] for r in got]
     assert parts_of(store, field="in_flight_count") == [3, 3, 3]
-    assert all(d > 0 for d in store.touch("t", "c", 600_000, [("o", i, 1000) for i in ids]))
+    assert all(d > 0 for d in store.touch("t", "c", [("o", i, 1000) for i in ids]))
     assert store.requeue("t", "c", [("o", ids[0], 0)]) == [1]
     assert store.finish("t", "c", [("o", i) for i in ids]) == [0] + [1] * 8
     assert store.finish("t", "c", [("x", b"0002000000000001"), ("o", b"zz")]) == [0, 0]

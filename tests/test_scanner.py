@@ -12,6 +12,7 @@ from redis.crc import key_slot
 from relay.errors import StoreError
 from relay.store import Store, keys
 from relay.store.connection import connect
+from relay.store.inflight import member_id
 from relay.store.keys import ChannelKeys, TopicKeys
 from tests.helpers.processes import Processes
 from tests.helpers.servers import flush
@@ -36,7 +37,7 @@ def test_scan_requeues_expired_in_flight_messages(store):
     assert store.read_channel("t", "c") == empty_channel(
         depth=2, in_flight_count=1, timeout_count=2, message_count=3, client_count=1)
     assert store.redis.hkeys(c.msgs) == [mid(3)]
-    assert store.redis.hkeys(c.leases) == [mid(3)]
+    assert [member_id(m) for m in store.redis.zrange(c.inflight, 0, -1)] == [mid(3)]
     assert due_score(store, "t", "c") == long_deadline
     # the old owner lost it
     assert store.finish("t", "c", [("a", mid(1))]) == [0]

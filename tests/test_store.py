@@ -19,7 +19,7 @@ from relay.store import data_path
 from relay.store.keys import ChannelKeys, TopicKeys
 from tests.helpers.servers import all_keys
 from tests.helpers.store import (attempts, bodies, due_score, empty_channel, ids, inflight_score,
-                                 lease_of, mid, now_ms, queue, subscribed, wait_past)
+                                 holder_of, mid, now_ms, queue, subscribed, wait_past)
 
 
 # -- publish and the topic backlog ----------------------------------------------
@@ -299,8 +299,8 @@ def test_deliver_fifo_and_attempts(store):
     (again,) = store.deliver("t", "c", [("o2", 60_000, 10)])
     assert ids(again) == [mid(1)]
     assert attempts(again) == [2]
-    stored = store.redis.hget(ChannelKeys.of("t", "c").msgs, mid(1))
-    assert stored == again[0]
+    assert store.redis.hget(ChannelKeys.of("t", "c").msgs, mid(1)) == again[0]
+    assert holder_of(store, "t", "c", mid(1))[0] == "o2"
     # everything but the attempts is the published record
     assert again[0][:8] == first[0][:8] and again[0][10:] == first[0][10:]
 
@@ -313,14 +313,12 @@ def test_deliver_groups_get_their_own_counts_and_deadlines(store):
     after = now_ms(store)
     assert [bodies(g) for g in got] == [[b"1", b"2"], [b"3", b"4"]]
 
-    leases = {i: lease_of(store, "t", "c", i) for i in map(mid, range(1, 5))}
-    delivered = {d for d, _ in leases.values()}
+    holders = [holder_of(store, "t", "c", i) for i in map(mid, range(1, 5))]
+    assert [o for o, _ in holders] == ["a", "a", "b", "b"]
+    delivered = {d - timeout for (_, d), timeout in zip(holders, [5_000, 5_000, 1_000, 1_000])}
     assert len(delivered) == 1
     (delivered,) = delivered
     assert before <= delivered <= after
-    assert [o for _, o in leases.values()] == ["a", "a", "b", "b"]
-    assert [inflight_score(store, "t", "c", i) for i in map(mid, range(1, 5))] == [
-        delivered + 5_000, delivered + 5_000, delivered + 1_000, delivered + 1_000]
     # the due index gets the earliest deadline of the call
     assert due_score(store, "t", "c") == delivered + 1_000
 
@@ -467,23 +465,11 @@ def test_touch_sets_a_new_deadline(store):
     subscribed(store, "t", "c")
     store.publish("t", [b"1"])
     store.deliver("t", "c", [("a", 1_000, 1)])
-    delivered, _ = lease_of(store, "t", "c", mid(1))
     before = now_ms(store)
-    (deadline,) = store.touch("t", "c", 900_000, [("a", mid(1), 30_000)])
+    (deadline,) = store.touch("t", "c", [("a", mid(1), 30_000)])
     after = now_ms(store)
     assert before + 30_000 <= deadline <= after + 30_000
-    assert inflight_score(store, "t", "c", mid(1)) == deadline
-    # the lease (delivery time) is unchanged: the cap counts from delivery
-    assert lease_of(store, "t", "c", mid(1)) == (delivered, "a")
-
-
-def test_touch_is_capped_at_delivery_plus_max_msg_timeout(store):
-    subscribed(store, "t", "c")
-    store.publish("t", [b"1"])
-    store.deliver("t", "c", [("a", 1_000, 1)])
-    delivered, _ = lease_of(store, "t", "c", mid(1))
-    assert store.touch("t", "c", 2_000, [("a", mid(1), 60_000)]) == [delivered + 2_000]
-    assert inflight_score(store, "t", "c", mid(1)) == delivered + 2_000
+    assert holder_of(store, "t", "c", mid(1)) == ("a", deadline)
 
 
 def test_touch_codes(store):
@@ -491,12 +477,12 @@ def test_touch_codes(store):
     store.publish("t", [b"1", b"2"])
     store.deliver("t", "c", [("a", 1_000, 1)])
     deadline = inflight_score(store, "t", "c", mid(1))
-    assert store.touch("t", "c", 900_000, [("b", mid(1), 60_000), ("a", mid(2), 60_000),
+    assert store.touch("t", "c", [("b", mid(1), 60_000), ("a", mid(2), 60_000),
                                             ("a", mid(7), 60_000)]) == [-1, 0, 0]
     assert inflight_score(store, "t", "c", mid(1)) == deadline
     assert inflight_score(store, "t", "c", mid(2)) is None
     store.finish("t", "c", [("a", mid(1))])
-    assert store.touch("t", "c", 900_000, [("a", mid(1), 60_000)]) == [0]
+    assert store.touch("t", "c", [("a", mid(1), 60_000)]) == [0]
     assert not store.redis.exists(ChannelKeys.of("t", "c").inflight)
 
 
@@ -551,7 +537,7 @@ def test_ephemeral_channel_deleted_when_last_consumer_leaves(store):
     c = ChannelKeys.of("t", ch)
     store.redis.rpush(c.dead, b"a dead letter not forwarded yet")
     store.redis.set(c.dead_lock, "a scanner")
-    assert all(store.redis.exists(k) for k in c.all())
+    assert all(store.redis.exists(k) for k in c.all() if k != c.leases)  # the layout before
     assert due_score(store, "t", ch) is not None
 
     # a consumer on another broker keeps it alive
@@ -680,17 +666,18 @@ def test_an_id_requeued_twice_in_one_call_goes_back_once(store, second_delay):
 
 def test_a_script_names_only_what_it_uses_and_gets_each_include_once():
     """Includes are resolved recursively: finish.lua names lib/finish.lua, which names
-    chunked.lua and lease.lua; deliver.lua names finish.lua and those too, and gets each
+    chunked.lua and inflight.lua (which names chunked.lua too); deliver.lua names finish.lua
+    and chunked.lua, and gets each
     once, in an order where every file comes after what it uses."""
     scripts = runner.load_scripts()
     own = (resources.files("relay.store") / "scripts" / "finish.lua").read_bytes()
     assert own.startswith(b"-- include: finish.lua\n")
-    assert scripts["finish"].source == (lua_lib("chunked.lua") + lua_lib("lease.lua")
+    assert scripts["finish"].source == (lua_lib("chunked.lua") + lua_lib("inflight.lua")
                                         + lua_lib("finish.lua") + own)
     deliver = scripts["deliver"].source
-    for lib in ("time.lua", "chunked.lua", "record.lua", "lease.lua", "finish.lua"):
+    for lib in ("time.lua", "chunked.lua", "record.lua", "inflight.lua", "finish.lua"):
         assert deliver.count(lua_lib(lib)) == 1, lib
-    assert deliver.index(lua_lib("lease.lua")) < deliver.index(lua_lib("finish.lua"))
+    assert deliver.index(lua_lib("inflight.lua")) < deliver.index(lua_lib("finish.lua"))
     folder = resources.files("relay.store") / "scripts"
     assert sorted(scripts) == sorted(p.name[:-4] for p in folder.iterdir()
                                      if p.name.endswith(".lua"))

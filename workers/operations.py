@@ -109,27 +109,29 @@ def _free_hash(client, key, count):
 
 
 def requeue_all(store: Store, topic: str, channel: str):
-    """Requeue every message in flight at the start (delivered by the cut, Redis ms);
-    later deliveries are left alone."""
-    progress = {"cut_ms": store.now_ms(), "done": 0, "requeued": 0,
+    """Requeue every message in flight at the start, whoever holds it. Redis keeps no
+    delivery time (lib/inflight.lua), so the cut is the latest deadline in flight at
+    the start: a later delivery has a later deadline (at equal msg timeouts), and so
+    does a message its holder touched since, which is left to that holder."""
+    progress = {"cut_ms": latest_deadline(store, topic, channel), "done": 0, "requeued": 0,
                 "total": store.read_channel(topic, channel)["in_flight_count"]}
     yield progress
-    for ids in in_flight_ids(store, topic, channel, CHUNK):
-        requeued = store.requeue_in_flight(topic, channel, ids, progress["cut_ms"])
-        progress["requeued"] += sum(requeued)
-        progress["done"] = min(progress["total"], progress["done"] + len(ids))
+    for entries in store.in_flight_entries(topic, channel, CHUNK):
+        held = [member for member, deadline in entries if deadline <= progress["cut_ms"]]
+        progress["requeued"] += sum(store.requeue_held(topic, channel, held))
+        progress["done"] = min(progress["total"], progress["done"] + len(entries))
         yield progress
 
 
-def in_flight_ids(store: Store, topic: str, channel: str, count: int) -> Iterator[list[bytes]]:
-    """Every id in flight for the whole iteration, about `count` per Redis call
-    (ZSCAN: ids may repeat, and ids that come or go meanwhile may be missed)."""
+def latest_deadline(store: Store, topic: str, channel: str) -> int:
+    """The latest deadline (Redis ms) in flight on any part of the channel; 0 if none."""
+    latest = 0
     for part in store.parts(topic):
-        key, cursor = ChannelKeys.of(part, channel).inflight, None
-        while cursor != 0:
-            cursor, entries = guarded(lambda: store.redis.zscan(key, cursor or 0, count=count))
-            if entries:
-                yield [msg_id for msg_id, _ in entries]
+        key = ChannelKeys.of(part, channel).inflight
+        last = guarded(lambda: store.redis.zrange(key, -1, -1, withscores=True))
+        if last:
+            latest = max(latest, int(last[0][1]))
+    return latest
 
 
 OPERATIONS = {"empty": empty, "delete": delete, "requeue": requeue_all,

@@ -100,7 +100,7 @@ def brokers(store, as_json):
 @limit_option("show the messages due first, at most this many")
 @redis_options
 def inflight(store, as_json, target, limit):
-    """Messages in flight: id, attempts, delivery time, deadline, owner broker and client."""
+    """Messages in flight: id, attempts, deadline, owner broker and client."""
     topic, channel = existing(store, target, channel_required=True)
     total = store.read_channel(topic, channel)["in_flight_count"]
     clients = {c["owner"]: c for c in registry.live_clients(
@@ -109,12 +109,12 @@ def inflight(store, as_json, target, limit):
     for m in relay_stats.in_flight(store, topic, channel, limit):
         broker, _, number = m["owner"].rpartition(":")
         client = clients.get(m["owner"], {})
-        rows.append({"id": m["id"], "attempts": m["attempts"], "delivered": m["delivered_ms"],
-                     "deadline": m["deadline_ms"], "broker": broker, "connection": int(number),
+        rows.append({"id": m["id"], "attempts": m["attempts"], "deadline": m["deadline_ms"],
+                     "broker": broker, "connection": int(number),
                      "client": client.get("remote_address")})
-    text = table([[r["id"], r["attempts"], utc(r["delivered"]), utc(r["deadline"]),
-                   r["broker"], r["client"] or f"#{r['connection']}"] for r in rows],
-                 ["id", "attempts", "delivered", "deadline", "broker", "client"])
+    text = table([[r["id"], r["attempts"], utc(r["deadline"]), r["broker"],
+                   r["client"] or f"#{r['connection']}"] for r in rows],
+                 ["id", "attempts", "deadline", "broker", "client"])
     if total > len(rows):
         text += f"\n({len(rows)} of {total} shown, those due first)"
     show({"in_flight_count": total, "messages": rows}, as_json,

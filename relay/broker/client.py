@@ -42,9 +42,10 @@ class Client:
     Its methods are the only writers of the credit (ready_count, in_flight), as nsqd's
     clientV2; each change that frees credit tells the channel.
 
-    `in_flight` maps id -> (local deadline in monotonic seconds, publish time in ns),
-    oldest first, so the broker can free RDY credit when a message times out without
-    asking Redis, and time publish-to-FIN.
+    `in_flight` maps id -> (local deadline in monotonic seconds, publish time in ns,
+    delivery in monotonic seconds), oldest first, so the broker can free RDY credit when
+    a message times out without asking Redis, time publish-to-FIN, and cap a TOUCH
+    (Redis keeps no delivery time).
     """
 
     def __init__(self, number: int, sock: socket.socket, address: tuple, broker_id: str,
@@ -149,14 +150,15 @@ class Client:
         """Take delivered records: returns (ids to give back, ids sampled out to finish)."""
         if self.state != SUBSCRIBED or self.closed:
             return [codec.record_id(r) for r in records], []
-        deadline = time.monotonic() + self.msg_timeout / 1000
+        now = time.monotonic()
+        deadline = now + self.msg_timeout / 1000
         sampled_out, frames = [], []
         for r in records:
             msg_id = codec.record_id(r)
             if self.sample_rate and random.randint(1, 100) > self.sample_rate:
                 sampled_out.append(msg_id)
                 continue
-            self.in_flight[msg_id] = (deadline, codec.record_timestamp(r))
+            self.in_flight[msg_id] = (deadline, codec.record_timestamp(r), now)
             frames.append(r)
         if frames:
             self.message_count += len(frames)
@@ -208,7 +210,7 @@ class Client:
         credit is free again."""
         n = 0
         while self.in_flight:
-            msg_id, (deadline, _) = next(iter(self.in_flight.items()))
+            msg_id, (deadline, *_) = next(iter(self.in_flight.items()))
             if deadline > now:
                 break
             del self.in_flight[msg_id]
@@ -221,10 +223,21 @@ class Client:
         if self.channel is not None:
             self.channel.credit_changed()
 
+    def touch_timeout(self, msg_id: bytes, max_msg_timeout_ms: int) -> int:
+        """The timeout (ms from now) a TOUCH of msg_id sets: msg_timeout, but never past
+        max_msg_timeout after its delivery (nsqd TouchMessage); 0 for an id this
+        connection no longer holds (it timed out: the scanner requeues it)."""
+        entry = self.in_flight.get(msg_id)
+        if entry is None:
+            return 0
+        left = max_msg_timeout_ms - (time.monotonic() - entry[2]) * 1000
+        return max(0, min(self.msg_timeout, int(left)))
+
     def touched(self, msg_id: bytes, timeout_ms: int) -> None:
         if msg_id in self.in_flight:
-            published_ns = self.in_flight[msg_id][1]
-            self.in_flight[msg_id] = (time.monotonic() + timeout_ms / 1000, published_ns)
+            _, published_ns, delivered = self.in_flight[msg_id]
+            self.in_flight[msg_id] = (time.monotonic() + timeout_ms / 1000, published_ns,
+                                      delivered)
             self.in_flight.move_to_end(msg_id)
 
     # -- writing -------------------------------------------------------------------

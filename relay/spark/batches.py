@@ -25,7 +25,6 @@ from relay.store.keys import ChannelKeys
 
 LEASE_MS = 60_000
 PARK_MS = 7 * 24 * 3600 * 1000
-NO_CAP_MS = 10 ** 15    # the query, not a client, holds its claims: no --max-msg-timeout
 
 
 class QueryBatches:
@@ -118,6 +117,6 @@ class QueryBatches:
         for batch in range(first, last + 1):
             triples = [(self.owner(batch), record_id(r), ms) for r in self.records(batch)]
             if triples:
-                deadlines = self.store.touch(self.topic, self.channel, NO_CAP_MS, triples)
+                deadlines = self.store.touch(self.topic, self.channel, triples)
                 lost += sum(1 for d in deadlines if d <= 0)
         return lost

@@ -3,11 +3,13 @@ and the jobs worker: create, partition, pause, empty and delete, channel setting
 the admin requeue of in-flight messages."""
 
 import secrets
-from typing import Sequence
+from typing import Iterator, Sequence
 
+from relay.codec import MSG_ID_LENGTH
 from relay.errors import RelayError
 from relay.store import keys
 from relay.store.data_path import DataPath
+from relay.store.inflight import member_id, member_owner
 from relay.store.keys import ChannelKeys, TopicKeys, id_part, part_name
 from relay.store.reads import Reads
 from relay.store.replies import Dropped
@@ -146,26 +148,52 @@ class Control(DataPath, Reads):
         if parts:
             self.redis.srem(keys.PARTITIONS, *parts)
 
-    def requeue_in_flight(self, topic: str, channel: str, ids: Sequence[bytes],
-                          delivered_by_ms: int | None = None) -> list[int]:
-        """Admin requeue: in-flight messages go back to the queue whoever holds them
-        (their holder's FIN then fails, as after a timeout). With `delivered_by_ms`,
-        only those delivered by then. Per id: 1 requeued, else 0."""
-        pipe = self.redis.pipeline(transaction=False)
-        for msg_id in ids:
-            pipe.hget(ChannelKeys.of(part_name(topic, max(id_part(msg_id), 0)), channel).leases,
-                      msg_id)
-        leases = self._guard(pipe.execute)
-        triples = []
-        for msg_id, lease in zip(ids, leases):
-            if lease is None:
-                continue
-            delivered, _, owner = lease.partition(b" ")
-            if delivered_by_ms is None or int(delivered) <= delivered_by_ms:
-                triples.append((owner, msg_id, 0))
-        done = self.requeue(topic, channel, triples) if triples else []
-        requeued = {msg_id for (_, msg_id, _), r in zip(triples, done) if r == 1}
-        return [int(msg_id in requeued) for msg_id in ids]
+    def requeue_in_flight(self, topic: str, channel: str, ids: Sequence[bytes]) -> list[int]:
+        """Admin requeue of ids: each goes back to the queue whoever holds it (its
+        holder's FIN then fails, as after a timeout). Only the in-flight member names the
+        holder, so this reads the channel's in-flight set once through (ZSCAN), as an
+        operator's command may. Per id: 1 requeued, else 0."""
+        wanted = set(ids)
+        held: dict[bytes, bytes] = {}
+        for entries in self.in_flight_entries(topic, channel):
+            held.update((member_id(m), m) for m, _ in entries if member_id(m) in wanted)
+        done = dict(zip(held, self.requeue_held(topic, channel, list(held.values()))))
+        return [done.get(msg_id, 0) for msg_id in ids]
+
+    def in_flight_entries(self, topic: str, channel: str,
+                          count: int = 1000) -> Iterator[list[tuple[bytes, float]]]:
+        """The in-flight members of every part with their deadlines, about `count` per
+        Redis call (ZSCAN: an entry may come twice, and those that come or go meanwhile
+        may be missed)."""
+        for part in self.parts(topic):
+            key, cursor = ChannelKeys.of(part, channel).inflight, None
+            while cursor != 0:
+                cursor, entries = self._guard(
+                    lambda: self.redis.zscan(key, cursor or 0, count=count))
+                if entries:
+                    yield entries
+
+    def requeue_held(self, topic: str, channel: str, members: Sequence[bytes]) -> list[int]:
+        """Requeue in-flight messages by their members, each from the owner it names
+        (lib/inflight.lua). Per member: 1 requeued, 0 no longer held so."""
+        old = [m for m in members if len(m) == MSG_ID_LENGTH]
+        leases = {}
+        if old:
+            pipe = self.redis.pipeline(transaction=False)
+            for msg_id in old:
+                pipe.hget(ChannelKeys.of(part_name(topic, max(id_part(msg_id), 0)),
+                                         channel).leases, msg_id)
+            leases = {m: lease for m, lease in zip(old, self._guard(pipe.execute)) if lease}
+        triples, where = [], []
+        for i, m in enumerate(members):
+            owner = member_owner(m, leases)
+            if owner is not None:
+                triples.append((owner, member_id(m), 0))
+                where.append(i)
+        codes = [0] * len(members)
+        for i, code in zip(where, self.requeue(topic, channel, triples) if triples else []):
+            codes[i] = max(code, 0)
+        return codes
 
     def configure_channel(self, topic: str, channel: str, name: str, value) -> None:
         """Set (or with None, clear) a channel setting kept in its meta hash, on every

@@ -133,7 +133,7 @@ class DataPath(StoreBase):
         for owner, timeout_ms, count, *most_bytes in groups:
             args += [owner, timeout_ms, count, most_bytes[0] if most_bytes else 0]
         return Op("deliver", [c.queue, c.inflight, c.msgs, c.leases, TopicKeys.of(part).due,
-                              c.meta, c.dead], args, Delivered.parse)
+                              c.meta, c.dead, c.deferred], args, Delivered.parse)
 
     def deliver(self, topic: str, channel: str, groups: Sequence[tuple],
                 max_attempts: int = 0) -> list:
@@ -172,7 +172,8 @@ class DataPath(StoreBase):
         """FIN each (owner, id) of one part: per pair 1 done, 0 not in flight, -1 owned
         by another."""
         c = ChannelKeys.of(part, channel)
-        return Op("finish", [c.inflight, c.msgs, c.leases], [x for p in pairs for x in p])
+        return Op("finish", [c.inflight, c.msgs, c.leases, c.deferred],
+                  [x for p in pairs for x in p])
 
     def finish(self, topic: str, channel: str, pairs: Sequence[tuple]) -> list:
         return self._by_part(self.finish_op, topic, channel, pairs)
@@ -213,17 +214,15 @@ class DataPath(StoreBase):
     def requeue(self, topic: str, channel: str, triples: Sequence[tuple]) -> list:
         return self._by_part(self.requeue_op, topic, channel, triples)
 
-    def touch_op(self, part: str, channel: str, max_msg_timeout_ms: int,
-                 triples: Sequence[tuple]) -> Op:
-        """TOUCH each (owner, id, timeout ms) of one part: per triple the new deadline ms,
-        or 0 / -1."""
+    def touch_op(self, part: str, channel: str, triples: Sequence[tuple]) -> Op:
+        """TOUCH each (owner, id, timeout ms from now) of one part: per triple the new
+        deadline ms, or 0 / -1. The caller caps the timeouts (--max-msg-timeout)."""
         c = ChannelKeys.of(part, channel)
-        return Op("touch", [c.inflight, c.leases],
-                  [max_msg_timeout_ms, *(x for tr in triples for x in tr)])
+        return Op("touch", [c.inflight, c.msgs, c.leases, c.deferred],
+                  [x for tr in triples for x in tr])
 
-    def touch(self, topic: str, channel: str, max_msg_timeout_ms: int,
-              triples: Sequence[tuple]) -> list:
-        return self._by_part(self.touch_op, topic, channel, triples, max_msg_timeout_ms)
+    def touch(self, topic: str, channel: str, triples: Sequence[tuple]) -> list:
+        return self._by_part(self.touch_op, topic, channel, triples)
 
     def scan_op(self, topic: str, channel: str, limit: int) -> Op:
         """Requeue expired and due messages: (timed out, promoted, next due ms or -1,

@@ -52,10 +52,11 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             partitions: the topic's partition count (part
                                             0's only; absent: 1); never deleted
     relay:{T}:ch:C:queue              LIST  ready records
-    relay:{T}:ch:C:inflight           ZSET  id -> deadline (ms)
+    relay:{T}:ch:C:inflight           ZSET  "<id> <owner>" -> deadline (ms)
     relay:{T}:ch:C:deferred           ZSET  id -> due time (ms)
     relay:{T}:ch:C:msgs               HASH  id -> record, for in-flight and deferred ids
-    relay:{T}:ch:C:leases             HASH  id -> "<delivered ms> <owner>" for in-flight ids
+    relay:{T}:ch:C:leases             HASH  id -> "<delivered ms> <owner>": in-flight ids of
+                                            the layout before (lib/inflight.lua), until none
     relay:{T}:ch:C:meta               HASH  message_count, requeue_count, timeout_count
     relay:{T}:ch:C:consumers          HASH  broker id -> number of its subscribed clients
     relay:{T}:ch:C:dead               LIST  records past max attempts, until a scanner has

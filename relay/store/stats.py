@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from relay.codec import is_ephemeral, parse_record
 from relay.store import Store, guarded
+from relay.store.inflight import member_id, member_owner
 from relay.store.keys import ChannelKeys
 from relay.store.latency import NO_LATENCY, E2eLatency, describe, percentiles
 from relay.store.replies import summed
@@ -72,7 +73,7 @@ def _add_latency(store: Store, topics: list, latency: E2eLatency) -> None:
 
 def in_flight(store: Store, topic: str, channel: str, limit: int) -> list[dict]:
     """The `limit` in-flight messages of a channel due first (over all its parts): id,
-    deadline and delivery time (ms), owner, attempts."""
+    deadline (ms), owner, attempts."""
     out = []
     for part in store.parts(topic):
         out += _in_flight_part(store, ChannelKeys.of(part, channel), limit)
@@ -83,19 +84,19 @@ def _in_flight_part(store: Store, c: ChannelKeys, limit: int) -> list[dict]:
     entries = guarded(lambda: store.redis.zrange(c.inflight, 0, limit - 1, withscores=True))
     if not entries:
         return []
-    ids = [msg_id for msg_id, _ in entries]
+    ids = [member_id(member) for member, _ in entries]
     pipe = store.redis.pipeline(transaction=False)
-    pipe.hmget(c.leases, ids)
     pipe.hmget(c.msgs, ids)
-    leases, records = guarded(pipe.execute)
+    pipe.hmget(c.leases, ids)       # the layout before (lib/inflight.lua)
+    records, leases = guarded(pipe.execute)
+    old = {msg_id: lease for msg_id, lease in zip(ids, leases) if lease is not None}
     out = []
-    for (msg_id, deadline), lease, record in zip(entries, leases, records):
-        if lease is None or record is None:
+    for (member, deadline), record in zip(entries, records):
+        owner = member_owner(member, old)
+        if record is None or owner is None:
             continue  # finished meanwhile
-        delivered, _, owner = lease.decode().partition(" ")
-        out.append({"id": msg_id.decode(), "deadline_ms": int(deadline),
-                    "delivered_ms": int(delivered), "owner": owner,
-                    "attempts": parse_record(record)[1]})
+        out.append({"id": member_id(member).decode(), "deadline_ms": int(deadline),
+                    "owner": owner, "attempts": parse_record(record)[1]})
     return out
 
 

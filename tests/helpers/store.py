@@ -1,9 +1,10 @@
 """Reading and setting up Store state in tests: ids, bodies and attempts of records,
-a channel's queue, due score, leases, and the stats of an empty channel."""
+a channel's queue, due score, in-flight holdings, and the stats of an empty channel."""
 
 import time
 
 from relay.codec import parse_record
+from relay.store.inflight import member_id
 from relay.store.keys import ChannelKeys, TopicKeys
 
 
@@ -43,17 +44,19 @@ def due_score(store, topic, channel):
     return None if score is None else int(score)
 
 
-def lease_of(store, topic, channel, msg_id: bytes):
-    raw = store.redis.hget(ChannelKeys.of(topic, channel).leases, msg_id)
-    if raw is None:
-        return None
-    delivered, owner = raw.decode().split(" ", 1)
-    return int(delivered), owner
+def holder_of(store, topic, channel, msg_id: bytes):
+    """(owner, deadline ms) of an in-flight message, from its member in the inflight ZSET;
+    None if it is not in flight."""
+    for member, score in store.redis.zrange(ChannelKeys.of(topic, channel).inflight, 0, -1,
+                                            withscores=True):
+        if member_id(member) == msg_id:
+            return member[len(msg_id) + 1:].decode(), int(score)
+    return None
 
 
 def inflight_score(store, topic, channel, msg_id: bytes):
-    score = store.redis.zscore(ChannelKeys.of(topic, channel).inflight, msg_id)
-    return None if score is None else int(score)
+    holding = holder_of(store, topic, channel, msg_id)
+    return None if holding is None else holding[1]
 
 
 def empty_channel(**overrides) -> dict:

@@ -340,11 +340,11 @@ class ProtocolV2:
 
     def touch(self, client: Client, params: list[bytes], reader: Reader) -> Settled:
         msg_id = self._message_id(client, params, "TOUCH", 2)
-        timeout = client.msg_timeout
+        timeout = client.touch_timeout(msg_id, self.options.max_msg_timeout)
         channel = client.channel
         assert channel is not None      # SUBSCRIBED or CLOSING (_message_id): SUB set it
         calls = self._by_part(channel, self.broker.store.touch_op,
-                              [(client.owner, msg_id, timeout)], self.options.max_msg_timeout)
+                              [(client.owner, msg_id, timeout)])
 
         def took(done: list[bytes]) -> None:
             for touched in done:

@@ -1,14 +1,16 @@
--- include: time.lua, chunked.lua, record.lua, lease.lua, finish.lua
+-- include: time.lua, chunked.lua, record.lua, finish.lua
 -- deliver: finish the FINs folded in, then pop ready messages of one channel for this
--- broker's clients and put them in flight, in one call for all of them. Each group is one client with its
--- own msg_timeout; attempts are incremented in the record.
+-- broker's clients and put them in flight (lib/inflight.lua), in one call for all of
+-- them. Each group is one client with its own msg_timeout; attempts are incremented in
+-- the record.
 -- A message already delivered max-attempts times goes to the channel's dead-letter
 -- outbox instead (the scanner forwards it to the dead-letter topic), and the
 -- group gets the next one.
 --
--- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] leases
--- KEYS[5] topic due index   KEYS[6] channel meta (a paused channel delivers nothing;
--- its max_attempts field overrides ARGV[2])   KEYS[7] dead-letter outbox
+-- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] leases (the layout before,
+-- lib/inflight.lua)   KEYS[5] topic due index   KEYS[6] channel meta (a paused channel
+-- delivers nothing; its max_attempts field overrides ARGV[2])   KEYS[7] dead-letter
+-- outbox   KEYS[8] deferred
 -- ARGV[1] channel name (its member in the due index)   ARGV[2] max attempts (0: unlimited)
 -- ARGV[3] F, then F pairs to finish first: owner, id (the group commit folds the FINs
 -- of this channel that precede the call into it: one call frees credit and uses it)
@@ -19,10 +21,13 @@
 -- messages, else 0 (the broker then waits for a wake-up instead of asking again).
 
 local groups = 4 + 2 * tonumber(ARGV[3])
-local finished = finish_pairs(KEYS[2], KEYS[3], KEYS[4], ARGV, 4, groups - 1)
+local k = {inflight = KEYS[2], msgs = KEYS[3], leases = KEYS[4], deferred = KEYS[8]}
+local finished = finish_pairs(k, ARGV, 4, groups - 1)
 local out = {}
-local empties = tonumber(redis.call('HGET', KEYS[6], 'empties') or '0')
-if redis.call('HEXISTS', KEYS[6], 'paused') == 1 then
+-- the channel's controls in one read: what every call needs, read where it is kept
+local meta = redis.call('HMGET', KEYS[6], 'empties', 'paused', 'max_attempts')
+local empties = tonumber(meta[1] or '0')
+if meta[2] then
   for g = groups, #ARGV, 4 do out[#out + 1] = {} end
   out[#out + 1] = empties
   out[#out + 1] = finished
@@ -31,7 +36,7 @@ if redis.call('HEXISTS', KEYS[6], 'paused') == 1 then
 end
 
 local now = now_ms()
-local max_attempts = tonumber(redis.call('HGET', KEYS[6], 'max_attempts') or ARGV[2])
+local max_attempts = tonumber(meta[3] or ARGV[2])
 local dead = {}
 
 -- Up to `count` records that may still be delivered, oldest first, of no more than
@@ -75,21 +80,19 @@ end
 local earliest = nil
 for g = groups, #ARGV, 4 do
   local deadline = now + tonumber(ARGV[g + 1])
-  local lease = new_lease(now, ARGV[g])
+  local owner = ARGV[g]
   local records = pop(tonumber(ARGV[g + 2]), tonumber(ARGV[g + 3]))
-  local msgs, inflight, leases = {}, {}, {}
+  local msgs, inflight = {}, {}
   for i, r in ipairs(records) do
     r = with_attempts(r, math.min(record_attempts(r) + 1, 65535))
     local id = record_id(r)
     records[i] = r
     msgs[2 * i - 1], msgs[2 * i] = id, r
-    inflight[2 * i - 1], inflight[2 * i] = deadline, id
-    leases[2 * i - 1], leases[2 * i] = id, lease
+    inflight[2 * i - 1], inflight[2 * i] = deadline, in_flight_member(id, owner)
   end
   if #records > 0 then
     call_chunked('HSET', KEYS[3], msgs)
     call_chunked('ZADD', KEYS[2], inflight)
-    call_chunked('HSET', KEYS[4], leases)
     if not earliest or deadline < earliest then earliest = deadline end
   end
   out[#out + 1] = records

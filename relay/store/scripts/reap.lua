@@ -1,4 +1,4 @@
--- include: leave.lua, lease.lua, queue.lua, news.lua
+-- include: leave.lua, inflight.lua, queue.lua, news.lua
 -- reap: remove from one channel what a dead broker left (workers/reaper.py): its
 -- consumers, then the channel if it is ephemeral and that leaves it without one
 -- (as unsubscribe.lua), else its connections' in-flight messages go back to the
@@ -7,7 +7,8 @@
 --
 -- KEYS[1] topic channels   KEYS[2] topic meta   KEYS[3] channel consumers
 -- KEYS[4] topic due index   KEYS[5] queue   KEYS[6] inflight   KEYS[7] deferred
--- KEYS[8] msgs   KEYS[9] leases   KEYS[10] channel meta   KEYS[11..12] the channel's other keys
+-- KEYS[8] msgs   KEYS[9] leases (the layout before, lib/inflight.lua)   KEYS[10] channel meta
+-- KEYS[11..12] the channel's other keys
 -- KEYS[13] topic version (lib/news.lua)
 -- ARGV[1] channel name   ARGV[2] dead broker id   ARGV[3] 1 if the channel is ephemeral
 -- ARGV[4] 1 if the topic is ephemeral   ARGV[5] wake pub/sub channel
@@ -20,16 +21,10 @@ local gone = drop_if_unused(ARGV[1], ARGV[3], ARGV[4])
 if gone > 0 then
   return {gone, 0}
 end
-local prefix = ARGV[2] .. ':'
-local leases = redis.call('HGETALL', KEYS[9])
-local ids = {}
-for i = 1, #leases, 2 do
-  local _, owner = parse_lease(leases[i + 1])
-  if string.sub(owner, 1, #prefix) == prefix then
-    ids[#ids + 1] = leases[i]
-  end
-end
-back_to_queue(KEYS[5], KEYS[6], KEYS[8], ids, KEYS[9])
+local k = {inflight = KEYS[6], msgs = KEYS[8], leases = KEYS[9], deferred = KEYS[7]}
+local ids, members, old = holders(k, ARGV[2] .. ':')
+back_to_queue(KEYS[5], k.msgs, ids)
+release(k, ids, members, old, true)
 local requeued = #ids
 if requeued > 0 then
   redis.call('HINCRBY', KEYS[10], 'requeue_count', requeued)

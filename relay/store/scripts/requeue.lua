@@ -1,36 +1,48 @@
--- include: time.lua, lease.lua, queue.lua, news.lua
--- requeue: put messages their owner gave back (REQ, or the connection closed)
--- at the tail of the queue, or deferred for a while.
+-- include: time.lua, inflight.lua, queue.lua, news.lua
+-- requeue: put messages their owner gave back (REQ, the connection closed, or
+-- relay-admin requeue naming the holder) at the tail of the queue, or deferred for a
+-- while.
 --
--- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] leases
--- KEYS[5] deferred   KEYS[6] channel meta   KEYS[7] topic due index
+-- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] leases (the layout before,
+-- lib/inflight.lua)   KEYS[5] deferred   KEYS[6] channel meta   KEYS[7] topic due index
 -- KEYS[8] topic version (news.lua)
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] wake pub/sub channel
 -- then triples: owner, id, delay ms
 -- Returns per triple: 1 requeued, 0 not in flight, -1 in flight for another client.
+local k = {inflight = KEYS[2], msgs = KEYS[3], leases = KEYS[4], deferred = KEYS[5]}
 local now = now_ms()
+local held, codes, old = holdings(k, ARGV, 3, #ARGV, 3)
 local out = {}
-local requeued, ready, taken = 0, {}, {}
-for i = 3, #ARGV, 3 do
-  local owner, id, delay = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
-  local delivered, refused = held(KEYS[4], id, owner)
-  if not delivered or taken[id] then
-    out[#out + 1] = refused or 0
+local requeued, taken = 0, {}
+local ready, ready_members, ready_old = {}, {}, {}
+local deferred, deferred_members, deferred_old = {}, {}, {}
+for n, member in ipairs(held) do
+  local i = 3 + 3 * (n - 1)
+  local id, delay = ARGV[i + 1], tonumber(ARGV[i + 2])
+  if not member or taken[id] then
+    out[n] = member and 0 or codes[n]
   else
     taken[id] = true
+    local ids, members, olds = ready, ready_members, ready_old
     if delay > 0 then
-      redis.call('ZREM', KEYS[2], id)
-      redis.call('HDEL', KEYS[4], id)
-      redis.call('ZADD', KEYS[5], now + delay, id)
+      ids, members, olds = deferred, deferred_members, deferred_old
+      redis.call('ZADD', k.deferred, now + delay, id)
       redis.call('ZADD', KEYS[7], 'LT', now + delay, ARGV[1])
-    else
-      ready[#ready + 1] = id
     end
+    ids[#ids + 1] = id
+    members[#ids] = member
+    olds[#ids] = old[n]
     requeued = requeued + 1
-    out[#out + 1] = 1
+    out[n] = 1
   end
 end
-back_to_queue(KEYS[1], KEYS[2], KEYS[3], ready, KEYS[4])
+if #deferred > 0 then
+  release(k, deferred, deferred_members, deferred_old, true)
+end
+if #ready > 0 then
+  back_to_queue(KEYS[1], k.msgs, ready)
+  release(k, ready, ready_members, ready_old, true)
+end
 if requeued > 0 then
   redis.call('HINCRBY', KEYS[6], 'requeue_count', requeued)
 end

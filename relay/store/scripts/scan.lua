@@ -1,11 +1,12 @@
--- include: time.lua, queue.lua, news.lua
+-- include: time.lua, inflight.lua, queue.lua, news.lua
 -- scan: the scanner's move for one channel. In-flight messages past their
 -- deadline go back to the queue (a timeout, as nsqd's processInFlightQueue),
 -- deferred messages that are due join the queue (processDeferredQueue), and the
 -- channel's entry in the due index is set to its next deadline, or removed.
 -- Being one script, two scanners can never requeue the same message twice.
 --
--- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] leases
+-- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] leases (the layout before,
+-- lib/inflight.lua)
 -- KEYS[5] deferred   KEYS[6] channel meta   KEYS[7] topic due index
 -- KEYS[8] dead-letter outbox (while it holds messages the channel is due every second,
 -- so a scanner forwards them even after a failed attempt)   KEYS[9] topic version (news.lua)
@@ -15,16 +16,30 @@
 local now = now_ms()
 local limit = tonumber(ARGV[3])
 
--- Up to `limit` messages of `zset` due by now back to the queue (the leases too for
--- in-flight ones); how many.
-local function move(zset, leases)
-  local ids = redis.call('ZRANGEBYSCORE', zset, '-inf', now, 'LIMIT', 0, limit)
-  back_to_queue(KEYS[1], zset, KEYS[3], ids, leases)
+local k = {inflight = KEYS[2], msgs = KEYS[3], leases = KEYS[4], deferred = KEYS[5]}
+
+-- Up to `limit` in-flight messages past their deadline back to the queue; how many.
+local function time_out()
+  local members = redis.call('ZRANGEBYSCORE', k.inflight, '-inf', now, 'LIMIT', 0, limit)
+  local ids, old = {}, {}
+  for i, member in ipairs(members) do
+    ids[i], old[i] = member_id(member)
+  end
+  back_to_queue(KEYS[1], k.msgs, ids)
+  release(k, ids, members, old, true)
   return #ids
 end
 
-local timed_out = move(KEYS[2], KEYS[4])
-local promoted = move(KEYS[5], nil)
+-- Up to `limit` deferred messages that are due into the queue; how many.
+local function promote()
+  local ids = redis.call('ZRANGEBYSCORE', k.deferred, '-inf', now, 'LIMIT', 0, limit)
+  back_to_queue(KEYS[1], k.msgs, ids)
+  call_chunked('ZREM', k.deferred, ids)
+  return #ids
+end
+
+local timed_out = time_out()
+local promoted = promote()
 if timed_out > 0 then
   redis.call('HINCRBY', KEYS[6], 'timeout_count', timed_out)
 end

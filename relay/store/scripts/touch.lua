@@ -1,22 +1,24 @@
--- include: time.lua, lease.lua
--- touch: push the deadline of in-flight messages back (TOUCH), never past
--- delivery time + max msg timeout (nsqd Channel.TouchMessage).
+-- include: time.lua, inflight.lua
+-- touch: push the deadline of in-flight messages back (TOUCH). The broker caps each
+-- timeout so that the deadline stays within max msg timeout of the delivery (nsqd
+-- Channel.TouchMessage): it knows when it delivered each message, Redis does not keep it.
 --
--- KEYS[1] inflight   KEYS[2] leases
--- ARGV[1] max msg timeout ms, then triples: owner, id, msg timeout ms
--- Returns per triple: the new deadline (ms), 0 not in flight, -1 in flight for another client.
+-- KEYS[1] inflight   KEYS[2] msgs   KEYS[3] leases (the layout before, lib/inflight.lua)
+-- KEYS[4] deferred
+-- ARGV triples: owner, id, timeout ms from now
+-- Returns per triple: the new deadline (ms), 0 not in flight, -1 in flight for another
+-- client.
+local k = {inflight = KEYS[1], msgs = KEYS[2], leases = KEYS[3], deferred = KEYS[4]}
 local now = now_ms()
-local max_timeout = tonumber(ARGV[1])
+local held, codes = holdings(k, ARGV, 1, #ARGV, 3)
 local out = {}
-for i = 2, #ARGV, 3 do
-  local owner, id = ARGV[i], ARGV[i + 1]
-  local delivered, refused = held(KEYS[2], id, owner)
-  if not delivered then
-    out[#out + 1] = refused
+for n, member in ipairs(held) do
+  if not member then
+    out[n] = codes[n]
   else
-    local deadline = math.min(now + tonumber(ARGV[i + 2]), delivered + max_timeout)
-    redis.call('ZADD', KEYS[1], 'XX', deadline, id)
-    out[#out + 1] = deadline
+    local deadline = now + tonumber(ARGV[3 * n])
+    redis.call('ZADD', k.inflight, 'XX', deadline, member)
+    out[n] = deadline
   end
 end
 return out
