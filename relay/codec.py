@@ -31,6 +31,7 @@ _frame_header = struct.Struct(">ii")
 _record_header = struct.Struct(">qH16s")
 _size = struct.Struct(">i")
 _timestamp = struct.Struct(">q")
+_attempts = struct.Struct(">H")
 _NAME = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
 _INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
 
@@ -71,6 +72,13 @@ def record_timestamp(record: bytes) -> int:
 
 def record_id(record: bytes) -> bytes:
     return record[10:RECORD_HEADER]
+
+
+def delivered(record: bytes) -> bytes:
+    """A record as its delivery sends it: the attempts Redis keeps count the deliveries
+    before (scripts/deliver.lua leaves the record as it is), plus this one."""
+    attempts = min(_attempts.unpack_from(record, 8)[0] + 1, 0xFFFF)
+    return record[:8] + _attempts.pack(attempts) + record[10:]
 
 
 def is_valid_name(name: str) -> bool:

@@ -3,6 +3,8 @@ Op's), and the sum of a topic's or channel's parts."""
 
 from typing import Any, NamedTuple
 
+from relay import codec
+
 
 class Dropped(NamedTuple):
     """What drop.lua took out: the topic's last message id at that moment (the cut:
@@ -30,7 +32,8 @@ class Subscribed(NamedTuple):
 
 
 class Delivered(list):
-    """deliver.lua's reply: one list of records per group, the channel's count of
+    """deliver.lua's reply: one list of records per group (this delivery counted in
+    their attempts: codec.delivered), the channel's count of
     empties when they were popped (`empties`), the codes of the FINs folded into
     the call (`finished`, as finish_op's), and whether the queue has more (`more`)."""
 
@@ -40,7 +43,7 @@ class Delivered(list):
 
     @classmethod
     def parse(cls, reply: list[Any]) -> "Delivered":
-        delivered = cls(reply[:-3])
+        delivered = cls([[codec.delivered(r) for r in group] for group in reply[:-3]])
         delivered.empties = int(reply[-3])
         delivered.finished = reply[-2]
         delivered.more = bool(reply[-1])

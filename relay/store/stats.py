@@ -95,8 +95,9 @@ def _in_flight_part(store: Store, c: ChannelKeys, limit: int) -> list[dict]:
         owner = member_owner(member, old)
         if record is None or owner is None:
             continue  # finished meanwhile
+        counted = member_id(member) in old     # the layout before counted the delivery
         out.append({"id": member_id(member).decode(), "deadline_ms": int(deadline),
-                    "owner": owner, "attempts": parse_record(record)[1]})
+                    "owner": owner, "attempts": parse_record(record)[1] + (not counted)})
     return out
 
 

@@ -1,8 +1,9 @@
 -- include: time.lua, chunked.lua, record.lua, finish.lua
 -- deliver: finish the FINs folded in, then pop ready messages of one channel for this
 -- broker's clients and put them in flight (lib/inflight.lua), in one call for all of
--- them. Each group is one client with its own msg_timeout; attempts are incremented in
--- the record.
+-- them. Each group is one client with its own msg_timeout. A record goes in flight as it
+-- was queued: its attempts count the deliveries before this one, the broker adds this
+-- one (codec.delivered), and a requeue writes it in (lib/queue.lua).
 -- A message already delivered max-attempts times goes to the channel's dead-letter
 -- outbox instead (the scanner forwards it to the dead-letter topic), and the
 -- group gets the next one.
@@ -84,9 +85,7 @@ for g = groups, #ARGV, 4 do
   local records = pop(tonumber(ARGV[g + 2]), tonumber(ARGV[g + 3]))
   local msgs, inflight = {}, {}
   for i, r in ipairs(records) do
-    r = with_attempts(r, math.min(record_attempts(r) + 1, 65535))
     local id = record_id(r)
-    records[i] = r
     msgs[2 * i - 1], msgs[2 * i] = id, r
     inflight[2 * i - 1], inflight[2 * i] = deadline, in_flight_member(id, owner)
   end

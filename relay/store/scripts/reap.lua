@@ -23,7 +23,7 @@ if gone > 0 then
 end
 local k = {inflight = KEYS[6], msgs = KEYS[8], leases = KEYS[9], deferred = KEYS[7]}
 local ids, members, old = holders(k, ARGV[2] .. ':')
-back_to_queue(KEYS[5], k.msgs, ids)
+back_to_queue(KEYS[5], k.msgs, ids, old)
 release(k, ids, members, old, true)
 local requeued = #ids
 if requeued > 0 then

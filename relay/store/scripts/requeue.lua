@@ -37,10 +37,11 @@ for n, member in ipairs(held) do
   end
 end
 if #deferred > 0 then
+  count_delivery(k.msgs, deferred, deferred_old)
   release(k, deferred, deferred_members, deferred_old, true)
 end
 if #ready > 0 then
-  back_to_queue(KEYS[1], k.msgs, ready)
+  back_to_queue(KEYS[1], k.msgs, ready, ready_old)
   release(k, ready, ready_members, ready_old, true)
 end
 if requeued > 0 then

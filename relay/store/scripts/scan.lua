@@ -25,7 +25,7 @@ local function time_out()
   for i, member in ipairs(members) do
     ids[i], old[i] = member_id(member)
   end
-  back_to_queue(KEYS[1], k.msgs, ids)
+  back_to_queue(KEYS[1], k.msgs, ids, old)
   release(k, ids, members, old, true)
   return #ids
 end

@@ -1,10 +1,11 @@
 -- include: chunked.lua
 -- inflight.lua provides the in-flight layout. A message in flight is the member
 -- "<id> <owner>" of its channel's inflight ZSET (score: its deadline, ms), and its record
--- (this delivery counted in its attempts) in the msgs hash, as is a deferred one's:
--- delivery writes two keys, a FIN deletes from two, and who holds a message is checked
--- by its member alone. Records pass through untouched: a new long string per message
--- would cost Lua's string table more than the writes it saves (BENCHMARKS.md).
+-- as it was queued in the msgs hash, as is a deferred one's (its attempts count the
+-- deliveries before this one: lib/queue.lua): delivery writes two keys, a FIN deletes
+-- from two, and who holds a message is checked by its member alone. Delivery makes no
+-- new long string per message: each costs Lua's string table more than a write
+-- (BENCHMARKS.md).
 -- Messages put in flight before this layout are the member "<id>" with the lease
 -- "<delivered ms> <owner>" in the leases hash: they are served the same way until none
 -- is left (holdings(), release() and holders()).
