@@ -4,9 +4,13 @@ in the leases hash, a bare record in msgs) are finished, requeued, touched, time
 reaped, listed and requeued by relay-admin as before, and each is delivered once more
 at most, until none is left (relay/store/scripts/lib/inflight.lua)."""
 
+import pytest
+
 from relay.codec import make_record
-from relay.store import stats
-from relay.store.keys import ChannelKeys
+from relay.store import Store, stats
+from relay.store.connection import connect
+from relay.store.keys import ChannelKeys, TopicKeys
+from tests.helpers.wire import FRAME_RESPONSE, Wire
 from tests.helpers.store import (attempts, bodies, empty_channel, ids, mid, now_ms, queue,
                                  subscribed, wait_past)
 
@@ -77,3 +81,37 @@ def test_relay_admin_lists_and_requeues_both_layouts(store):
     assert store.requeue_in_flight("t", "c", [mid(1), ids(new)[0], mid(7)]) == [1, 1, 0]
     assert sorted(bodies(queue(store, "t", "c"))) == [b"m1", b"new"]
     assert store.finish("t", "c", [("b1:1", mid(1)), ("b2:4", ids(new)[0])]) == [0, 0]
+
+
+@pytest.mark.integration
+def test_a_broker_and_scanner_of_this_release_drain_what_the_release_before_left(
+        processes, redis_url):
+    """The upgrade as the README tells it: the old release stopped with messages queued,
+    in flight (two of them timed out, one still held by a connection that is gone) and
+    deferred; the new broker and scanner start on that Redis and a consumer gets each
+    message once."""
+    store = Store(connect(redis_url))
+    subscribed(store, "up", "c", "b-old")
+    now = now_ms(store)
+    in_flight_before(store, "up", "c", "b-old:1", 3, now - 1_000, now - 61_000)
+    c = ChannelKeys.of("up", "c")
+    store.redis.zadd(TopicKeys.of("up").due, {"c": now - 1_000})
+    store.publish("up", [b"m4"], defer_ms=500)
+    store.publish("up", [b"m5", b"m6"])
+    store.redis.hdel(c.consumers, "b-old")      # the old broker is gone
+
+    _, port = processes.broker()
+    processes.scanner()
+    consumer = Wire(port)
+    assert consumer.sub("up", "c", rdy=10) == (FRAME_RESPONSE, b"OK")
+    got = {}
+    while len(got) < 6:
+        _, tries, msg_id, body = consumer.message()
+        assert msg_id not in got, body
+        got[msg_id] = (body, tries)
+        consumer.command(b"FIN " + msg_id)
+    assert consumer.nothing(wait=1.5)
+    assert sorted(got.values()) == [(b"m1", 2), (b"m2", 2), (b"m3", 2), (b"m4", 1),
+                                    (b"m5", 1), (b"m6", 1)]
+    assert [store.redis.exists(k) for k in (c.inflight, c.leases, c.msgs, c.deferred)] == \
+        [0, 0, 0, 0]
