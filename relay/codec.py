@@ -1,9 +1,19 @@
 """The NSQ V2 wire codec, relay's lowest layer: frames, the message record layout,
 names, MPUB bodies and nsqd's number and quoting rules (nsq internal/protocol).
 
-A stored message record *is* the message frame payload, so delivery copies bytes:
+A message frame's payload (a message on the wire) is
 
     [8-byte big-endian ns timestamp][2-byte attempts][16-byte ASCII hex id][body]
+
+and Redis keeps a message as a stored record with the id at the end:
+
+    [timestamp, top bit set][attempts][body][id][the id's last byte value, 0-255]
+
+Lua 5.1 interns every string a script sees, hashing a long one from a sample of its
+bytes taken from the end: ids at the head left records of equal bodies with one hash
+for most body sizes, and each new one walked them all (BENCHMARKS.md). The trailing
+byte spreads them over 256. A record without the top bit is of the layout before,
+which is the wire's, and is read as it stands (parse_record, record_id, to_message).
 """
 
 import re
@@ -22,6 +32,8 @@ FRAME_MESSAGE = 2
 MSG_ID_LENGTH = 16
 MAX_PARTITIONS = 1024    # of a topic (relay/store/keys.py); its ids carry the part
 RECORD_HEADER = 8 + 2 + MSG_ID_LENGTH
+STORED = 1 << 63        # the stored record's mark, in its timestamp
+STORED_TRAILER = MSG_ID_LENGTH + 1
 
 OK = b"OK"
 HEARTBEAT = b"_heartbeat_"
@@ -29,8 +41,9 @@ CLOSE_WAIT = b"CLOSE_WAIT"
 
 _frame_header = struct.Struct(">ii")
 _record_header = struct.Struct(">qH16s")
+_stored_header = struct.Struct(">QH")
+_stored_timestamp = struct.Struct(">Q")
 _size = struct.Struct(">i")
-_timestamp = struct.Struct(">q")
 _attempts = struct.Struct(">H")
 _NAME = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
 _INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
@@ -56,28 +69,54 @@ def pack_size(n: int) -> bytes:
     return _size.pack(n)
 
 
-def make_record(timestamp_ns: int, attempts: int, msg_id: bytes, body: bytes) -> bytes:
+def make_message(timestamp_ns: int, attempts: int, msg_id: bytes, body: bytes) -> bytes:
+    """A message frame's payload."""
     return _record_header.pack(timestamp_ns, attempts, msg_id) + body
 
 
+def make_record(timestamp_ns: int, attempts: int, msg_id: bytes, body: bytes) -> bytes:
+    """A stored record (scripts/lib/record.lua's new_record writes the same)."""
+    return (stored_timestamp(timestamp_ns) + _attempts.pack(attempts) + body + msg_id
+            + bytes((int(msg_id[-2:], 16),)))
+
+
+def stored_timestamp(timestamp_ns: int) -> bytes:
+    """A stored record's first 8 bytes, as the Store gives them to publish.lua."""
+    if not 0 <= timestamp_ns < STORED:
+        raise struct.error(f"timestamp out of range: {timestamp_ns}")
+    return _stored_timestamp.pack(timestamp_ns | STORED)
+
+
 def parse_record(record: bytes) -> tuple[int, int, bytes, bytes]:
-    """(timestamp_ns, attempts, id, body) of a record or message frame payload."""
-    ts, attempts, msg_id = _record_header.unpack_from(record)
-    return ts, attempts, msg_id, record[RECORD_HEADER:]
+    """(timestamp_ns, attempts, id, body) of a stored record (either layout) or of a
+    message frame's payload."""
+    ts, attempts = _stored_header.unpack_from(record)
+    if ts & STORED:
+        return (ts & ~STORED, attempts, record[-STORED_TRAILER:-1],
+                record[10:-STORED_TRAILER])
+    return ts, attempts, record[10:RECORD_HEADER], record[RECORD_HEADER:]
 
 
 def record_timestamp(record: bytes) -> int:
-    return _timestamp.unpack_from(record)[0]
+    return _stored_timestamp.unpack_from(record)[0] & ~STORED
 
 
 def record_id(record: bytes) -> bytes:
+    """The id of a stored record (either layout) or of a message frame's payload."""
+    if record[0] & 0x80:
+        return record[-STORED_TRAILER:-1]
     return record[10:RECORD_HEADER]
 
 
 def delivered(record: bytes) -> bytes:
-    """A record as its delivery sends it: the attempts Redis keeps count the deliveries
-    before (scripts/deliver.lua leaves the record as it is), plus this one."""
-    attempts = min(_attempts.unpack_from(record, 8)[0] + 1, 0xFFFF)
+    """The message frame's payload for a stored record's delivery: the attempts Redis
+    keeps count the deliveries before (scripts/deliver.lua leaves the record as it is),
+    plus this one."""
+    ts, attempts = _stored_header.unpack_from(record)
+    attempts = min(attempts + 1, 0xFFFF)
+    if ts & STORED:
+        return (_stored_header.pack(ts & ~STORED, attempts) + record[-STORED_TRAILER:-1]
+                + record[10:-STORED_TRAILER])
     return record[:8] + _attempts.pack(attempts) + record[10:]
 
 

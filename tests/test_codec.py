@@ -6,9 +6,10 @@ import pytest
 
 from relay import codec
 from relay.codec import (CLOSE_WAIT, FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE,
-                                  HEARTBEAT, MAGIC_V2, OK, RECORD_HEADER, frame,
-                                  is_ephemeral, is_valid_name, make_record, message_frames,
-                                  pack_size, parse_record, read_size, record_id)
+                         HEARTBEAT, MAGIC_V2, OK, RECORD_HEADER, delivered, frame,
+                         is_ephemeral, is_valid_name, make_message, make_record,
+                         message_frames, pack_size, parse_record, read_size, record_id,
+                         record_timestamp, stored_timestamp)
 
 
 # -- names (nsq internal/protocol IsValidTopicName / IsValidChannelName) -------------
@@ -114,8 +115,8 @@ def test_empty_and_large_frames():
 
 
 def test_message_frames():
-    r1 = make_record(1, 1, b"0000000000000001", b"hello")
-    r2 = make_record(2, 3, b"0000000000000002", b"")
+    r1 = make_message(1, 1, b"0000000000000001", b"hello")
+    r2 = make_message(2, 3, b"0000000000000002", b"")
     out = message_frames([r1, r2])
     assert out == (struct.pack(">ii", len(r1) + 4, 2) + r1
                    + struct.pack(">ii", len(r2) + 4, 2) + r2)
@@ -137,35 +138,49 @@ def test_sizes():
 
 # -- records -------------------------------------------------------------------
 
-def test_record_layout():
+def test_message_and_stored_record_layouts():
+    message = make_message(0x0102030405060708, 0x0A0B, b"0123456789abcdef", b"body")
+    assert message == (bytes.fromhex("0102030405060708") + b"\x0a\x0b"
+                       + b"0123456789abcdef" + b"body")
     record = make_record(0x0102030405060708, 0x0A0B, b"0123456789abcdef", b"body")
-    assert record == (bytes.fromhex("0102030405060708") + b"\x0a\x0b"
-                      + b"0123456789abcdef" + b"body")
-    assert record_id(record) == b"0123456789abcdef"
+    assert record == (bytes.fromhex("8102030405060708") + b"\x0a\x0b" + b"body"
+                      + b"0123456789abcdef" + b"\xef")
+    assert record_id(message) == record_id(record) == b"0123456789abcdef"
+    assert record_timestamp(message) == record_timestamp(record) == 0x0102030405060708
+    assert stored_timestamp(0x0102030405060708) == record[:8]
 
 
 @pytest.mark.parametrize("ts, attempts, msg_id, body", [
     (0, 0, b"0000000000000000", b""),
     (1_700_000_000_123_456_789, 1, b"00000000000000ff", b"hello"),
     (2**63 - 1, 65535, b"ffffffffffffffff", bytes(range(256)) * 4),
-    (-1, 2, b"0123456789abcdef", b"\x00\n\r\n"),
+    (7, 2, b"0123456789abcdef", b"\x00\n\r\n"),
 ])
 def test_parse_record_round_trip(ts, attempts, msg_id, body):
     record = make_record(ts, attempts, msg_id, body)
-    assert len(record) == RECORD_HEADER + len(body)
+    assert len(record) == RECORD_HEADER + 1 + len(body)
     assert parse_record(record) == (ts, attempts, msg_id, body)
-    # a message frame's payload is the record
-    payload = frame(FRAME_MESSAGE, record)[8:]
-    assert parse_record(payload) == (ts, attempts, msg_id, body)
     assert record_id(record) == msg_id
+    # a message frame's payload, and a record of the layout before, which is the same
+    message = make_message(ts, attempts, msg_id, body)
+    assert parse_record(frame(FRAME_MESSAGE, message)[8:]) == (ts, attempts, msg_id, body)
+    assert record_id(message) == msg_id
+
+
+def test_delivered_sends_a_record_as_a_message_with_its_delivery_counted():
+    for record in (make_record(9, 0, b"00000000000000a1", b"hi"),
+                   make_message(9, 0, b"00000000000000a1", b"hi")):   # the layout before
+        assert delivered(record) == make_message(9, 1, b"00000000000000a1", b"hi")
+    assert delivered(make_record(9, 65535, b"00000000000000a1", b"")) == \
+        make_message(9, 65535, b"00000000000000a1", b"")
 
 
 def test_parse_record_accepts_memoryview_and_rejects_short():
-    record = make_record(5, 1, b"000000000000000a", b"xyz")
+    record = make_message(5, 1, b"000000000000000a", b"xyz")
     assert parse_record(memoryview(record))[:3] == (5, 1, b"000000000000000a")
     assert bytes(parse_record(memoryview(record))[3]) == b"xyz"
     with pytest.raises(struct.error):
-        parse_record(record[:RECORD_HEADER - 1])
+        parse_record(record[:9])
 
 
 def test_make_record_limits():
@@ -173,3 +188,5 @@ def test_make_record_limits():
         make_record(0, 65536, b"0" * 16, b"")
     with pytest.raises(struct.error):
         make_record(2**63, 0, b"0" * 16, b"")
+    with pytest.raises(struct.error):
+        make_record(-1, 0, b"0" * 16, b"")

@@ -12,7 +12,7 @@ from importlib import resources
 import pytest
 
 from relay import codec
-from relay.codec import make_record, parse_record
+from relay.codec import make_message, make_record, parse_record
 from relay.errors import StoreError
 from relay.store import keys, runner
 from relay.store import data_path
@@ -269,7 +269,7 @@ def test_deliver_stops_at_its_byte_bound(store):
     subscribed(store, "t", "c")
     sizes = [100, 300, 250, 50, 5000, 10]
     store.publish("t", [b"x" * n for n in sizes])
-    record = codec.RECORD_HEADER
+    record = codec.RECORD_HEADER + 1    # a stored record's bytes besides its body
     [got] = store.deliver("t", "c", [("a", 60_000, 10, 400 + 2 * record)])
     assert [len(b) for b in bodies(got)] == [100, 300]
     [got] = store.deliver("t", "c", [("a", 60_000, 10, 1)])
@@ -625,18 +625,22 @@ def lua_lib(name: str) -> bytes:
 
 
 def test_lua_record_layout_is_relay_codecs(store):
-    """record.lua's positions (1-based) and helpers agree with relay/codec.py."""
-    record = make_record(0x0102030405060708, 0x0203, b"00000000000000ff", b"body")
-    got = store.redis.eval(lua_lib("record.lua") + b"""
+    """record.lua's helpers agree with relay/codec.py, on stored records and on those of
+    the layout before (the wire's)."""
+    script = lua_lib("record.lua") + b"""
         local r = ARGV[1]
-        return {RECORD_ATTEMPTS, RECORD_ID, RECORD_ID_END, record_attempts(r), record_id(r),
-                with_attempts(r, 65535), new_record(string.sub(r, 1, 8), record_id(r), 'x')}
-        """, 0, record)
-    id_start = codec.RECORD_HEADER - codec.MSG_ID_LENGTH
-    assert got[:3] == [id_start - 2 + 1, id_start + 1, codec.RECORD_HEADER]
-    assert got[3:5] == [0x0203, b"00000000000000ff"]
-    assert got[5] == make_record(0x0102030405060708, 65535, b"00000000000000ff", b"body")
-    assert got[6] == make_record(0x0102030405060708, 0, b"00000000000000ff", b"x")
+        return {record_attempts(r), record_id(r), with_attempts(r, 65535),
+                new_record(string.sub(r, 1, 8), record_id(r), 'x', 0x1ff)}
+        """
+    record = make_record(0x0102030405060708, 0x0203, b"00000000000000ff", b"body")
+    assert store.redis.eval(script, 0, record) == [
+        0x0203, b"00000000000000ff",
+        make_record(0x0102030405060708, 65535, b"00000000000000ff", b"body"),
+        make_record(0x0102030405060708, 0, b"00000000000000ff", b"x")]
+    before = make_message(0x0102030405060708, 0x0203, b"00000000000000ff", b"body")
+    assert store.redis.eval(script, 0, before)[:3] == [
+        0x0203, b"00000000000000ff",
+        make_message(0x0102030405060708, 65535, b"00000000000000ff", b"body")]
 
 
 def test_included_files_come_first_and_the_cluster_flag_line_before_them(monkeypatch):

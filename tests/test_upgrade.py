@@ -6,7 +6,7 @@ at most, until none is left (relay/store/scripts/lib/inflight.lua)."""
 
 import pytest
 
-from relay.codec import make_record
+from relay.codec import make_message
 from relay.store import Store, stats
 from relay.store.connection import connect
 from relay.store.keys import ChannelKeys, TopicKeys
@@ -22,7 +22,7 @@ def in_flight_before(store, topic, channel, owner, n, deadline_ms, delivered_ms)
     c = ChannelKeys.of(topic, channel)
     store.redis.delete(c.queue)
     for i in range(1, n + 1):
-        record = make_record(1_000 + i, 1, mid(i), b"m%d" % i)
+        record = make_message(1_000 + i, 1, mid(i), b"m%d" % i)   # the wire layout
         store.redis.hset(c.msgs, mid(i), record)
         store.redis.zadd(c.inflight, {mid(i): deadline_ms})
         store.redis.hset(c.leases, mid(i), f"{delivered_ms} {owner}")

@@ -8,7 +8,7 @@ import secrets
 import time
 from typing import Any, Callable, Sequence
 
-from relay.codec import is_ephemeral, make_record
+from relay.codec import is_ephemeral, stored_timestamp
 from relay.errors import StoreError
 from relay.store import keys
 from relay.store.base import StoreBase
@@ -57,7 +57,7 @@ class DataPath(StoreBase):
             index = next(self._turns) % count if count > 1 else 0
         part = part_name(topic, index)
         t = TopicKeys.of(part)
-        ts = make_record(timestamp_ns or time.time_ns(), 0, b"", b"")[:8]
+        ts = stored_timestamp(timestamp_ns or time.time_ns())
         topic_keys = [t.ids, t.meta, t.channels, t.backlog, t.backlog_deferred, t.due,
                       t.version]
         pre = self._register(topic, count)

@@ -61,8 +61,9 @@ for from = 1, n, BATCH do
   local batch = bodies(from, math.min(from + BATCH - 1, n))
   local ids, records = {}, {}
   for i, body in ipairs(batch) do
-    ids[i] = string.format('%04x%012x', part, first + from + i - 2)
-    records[i] = new_record(timestamp, ids[i], body)
+    local count = first + from + i - 2
+    ids[i] = string.format('%04x%012x', part, count)
+    records[i] = new_record(timestamp, ids[i], body, count)
     bytes = bytes + #body
   end
   if not due then
