@@ -88,8 +88,8 @@ def test_a_broker_and_scanner_of_this_release_drain_what_the_release_before_left
         processes, redis_url):
     """The upgrade as the README tells it: the old release stopped with messages queued,
     in flight (two of them timed out, one still held by a connection that is gone) and
-    deferred; the new broker and scanner start on that Redis and a consumer gets each
-    message once."""
+    deferred, in its layouts (records with the id after the attempts); the new broker
+    and scanner start on that Redis and a consumer gets each message once."""
     store = Store(connect(redis_url))
     subscribed(store, "up", "c", "b-old")
     now = now_ms(store)
@@ -98,6 +98,9 @@ def test_a_broker_and_scanner_of_this_release_drain_what_the_release_before_left
     store.redis.zadd(TopicKeys.of("up").due, {"c": now - 1_000})
     store.publish("up", [b"m4"], defer_ms=500)
     store.publish("up", [b"m5", b"m6"])
+    store.redis.rpush(c.queue, make_message(1_007, 0, mid(7), b"m7"))
+    store.redis.hset(c.msgs, mid(8), make_message(1_008, 1, mid(8), b"m8"))
+    store.redis.zadd(c.deferred, {mid(8): now + 300})
     store.redis.hdel(c.consumers, "b-old")      # the old broker is gone
 
     _, port = processes.broker()
@@ -105,13 +108,13 @@ def test_a_broker_and_scanner_of_this_release_drain_what_the_release_before_left
     consumer = Wire(port)
     assert consumer.sub("up", "c", rdy=10) == (FRAME_RESPONSE, b"OK")
     got = {}
-    while len(got) < 6:
+    while len(got) < 8:
         _, tries, msg_id, body = consumer.message()
         assert msg_id not in got, body
         got[msg_id] = (body, tries)
         consumer.command(b"FIN " + msg_id)
     assert consumer.nothing(wait=1.5)
     assert sorted(got.values()) == [(b"m1", 2), (b"m2", 2), (b"m3", 2), (b"m4", 1),
-                                    (b"m5", 1), (b"m6", 1)]
+                                    (b"m5", 1), (b"m6", 1), (b"m7", 1), (b"m8", 2)]
     assert [store.redis.exists(k) for k in (c.inflight, c.leases, c.msgs, c.deferred)] == \
         [0, 0, 0, 0]
