@@ -165,7 +165,9 @@ class Scanner:
 
     def _upkeep(self) -> None:
         """Redis' clock every CLOCK_EVERY, a cluster's slots every TOPOLOGY_EVERY, then
-        the seeding of the node due indexes if due, else the next slice of the sweep."""
+        the seeding of the node due indexes if due, else the next slice of the sweep
+        (every SWEEP_STEP). A seeding that failed is tried again a step later, without
+        holding up the passes."""
         now = self.clock()
         if now - self._clock_read >= CLOCK_EVERY:
             self._clock_read = now
@@ -174,19 +176,29 @@ class Scanner:
             self.offset_ms = redis_ms - (before + time.time() * 1000) / 2
         if now - self._topology_read >= TOPOLOGY_EVERY:
             self._topology_read = now
-            if self.store.nodes.moved():
+            if guarded(self.store.nodes.moved):
                 log.info("the cluster's slots moved: seeding the node due indexes again")
-                self.seeded = False
+                self.reseed()
         if self.share.moved:
-            self.seeded, self.share.moved = False, False
-        if not self.seeded:
+            self.share.moved = False
+            self.reseed()
+        if now - self._swept < SWEEP_STEP:
+            return
+        self._swept = now
+        try:
+            if self.seeded:
+                self.store.seed_due(self.sweep_slice())
+                return
             seen = self.store.seed_due(self.share.topics)
+            self.seeded = True
             log.info("node due indexes seeded from %d parts (%d entries)",
                      len(self.share.topics), seen)
-            self.seeded, self._swept = True, now
-        elif now - self._swept >= SWEEP_STEP:
-            self._swept = now
-            self.store.seed_due(self.sweep_slice())
+        except StoreError as e:
+            log.warning("node due indexes not %s: %s", "swept" if self.seeded else "seeded", e)
+
+    def reseed(self) -> None:
+        """Seed the node due indexes from the share's parts at the next pass."""
+        self.seeded, self._swept = False, float("-inf")
 
     def sweep_slice(self) -> list[str]:
         """The next parts of the share to seed again, after the last ones (by name)."""
@@ -212,7 +224,7 @@ class Scanner:
                 busy = self.scan_once()
             except StoreConnectionError as e:
                 log.warning("redis unreachable: %s; retrying", e)
-                self.seeded = False  # a restarted or failed-over Redis may have lost writes
+                self.reseed()  # a restarted or failed-over Redis may have lost writes
                 self.sleep(1.0)
                 continue
             except (StoreError, RedisError, RedisClusterException) as e:
