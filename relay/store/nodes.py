@@ -77,8 +77,7 @@ class Nodes:
         """The prefix of every node's keys (masters of a cluster)."""
         if not self.cluster:
             return [SINGLE]
-        self._lowest_slot("")
-        return sorted({prefix_of_slot(slot) for slot in self._lowest.values()})
+        return sorted({prefix_of_slot(slot) for slot in self._table().values()})
 
     def by_node(self, parts: Iterable[str]) -> dict[str, list[str]]:
         """The parts by the prefix of the node keys of the node serving them."""
@@ -90,23 +89,27 @@ class Nodes:
     def _node_name(self, key: str) -> str:
         return cast(RedisCluster, self.redis).get_node_from_key(key).name
 
-    def _lowest_slot(self, name: str) -> int:
-        """The lowest slot node `name` serves, by the client's slot map (read again when
-        the client read a new one, or its entry no longer holds)."""
+    def _table(self, stale: bool = False) -> dict[str, int]:
+        """node name -> the lowest slot it serves, by the client's slot map: read again
+        when the client read a new map, or when `stale`."""
         slots = cast(RedisCluster, self.redis).nodes_manager.slots_cache
-        slot = self._lowest.get(name)
-        if slots is not self._map or slot is None or not slots.get(slot) \
-                or slots[slot][0].name != name:
+        if stale or slots is not self._map:
             lowest: dict[str, int] = {}
             for s in range(REDIS_CLUSTER_HASH_SLOTS):
                 if slots.get(s):
                     lowest.setdefault(slots[s][0].name, s)
             self._lowest, self._map = lowest, slots
-            slot = lowest.get(name)
+        return self._lowest
+
+    def _lowest_slot(self, name: str) -> int:
+        """The lowest slot node `name` serves (the table read again if its entry no
+        longer holds: redis-py moves a slot in its map in place on a MOVED)."""
+        slot = self._table().get(name)
+        slots = self._map
+        if slot is None or not slots.get(slot) or slots[slot][0].name != name:
+            slot = self._table(stale=True).get(name)
         if slot is None:
-            if name:
-                raise KeyError(f"no slot served by {name}")
-            return -1
+            raise KeyError(f"no slot served by {name}")
         return slot
 
     def moved(self) -> bool:
