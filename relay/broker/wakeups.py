@@ -21,12 +21,13 @@ partition counts: a channel whose topic grew joins its new parts.
 
 Whenever a subscription is (re)made the topic's channels look again, as a wake-up
 may have been missed meanwhile. Pub/sub is fire-and-forget, so nothing depends on a
-wake-up arriving: each script that publishes one also bumps the topic's version key
-(scripts/lib/news.lua) and sets that version in its node's news hash (`relay:news`,
-one per node on a cluster: relay/store/nodes.py), and once every CATCH_UP seconds the
-broker reads the versions of all the topics it serves with one HMGET per node, a
-cost that does not grow with the topics (a part without a field there, which a Redis
-of the layout before has, is read from its version key once, which sets it). The
+wake-up arriving: each script that publishes one also bumps the topic's field in its
+node's news hash (`relay:news`, one per node on a cluster: relay/store/nodes.py;
+scripts/lib/news.lua), and once every CATCH_UP seconds the broker reads the versions
+of all the topics it serves with one HMGET per node, a cost that does not grow with
+the topics (a part without a field there, as in a Redis of the layout before, which
+counted news in each topic's version key, is read from that key once, which sets the
+field). The
 channels of a topic whose version moved look in Redis again and compare their
 incarnation and empties with Redis', so a missed delete, empty, unpause or publish
 is applied within a second, at a cost that does not grow with idle channels. Each

@@ -4,8 +4,8 @@ whatever their number (issue 35).
 
     relay:due     ZSET  "<part> <channel>" -> that channel's score in its part's due
                         index (relay:{T}:due), or lower; the scanners read what is due
-    relay:news    HASH  part -> its news, as its version key's field `news` has it; the
-                        brokers read the parts they serve once a second
+    relay:news    HASH  part -> its news, bumped with every wake-up (which names it);
+                        the brokers read the parts they serve once a second
 
 Those are the names on one server. On a cluster each node has a pair of its own,
 `relay:{node-N}:due` and `relay:{node-N}:news`, where the tag `node-N` hashes to the

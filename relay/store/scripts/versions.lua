@@ -1,18 +1,18 @@
 -- include: node.lua
--- versions: a broker's read of the version keys' `news` (news.lua) and partition counts
--- (partitions.lua) of topic parts, in one call per node, for the parts it could not
--- take from the node news hash (lib/node.lua): those without a field there (no news
--- since the layout before, or a write a stale slot map sent elsewhere) and topics whose
--- count may have moved (news on part 0). Each part's news is set in the node hash where
--- it has none (HSETNX; 0 for none yet), so the next second finds it there. The version
--- keys are reached undeclared, as node.lua's keys are.
+-- versions: a broker's read, in one call per node, of what it could not take from the
+-- node news hash (lib/node.lua) alone: the news of parts without a field there (a Redis
+-- of the layout before counted news in the field `news` of each version key: the node
+-- field starts from it, HSETNX, 0 for none yet, so the next second finds it there) and
+-- the partition counts (partitions.lua) of topics whose news moved (raising a count is
+-- news). The version keys are reached undeclared, as node.lua's keys are.
 --
 -- KEYS[1] the node news hash   ARGV the parts' version keys
--- Returns news, partitions of each in ARGV order, nil where a key or field is absent.
+-- Returns news, partitions of each in ARGV order, nil where a count is absent.
 local out = {}
 for i = 1, #ARGV do
+  local part = part_of(ARGV[i])
   local fields = redis.call('HMGET', ARGV[i], 'news', 'partitions')
-  out[2 * i - 1], out[2 * i] = fields[1], fields[2]
-  redis.call('HSETNX', KEYS[1], part_of(ARGV[i]), fields[1] or 0)
+  redis.call('HSETNX', KEYS[1], part, fields[1] or 0)
+  out[2 * i - 1], out[2 * i] = redis.call('HGET', KEYS[1], part), fields[2]
 end
 return out

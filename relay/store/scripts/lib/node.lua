@@ -1,9 +1,9 @@
--- node.lua provides part_of(), node_set(), due_lower() and node_news(): the writes of
+-- node.lua provides part_of(), node_set() and due_lower(): the writes of
 -- the node-level keys (relay/store/nodes.py), one due index and one news hash per Redis
 -- node, which scanners and brokers read in one command per node:
 --   <node>due   ZSET "<part> <channel>" -> the channel's score in its part's due index
 --               (or lower: a lower one only costs the scanner a look)
---   <node>news  HASH part -> the part's news (news.lua)
+--   <node>news  HASH part -> the part's news, which announce() bumps (news.lua)
 -- `node` is their prefix for the node serving the script's part, given by the caller
 -- ("relay:" on one server); nil writes nothing. They are not among KEYS, which a
 -- cluster wants in one slot: a script without flags may reach any key of its own node
@@ -32,12 +32,5 @@ end
 local function due_lower(node, due_index, channel, due)
   if redis.call('ZADD', due_index, 'LT', 'CH', due, channel) == 1 and node then
     redis.pcall('ZADD', node .. 'due', 'LT', due, part_of(due_index) .. ' ' .. channel)
-  end
-end
-
--- The part of `version_key` has news `version` (news.lua).
-local function node_news(node, version_key, version)
-  if node then
-    redis.pcall('HSET', node .. 'news', part_of(version_key), version)
   end
 end
