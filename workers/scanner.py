@@ -160,7 +160,8 @@ class Scanner:
         return busy
 
     def now_ms(self) -> int:
-        """Redis' clock (ms), as this host's and the offset last read."""
+        """Redis' clock (ms), as this host's and the offset last read: a little behind,
+        never ahead."""
         return int(time.time() * 1000 + self.offset_ms)
 
     def _upkeep(self) -> None:
@@ -171,9 +172,11 @@ class Scanner:
         now = self.clock()
         if now - self._clock_read >= CLOCK_EVERY:
             self._clock_read = now
-            before = time.time() * 1000
             redis_ms = self.store.now_ms()
-            self.offset_ms = redis_ms - (before + time.time() * 1000) / 2
+            # as if Redis read its clock when the reply came back, less a ms for drift:
+            # never ahead of Redis, or passes would scan channels not due yet, and
+            # loop at once on them (their next due time looks past)
+            self.offset_ms = redis_ms - time.time() * 1000 - 1
         if now - self._topology_read >= TOPOLOGY_EVERY:
             self._topology_read = now
             if guarded(self.store.nodes.moved):
