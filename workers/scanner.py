@@ -173,10 +173,10 @@ class Scanner:
         if now - self._clock_read >= CLOCK_EVERY:
             self._clock_read = now
             redis_ms = self.store.now_ms()
-            # as if Redis read its clock when the reply came back, less a ms for drift:
-            # never ahead of Redis, or passes would scan channels not due yet, and
-            # loop at once on them (their next due time looks past)
-            self.offset_ms = redis_ms - time.time() * 1000 - 1
+            # as if Redis read its clock when the reply came back: never ahead of Redis
+            # (but for drift until the next read), or passes would scan channels not
+            # due yet, and loop at once on them (their next due time looks past)
+            self.offset_ms = redis_ms - time.time() * 1000
         if now - self._topology_read >= TOPOLOGY_EVERY:
             self._topology_read = now
             if guarded(self.store.nodes.moved):
