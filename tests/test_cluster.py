@@ -1,7 +1,8 @@
-"""Redis Cluster: slots moved under load."""
+"""Redis Cluster: slots moved under load, and the node due index after a move."""
 
 import itertools
 import threading
+import time
 
 import gevent
 import gnsq
@@ -13,10 +14,12 @@ from relay import embedded
 from relay.store import Store
 from relay.store.connection import connect
 from relay.store.keys import TopicKeys
+from relay.store.nodes import DUE
 from tests.helpers.gnsq_clients import addr, stop
 from tests.helpers.processes import Processes
 from tests.helpers.servers import local_cluster
 from tests.helpers.wait import wait_for
+from workers.scanner import Scanner
 
 pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
 
@@ -124,3 +127,34 @@ def test_moving_slots_under_load_loses_no_acknowledged_message(own_cluster, tmp_
         print(processes.logs())  # shown if the test failed
         new_master.terminate()
         new_master.wait(10)
+
+
+def test_the_node_due_index_follows_a_slot_moved_to_another_master(own_cluster):
+    """A message in flight on a topic whose slot moves to another master before its
+    deadline is requeued on time all the same: its entry, left in the old master's node
+    index (relay/store/nodes.py), is still read there, and once the scanner sees where
+    the slot went it moves the entry to the index of the master serving it now."""
+    nodes, url = own_cluster
+    store = Store(connect(url))
+    topic = TOPICS[0]
+    store.subscribe(topic, "c", "")
+    store.publish(topic, [b"x"])
+    store.deliver(topic, "c", [("gone:1", 2000, 1)])
+    delivered = time.monotonic()
+    before = store.node(topic)
+    scanner = Scanner(Store(connect(url)))
+    assert scanner.scan_once() is False
+    slot = key_slot(TopicKeys.of(topic).ids.encode())
+    source = owner(nodes, slot)
+    target = (source + 1) % 3
+    embedded.move_slot(nodes[source], nodes[target], slot,
+                       others=[n for i, n in enumerate(nodes) if i not in (source, target)])
+    while store.read_channel(topic, "c")["timeout_count"] == 0:
+        assert time.monotonic() - delivered < 2 + 1.5, "not requeued on time"
+        scanner.scan_once()
+        time.sleep(0.05)
+    for _ in range(3):
+        scanner.scan_once()
+    assert owner(nodes, slot) == target
+    assert store.redis.zscore(before + DUE, f"{topic} c") is None
+    assert Store(connect(url)).node(topic) != before

@@ -31,7 +31,7 @@ def answer(merged, slices, results):
 # -- _merge ----------------------------------------------------------------------
 
 def test_mergeable_scripts_and_their_shapes():
-    assert MERGEABLE == {"finish": (0, 2), "requeue": (2, 3), "touch": (0, 3)}
+    assert MERGEABLE == {"finish": (0, 2), "requeue": (3, 3), "touch": (0, 3)}
 
 
 def test_finish_ops_on_one_channel_become_one_call(fake_store):
@@ -69,14 +69,14 @@ def test_merged_calls_stop_growing_at_the_bound(fake_store):
     assert [a for op in merged for a in op.args[1::2]] == [mid(i) for i in range(640_000)]
 
 
-def test_requeue_ops_share_their_two_leading_args(fake_store):
+def test_requeue_ops_share_their_three_leading_args(fake_store):
     s = fake_store
     ops = [s.requeue_op("t", "c", [("a", "1", 0)]),
            s.requeue_op("t", "c", [("b", "2", 100), ("b", "3", 0)])]
     merged, slices = _merge(ops)
     assert len(merged) == 1
-    leading = list(ops[0].args[:2])
-    assert leading == list(ops[1].args[:2]) == ["c", "relay:{t}:wake"]
+    leading = list(ops[0].args[:3])
+    assert leading == list(ops[1].args[:3]) == ["c", "relay:{t}:wake", "relay:"]
     assert list(merged[0].args) == leading + ["a", "1", 0, "b", "2", 100, "b", "3", 0]
     assert slices == [(0, 0, 1, None), (0, 1, 3, None)]
     assert answer(merged, slices, [[1, 1, 0]]) == [[1], [1, 0]]
@@ -147,8 +147,8 @@ def test_finishes_fold_into_the_deliver_of_their_channel_that_follows(fake_store
     merged, slices = _merge(ops)
     assert [op.script for op in merged] == ["publish", "deliver"]
     assert list(merged[1].args) == ["c", 5, 4, "a", "1", "b", "2", "b", "3", "a", "4",
-                                    "a", 1_000, 2, 0, "b", 1_000, 1, 0]
-    assert list(deliver.args) == ["c", 5, 0, "a", 1_000, 2, 0, "b", 1_000, 1, 0]
+                                    "a", 1_000, 2, 0, "b", 1_000, 1, 0, "relay:"]
+    assert list(deliver.args) == ["c", 5, 0, "a", 1_000, 2, 0, "b", 1_000, 1, 0, "relay:"]
     assert slices == [(1, 0, 1, "finished"), (0, None, None, None), (1, 1, 3, "finished"),
                       (1, None, None, None), (1, 3, 4, "finished")]
 

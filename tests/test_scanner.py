@@ -1,7 +1,8 @@
 """The scanner (workers/scanner.py): Store.scan, which requeues one channel's expired
 in-flight messages and promotes its due deferred ones, Store.due_channels, which finds
-the channels with something due, scanner passes, and the shares that split the topics
-among scanners. Store tests run on fakeredis, one Redis and the cluster."""
+the channels with something due in the node due indexes, scanner passes, and the shares
+that split the topics among scanners (the node indexes themselves: test_node_keys.py).
+Store tests run on fakeredis, one Redis and the cluster."""
 
 import threading
 import time
@@ -90,7 +91,7 @@ def test_scan_respects_its_limit(store):
         if next_due == -1:
             break
         # still due: the entry stays in the index with a passed score
-        now, due, _, _ = store.due_channels(["t"], 10)
+        now, due, _, _ = store.due_channels()
         assert due == [("t", "c", next_due)] and next_due <= now
     assert calls == 3
     assert (moved_out, moved_in) == (5, 3)
@@ -127,15 +128,15 @@ def test_due_channels_lists_only_passed_entries(store):
     store.deliver("t", "c2", [("a", 60_000, 1)])
     d1 = due_score(store, "t", "c1")
     wait_past(store, d1)
-    now, due, more, failed = store.due_channels(["idle", "t"], 10)
+    now, due, more, failed = store.due_channels()
     assert due == [("t", "c1", d1)]
     assert now >= d1
     assert (more, failed) == (False, 0)
 
 
 def test_one_due_read_covers_topics_in_many_slots(backend):
-    """due.lua reads the due indexes of topics in many slots at once: one call per node
-    on a cluster (allow-cross-slot-keys), one call on a single server."""
+    """The node due indexes hold the due channels of topics in many slots: one read per
+    node on a cluster, one on a single server."""
     store = Store(backend)
     topics = [f"spread{i}" for i in range(30)]
     for topic in topics:
@@ -143,10 +144,10 @@ def test_one_due_read_covers_topics_in_many_slots(backend):
         store.publish(topic, [b"x"])
         store.deliver(topic, "c", [("b:1", 1, 1)])
     time.sleep(0.01)
-    groups = store._node_groups(topics)
-    assert len(groups) == (3 if store.cluster else 1)
+    groups = store.nodes.by_node(topics)
+    assert len(groups) == len(store.nodes.prefixes()) == (3 if store.cluster else 1)
     assert len({key_slot(TopicKeys.of(t).due.encode()) for t in topics}) > len(groups)
-    now, due, more, failed = store.due_channels(topics + ["idle"], 10)
+    now, due, more, failed = store.due_channels()
     assert sorted(t for t, c, _ in due) == sorted(topics)
     assert all(c == "c" and score <= now for _, c, score in due)
     assert (more, failed) == (False, 0)
@@ -178,9 +179,9 @@ def test_two_scanners_with_the_same_view_requeue_each_message_once(store):
     _expired_channels(store)
     s1, s2 = Scanner(type(store)(store.redis)), Scanner(type(store)(store.redis))
     # both read the due index before either scans
-    view = store.due_channels(["t"], 500)
+    view = store.due_channels()
     assert len(view[1]) == 3
-    s1.store.due_channels = s2.store.due_channels = lambda topics, per_topic: view
+    s1.store.due_channels = s2.store.due_channels = lambda now: view
     assert s1.scan_once() is False
     assert s2.scan_once() is False
     assert (s1.timed_out, s2.timed_out) == (120, 0)
@@ -289,7 +290,8 @@ def test_a_scanner_killed_with_9_leaves_its_share_to_the_other(cluster_url, tmp_
         scanners[0].kill()
         scanners[0].wait()
         for topic in topics:
-            store.subscribe(topic, "c", "gone")
+            # no consumer counted: the reapers would requeue a dead broker's at once
+            store.subscribe(topic, "c", "")
             store.publish(topic, [b"a", b"b"])
             store.deliver(topic, "c", [("gone:1", 1000, 2)])
         killed_at = time.monotonic()

@@ -168,6 +168,29 @@ def test_idle_broker_with_a_waiting_consumer_barely_touches_redis(processes, red
     assert consumer.message()[3] == b"wake up"
 
 
+@pytest.mark.integration
+def test_an_idle_scanner_and_broker_cost_redis_a_bound_whatever_the_topics(processes,
+                                                                           redis_url):
+    """300 topics with an idle consumer each: a scanner pass reads one node due index and
+    the broker's catch-up one node news hash (relay/store/nodes.py), whatever the number
+    of topics; with heartbeats and the slow sweeps, well under 100 commands a second,
+    where reading every topic's due index each pass and version each second cost 11
+    commands a topic a second (3,300 here)."""
+    _, port = processes.broker()
+    processes.scanner()
+    consumers = [Wire(port) for _ in range(300)]
+    for i, consumer in enumerate(consumers):
+        assert consumer.sub(f"many{i}", "c", rdy=1) == (FRAME_RESPONSE, b"OK")
+    client = connect(redis_url)
+    time.sleep(2.0)     # past the broker's first read of the new topics' versions
+    before = commands_run(client)
+    time.sleep(5.0)
+    per_second = (commands_run(client) - before) / 5
+    assert per_second <= 100, per_second
+    for consumer in consumers:
+        consumer.close()
+
+
 @pytest.fixture
 def unheard(monkeypatch, redis_url):
     """A Store in this process whose scripts publish their wake-ups where no broker

@@ -8,7 +8,10 @@ its connections held in flight (their leases name the owner "broker id:connectio
 rather than at their timeout: reap.lua, one call per channel, single-slot.
 
 Each scanner looks for dead brokers among the consumers of its share of the topics
-when a broker leaves the live set, and every SWEEP_EVERY seconds. An id seen to leave
+at its first check and when a broker leaves the live set; and in between it sweeps the
+share a slice at each check, the whole share in SWEEP_EVERY seconds or, past SWEEP_MOST
+parts a check, longer: a sweep reads every channel's consumers, so an idle scanner's
+cost stays bounded whatever the number of topics. An id seen to leave
 is reaped at once, one never seen live once it stays unregistered for GRACE seconds
 (a starting broker may count a consumer just before its first heartbeat). The reap
 of an id is done by the one scanner that claims it (SET NX) for all topics; the claim
@@ -18,7 +21,9 @@ is taken for dead too: what it held in flight may then be delivered twice (at le
 once, as after a timeout).
 """
 
+import bisect
 import logging
+import math
 import time
 from functools import cached_property
 
@@ -30,6 +35,8 @@ log = logging.getLogger("relay.reaper")
 
 CHECK_EVERY = 1.0
 SWEEP_EVERY = 60.0
+SWEEP_MOST = 10         # parts swept at most per check (each costs a command per channel
+                        # and one more)
 GRACE = 1.0
 CLAIM_TTL_MS = 30_000
 DONE_TTL_MS = 600_000
@@ -42,7 +49,8 @@ class Reaper:
         self.clock = clock
         self.live: set[str] = set()
         self.suspects: dict[str, float] = {}
-        self._checked = self._swept = float("-inf")
+        self._checked = float("-inf")
+        self._swept: str | None = None   # the last part swept; None: none yet
         self.reaped = 0
 
     @cached_property
@@ -59,15 +67,22 @@ class Reaper:
         self._checked = now
         live = set(guarded(self.brokers.live))
         left, self.live = self.live - live, live
-        if left or now - self._swept >= SWEEP_EVERY:
-            self._swept = now
-            for broker_id in self.store.consumer_brokers(topics) - live:
+        swept = topics if left or self._swept is None else self._slice(topics)
+        if swept:
+            self._swept = swept[-1] if swept is not topics else ""
+            for broker_id in self.store.consumer_brokers(swept) - live:
                 self.suspects.setdefault(broker_id, float("-inf") if broker_id in left else now)
         for broker_id, since in list(self.suspects.items()):
             if broker_id in live:
                 del self.suspects[broker_id]
             elif now - since >= GRACE and self.reap(broker_id):
                 del self.suspects[broker_id]
+
+    def _slice(self, topics: list[str]) -> list[str]:
+        """The next parts of the sweep (`topics` sorted), after the last one swept."""
+        n = min(math.ceil(len(topics) * CHECK_EVERY / SWEEP_EVERY), SWEEP_MOST)
+        start = bisect.bisect_right(topics, self._swept or "")
+        return (topics[start:] + topics[:start])[:n]
 
     def reap(self, broker_id: str) -> bool:
         """Remove what `broker_id` left in every channel, if this reaper claims it.

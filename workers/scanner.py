@@ -3,15 +3,28 @@ that are due (nsqd's queueScanLoop, moved out of the broker).
 
 Every script that puts a message in flight or defers it lowers the channel's
 score in its topic's due index (`relay:{T}:due`, in the topic's slot, so the
-scripts stay single-slot on Redis Cluster) to that deadline. Each pass the
-scanner reads the due indexes of its topics with one due.lua call (one per node
-on a cluster), runs scan.lua on the channels whose score has passed (Redis time),
-and each call resets the channel's score to its next deadline. When a call could
-not move everything that was due, the channel is still due and the scanner loops
-again at once (nsqd's dirty-percent rule, without sampling). Passes start every
-interval, as nsqd's ticker: sleeping a full interval after each pass added the
-pass time to every wait (10,000 channels, 33k requeues/s: steady max lateness
-~230 -> ~150 ms, scripts/scanner_scale.py).
+scripts stay single-slot on Redis Cluster) to that deadline, and the channel's entry
+"<part> <channel>" in its node's due index (`relay:due`, one per node on a cluster:
+relay/store/nodes.py) with it. Each pass the scanner reads what is due (by Redis
+time) in the node indexes, one ZRANGEBYSCORE per node, so an idle pass costs Redis
+one command per node whatever the number of topics (it read every topic's index
+before: 2,000 idle topics cost 20,000 commands/s); it runs scan.lua on the due
+channels of its share, and each call sets the channel's score in both indexes to its
+next deadline, or removes it. Redis time comes from the scanner's clock and an
+offset read with TIME every CLOCK_EVERY. When a call could not move everything that
+was due, the channel is still due and the scanner loops again at once (nsqd's
+dirty-percent rule, without sampling). Passes start every interval, as nsqd's ticker:
+sleeping a full interval after each pass added the pass time to every wait (10,000
+channels, 33k requeues/s: steady max lateness ~230 -> ~150 ms,
+scripts/scanner_scale.py).
+
+The node index is made up from the topics' own (seed.lua, Store.seed_due) when the
+scanner starts (a Redis of the layout before has none), reconnects, takes a new share,
+or sees a cluster's slots move (checked every TOPOLOGY_EVERY); and every part of its
+share is seeded again by a sweep, a slice every second, the whole share in
+SWEEP_EVERY seconds or, past SWEEP_MOST parts a second, longer: a safety net for a
+node index write lost (sent to a stale node's keys, or by a broker of the layout
+before, which writes none), at a bounded cost.
 
 Scanners share the work by hash slot: each registers in `relay:scanners` with a
 heartbeat (relay/liveness.py, as brokers do), and the one of rank i among the n
@@ -24,14 +37,16 @@ Scanners also publish dead letters to their dead-letter topic (relay/store/deadl
 and reap what dead brokers left (workers/reaper.py).
 """
 
+import bisect
 import logging
+import math
 import os
 import random
 import signal
 import socket
 import secrets
 import time
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException, RedisError
@@ -45,7 +60,11 @@ from workers.reaper import Reaper
 
 log = logging.getLogger("relay.scanner")
 
-CHANNELS_PER_TOPIC = 100
+CLOCK_EVERY = 1.0       # seconds between reads of Redis' clock
+TOPOLOGY_EVERY = 5.0    # seconds between checks of a cluster's slots
+SWEEP_STEP = 1.0        # seconds between slices of the sweep
+SWEEP_EVERY = 60.0      # a sweep of the whole share takes this long...
+SWEEP_MOST = 40         # ...or longer, at most this many parts a second
 SHARE_HEARTBEAT = 1.0
 SHARE_TTL_MS = 5_000
 
@@ -60,6 +79,7 @@ class Share:
         self.clock = clock
         self.rank, self.size = 0, 1
         self.topics: list[str] = []
+        self.moved = False     # the share changed since the scanner last seeded it
         self._renewed = float("-inf")
 
     @cached_property
@@ -75,12 +95,13 @@ class Share:
         rank, size = guarded(self.scanners.rank, self.id)
         if (rank, size) != (self.rank, self.size):
             log.info("scanner %s: share %d of %d", self.id, rank, size)
+            self.moved = True
         self.rank, self.size = rank, size
         self.topics = [t for t in self.store.stored_parts() if self.covers(t)]
         self._renewed = now
 
     def covers(self, topic: str) -> bool:
-        return key_slot(TopicKeys.of(topic).due.encode()) % self.size == self.rank
+        return _slot(topic) % self.size == self.rank
 
     def leave(self) -> None:
         try:
@@ -103,6 +124,10 @@ class Scanner:
         self.reaper = Reaper(store, self.share.id, clock)
         self.running = True
         self.timed_out = self.promoted = self.dead = 0
+        self.seeded = False     # the node due indexes seeded from the share's parts
+        self.offset_ms = 0.0    # Redis' clock less this host's
+        self._clock_read = self._topology_read = self._swept = float("-inf")
+        self._sweep_after = ""  # the last part swept
 
     def scan_once(self) -> bool:
         """One pass over the due channels of this scanner's share; True if some are
@@ -111,9 +136,12 @@ class Scanner:
         self.reaper.check(self.share.topics)
         if not self.share.topics:
             return False
-        now, due, busy, _ = self.store.due_channels(self.share.topics, CHANNELS_PER_TOPIC)
+        self._upkeep()
+        now, due, more, _ = self.store.due_channels(self.now_ms())
+        due = [entry for entry in due if self.share.covers(entry[0])]
         if not due:
             return False
+        busy = more
         random.shuffle(due)
         results = self.store.run_many([self.store.scan_op(t, c, self.limit) for t, c, _ in due])
         for (topic, channel, _), result in zip(due, results):
@@ -131,6 +159,60 @@ class Scanner:
             busy = busy or (next_due != -1 and next_due <= now)
         return busy
 
+    def now_ms(self) -> int:
+        """Redis' clock (ms), as this host's and the offset last read: a little behind,
+        never ahead."""
+        return int(time.time() * 1000 + self.offset_ms)
+
+    def _upkeep(self) -> None:
+        """Redis' clock every CLOCK_EVERY, a cluster's slots every TOPOLOGY_EVERY, then
+        the seeding of the node due indexes if due, else the next slice of the sweep
+        (every SWEEP_STEP). A seeding that failed is tried again a step later, without
+        holding up the passes."""
+        now = self.clock()
+        if now - self._clock_read >= CLOCK_EVERY:
+            self._clock_read = now
+            redis_ms = self.store.now_ms()
+            # as if Redis read its clock when the reply came back: never ahead of Redis
+            # (but for drift until the next read), or passes would scan channels not
+            # due yet, and loop at once on them (their next due time looks past)
+            self.offset_ms = redis_ms - time.time() * 1000
+        if now - self._topology_read >= TOPOLOGY_EVERY:
+            self._topology_read = now
+            if guarded(self.store.nodes.moved):
+                log.info("the cluster's slots moved: seeding the node due indexes again")
+                self.reseed()
+        if self.share.moved:
+            self.share.moved = False
+            self.reseed()
+        if now - self._swept < SWEEP_STEP:
+            return
+        self._swept = now
+        try:
+            if self.seeded:
+                self.store.seed_due(self.sweep_slice())
+                return
+            seen = self.store.seed_due(self.share.topics)
+            self.seeded = True
+            log.info("node due indexes seeded from %d parts (%d entries)",
+                     len(self.share.topics), seen)
+        except StoreError as e:
+            log.warning("node due indexes not %s: %s", "swept" if self.seeded else "seeded", e)
+
+    def reseed(self) -> None:
+        """Seed the node due indexes from the share's parts at the next pass."""
+        self.seeded, self._swept = False, float("-inf")
+
+    def sweep_slice(self) -> list[str]:
+        """The next parts of the share to seed again, after the last ones (by name)."""
+        parts = self.share.topics
+        n = min(math.ceil(len(parts) * SWEEP_STEP / SWEEP_EVERY), int(SWEEP_MOST * SWEEP_STEP))
+        start = bisect.bisect_right(parts, self._sweep_after)
+        chosen = (parts[start:] + parts[:start])[:n]
+        if chosen:
+            self._sweep_after = chosen[-1]
+        return chosen
+
     def _forward_dead(self, part: str, channel: str) -> None:
         try:
             self.dead += deadletter.forward(self.store, part, channel, self.dead_letter_topic)
@@ -145,6 +227,7 @@ class Scanner:
                 busy = self.scan_once()
             except StoreConnectionError as e:
                 log.warning("redis unreachable: %s; retrying", e)
+                self.reseed()  # a restarted or failed-over Redis may have lost writes
                 self.sleep(1.0)
                 continue
             except (StoreError, RedisError, RedisClusterException) as e:
@@ -159,6 +242,11 @@ class Scanner:
 
     def stop(self, *_) -> None:
         self.running = False
+
+
+@lru_cache(maxsize=65536)
+def _slot(part: str) -> int:
+    return key_slot(TopicKeys.of(part).due.encode())
 
 
 def scanner_id() -> str:

@@ -21,17 +21,24 @@ partition counts: a channel whose topic grew joins its new parts.
 
 Whenever a subscription is (re)made the topic's channels look again, as a wake-up
 may have been missed meanwhile. Pub/sub is fire-and-forget, so nothing depends on a
-wake-up arriving: each script that publishes one also bumps the topic's version key
-(scripts/lib/news.lua), and once every CATCH_UP seconds the broker reads the versions
-of all the topics it serves in one call per node. The channels of a topic whose
-version moved look in Redis again and compare their incarnation and empties with
-Redis', so a missed delete, empty, unpause or publish is applied within a second,
-at a cost that does not grow with idle channels. Each wake-up names the version it
-made, so a topic whose every version since the last read was heard is not looked at
-again: the read costs deliver calls only where a wake-up was missed.
+wake-up arriving: each script that publishes one also bumps the topic's field in its
+node's news hash (`relay:news`, one per node on a cluster: relay/store/nodes.py;
+scripts/lib/news.lua), and once every CATCH_UP seconds the broker reads the versions
+of all the topics it serves with one HMGET per node, a cost that does not grow with
+the topics (a part without a field there, as in a Redis of the layout before, which
+counted news in each topic's version key, is read from that key once, which sets the
+field). The
+channels of a topic whose version moved look in Redis again and compare their
+incarnation and empties with Redis', so a missed delete, empty, unpause or publish
+is applied within a second, at a cost that does not grow with idle channels. Each
+wake-up names the version it made, so a topic whose every version since the last
+read was heard is not looked at again: the read costs deliver calls only where a
+wake-up was missed. On a cluster the broker also checks the slots every
+TOPOLOGY_EVERY seconds, so that the node keys it names follow a resharding.
 """
 
 import logging
+import time
 
 import gevent
 import redis
@@ -48,6 +55,7 @@ log = logging.getLogger("relay.wakeups")
 
 POLL = 0.05
 CATCH_UP = 1.0
+TOPOLOGY_EVERY = 10.0
 RELINK_PAUSE = 0.2
 
 
@@ -121,10 +129,14 @@ class WakeupListener:
 
     def catch_up(self) -> None:
         """Every CATCH_UP seconds, apply what a missed wake-up would have told."""
+        checked = float("-inf")
         while True:
             gevent.sleep(CATCH_UP)
             try:
                 self.check_versions()
+                if self.store.cluster and time.monotonic() - checked >= TOPOLOGY_EVERY:
+                    checked = time.monotonic()
+                    self.store.nodes.moved()
             except StoreError as e:
                 log.warning("could not read the topics' versions: %s", e)
             except Exception:  # never stop catching up

@@ -1,7 +1,7 @@
 """What every part of the Store shares: the Redis client and the ScriptRunner that sends
 the calls, the partition counts it caches, the channel lists that fan-out calls are given
 (a stale list makes the call come back to be sent again with the real one, fanout.lua)
-and the grouping of topics by the node that serves them."""
+and the node keys of the node serving each part (relay/store/nodes.py)."""
 
 import itertools
 import secrets
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Self, Sequence
 from relay.store import keys
 from relay.store.connection import RedisClient
 from relay.store.keys import ChannelKeys, TopicKeys
+from relay.store.nodes import Nodes
 from relay.store.runner import Op, ScriptRunner, guarded, identity
 
 if TYPE_CHECKING:
@@ -55,10 +56,12 @@ class StoreBase:
         self.redis = client
         self.runner = ScriptRunner(client, dedicated, wait_replicas, wait_timeout)
         self.cluster = self.runner.cluster
+        self.nodes = Nodes(client)
         self.topic_partitions = topic_partitions
         self._channels: dict[str, list[str]] = {}
         self._registered: dict[str, float] = {}
         self._partitions: dict[str, tuple[int, float]] = {}
+        self._counted: dict[str, int] = {}     # topic -> its news when its count was read
         self._reading: dict[str, threading.Lock] = {}   # one read per topic at a time
         # how the partition counts it caches are read: at once; a broker's go through
         # its group commit, so a burst of SUBs and PUBs to new topics is one pipeline
@@ -75,6 +78,7 @@ class StoreBase:
         other._channels, other._registered = self._channels, self._registered
         other._partitions, other._turns = self._partitions, self._turns
         other._reading, other.lookup = self._reading, self.lookup
+        other.nodes = self.nodes
         return other
 
     def replication(self) -> dict:
@@ -115,7 +119,8 @@ class StoreBase:
         """The topic's partition count, [now, before]; a new topic takes this Store's
         default, and `raise_to` raises it."""
         t = TopicKeys.of(topic)
-        return Op("partitions", [t.version, t.meta], [self.topic_partitions, raise_to, t.wake],
+        return Op("partitions", [t.version, t.meta],
+                  [self.topic_partitions, raise_to, t.wake, self.node(topic)],
                   lambda reply: [int(n) for n in reply])
 
     def partitions(self, topic: str, fresh: bool = False) -> int:
@@ -140,14 +145,10 @@ class StoreBase:
         """The names the topic's parts are stored under (keys.part_name)."""
         return keys.part_names(topic, self.partitions(topic, fresh))
 
-    def _node_groups(self, topics: Sequence[str]) -> list[list[str]]:
-        """The topics by the node that serves them (all in one on a single server)."""
-        if not self.cluster:
-            return [list(topics)] if topics else []
-        groups: dict[str | int, list[str]] = {}
-        for topic in topics:
-            groups.setdefault(self.runner.node_group(TopicKeys.of(topic).due), []).append(topic)
-        return list(groups.values())
+    def node(self, part: str) -> str:
+        """The prefix of the node keys of the node serving `part` (nodes.py), which the
+        scripts that write them are given."""
+        return self.nodes.prefix(part)
 
     def now_ms(self) -> int:
         """Redis' clock, the one every script uses."""

@@ -22,7 +22,7 @@ from relay.store.store import Store
 log = logging.getLogger("relay.commit")
 
 # script -> (number of leading args shared by a call, args per item)
-MERGEABLE = {"finish": (0, 2), "requeue": (2, 3), "touch": (0, 3)}
+MERGEABLE = {"finish": (0, 2), "requeue": (3, 3), "touch": (0, 3)}
 # a merged call stops growing here, leaving room for the deliver call a finish folds into
 MAX_MERGED_ARGS = MAX_CALL_ARGS // 2
 

@@ -81,13 +81,13 @@ class Control(DataPath, Reads):
             self.run(self._fanout_op("pause_topic", part,
                                      [t.meta, t.channels, t.backlog, t.backlog_deferred, t.due,
                                       t.version],
-                                     ["1" if paused else "0", t.wake]))
+                                     ["1" if paused else "0", t.wake, self.node(part)]))
 
     def pause_channel(self, topic: str, channel: str, paused: bool) -> None:
         for part in self.parts(topic):
             c, t = ChannelKeys.of(part, channel), TopicKeys.of(part)
             self.run(Op("pause_channel", [c.meta, t.version],
-                        ["1" if paused else "0", t.wake, channel]))
+                        ["1" if paused else "0", t.wake, channel, self.node(part)]))
 
     def drop_op(self, topic: str, channel: str = "", delete: bool = False) -> Op:
         """Empty or delete a channel, or with channel "" the topic (drop.lua): its
@@ -103,7 +103,8 @@ class Control(DataPath, Reads):
         return self._fanout_op(
             "drop", topic,
             [t.ids, t.channels, t.meta, t.backlog, t.backlog_deferred, t.due, t.version],
-            [channel, int(delete), t.wake], Dropped.parse, extra_keys=trash_keys,
+            [channel, int(delete), t.wake, self.node(topic)], Dropped.parse,
+            extra_keys=trash_keys,
             channels=[channel] if channel else (None if delete else []))
 
     def detach(self, topic: str, channel: str = "", delete: bool = False) -> "Dropped | None":

@@ -63,10 +63,11 @@ class DataPath(StoreBase):
         pre = self._register(topic, count)
         if len(bodies) <= INLINE_BODIES:
             return self._fanout_op("publish", part, topic_keys,
-                                   [t.wake, ts, defer_ms, index, 0, *bodies], int, pre=pre)
+                                   [t.wake, ts, defer_ms, index, 0, self.node(part), *bodies],
+                                   int, pre=pre)
         stage = keys.staging_key(part, secrets.token_hex(8))
         return self._fanout_op("publish", part, topic_keys,
-                               [t.wake, ts, defer_ms, index, len(bodies)], int,
+                               [t.wake, ts, defer_ms, index, len(bodies), self.node(part)], int,
                                pre=pre + _staged(stage, bodies),
                                extra_keys=lambda channels: [stage])
 
@@ -96,7 +97,7 @@ class DataPath(StoreBase):
         return Op("subscribe",
                   [t.channels, t.backlog, t.backlog_deferred, c.queue, c.deferred, c.msgs,
                    c.meta, c.consumers, t.due, t.meta, t.version],
-                  [channel, broker_id], Subscribed.parse, pre=(registry,))
+                  [channel, broker_id, self.node(part)], Subscribed.parse, pre=(registry,))
 
     def subscribe(self, topic: str, channel: str, broker_id: str) -> bool:
         """SUB on every part: True if the channel is new."""
@@ -120,7 +121,7 @@ class DataPath(StoreBase):
         topic = split_part(part)[0]
         return Op("reap", [*_leave_keys(part, channel), TopicKeys.of(part).version],
                   [channel, broker_id, int(is_ephemeral(channel)), int(is_ephemeral(topic)),
-                   TopicKeys.of(part).wake], tuple)
+                   TopicKeys.of(part).wake, self.node(part)], tuple)
 
     def deliver_op(self, part: str, channel: str, groups: Sequence[tuple],
                    max_attempts: int = 0) -> Op:
@@ -132,6 +133,7 @@ class DataPath(StoreBase):
         args = [channel, max_attempts, 0]
         for owner, timeout_ms, count, *most_bytes in groups:
             args += [owner, timeout_ms, count, most_bytes[0] if most_bytes else 0]
+        args.append(self.node(part))
         return Op("deliver", [c.queue, c.inflight, c.msgs, c.leases, TopicKeys.of(part).due,
                               c.meta, c.dead, c.deferred], args, Delivered.parse)
 
@@ -209,7 +211,7 @@ class DataPath(StoreBase):
         return Op("requeue",
                   [c.queue, c.inflight, c.msgs, c.leases, c.deferred, c.meta, t.due,
                    t.version],
-                  [channel, t.wake, *(x for tr in triples for x in tr)])
+                  [channel, t.wake, self.node(part), *(x for tr in triples for x in tr)])
 
     def requeue(self, topic: str, channel: str, triples: Sequence[tuple]) -> list:
         return self._by_part(self.requeue_op, topic, channel, triples)
@@ -231,7 +233,7 @@ class DataPath(StoreBase):
         return Op("scan",
                   [c.queue, c.inflight, c.msgs, c.leases, c.deferred, c.meta, t.due, c.dead,
                    t.version],
-                  [channel, t.wake, limit], tuple)
+                  [channel, t.wake, limit, self.node(topic)], tuple)
 
     def scan(self, topic: str, channel: str, limit: int = 1000) -> tuple:
         return self.run(self.scan_op(topic, channel, limit))

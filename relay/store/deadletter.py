@@ -133,10 +133,11 @@ def letters(store: Store, topic: str, channel: str, chunk: int = 1000):
             start += chunk
 
 
-def redrive_op(topic: str, channel: str, records: Sequence[bytes]) -> Op:
-    """Queue records on one channel again: how many, or -1 if there is no such channel."""
+def redrive_op(topic: str, channel: str, records: Sequence[bytes], node: str) -> Op:
+    """Queue records on one channel again: how many, or -1 if there is no such channel.
+    `node`: the prefix of the node keys of the node serving the topic (Store.node)."""
     t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
-    return Op("redrive", [t.channels, c.queue, t.version], [channel, t.wake, *records])
+    return Op("redrive", [t.channels, c.queue, t.version], [channel, t.wake, node, *records])
 
 
 def _redrive(store: Store, topic: str, channel: str, records: dict) -> int:
@@ -145,7 +146,8 @@ def _redrive(store: Store, topic: str, channel: str, records: dict) -> int:
     by_part: dict[int, list] = {}
     for msg_id, record in records.items():
         by_part.setdefault(max(id_part(msg_id.encode()), 0), []).append(record)
-    queued = store.run_many([redrive_op(part_name(topic, i), channel, part)
+    queued = store.run_many([redrive_op(part_name(topic, i), channel, part,
+                                        store.node(part_name(topic, i)))
                              for i, part in by_part.items()])
     for reply in queued:
         if isinstance(reply, Exception):

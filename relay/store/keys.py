@@ -8,7 +8,9 @@ topic's channels are given each channel's keys (CHANNEL_SUFFIXES order) and
 check that they were given exactly the topic's channels.
 
 The keys outside any topic (topics, brokers, reap claims, scanners, rq's) are only used by
-plain commands, never in a script, so on Redis Cluster they may live anywhere.
+plain commands, never in a script, so on Redis Cluster they may live anywhere. The node
+keys (relay:due, relay:news; relay/store/nodes.py) are the exception: scripts write them
+undeclared, one pair per node, in a slot of the node they run on.
 
 Partitions. A topic of N partitions keeps its messages in N parts, each a topic of the
 layout above with a hash tag of its own, so a slot of its own: part 0 is the topic
@@ -27,10 +29,21 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             the live ones split the slots between them
     relay:partitions                  SET   the parts beyond the first of partitioned
                                             topics ("T/1", "T/2", ...), for the scanners
+    relay:due                         ZSET  "<part> <channel>" -> that channel's score in
+                                            its part's due index, or lower: the node due
+                                            index, which the scanners read each pass
+    relay:news                        HASH  part -> its news, bumped with every wake-up:
+                                            the node news hash, which brokers read once a
+                                            second, so a missed one is caught. One pair per
+                                            node on a
+                                            cluster: relay:{node-N}:due and :news, node-N
+                                            hashing to the node's lowest slot
+                                            (relay/store/nodes.py)
     relay:{T}:meta                    HASH  message_count, message_bytes
     relay:{T}:ids                     STRING last message id handed out (never deleted)
     relay:{T}:due                     ZSET  channel -> earliest in-flight deadline or
-                                            deferred due time (ms); the scanners' index
+                                            deferred due time (ms); what the node due
+                                            index is seeded from
     relay:{T}:channels                SET   channel names
     relay:{T}:backlog                 LIST  records published while the topic had no channel
     relay:{T}:backlog:deferred        ZSET  record -> due time (ms), same situation, deferred
@@ -45,9 +58,10 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             for the topic (nsqlookupd's /topic/tombstone; TTL)
     relay:{T}:deregistered            HASH  "" (the topic) or channel -> end (ms): lookupd's
                                             /topic/delete or /channel/delete forgot it (TTL)
-    relay:{T}:version                 HASH  news: bumped with every wake-up, brokers read
-                                            it for all their topics once a second, so a
-                                            missed one is caught; channels: the last
+    relay:{T}:version                 HASH  news: what the layout before counted the
+                                            news in, where the node news hash goes on from
+                                            (and counts them when the node's keys cannot be
+                                            written); channels: the last
                                             channel incarnation handed out (subscribe.lua);
                                             partitions: the topic's partition count (part
                                             0's only; absent: 1); never deleted

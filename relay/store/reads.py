@@ -1,68 +1,132 @@
 """The Store's reads of queue state, used by the HTTP /stats and /metrics of brokers and
 by relay-admin (counts per topic and channel), by the scanner and reaper (due channels,
-stored parts, consumers' brokers) and by a broker's wake-ups (topic versions, channel
-states)."""
+from the node due indexes, and their seeding; stored parts, consumers' brokers) and by
+a broker's wake-ups (topic versions, from the node news hashes; channel states)."""
 
 from typing import Sequence
 
-from relay.store import keys
+from relay.store import keys, nodes
 from relay.store.base import StoreBase
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.replies import DueView, summed
 from relay.store.runner import Op
 
+DUE_READ = 10_000   # entries of one node's due index read at most per pass
+SEED_CHUNK = 500    # parts per seed.lua call
+
 
 class Reads(StoreBase):
     """What is stored, read without changing it."""
 
-    def due_channels(self, topics: Sequence[str], per_topic: int,
-                     now: int | None = None) -> "DueView":
-        """The (topic, channel, due ms) entries of the topics' due indexes due by Redis
-        time `now` (ms, read if None), and whether some topic may have more: one due.lua
-        call per node (per slot on a cluster without script flags, Redis 6.2). The
-        topics of a call that failed (a slot moving) are left for the next pass."""
+    def due_channels(self, now: int | None = None, limit: int = DUE_READ) -> "DueView":
+        """The (part, channel, due ms) entries of the node due indexes (nodes.py) due by
+        Redis time `now` (ms, read if None): one ZRANGEBYSCORE per node, whatever the
+        number of topics, of at most `limit` entries (`more` if a node had that many).
+        An entry found in another node's index than its part's (slots moved) is taken
+        out of it and its part seeded where it is now (seed_due). The nodes whose read
+        failed are counted in `failed`: their entries wait for the next pass."""
         now = self.now_ms() if now is None else now  # a cluster pipeline takes no TIME
-        groups = self._node_groups(topics)
-        ops = []
-        for group in groups:
-            indexes = [TopicKeys.of(t).due for t in group]
-            ops.append(Op("due", indexes[:1], [now, per_topic, *indexes]))
-        due, more, failed = [], False, 0
-        for group, reply in zip(groups, self.run_many(ops)):
+        prefixes = self.nodes.prefixes()
+        pipe = self.redis.pipeline(transaction=False)
+        for prefix in prefixes:
+            pipe.zrangebyscore(prefix + nodes.DUE, "-inf", now, start=0, num=limit,
+                               withscores=True)
+        replies = self._guard(lambda: pipe.execute(raise_on_error=False))
+        due, more, failed, strays = [], False, 0, []
+        for prefix, reply in zip(prefixes, replies):
             if isinstance(reply, Exception):
                 failed += 1
                 continue
-            counts: dict = {}
-            for i in range(0, len(reply), 3):
-                topic = group[reply[i] - 1]
-                due.append((topic, reply[i + 1].decode(), int(reply[i + 2])))
-                counts[topic] = counts.get(topic, 0) + 1
-            more = more or any(n == per_topic for n in counts.values())
+            more = more or len(reply) == limit
+            for member, score in reply:
+                part, channel = nodes.split_member(member)
+                if self.cluster and self.nodes.prefix(part) != prefix:
+                    strays.append((prefix, member, part))
+                else:
+                    due.append((part, channel, int(score)))
+        if strays:
+            self._move_strays(strays)
         if failed and self.cluster:
             self.runner.refresh_slots()
         return DueView(now, due, more, failed)
 
+    def _move_strays(self, strays: list) -> None:
+        """Entries of parts another node serves now: out of the index they are in, and
+        their parts seeded in their own node's."""
+        pipe = self.redis.pipeline(transaction=False)
+        for prefix, member, _ in strays:
+            pipe.zrem(prefix + nodes.DUE, member)
+        self._guard(lambda: pipe.execute(raise_on_error=False))
+        self.seed_due(sorted({part for _, _, part in strays}))
+
+    def seed_due(self, parts: Sequence[str], chunk: int = SEED_CHUNK) -> int:
+        """Every entry of the parts' due indexes added to their node's due index where it
+        is not there lower (seed.lua, one call per node and `chunk` parts): what a Redis
+        of the layout before lacks, and what a write sent to a stale node's keys missed.
+        Returns the entries seen; raises the first call's error."""
+        ops = [Op("seed", [prefix + nodes.DUE], [TopicKeys.of(p).due for p in group[i:i + chunk]])
+               for prefix, group in self.nodes.by_node(parts).items()
+               for i in range(0, len(group), chunk)]
+        seen = 0
+        for reply in self.run_many(ops):
+            if isinstance(reply, Exception):
+                raise reply
+            seen += int(reply)
+        return seen
+
     def versions(self, topics: Sequence[str]) -> dict:
         """topic (or part) -> its version (news.lua; 0 while it has none) for those read:
-        one versions.lua call per node (per slot on Redis 6.2); the partition counts read
-        with them are learned. The topics of a call that failed are left out, for the
-        next read."""
-        groups = self._node_groups(topics)
-        ops = []
-        for group in groups:
-            version_keys = [TopicKeys.of(t).version for t in group]
-            ops.append(Op("versions", version_keys[:1], version_keys))
+        one HMGET of the node news hash per node (nodes.py), whatever the number of
+        topics. The parts it has no field for are read from their version keys
+        (versions.lua, one call per node, which sets their field), as are topics whose
+        news moved since their partition count was read (raising it is news): the
+        partition counts read are learned, the others kept fresh. The topics of a read
+        that failed are left out, for the next one."""
+        groups = self.nodes.by_node(topics)
+        pipe = self.redis.pipeline(transaction=False)
+        for prefix, group in groups.items():
+            pipe.hmget(prefix + nodes.NEWS, group)
+        replies = self._guard(lambda: pipe.execute(raise_on_error=False))
         read: dict = {}
-        for group, reply in zip(groups, self.run_many(ops)):
+        fallback = []
+        for group, reply in zip(groups.values(), replies):
             if isinstance(reply, Exception):
                 if self.cluster:
                     self.runner.refresh_slots()
+                continue
+            for topic, news in zip(group, reply):
+                if news is None:
+                    fallback.append(topic)
+                    continue
+                read[topic] = int(news)
+                if keys.PART_MARK in topic:
+                    continue
+                known = self._partitions.get(topic)
+                if known and self._counted.get(topic) == read[topic]:
+                    self.learn_partitions(topic, known[0])
+                else:
+                    fallback.append(topic)
+        if fallback:
+            self._read_versions(fallback, read)
+        return read
+
+    def _read_versions(self, topics: list[str], read: dict) -> None:
+        """versions() of topics from their version keys, into `read`."""
+        groups = self.nodes.by_node(topics)
+        ops = [Op("versions", [prefix + nodes.NEWS], [TopicKeys.of(t).version for t in group])
+               for prefix, group in groups.items()]
+        for group, reply in zip(groups.values(), self.run_many(ops)):
+            if isinstance(reply, Exception):
+                if self.cluster:
+                    self.runner.refresh_slots()
+                for topic in group:
+                    read.pop(topic, None)
                 continue
             for topic, news, partitions in zip(group, reply[::2], reply[1::2]):
                 read[topic] = int(news or 0)
                 if keys.PART_MARK not in topic:
                     self.learn_partitions(topic, int(partitions or 1))
-        return read
+                    self._counted[topic] = read[topic]
 
     def channel_states(self, channels: Sequence[tuple]) -> list:
         """(incarnation or None if the channel is gone, empties) of each (topic, channel):

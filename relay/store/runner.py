@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
     from redis.connection import AbstractConnection
 
-CROSS_SLOT = ("due", "versions")  # read-only scripts that reach keys of many slots of one node
 REPLICATED = ("publish", "redrive")  # scripts acknowledged only once replicas hold their writes
 SLOT_MOVE_PATIENCE = 30.0
 # The most arguments a call whose size a client drives may have (merged FINs, an MPUB's
@@ -75,8 +74,9 @@ def load_scripts(sharded: bool = False) -> dict[str, Script]:
     """Each script of scripts/ by its file's name, after the shared files (scripts/lib/)
     it names on its first line as `-- include: X.lua, Y.lua`, each with what it names
     itself first, and each once. Where `sharded` (a cluster of Redis 7+): wake-ups by
-    SPUBLISH instead of PUBLISH, and CROSS_SLOT scripts flagged as such on a first line
-    of their own."""
+    SPUBLISH instead of PUBLISH. No script has flags (#!lua): without them, Redis 6.2, 7
+    and Valkey 8 let a script reach keys of other slots of its node, as the node keys
+    are (relay/store/nodes.py)."""
     folder = resources.files("relay.store") / "scripts"
     scripts = {}
     for path in sorted(folder.iterdir(), key=lambda p: p.name):
@@ -86,8 +86,6 @@ def load_scripts(sharded: bool = False) -> dict[str, Script]:
         source = _with_includes(folder / "lib", path.read_bytes(), set())
         if sharded:
             source = source.replace(b"redis.call('PUBLISH'", b"redis.call('SPUBLISH'")
-            if name in CROSS_SLOT:
-                source = b"#!lua flags=allow-cross-slot-keys,no-writes\n" + source
         scripts[name] = Script(name, source, hashlib.sha1(source).hexdigest())
     return scripts
 
@@ -210,13 +208,6 @@ class ScriptRunner:
             if commands[i][0] == "EVALSHA" and commands[i][1] in shas \
                     and not isinstance(raw[i], Exception):
                 raw[i] = error
-
-    def node_group(self, key: str) -> str | int:
-        """What calls of a CROSS_SLOT script on `key` share: its node where scripts may
-        reach other slots of their node (sharded: Redis 7+), else its slot."""
-        self.ensure_loaded()
-        cluster = cast(RedisCluster, self.redis)    # only asked on a cluster
-        return cluster.get_node_from_key(key).name if self.sharded else cluster.keyslot(key)
 
     def refresh_slots(self) -> None:
         try:

@@ -1,4 +1,4 @@
--- include: time.lua, chunked.lua, record.lua, finish.lua
+-- include: time.lua, chunked.lua, record.lua, finish.lua, node.lua
 -- deliver: finish the FINs folded in, then pop ready messages of one channel for this
 -- broker's clients and put them in flight (lib/inflight.lua), in one call for all of
 -- them. Each group is one client with its own msg_timeout. A record goes in flight as it
@@ -15,7 +15,8 @@
 -- ARGV[1] channel name (its member in the due index)   ARGV[2] max attempts (0: unlimited)
 -- ARGV[3] F, then F pairs to finish first: owner, id (the group commit folds the FINs
 -- of this channel that precede the call into it: one call frees credit and uses it)
--- then groups of 4: owner, timeout ms, count, most bytes (0: any)
+-- then groups of 4: owner, timeout ms, count, most bytes (0: any), then last the node
+-- keys' prefix (node.lua)
 -- Returns one list of records per group, in ARGV order, then the channel's count of
 -- empties (drop.lua), which tells the broker whether the records predate an empty,
 -- then the finish codes (finish.lua's), one per pair, then 1 if the queue still has
@@ -29,7 +30,7 @@ local out = {}
 local meta = redis.call('HMGET', KEYS[6], 'empties', 'paused', 'max_attempts')
 local empties = tonumber(meta[1] or '0')
 if meta[2] then
-  for g = groups, #ARGV, 4 do out[#out + 1] = {} end
+  for g = groups, #ARGV - 1, 4 do out[#out + 1] = {} end
   out[#out + 1] = empties
   out[#out + 1] = finished
   out[#out + 1] = 0
@@ -79,7 +80,7 @@ local function pop(count, max_bytes)
 end
 
 local earliest = nil
-for g = groups, #ARGV, 4 do
+for g = groups, #ARGV - 1, 4 do
   local deadline = now + tonumber(ARGV[g + 1])
   local owner = ARGV[g]
   local records = pop(tonumber(ARGV[g + 2]), tonumber(ARGV[g + 3]))
@@ -102,7 +103,7 @@ if #dead > 0 then
   earliest = now
 end
 if earliest then
-  redis.call('ZADD', KEYS[5], 'LT', earliest, ARGV[1])
+  due_lower(ARGV[#ARGV], KEYS[5], ARGV[1], earliest)
 end
 out[#out + 1] = empties
 out[#out + 1] = finished

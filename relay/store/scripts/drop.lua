@@ -15,10 +15,12 @@
 -- 1 to delete or 0 to empty, wake pub/sub channel (a delete announces "!C" for channel
 -- C or "!" for the topic, on which brokers close its consumers, as nsqd does; emptying
 -- channel C counts one more in its meta field `empties` and announces "~N:C" with that
--- count N, on which brokers free its consumers' in-flight accounting, as nsqd does)
+-- count N, on which brokers free its consumers' in-flight accounting, as nsqd does),
+-- the node keys' prefix (lib/node.lua: a dropped channel leaves the node due index too)
 -- Returns {the topic's last message id, trash keys used...}, nil when the channel to
 -- delete does not exist, or the stale reply.
 local channel, delete = ARGV[ARG0 + 1], ARGV[ARG0 + 2] == '1'
+local NODE = ARGV[ARG0 + 4]
 local trash, free = {}, 8
 local function detach(key)
   if redis.call('EXISTS', key) == 1 then
@@ -33,6 +35,7 @@ local function drop_channel(c)
     detach(channel_key(c, suffix))
   end
   redis.call('ZREM', KEYS[6], channel_name(c))
+  node_set(NODE, KEYS[6], channel_name(c), nil)
   if delete then
     for _, suffix in ipairs({'meta', 'consumers', 'dead', 'dead_lock'}) do
       redis.call('UNLINK', channel_key(c, suffix))
@@ -58,9 +61,9 @@ else
   end
 end
 if delete then
-  announce(KEYS[7], ARGV[ARG0 + 3], '!' .. channel)
+  announce(KEYS[7], ARGV[ARG0 + 3], '!' .. channel, NODE)
 elseif channel ~= '' and redis.call('SISMEMBER', KEYS[2], channel) == 1 then
   local empties = redis.call('HINCRBY', channel_key(1, 'meta'), 'empties', 1)
-  announce(KEYS[7], ARGV[ARG0 + 3], '~' .. empties .. ':' .. channel)
+  announce(KEYS[7], ARGV[ARG0 + 3], '~' .. empties .. ':' .. channel, NODE)
 end
 return {tonumber(redis.call('GET', KEYS[1]) or '0'), unpack(trash)}

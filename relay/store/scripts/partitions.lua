@@ -5,6 +5,7 @@
 -- KEYS[1] topic version (part 0's; field `partitions`, absent: 1)   KEYS[2] topic meta
 -- ARGV[1] the default for a topic that is new (neither key exists)
 -- ARGV[2] the count to raise it to (0: only read)   ARGV[3] the topic's wake channel
+-- ARGV[4] the node keys' prefix (lib/node.lua): raising the count is news to brokers
 -- Returns {the count now, the count before}.
 local before = tonumber(redis.call('HGET', KEYS[1], 'partitions') or '0')
 local wanted = tonumber(ARGV[2])
@@ -20,5 +21,5 @@ if wanted <= before then
   return {before, before}
 end
 redis.call('HSET', KEYS[1], 'partitions', wanted)
-announce(KEYS[1], ARGV[3], '')
+announce(KEYS[1], ARGV[3], '', ARGV[4])
 return {wanted, before}

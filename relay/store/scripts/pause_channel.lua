@@ -4,10 +4,11 @@
 --
 -- KEYS[1] channel meta   KEYS[2] topic version (news.lua)
 -- ARGV[1] 1 to pause, 0 to unpause   ARGV[2] wake pub/sub channel   ARGV[3] channel name
+-- ARGV[4] the node keys' prefix (lib/node.lua)
 if ARGV[1] == '1' then
   redis.call('HSET', KEYS[1], 'paused', 1)
 else
   redis.call('HDEL', KEYS[1], 'paused')
-  announce(KEYS[2], ARGV[2], ARGV[3])
+  announce(KEYS[2], ARGV[2], ARGV[3], ARGV[4])
 end
 return 1

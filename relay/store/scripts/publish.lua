@@ -10,7 +10,8 @@
 -- (fanout.lua)
 -- ARGV[1..ARG0] the channels (fanout.lua), then: wake pub/sub channel,
 -- 8-byte timestamp, defer ms (0 = now), the part's number (keys.py), the number of
--- bodies staged in KEYS[8] (0: the bodies follow in ARGV), bodies...
+-- bodies staged in KEYS[8] (0: the bodies follow in ARGV), the node keys' prefix
+-- (lib/node.lua), bodies...
 -- A call's arguments are bounded (runner.MAX_CALL_ARGS), so a bigger MPUB stages its
 -- bodies first, in commands sent just before this call; this call publishes all of
 -- them or none, and deletes the stage.
@@ -22,7 +23,8 @@ local wake, timestamp = ARGV[ARG0 + 1], ARGV[ARG0 + 2]
 local defer = tonumber(ARGV[ARG0 + 3])
 local part = tonumber(ARGV[ARG0 + 4])
 local staged = tonumber(ARGV[ARG0 + 5])
-local FIRST_BODY = ARG0 + 6
+local NODE = ARGV[ARG0 + 6]
+local FIRST_BODY = ARG0 + 7
 local n = staged
 if staged == 0 then n = #ARGV - FIRST_BODY + 1 end
 local last = redis.call('INCRBY', KEYS[1], n)
@@ -86,11 +88,11 @@ end
 for c = 1, channels do
   redis.call('HINCRBY', channel_key(c, 'meta'), 'message_count', n)
   if due then
-    redis.call('ZADD', KEYS[6], 'LT', due, channel_name(c))
+    due_lower(NODE, KEYS[6], channel_name(c), due)
   end
 end
 if channels > 0 and not due then
-  announce(KEYS[7], wake, '')
+  announce(KEYS[7], wake, '', NODE)
 end
 if staged > 0 then
   redis.call('DEL', KEYS[8])

@@ -12,6 +12,7 @@
 -- KEYS[13] topic version (lib/news.lua)
 -- ARGV[1] channel name   ARGV[2] dead broker id   ARGV[3] 1 if the channel is ephemeral
 -- ARGV[4] 1 if the topic is ephemeral   ARGV[5] wake pub/sub channel
+-- ARGV[6] the node keys' prefix (lib/node.lua)
 -- Returns {0 kept, 1 channel deleted, 2 channel and topic deleted; messages requeued}.
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then
   return {0, 0}
@@ -28,6 +29,6 @@ release(k, ids, members, old, true)
 local requeued = #ids
 if requeued > 0 then
   redis.call('HINCRBY', KEYS[10], 'requeue_count', requeued)
-  announce(KEYS[13], ARGV[5], ARGV[1])
+  announce(KEYS[13], ARGV[5], ARGV[1], ARGV[6])
 end
 return {0, requeued}

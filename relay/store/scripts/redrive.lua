@@ -3,11 +3,12 @@
 -- original id and timestamp and attempts reset, and wake the channel's consumers.
 --
 -- KEYS[1] topic channels   KEYS[2] channel queue   KEYS[3] topic version (news.lua)
--- ARGV[1] channel name   ARGV[2] wake pub/sub channel   ARGV[3..] records
+-- ARGV[1] channel name   ARGV[2] wake pub/sub channel   ARGV[3] the node keys' prefix
+-- (lib/node.lua)   ARGV[4..] records
 -- Returns how many were queued, or -1 if the channel does not exist.
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then
   return -1
 end
-call_chunked('RPUSH', KEYS[2], ARGV, 3)
-announce(KEYS[3], ARGV[2], ARGV[1])
-return #ARGV - 2
+call_chunked('RPUSH', KEYS[2], ARGV, 4)
+announce(KEYS[3], ARGV[2], ARGV[1], ARGV[3])
+return #ARGV - 3

@@ -1,4 +1,4 @@
--- include: time.lua, inflight.lua, queue.lua, news.lua
+-- include: time.lua, inflight.lua, queue.lua, news.lua, node.lua
 -- requeue: put messages their owner gave back (REQ, the connection closed, or
 -- relay-admin requeue naming the holder) at the tail of the queue, or deferred for a
 -- while.
@@ -7,17 +7,17 @@
 -- lib/inflight.lua)   KEYS[5] deferred   KEYS[6] channel meta   KEYS[7] topic due index
 -- KEYS[8] topic version (news.lua)
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] wake pub/sub channel
--- then triples: owner, id, delay ms
+-- ARGV[3] the node keys' prefix (node.lua), then triples: owner, id, delay ms
 -- Returns per triple: 1 requeued, 0 not in flight, -1 in flight for another client.
 local k = {inflight = KEYS[2], msgs = KEYS[3], leases = KEYS[4], deferred = KEYS[5]}
 local now = now_ms()
-local held, codes, old = holdings(k, ARGV, 3, #ARGV, 3)
+local held, codes, old = holdings(k, ARGV, 4, #ARGV, 3)
 local out = {}
 local requeued, taken = 0, {}
 local ready, ready_members, ready_old = {}, {}, {}
 local deferred, deferred_members, deferred_old = {}, {}, {}
 for n, member in ipairs(held) do
-  local i = 3 + 3 * (n - 1)
+  local i = 4 + 3 * (n - 1)
   local id, delay = ARGV[i + 1], tonumber(ARGV[i + 2])
   if not member or taken[id] then
     out[n] = member and 0 or codes[n]
@@ -27,7 +27,7 @@ for n, member in ipairs(held) do
     if delay > 0 then
       ids, members, olds = deferred, deferred_members, deferred_old
       redis.call('ZADD', k.deferred, now + delay, id)
-      redis.call('ZADD', KEYS[7], 'LT', now + delay, ARGV[1])
+      due_lower(ARGV[3], KEYS[7], ARGV[1], now + delay)
     end
     ids[#ids + 1] = id
     members[#ids] = member
@@ -48,6 +48,6 @@ if requeued > 0 then
   redis.call('HINCRBY', KEYS[6], 'requeue_count', requeued)
 end
 if #ready > 0 then
-  announce(KEYS[8], ARGV[2], ARGV[1])
+  announce(KEYS[8], ARGV[2], ARGV[1], ARGV[3])
 end
 return out

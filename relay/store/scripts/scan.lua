@@ -11,7 +11,8 @@
 -- KEYS[8] dead-letter outbox (while it holds messages the channel is due every second,
 -- so a scanner forwards them even after a failed attempt)   KEYS[9] topic version (news.lua)
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] wake pub/sub channel
--- ARGV[3] at most this many messages of each kind per call
+-- ARGV[3] at most this many messages of each kind per call   ARGV[4] the node keys' prefix
+-- (node.lua): the channel's entry in the node due index is set as in the topic's
 -- Returns {timed out, promoted, next due ms or -1, messages in the dead-letter outbox}.
 local now = now_ms()
 local limit = tonumber(ARGV[3])
@@ -44,7 +45,7 @@ if timed_out > 0 then
   redis.call('HINCRBY', KEYS[6], 'timeout_count', timed_out)
 end
 if timed_out + promoted > 0 then
-  announce(KEYS[9], ARGV[2], ARGV[1])
+  announce(KEYS[9], ARGV[2], ARGV[1], ARGV[4])
 end
 
 local next_due = -1
@@ -60,7 +61,9 @@ if dead > 0 and (next_due == -1 or next_due > now + 1000) then
 end
 if next_due == -1 then
   redis.call('ZREM', KEYS[7], ARGV[1])
+  node_set(ARGV[4], KEYS[7], ARGV[1], nil)
 else
   redis.call('ZADD', KEYS[7], next_due, ARGV[1])
+  node_set(ARGV[4], KEYS[7], ARGV[1], next_due)
 end
 return {timed_out, promoted, next_due, dead}

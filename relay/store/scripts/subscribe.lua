@@ -8,6 +8,7 @@
 -- KEYS[7] channel meta     KEYS[8] channel consumers  KEYS[9] topic due index
 -- KEYS[10] topic meta (a paused topic keeps its backlog)   KEYS[11] topic version
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] broker id
+-- ARGV[3] the node keys' prefix (lib/node.lua)
 -- Returns {1 if the channel was created else 0, its incarnation, its empties}: the
 -- incarnation (a number from the topic version key's field `channels`, new each time
 -- a channel of the topic is created; not news: brokers need not look again)
@@ -41,7 +42,7 @@ if n > 0 then
 end
 
 local deferred = redis.call('ZRANGE', KEYS[3], 0, -1, 'WITHSCORES')
-hand_over_deferred(deferred, KEYS[6], KEYS[5], KEYS[9], ARGV[1])
+hand_over_deferred(deferred, KEYS[6], KEYS[5], KEYS[9], ARGV[1], ARGV[3])
 if #deferred > 0 then
   redis.call('HINCRBY', KEYS[7], 'message_count', #deferred / 2)
   redis.call('DEL', KEYS[3])

@@ -1,13 +1,18 @@
--- versions: a broker's read of the version keys' `news` (news.lua) of the topics it
--- serves, and of their partition counts (partitions.lua), in one call per node; reads
--- only. On a cluster the keys reach other slots of the node as due.lua's do, with the
--- same flag and the same fallback (one call per slot).
+-- include: node.lua
+-- versions: a broker's read, in one call per node, of what it could not take from the
+-- node news hash (lib/node.lua) alone: the news of parts without a field there (a Redis
+-- of the layout before counted news in the field `news` of each version key: the node
+-- field starts from it, HSETNX, 0 for none yet, so the next second finds it there) and
+-- the partition counts (partitions.lua) of topics whose news moved (raising a count is
+-- news). The version keys are reached undeclared, as node.lua's keys are.
 --
--- KEYS[1] one of the version keys   ARGV the topics' version keys
--- Returns news, partitions of each in ARGV order, nil where a key or field is absent.
+-- KEYS[1] the node news hash   ARGV the parts' version keys
+-- Returns news, partitions of each in ARGV order, nil where a count is absent.
 local out = {}
 for i = 1, #ARGV do
+  local part = part_of(ARGV[i])
   local fields = redis.call('HMGET', ARGV[i], 'news', 'partitions')
-  out[2 * i - 1], out[2 * i] = fields[1], fields[2]
+  redis.call('HSETNX', KEYS[1], part, fields[1] or 0)
+  out[2 * i - 1], out[2 * i] = redis.call('HGET', KEYS[1], part), fields[2]
 end
 return out

@@ -1,0 +1,29 @@
+-- include: node.lua
+-- seed: the node due index (lib/node.lua) made up from the due indexes of topic parts
+-- this node serves: each of their entries goes in with ZADD LT, so an entry already
+-- there stays where it is lower. A scanner seeds its parts when it starts (a Redis of
+-- the layout before has no node index), reconnects or sees slots move, and sweeps them
+-- all this way, a few each second, as a safety net (workers/scanner.py). The parts'
+-- indexes are reached undeclared, as node.lua's keys are; one that a stale slot map
+-- puts here but lives on another node is skipped (redis.pcall).
+--
+-- KEYS[1] the node due index   ARGV the parts' due indexes
+-- Returns how many entries were seen.
+local CHUNK = 500
+local seen = 0
+for i = 1, #ARGV do
+  local entries = redis.pcall('ZRANGE', ARGV[i], 0, -1, 'WITHSCORES')
+  if type(entries) == 'table' and not entries.err and #entries > 0 then
+    local part = part_of(ARGV[i])
+    local args = {}
+    for j = 1, #entries, 2 do
+      args[#args + 1] = entries[j + 1]
+      args[#args + 1] = part .. ' ' .. entries[j]
+    end
+    for j = 1, #args, 2 * CHUNK do
+      redis.call('ZADD', KEYS[1], 'LT', unpack(args, j, math.min(j + 2 * CHUNK - 1, #args)))
+    end
+    seen = seen + #entries / 2
+  end
+end
+return seen
