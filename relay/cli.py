@@ -10,8 +10,7 @@ import click
 
 from relay.errors import ConfigError
 from relay.options import (BROKER, DEFAULT_CONFIG, JOBS, REDIS, SCANNER, Options, config_file,
-                           load_options, option_flag, option_help, process_options,
-                           redacted_url)
+                           load_options, option_flag, option_help, process_options)
 
 
 def option_flags(process: str):
@@ -68,9 +67,9 @@ def _serve(options: Options, started=None) -> int:
     # no spawning stack and parent per greenlet: at 10,000 consumers (4 greenlets each)
     # they were a fifth of the objects each full garbage collection walks
     gevent.config.track_greenlet_tree = False
-    from relay.broker.broker import Broker
+    from relay.broker.broker import serve
     try:
-        Broker(options).serve_forever(started)
+        serve(options, started)
     except (ConfigError, OSError) as e:
         return _refused(e)
     return 0
@@ -100,11 +99,9 @@ def scanner(config, **flags):
 def jobs(config, **flags):
     """Run the rq worker for long admin jobs once Redis answers, and again if it dies."""
     options = load(config, flags)
-    _wait_for_redis(options)
     from workers.jobs import run_worker
     rq = shutil.which("rq") or os.path.join(os.path.dirname(sys.executable), "rq")
-    sys.exit(run_worker(rq, options.redis_url,
-                        lambda: _wait_for_redis(options, timeout=None)))
+    sys.exit(run_worker(rq, options.redis_url))
 
 
 @main.command()
@@ -178,20 +175,3 @@ def up(procfile, concurrency):
         args += ["-c", concurrency]
     os.execv(honcho, args + processes)
 
-
-def _wait_for_redis(options, timeout: float | None = 30.0) -> None:
-    """Until Redis answers; exit 1 after `timeout` seconds (None: wait on)."""
-    import redis as redis_py
-    client = redis_py.Redis.from_url(options.redis_url, socket_connect_timeout=1,
-                                     socket_timeout=1)
-    deadline = time.monotonic() + timeout if timeout is not None else float("inf")
-    while True:
-        try:
-            client.ping()
-            return
-        except (redis_py.exceptions.ConnectionError, redis_py.exceptions.TimeoutError):
-            if time.monotonic() > deadline:
-                click.echo(f"relay: redis at {redacted_url(options.redis_url)} does not answer",
-                           err=True)
-                sys.exit(1)
-            time.sleep(0.2)

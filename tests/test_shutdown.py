@@ -100,8 +100,7 @@ def test_a_sigterm_before_rq_handles_signals_still_stops_it_cleanly(processes, t
     rq.chmod(0o755)
     jobs = subprocess.Popen([sys.executable, "-c",
                              "import sys; from workers.jobs import run_worker; "
-                             f"sys.exit(run_worker({str(rq)!r}, {processes.redis_url!r}, "
-                             "lambda: None))"])
+                             f"sys.exit(run_worker({str(rq)!r}, {processes.redis_url!r}))"])
     connection = connect(processes.redis_url)
     try:
         wait_for(lambda: operations.has_worker(connection), timeout=15, interval=0.05)

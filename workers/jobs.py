@@ -6,14 +6,15 @@ import signal
 import socket
 import subprocess
 import time
-from typing import Any, Callable
+from typing import Any
 
 import redis
 from redis.exceptions import RedisClusterException
 from rq import Queue, Worker
 
 from relay.options import redacted_url
-from relay.store.connection import connect, is_cluster, node_url
+from relay.store.connection import (UNREACHABLE, connect, is_cluster, node_url, unready,
+                                    wait_until_ready)
 from workers.operations import QUEUE, QUEUE_KEY
 
 log = logging.getLogger("relay.jobs")
@@ -36,10 +37,12 @@ def worker_connection(client):
     return redis.Redis.from_url(node_url(client, QUEUE_KEY)) if is_cluster(client) else client
 
 
-def run_worker(rq: str, redis_url: str, wait_for_redis: Callable[[], None]) -> int:
-    """`relay jobs`: an rq worker on QUEUE, started again when it dies (rq exits on some
-    Redis errors during an outage). SIGTERM and SIGINT go to the worker, which ends its
-    current job first (rq's warm shutdown); its exit code is ours."""
+def run_worker(rq: str, redis_url: str) -> int:
+    """`relay jobs`: once Redis can serve (waited for without a deadline, in one line), an
+    rq worker on QUEUE, started again when it dies (rq exits on some Redis errors during
+    an outage). SIGTERM and SIGINT go to the worker, which ends its current job first
+    (rq's warm shutdown); its exit code is ours, but 0 with one line if it failed because
+    Redis was unreachable. They also end a wait for Redis, with status 0."""
     state: dict[str, Any] = {"stopping": False, "worker": None, "signal": 0}
 
     def forward(signum, _frame):
@@ -48,22 +51,37 @@ def run_worker(rq: str, redis_url: str, wait_for_redis: Callable[[], None]) -> i
             state["worker"].send_signal(signum)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
-    while not state["stopping"]:
-        url = worker_url(redis_url)
+    while wait_until_ready(redis_url, lambda: state["stopping"], log):
+        try:
+            url = worker_url(redis_url)
+        except UNREACHABLE:
+            continue  # gone again since it was ready: wait again
         worker = state["worker"] = subprocess.Popen([rq, "worker", "--url", url, QUEUE])
         # on one server there is nowhere to follow: no look every FOLLOW_INTERVAL
         code = _wait_while_served(worker, url, redis_url) if _clustered(redis_url) \
             else worker.wait()
+        state["worker"] = None
         if state["stopping"] or code == 0:
-            if code == -state["signal"]:
-                _unregister(redis_url, worker.pid)
-                return 0
-            return code or 0
+            return _stopped(code or 0, state["signal"], redis_url, worker.pid)
         if code is None:
             continue  # started again at once, on rq's node
         log.warning("rq worker exited with %d; starting another once Redis answers", code)
         time.sleep(1)
-        wait_for_redis()
+    log.info("jobs stopped while waiting for redis at %s: no rq worker was running",
+             redacted_url(redis_url))
+    return 0
+
+
+def _stopped(code: int, signum: int, redis_url: str, pid: int) -> int:
+    """The exit status once the rq worker `pid` ended with `code` after a stop signal."""
+    if code == -signum:
+        _unregister(redis_url, pid)
+        return 0
+    reason = unready(redis_url) if code else None
+    if reason is None:
+        return code
+    log.warning("redis unreachable while stopping (%s): rq worker %d could not deregister; "
+                "rq forgets it when its heartbeat expires (rq's worker TTL)", reason, pid)
     return 0
 
 

@@ -54,7 +54,9 @@ from redis.exceptions import RedisClusterException, RedisError
 from relay.errors import StoreConnectionError, StoreError
 from relay.liveness import Liveness
 from relay.store import deadletter
-from relay.store import Store, connect_redis, guarded, keys, replication
+from relay.options import redacted_url
+from relay.store import Store, guarded, keys, replication
+from relay.store.connection import connect_when_ready, unready, wait_until_ready
 from relay.store.keys import TopicKeys
 from workers.reaper import Reaper
 
@@ -103,18 +105,29 @@ class Share:
     def covers(self, topic: str) -> bool:
         return _slot(topic) % self.size == self.rank
 
-    def leave(self) -> None:
+    def leave(self, unreachable: str | None = None) -> None:
+        """Deregister, unless Redis is known `unreachable` (why): then, or if leaving
+        fails, one line says the registration expires by itself."""
         try:
-            self.scanners.leave(self.id)
+            if unreachable is None:
+                self.scanners.leave(self.id)
+                return
         except Exception as e:  # leaving is a courtesy: the registration expires anyway
-            log.warning("scanner %s could not leave: %s", self.id, e)
+            unreachable = str(e)
+        log.warning("redis unreachable while stopping (%s): the registration of scanner %s "
+                    "expires by itself within %d s, then the other scanners take over its "
+                    "share", unreachable, self.id, SHARE_TTL_MS // 1000)
 
 
 class Scanner:
     def __init__(self, store: Store, interval_ms: int = 100, limit: int = 1000,
                  sleep=time.sleep, clock=time.monotonic,
-                 dead_letter_topic=deadletter.DEFAULT_TEMPLATE, share: Share | None = None):
+                 dead_letter_topic=deadletter.DEFAULT_TEMPLATE, share: Share | None = None,
+                 redis_url: str | None = None):
+        """`redis_url`: where an unreachable Redis is waited for (wait_until_ready);
+        without it, passes are retried every second meanwhile."""
         self.store = store
+        self.redis_url = redis_url
         self.interval = interval_ms / 1000
         self.limit = limit
         self.sleep = sleep
@@ -221,24 +234,37 @@ class Scanner:
 
     def run(self) -> None:
         log.info("scanner started interval=%dms limit=%d", self.interval * 1000, self.limit)
+        unreachable = None
         while self.running:
             started = self.clock()
             try:
                 busy = self.scan_once()
-            except StoreConnectionError as e:
-                log.warning("redis unreachable: %s; retrying", e)
-                self.reseed()  # a restarted or failed-over Redis may have lost writes
-                self.sleep(1.0)
+            except (StoreConnectionError, RedisClusterException) as e:
+                unreachable = self._outage(e)
                 continue
-            except (StoreError, RedisError, RedisClusterException) as e:
+            except (StoreError, RedisError) as e:
                 log.warning("scan pass failed: %s; retrying", e)  # e.g. a slot moving
                 self.sleep(0.2)
                 continue
+            unreachable = None
             if not busy:
                 self.sleep(max(0.0, started + self.interval - self.clock()))
-        self.share.leave()
+        self.share.leave(unreachable)
         log.info("scanner stopped timed_out=%d promoted=%d dead=%d reaped=%d", self.timed_out,
                  self.promoted, self.dead, self.reaper.reaped)
+
+    def _outage(self, error: Exception) -> str | None:
+        """A pass that could not reach Redis (or a cluster that cannot serve a slot):
+        wait until it can again, in one line and one more once it can; a failure of
+        another kind is retried at once. Why Redis is unreachable, if stopped meanwhile."""
+        self.reseed()  # a restarted or failed-over Redis may have lost writes
+        if self.redis_url is None or unready(self.redis_url) is None:
+            log.warning("scan pass failed: %s; retrying", error)
+            self.sleep(0.2 if isinstance(error, RedisClusterException) else 1.0)
+            return None
+        if wait_until_ready(self.redis_url, lambda: not self.running, log, self.sleep):
+            return None
+        return str(error)
 
     def stop(self, *_) -> None:
         self.running = False
@@ -254,10 +280,23 @@ def scanner_id() -> str:
 
 
 def main(options) -> None:
-    scanner = Scanner(Store(connect_redis(options), **replication(options),
+    """`relay scanner`: wait for Redis (no deadline), then scan until SIGTERM or SIGINT,
+    which also end the wait."""
+    stopping: list[bool] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.append(True))
+    client = connect_when_ready(options, lambda: bool(stopping), log)
+    if client is None:
+        log.info("scanner stopped before redis at %s was ready: it scanned nothing and "
+                 "registered nowhere", redacted_url(options.redis_url))
+        return
+    scanner = Scanner(Store(client, **replication(options),
                             topic_partitions=options.topic_partitions),
                       options.queue_scan_interval, options.queue_scan_limit,
-                      dead_letter_topic=options.dead_letter_topic)
+                      dead_letter_topic=options.dead_letter_topic,
+                      redis_url=options.redis_url)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, scanner.stop)
+    if stopping:
+        scanner.stop()
     scanner.run()

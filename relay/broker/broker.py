@@ -31,18 +31,19 @@ from relay.broker.client import CLOSING, SUBSCRIBED, Client
 from relay.broker.http.lookupd import lookupd_server
 from relay.broker.http.nsqd import nsqd_server
 from relay.broker.metrics import Metrics
+from relay.broker.prefork import listen_addresses
 from relay.broker.protocol.reader import Reader
 from relay.broker.protocol.v2 import ProtocolV2
-from relay.broker.registry import Registry
+from relay.broker.registry import TTL_MS, Registry
 from relay.broker.wakeups import WakeupListener
 from relay.codec import NSQD_VERSION
 from relay.errors import StoreError
 from relay.options import Options, redacted_url
-from relay.sockio import listen, raise_open_file_limit
+from relay.sockio import listen, raise_open_file_limit, reserve
 from relay.store import stats
 from relay.store import Store, connect_redis, replication
 from relay.store.commit import GroupCommit
-from relay.store.connection import RedisClient
+from relay.store.connection import UNREACHABLE, RedisClient, connect_when_ready
 from relay.store.latency import E2eLatency
 
 log = logging.getLogger("relay.broker")
@@ -53,6 +54,7 @@ EXPIRY_TICK = 0.1
 ANNOUNCE_SLICE = 250
 SHUTDOWN_GRACE = 5.0
 DRAIN_GRACE = 5.0
+LEAVE_GRACE = 1.0       # at least this long to leave the registry, after the graces
 FILES_RESERVED = 64     # for Redis connections, listeners and logs
 LATENCY_FLUSH_INTERVAL = 1.0
 
@@ -87,8 +89,12 @@ class Broker:
         self._numbers = itertools.count(1)
         self._server: StreamServer | None = None
         self._greenlets: list[gevent.Greenlet] = []
+        self._wakeups: list[gevent.Greenlet] = []
         self.max_clients = 0
         self._last_refusal_log = float("-inf")
+        self.stopping = False
+        self.unreleased = 0         # in-flight messages a stop could not requeue
+        self.unreleased_error: str | None = None
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -98,8 +104,8 @@ class Broker:
         self._server = StreamServer(listen(self.options.tcp_address), self.handle)
         self._server.start()
         collector.install()
-        self._greenlets = [gevent.spawn(self._expire_loop), gevent.spawn(self.wakeups.run),
-                           gevent.spawn(self.wakeups.catch_up),
+        self._wakeups = [gevent.spawn(self.wakeups.run), gevent.spawn(self.wakeups.catch_up)]
+        self._greenlets = [gevent.spawn(self._expire_loop), *self._wakeups,
                            gevent.spawn(collector.unfreeze_loop)]
         if self.e2e.enabled:
             self._greenlets.append(gevent.spawn(self._flush_latency_loop))
@@ -121,13 +127,13 @@ class Broker:
                  redacted_url(self.options.redis_url))
         return address
 
-    def serve_forever(self, started=None) -> None:
-        """Serve until SIGTERM or SIGINT; the handlers come first, so a signal that
-        arrives as soon as the port accepts still stops the broker cleanly. `started()`
-        is called once it listens (relay/broker/prefork.py waits for it)."""
-        stop = Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            gevent.signal_handler(sig, stop.set)
+    def serve_forever(self, started=None, stop: Event | None = None) -> None:
+        """Serve until SIGTERM or SIGINT (or `stop` is set, when given: its handlers are
+        the caller's); the handlers come first, so a signal that arrives as soon as the
+        port accepts still stops the broker cleanly. `started()` is called once it
+        listens (relay/broker/prefork.py waits for it)."""
+        if stop is None:
+            stop = stop_on_signals()
         address = self.start()
         if started:
             started()
@@ -137,20 +143,53 @@ class Broker:
 
     def stop(self) -> None:
         """Stop accepting, let consumers finish what they hold, then close every client
-        (what is still in flight is requeued at once)."""
+        (what is still in flight is requeued at once) and leave the registry, within
+        DRAIN_GRACE + SHUTDOWN_GRACE (and a moment) even while Redis is unreachable:
+        then one line says what is left for the registration's expiry."""
+        deadline = time.monotonic() + DRAIN_GRACE + SHUTDOWN_GRACE
+        self.stopping = True
+        self.registry.quiet = self.commit.quiet = True
+        gevent.killall(self._wakeups)   # nothing more is delivered: no news needed
         cast(StreamServer, self._server).close()     # started
         self.http.stop()
         self.lookupd.stop()
         self._drain(DRAIN_GRACE)
         for client in list(self.clients.values()):
             client.close()
-        deadline = time.monotonic() + SHUTDOWN_GRACE
         while self.clients and time.monotonic() < deadline:
             gevent.sleep(0.02)
         gevent.killall(self._greenlets)
-        self.flush_latency()
-        self.registry.leave()
+        error = self._leave(max(deadline - time.monotonic(), LEAVE_GRACE))
         self.commit.stop()
+        if error is not None:
+            self._left_behind(error)
+        elif self.unreleased:
+            log.warning("could not requeue the %d messages its clients held in flight (%s): "
+                        "a scanner reaps them now that broker %s left", self.unreleased,
+                        self.unreleased_error, self.id)
+
+    def _leave(self, grace: float) -> str | None:
+        """Record the last FIN latencies and leave the registry, within `grace` seconds;
+        None once done, else why not."""
+        try:
+            with gevent.Timeout(grace):
+                self.e2e.flush(self.store)
+                self.registry.leave()
+            return None
+        except gevent.Timeout:
+            return f"no answer within {grace:.1f} s"
+        except UNREACHABLE + (StoreError,) as e:
+            return str(e)
+
+    def _left_behind(self, error: str) -> None:
+        """The one line of a stop that could not leave the registry: what happens to what
+        the broker leaves behind, and when."""
+        n = self.unreleased
+        held = (f", requeueing the {n} message{'s' if n > 1 else ''} its clients held in "
+                "flight" if n else "")
+        log.warning("redis unreachable while stopping (%s): the registration of broker %s "
+                    "expires by itself within %d s, then a scanner reaps what it left%s",
+                    error, self.id, TTL_MS // 1000, held)
 
     def _drain(self, grace: float) -> None:
         """A CLS for every consumer: no more deliveries, and CLOSE_WAIT, on which go-nsq
@@ -327,6 +366,10 @@ class Broker:
             if [call.get() for call in leaving][:1] == [2]:
                 store.forget_topic(channel.topic)
         except StoreError as e:
+            if self.stopping:      # one line at the end of the stop (_left_behind)
+                self.unreleased += len(held)
+                self.unreleased_error = self.unreleased_error or str(e)
+                return
             log.warning("%r: could not release %d in-flight messages (%s); "
                         "they are redelivered after their timeout", client, len(held), e)
 
@@ -354,6 +397,36 @@ class Broker:
         while True:
             gevent.sleep(LATENCY_FLUSH_INTERVAL)
             self.flush_latency()
+
+
+def serve(options: Options, started=None) -> None:
+    """`relay broker`: wait for Redis (no deadline: a Procfile starts everything at once),
+    then serve until SIGTERM or SIGINT, which also end the wait."""
+    stop = stop_on_signals()
+    _check_before_waiting(options)
+    client = connect_when_ready(options, stop.is_set, log, stop.wait)
+    if client is None:
+        log.info("broker stopped before redis at %s was ready: it served nothing and "
+                 "registered nowhere", redacted_url(options.redis_url))
+        return
+    Broker(options, client).serve_forever(started, stop)
+
+
+def _check_before_waiting(options: Options) -> None:
+    """What stops a broker whatever Redis does, found before waiting for it: TLS and auth
+    files that cannot be used (ConfigError), a port another program holds (OSError)."""
+    transport.server_context(options)
+    Authorizer(options)
+    for address in listen_addresses(options).values():
+        reserve(address).close()
+
+
+def stop_on_signals() -> Event:
+    """An Event that SIGTERM and SIGINT set."""
+    stop = Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        gevent.signal_handler(sig, stop.set)
+    return stop
 
 
 def _where(address: tuple) -> str:

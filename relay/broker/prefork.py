@@ -41,7 +41,7 @@ class Workers:
         """Bind the ports (an OSError names one that cannot be). `serve(options, started)`
         runs one broker in a worker and returns its exit status."""
         self.reserved = {name: reserve(address)
-                         for name, address in _listen_addresses(options).items()}
+                         for name, address in listen_addresses(options).items()}
         self.options = dataclasses.replace(options, **{  # type: ignore[arg-type]
             name: f"{getattr(options, name).rpartition(':')[0]}:{sock.getsockname()[1]}"
             for name, sock in self.reserved.items()})
@@ -144,7 +144,7 @@ class Workers:
             os._exit(code)
 
 
-def _listen_addresses(options: Options) -> dict:
+def listen_addresses(options: Options) -> dict:
     """The options naming an address a broker listens on (those that are on)."""
     names = ["tcp_address", "http_address", "lookupd_http_address"]
     if options.tls_cert:

@@ -24,7 +24,7 @@ from gevent.event import Event
 
 from relay.liveness import Liveness
 from relay.store import keys
-from relay.store.connection import RedisClient
+from relay.store.connection import UNREACHABLE, RedisClient
 from relay.store.keys import TopicKeys
 
 log = logging.getLogger("relay.registry")
@@ -42,18 +42,25 @@ class Registry:
         self.info: dict = {}
         self.clients: Callable[[], str] = lambda: "[]"
         self._announced: str | None = None      # the clients' JSON last written
+        self.quiet = False      # a stopping broker's: its stop says what failed, once
         self._changed = Event()
 
     def register(self, info: dict, clients: Callable[[], str] = lambda: "[]") -> None:
         """Announce now, then every HEARTBEAT seconds or sooner when the clients
         changed, at most every MIN_INTERVAL (call in a greenlet). `clients` returns
-        them as one JSON list."""
+        them as one JSON list. A failure is said once, until an announce works again."""
         self.info, self.clients = info, clients
+        failing = False
         while True:
             try:
                 self.announce()
-            except redis.exceptions.RedisError as e:
-                log.warning("could not announce broker %s: %s", self.id, e)
+                if failing and not self.quiet:
+                    log.info("broker %s announced again", self.id)
+                failing = False
+            except UNREACHABLE + (redis.exceptions.RedisError,) as e:  # tried again
+                if not failing and not self.quiet:
+                    log.warning("could not announce broker %s: %s", self.id, e)
+                failing = True
             gevent.sleep(MIN_INTERVAL)
             self._changed.wait(HEARTBEAT - MIN_INTERVAL)
             self._changed.clear()
@@ -81,14 +88,13 @@ class Registry:
         self._announced = clients
 
     def leave(self) -> None:
-        try:
-            pipe = self.redis.pipeline(transaction=False)
-            self.brokers.leave(self.id, pipe)
-            pipe.delete(keys.broker_key(self.id))  # one key each: they may be on two nodes
-            pipe.delete(keys.broker_clients_key(self.id))
-            pipe.execute()
-        except redis.exceptions.RedisError as e:
-            log.warning("could not deregister broker %s: %s", self.id, e)
+        """Deregister now; raises what the client raises (Broker.stop says it in one line:
+        the registration expires by itself anyway)."""
+        pipe = self.redis.pipeline(transaction=False)
+        self.brokers.leave(self.id, pipe)
+        pipe.delete(keys.broker_key(self.id))  # one key each: they may be on two nodes
+        pipe.delete(keys.broker_clients_key(self.id))
+        pipe.execute()
 
 
 def broker_liveness(client: RedisClient) -> Liveness:

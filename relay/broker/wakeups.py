@@ -48,7 +48,7 @@ from redis.retry import Retry
 from relay.broker.context import BrokerContext
 from relay.errors import StoreError
 from relay.store import Store, connect_redis
-from relay.store.connection import is_cluster, sharded_pubsub
+from relay.store.connection import UNREACHABLE, is_cluster, sharded_pubsub
 from relay.store.keys import TopicKeys, split_part
 
 log = logging.getLogger("relay.wakeups")
@@ -236,9 +236,15 @@ class ShardedSubscriptions:
         self.moved = False
 
     def run(self) -> None:
+        unreachable = False
         while True:
             try:
                 self._reconcile()
+                unreachable = False
+            except UNREACHABLE as e:  # the cluster gone: said once, until it is back
+                if not unreachable:
+                    log.warning("wake-up subscriptions not reconciled: %s", e)
+                unreachable = self.moved = True
             except Exception:  # the catch-up read covers us meanwhile; never stop listening
                 log.exception("wake-up subscriptions not reconciled")
                 self.moved = True

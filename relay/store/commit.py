@@ -16,6 +16,7 @@ import gevent
 from gevent.event import AsyncResult, Event
 
 from relay.errors import StoreConnectionError, StoreError
+from relay.store.connection import UNREACHABLE
 from relay.store.runner import MAX_CALL_ARGS, Op
 from relay.store.store import Store
 
@@ -44,7 +45,8 @@ class GroupCommit:
                  observe: Callable[[float], object] | None = None) -> None:
         """`observe(seconds)` is told the time of each pipeline round trip."""
         stores = [store] + [store.sibling() for _ in range(lanes - 1)]
-        self.lanes = [_Lane(s, max_batch, observe) for s in stores]
+        self.quiet = False    # a stopping broker's: its stop says in one line what failed
+        self.lanes = [_Lane(s, max_batch, observe, lambda: self.quiet) for s in stores]
 
     def submit(self, op: Op, order: int = 0) -> Submitted:
         return self.lanes[order % len(self.lanes)].submit(op)
@@ -60,8 +62,10 @@ class GroupCommit:
 
 class _Lane:
     def __init__(self, store: Store, max_batch: int,
-                 observe: Callable[[float], object] | None = None) -> None:
+                 observe: Callable[[float], object] | None = None,
+                 quiet: Callable[[], bool] = lambda: False) -> None:
         self.store = store
+        self.quiet = quiet
         self.max_batch = max_batch
         self.observe = observe
         self._queue: deque[tuple[Op, AsyncResult[Any]]] = deque()
@@ -90,9 +94,11 @@ class _Lane:
             results = self.store.run_many(ops)
             if self.observe is not None:
                 self.observe(time.perf_counter() - started)
-        except StoreConnectionError as e:
-            log.warning("redis unreachable: %s", e)
-            results = [e] * len(ops)
+        except (StoreConnectionError,) + UNREACHABLE as e:  # a cluster's too
+            if not self.quiet():
+                log.warning("redis unreachable: %s", e)
+            error = e if isinstance(e, StoreConnectionError) else StoreConnectionError(str(e))
+            results = [error] * len(ops)
         except Exception as e:  # never let one batch stop the lane
             log.exception("pipeline failed")
             results = [StoreError(f"pipeline failed: {e!r}")] * len(ops)

@@ -3,16 +3,26 @@
 `connect` asks the server at the URL whether it runs in cluster mode (INFO cluster)
 and answers with redis-py's cluster client if so: brokers, scanners, jobs,
 relay-admin and the Spark connector are all given the same `redis://HOST:PORT/0`.
+
+Brokers, scanners and `relay jobs` connect only once their Redis can serve
+(`connect_when_ready`): started before it (a Procfile starts everything at once), or
+before a cluster covers every slot, they wait, saying so in one line, since which
+client `connect` gives depends on what answers at the URL.
 """
 
-from typing import Any, TypeAlias, TypeGuard
+import logging
+import time
+from typing import Any, Callable, TypeAlias, TypeGuard
 from urllib.parse import urlparse, urlunparse
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import AskError, ClusterDownError, MovedError, TryAgainError
+from redis.exceptions import (AskError, ClusterDownError, MovedError, RedisClusterException,
+                              TryAgainError)
 from redis.retry import Retry
+
+from relay.options import redacted_url
 
 # Errors after which a script call did not run and may simply be sent again: a slot
 # is being moved (TRYAGAIN), or the cluster is changing its mind about one.
@@ -25,6 +35,14 @@ MAX_CONNECTIONS = 100
 
 # what `connect` gives: one server's client, or the cluster's
 RedisClient: TypeAlias = redis.Redis | RedisCluster
+
+# what a call raises when Redis cannot be reached, or a cluster cannot serve the slot:
+# the cluster client's "cannot be connected" and "slots not covered" are neither
+# ConnectionError nor RedisError
+UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+               ClusterDownError, RedisClusterException)
+READY_TIMEOUT = 1.0     # seconds a readiness check waits for each answer
+READY_EVERY = 0.2       # seconds between readiness checks
 
 
 def connect(url: str, timeout: float | None = None, connect_timeout: float | None = None,
@@ -115,3 +133,56 @@ def sharded_pubsub(client) -> bool:
         return False
     version = client.info("server", target_nodes=RedisCluster.RANDOM)["redis_version"]
     return int(version.split(".")[0]) >= 7
+
+
+def unready(url: str) -> str | None:
+    """Why the Redis at `url` cannot serve yet (down, refusing, loading its data, a
+    cluster whose state is not ok: slots not all covered); None once it can."""
+    client = redis.Redis.from_url(url, socket_timeout=READY_TIMEOUT,
+                                  socket_connect_timeout=READY_TIMEOUT)
+    try:
+        client.ping()
+        if not _cluster_enabled(client):
+            return None
+        info = client.cluster("info")
+        if info["cluster_state"] == "ok":
+            return None
+        return (f"cluster_state is {info['cluster_state']}, "
+                f"{info['cluster_slots_assigned']} of 16384 slots covered")
+    except redis.exceptions.RedisError as e:
+        return str(e) or type(e).__name__
+    finally:
+        client.close()
+
+
+def wait_until_ready(url: str, stopping: Callable[[], bool], log: logging.Logger,
+                     sleep: Callable[[float], Any] = time.sleep) -> bool:
+    """Until the Redis at `url` can serve, with no deadline: one line when it cannot
+    (and why), one when it can. False if `stopping()` came true first (the caller says
+    why it stops). `sleep` between checks: one a stop signal cuts short, for gevent."""
+    started, said = time.monotonic(), False
+    while not stopping():
+        reason = unready(url)
+        if reason is None:
+            if said:
+                log.info("redis at %s ready after %.1f s", redacted_url(url),
+                         time.monotonic() - started)
+            return True
+        if not said:
+            log.info("redis at %s not ready (%s): waiting for it", redacted_url(url), reason)
+            said = True
+        sleep(READY_EVERY)
+    return False
+
+
+def connect_when_ready(options, stopping: Callable[[], bool], log: logging.Logger,
+                       sleep: Callable[[float], Any] = time.sleep) -> "RedisClient | None":
+    """connect_redis once the Redis of `options` can serve (wait_until_ready); None if
+    stopping first. A Redis that goes away between the check and the connection is
+    waited for again."""
+    while wait_until_ready(options.redis_url, stopping, log, sleep):
+        try:
+            return connect_redis(options)
+        except UNREACHABLE:
+            sleep(READY_EVERY)
+    return None
