@@ -55,6 +55,7 @@ from relay.errors import StoreConnectionError, StoreError
 from relay.liveness import Liveness
 from relay.store import deadletter
 from relay.store import Store, connect_redis, guarded, keys, replication
+from relay.store.causes import cause
 from relay.store.keys import TopicKeys
 from workers.reaper import Reaper
 
@@ -231,7 +232,7 @@ class Scanner:
                 self.sleep(1.0)
                 continue
             except (StoreError, RedisError, RedisClusterException) as e:
-                log.warning("scan pass failed: %s; retrying", e)  # e.g. a slot moving
+                log.warning("scan pass failed: %s; retrying", cause(e))  # e.g. a slot moving
                 self.sleep(0.2)
                 continue
             if not busy:
