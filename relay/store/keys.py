@@ -116,6 +116,15 @@ def reap_claim_key(broker_id: str) -> str:
     return f"{PREFIX}:reap:{broker_id}"
 
 
+def nothing_key(key: str) -> str:
+    """A key that never exists, in the slot of `key`: "{T}:nothing" for a key of hash
+    tag T, else "{key}:nothing" (as lib/maxmemory.lua names it)."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    tag = key[start + 1:end] if 0 <= start < end - 1 else key
+    return "{" + tag + "}:nothing"
+
+
 # The keys that hold a channel's messages (an empty drops them), then the rest.
 MESSAGE_SUFFIXES = ("queue", "inflight", "deferred", "msgs", "leases")
 CHANNEL_SUFFIXES = MESSAGE_SUFFIXES + ("meta", "consumers", "dead", "dead:lock")
