@@ -18,7 +18,11 @@ from relay.store import Store, keys, nodes
 from relay.store.causes import OUT_OF_MEMORY
 from relay.store.runner import Op
 from relay.store.keys import TopicKeys
-from relay.codec import parse_record
+from relay.codec import FRAME_ERROR, FRAME_RESPONSE, parse_record
+from tests.helpers.admin import relay_admin
+from tests.helpers.api import Api
+from tests.helpers.processes import Processes
+from tests.helpers.wire import Wire
 
 SERVERS = {"redis-6.2": embedded.server_binary, "valkey-8": embedded.cluster_binary}
 BODY = 1000
@@ -122,3 +126,103 @@ def test_at_maxmemory_publishing_is_refused_and_everything_else_goes_on(server):
     assert sorted(delivered) == sorted(acknowledged) and len(expiring) == 1
     assert store.publish("t", [b"again"]) == len(acknowledged) + 1
     assert store.refusal() is None
+
+
+# -- a broker and a scanner on a full Redis 6.2 --------------------------------------------
+
+REFUSED = {command: (FRAME_ERROR, f"E_{command}_FAILED {command} failed: {OUT_OF_MEMORY}"
+                     .encode()) for command in ("PUB", "MPUB", "DPUB")}
+
+
+@pytest.fixture
+def full_stack(tmp_path):
+    """The embedded Redis 6.2 of this test only, with a broker and a scanner on it:
+    (client, url, tcp port, Api)."""
+    port = embedded.free_port()
+    proc = embedded.start(port, str(tmp_path / "redis"),
+                          extra=("--save", "", "--appendonly", "no"))
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis(port=port)
+    limit_memory(client)
+    procs = Processes(url, str(tmp_path))
+    _, tcp_port = procs.broker()
+    procs.scanner()
+    yield client, url, tcp_port, Api(tcp_port, procs.http_ports[tcp_port])
+    procs.stop_all()
+    proc.terminate()
+    proc.wait(10)
+
+
+def fill_over_tcp(port: int) -> list[bytes]:
+    """MPUBs of 20 messages, then PUBs, each until refused: the bodies acknowledged. The
+    refusals are nsqd's fatal errors, with the cause."""
+    acknowledged: list[bytes] = []
+    for command, batch in (("MPUB", 20), ("PUB", 1)):
+        wire = Wire(port)
+        while True:
+            bodies = [body(len(acknowledged) + i) for i in range(batch)]
+            reply = wire.mpub("t", bodies) if batch > 1 else wire.pub("t", bodies[0])
+            if reply != (FRAME_RESPONSE, b"OK"):
+                assert reply == REFUSED[command]
+                assert wire.closed()
+                break
+            acknowledged += bodies
+    return acknowledged
+
+
+def test_a_full_redis_refuses_publishes_with_the_cause_drains_and_takes_again(full_stack):
+    client, url, port, api = full_stack
+    assert api.request("POST", "/topic/create?topic=t")[0] == 200
+    for channel in ("c", "d"):
+        assert api.request("POST", f"/channel/create?topic=t&channel={channel}")[0] == 200
+    acknowledged = fill_over_tcp(port)
+    assert len(acknowledged) > 1000
+    assert Wire(port).command("DPUB t 1000", body(0)).frame() == REFUSED["DPUB"]
+    refused = {"message": OUT_OF_MEMORY}
+    assert api.json("POST", "/pub?topic=t", body(0)) == (503, refused)
+    assert api.json("POST", "/mpub?topic=t", body(0) + b"\n" + body(1)) == (503, refused)
+    assert api.request("GET", "/ping")[:2] == (500, f"NOK - {OUT_OF_MEMORY}".encode())
+
+    # emptying and deleting free memory: over HTTP, and relay-admin
+    assert api.request("POST", "/channel/empty?topic=t&channel=d")[0] == 200
+    deleted = relay_admin(url, "delete", "t/d")
+    assert (deleted.returncode, deleted.stderr) == (0, "")
+
+    # a consumer subscribes, is given messages, REQs one, TOUCHes one, lets one time
+    # out (the scanner requeues it), FINs the rest: every acknowledged one once at least
+    consumer = Wire(port)
+    consumer.identify(msg_timeout=1000)
+    assert consumer.sub("t", "c", rdy=50) == (FRAME_RESPONSE, b"OK")
+    delivered: list[bytes] = []
+    kept, requeued, touched = None, False, False
+    while len(set(delivered)) < len(acknowledged) or kept is not None:
+        _, attempts, msg_id, got = consumer.message()
+        delivered.append(got)
+        if kept is None and attempts == 1 and not touched:
+            kept = got                                  # let it time out
+            continue
+        if got == kept:
+            assert attempts == 2
+            kept = None
+        elif not requeued:
+            consumer.command(b"REQ " + msg_id + b" 0")
+            requeued = True
+            continue
+        elif not touched:
+            consumer.command(b"TOUCH " + msg_id)
+            touched = True
+        consumer.command(b"FIN " + msg_id)
+    drained = time.monotonic()
+    assert sorted(set(delivered)) == sorted(acknowledged)
+    assert len(delivered) == len(acknowledged) + 2     # the REQ'd and the timed-out one
+
+    # publishing takes again without anything restarted
+    wire = Wire(port)
+    while wire.pub("t", b"again") != (FRAME_RESPONSE, b"OK"):
+        wire = Wire(port)
+        time.sleep(0.05)
+    resumed = time.monotonic() - drained
+    assert consumer.message()[3] == b"again"
+    assert api.request("GET", "/ping")[:2] == (200, b"OK")
+    print(f"\nacknowledged={len(acknowledged)} delivered={len(set(delivered))} "
+          f"lost={len(set(acknowledged) - set(delivered))} resumed_after={resumed:.3f}s")

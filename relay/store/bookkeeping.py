@@ -1,5 +1,5 @@
-"""The processes' own bookkeeping writes (registrations, heartbeats, the reaper's claim),
-made through bookkeeping.lua so that they go on at Redis' maxmemory, where a plain SET,
+"""The processes' own bookkeeping writes (registrations, heartbeats, the reaper's claim,
+e2e latency figures), made through bookkeeping.lua so that they go on at Redis' maxmemory, where a plain SET,
 HSET or ZADD is refused: a broker or scanner whose heartbeat stopped there would be taken
 for dead, and a live broker's in-flight messages reaped."""
 
