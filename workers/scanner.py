@@ -129,6 +129,17 @@ class Scanner:
         self.offset_ms = 0.0    # Redis' clock less this host's
         self._clock_read = self._topology_read = self._swept = float("-inf")
         self._sweep_after = ""  # the last part swept
+        self._failing: str | None = None    # why passes fail, while they fail alike
+
+    def _failed(self, why: str | None) -> None:
+        """One line when passes start failing (a full Redis refuses each alike, five a
+        second), or fail otherwise, and one when they pass again."""
+        if why != self._failing:
+            if why is None:
+                log.info("scan passes again")
+            else:
+                log.warning("scan pass failed: %s; retrying", why)
+            self._failing = why
 
     def scan_once(self) -> bool:
         """One pass over the due channels of this scanner's share; True if some are
@@ -232,9 +243,10 @@ class Scanner:
                 self.sleep(1.0)
                 continue
             except (StoreError, RedisError, RedisClusterException) as e:
-                log.warning("scan pass failed: %s; retrying", cause(e))  # e.g. a slot moving
+                self._failed(cause(e))  # e.g. a slot moving, a full Redis or disk
                 self.sleep(0.2)
                 continue
+            self._failed(None)
             if not busy:
                 self.sleep(max(0.0, started + self.interval - self.clock()))
         self.share.leave()

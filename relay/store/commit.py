@@ -93,6 +93,9 @@ class _Lane:
         except StoreConnectionError as e:
             log.warning("redis unreachable: %s", e)
             results = [e] * len(ops)
+        except StoreError as e:     # refused before any call ran: a new connection's PING
+            log.warning("redis refused the pipeline: %s", e)    # under MISCONF, say
+            results = [e] * len(ops)
         except Exception as e:  # never let one batch stop the lane
             log.exception("pipeline failed")
             results = [StoreError(f"pipeline failed: {e!r}")] * len(ops)
