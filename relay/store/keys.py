@@ -84,6 +84,10 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             done: skipped when claimed again (expires)
     relay:{T}:ch:C:e2e:N              HASH  latency bucket -> FINs in half-window N of
                                             --e2e-processing-latency-window-time (expires)
+    {X}:nothing                       never exists (X: a key's hash tag, or the whole
+                                            key without one): a script that must run at
+                                            maxmemory DELs it first, /ping's probe SETs
+                                            it XX (relay/store/scripts/lib/maxmemory.lua)
     {rq}:*                            rq's queue "relay": relay-admin's jobs and the
                                             `relay jobs` workers (workers/operations.py); one hash
                                             tag, so rq's transactions work on a cluster
