@@ -4,12 +4,15 @@ heartbeat, 5 s TTL).
 
 Each heartbeat scores the member in a sorted set with the expiry (ms) of its
 registration; a member killed with -9 stops renewing it and drops out when it
-expires, and the next read removes it. Members are plain commands on one key,
-outside any script, so on a cluster it may live on any node.
+expires, and the next read removes it. Members are commands on one key, outside the
+queue scripts, so on a cluster it may live on any node; heartbeats go through
+bookkeeping.lua, so they go on at Redis' maxmemory (relay/store/bookkeeping.py).
 """
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from relay.store import bookkeeping
 
 if TYPE_CHECKING:
     from relay.store.connection import RedisClient
@@ -25,11 +28,14 @@ class Liveness:
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
 
-    def heartbeat(self, member: str, pipe=None) -> None:
-        """Register `member` until ttl_ms from now: in `pipe`, sent by the caller with
-        its own writes, or at once."""
-        target = self.redis if pipe is None else pipe
-        target.zadd(self.key, {member: self._now_ms() + self.ttl_ms})
+    def heartbeat_write(self, member: str) -> tuple[Any, ...]:
+        """The bookkeeping write that registers `member` until ttl_ms from now, for a
+        caller that sends it with its own."""
+        return ("ZADD", self.key, self._now_ms() + self.ttl_ms, member)
+
+    def heartbeat(self, member: str) -> None:
+        """Register `member` until ttl_ms from now."""
+        bookkeeping.write(self.redis, self.heartbeat_write(member))
 
     def live(self) -> list[str]:
         """The members whose registration has not expired, sorted by id; expired ones
@@ -38,10 +44,9 @@ class Liveness:
 
     def rank(self, member: str) -> tuple[int, int]:
         """Heartbeat `member`, then (its rank among the live members, sorted by id,
-        their number), in one round trip; (0, 1) if it is not among them."""
-        pipe = self.redis.pipeline(transaction=False)
-        self.heartbeat(member, pipe)
-        live = self._live(pipe)
+        their number); (0, 1) if it is not among them."""
+        self.heartbeat(member)
+        live = self.live()
         return (live.index(member) if member in live else 0), max(len(live), 1)
 
     def _live(self, pipe) -> list[str]:

@@ -700,9 +700,9 @@ def test_touch_and_req_succeed_silently(broker):
 
 
 @pytest.mark.parametrize("line, body, prefix", [
-    ("PUB t", b"m", b"E_PUB_FAILED PUB failed "),
-    ("MPUB t", mpub_body([b"a", b"b"]), b"E_MPUB_FAILED MPUB failed "),
-    ("DPUB t 1000", b"m", b"E_DPUB_FAILED DPUB failed "),
+    ("PUB t", b"m", b"E_PUB_FAILED PUB failed: "),
+    ("MPUB t", mpub_body([b"a", b"b"]), b"E_MPUB_FAILED MPUB failed: "),
+    ("DPUB t 1000", b"m", b"E_DPUB_FAILED DPUB failed: "),
 ])
 def test_publish_failed_when_redis_unreachable(dead_redis_broker, line, body, prefix):
     w = Wire(dead_redis_broker, timeout=6.0)
@@ -721,7 +721,7 @@ def test_sub_failed_when_redis_unreachable(dead_redis_broker):
     w.command("SUB t ch")
     frame_type, payload = w.frame()
     assert frame_type == ERROR
-    assert payload.startswith(b"E_SUB_FAILED SUB failed "), payload
+    assert payload.startswith(b"E_SUB_FAILED SUB failed: "), payload
     assert w.rest() == b""
 
 

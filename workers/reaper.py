@@ -29,7 +29,7 @@ from functools import cached_property
 
 from relay.broker.registry import broker_liveness
 from relay.liveness import Liveness
-from relay.store import Store, guarded, keys
+from relay.store import Store, bookkeeping, guarded, keys
 
 log = logging.getLogger("relay.reaper")
 
@@ -89,7 +89,8 @@ class Reaper:
         False while another holds the claim (try again: it may die half way)."""
         claim = keys.reap_claim_key(broker_id)
         redis = self.store.redis
-        if not guarded(lambda: redis.set(claim, self.id, nx=True, px=CLAIM_TTL_MS)):
+        if not guarded(bookkeeping.write, redis,
+                       ("SET", claim, self.id, "NX", "PX", CLAIM_TTL_MS))[0]:
             return guarded(redis.get, claim) == b"done"
         channels = requeued = 0
         for part in self.store.stored_parts():
@@ -105,7 +106,7 @@ class Reaper:
                 requeued += n
             if any(r[0] == 2 for r in results) and keys.PART_MARK not in part:
                 self.store.forget_topic(part)
-        guarded(lambda: redis.set(claim, "done", px=DONE_TTL_MS))
+        guarded(bookkeeping.write, redis, ("SET", claim, "done", "PX", DONE_TTL_MS))
         self.reaped += 1
         log.info("reaped dead broker %s: %d ephemeral channels deleted, %d in-flight "
                  "messages requeued", broker_id, channels, requeued)

@@ -53,9 +53,9 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from relay.errors import StoreConnectionError, StoreError
 from relay.liveness import Liveness
-from relay.store import deadletter
 from relay.options import redacted_url
-from relay.store import Store, guarded, keys, replication
+from relay.store import Store, deadletter, guarded, keys, replication
+from relay.store.causes import cause
 from relay.store.connection import connect_when_ready, unready, wait_until_ready
 from relay.store.keys import TopicKeys
 from workers.reaper import Reaper
@@ -141,6 +141,17 @@ class Scanner:
         self.offset_ms = 0.0    # Redis' clock less this host's
         self._clock_read = self._topology_read = self._swept = float("-inf")
         self._sweep_after = ""  # the last part swept
+        self._failing: str | None = None    # why passes fail, while they fail alike
+
+    def _failed(self, why: str | None) -> None:
+        """One line when passes start failing (a full Redis refuses each alike, five a
+        second), or fail otherwise, and one when they pass again."""
+        if why != self._failing:
+            if why is None:
+                log.info("scan passes again")
+            else:
+                log.warning("scan pass failed: %s; retrying", why)
+            self._failing = why
 
     def scan_once(self) -> bool:
         """One pass over the due channels of this scanner's share; True if some are
@@ -243,9 +254,10 @@ class Scanner:
                 unreachable = self._outage(e)
                 continue
             except (StoreError, RedisError) as e:
-                log.warning("scan pass failed: %s; retrying", e)  # e.g. a slot moving
+                self._failed(cause(e))  # e.g. a slot moving, a full Redis or disk
                 self.sleep(0.2)
                 continue
+            self._failed(None)
             unreachable = None
             if not busy:
                 self.sleep(max(0.0, started + self.interval - self.clock()))
@@ -259,7 +271,7 @@ class Scanner:
         another kind is retried at once. Why Redis is unreachable, if stopped meanwhile."""
         self.reseed()  # a restarted or failed-over Redis may have lost writes
         if self.redis_url is None or unready(self.redis_url) is None:
-            log.warning("scan pass failed: %s; retrying", error)
+            log.warning("scan pass failed: %s; retrying", cause(error))
             self.sleep(0.2 if isinstance(error, RedisClusterException) else 1.0)
             return None
         if wait_until_ready(self.redis_url, lambda: not self.running, log, self.sleep):

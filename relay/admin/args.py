@@ -14,6 +14,7 @@ from relay.codec import is_valid_name
 from relay.errors import ConfigError, StoreConnectionError, StoreError
 from relay.options import Options, config_file, load_options, redacted_url
 from relay.store import Store, replication
+from relay.store.causes import cause
 from relay.store.connection import connect
 from workers import operations
 
@@ -39,6 +40,8 @@ def redis_options(command):
             fail(f"redis at {redacted_url(redis_url)} is unreachable: {e}")
         except (StoreError, operations.NotFound) as e:
             fail(str(e))
+        except redis.exceptions.ResponseError as e:     # refused (causes.py), e.g. by rq
+            fail(cause(e))
     return wrapper
 
 

@@ -16,6 +16,7 @@ from relay.codec import MSG_ID_LENGTH, is_valid_name
 from relay.options import option_source
 from relay.store import Store
 from relay.store import stats as relay_stats
+from relay.store.causes import OUT_OF_MEMORY
 from relay.store.control import PartitionsRefused
 from relay.store.keys import MAX_PARTITIONS
 from workers import operations
@@ -136,6 +137,11 @@ def requeue(store, as_json, target, ids, everything, background):
         fail(f"{len(missing)} of {len(ids)} messages were not in flight on {target}")
 
 
+# the operations that free memory or only move data: at Redis' maxmemory, where rq cannot
+# queue a job, they run inline (their scripts run there: lib/maxmemory.lua)
+FREEING = ("empty", "delete", "requeue")
+
+
 def run_operation(store: Store, as_json: bool, operation: str, topic: str,
                   channel: str | None, background: bool, size: int | None = None) -> None:
     """Inline for small targets (`size` messages, by default what the target holds),
@@ -148,6 +154,10 @@ def run_operation(store: Store, as_json: bool, operation: str, topic: str,
              f"queued job {job.id}: {job.description} (relay-admin jobs shows it)")
         return
     if (held_messages(store, topic, channel) if size is None else size) <= INLINE_LIMIT:
+        result = operations.run(store, operation, topic, channel)
+    elif operation in FREEING and store.refusal() == OUT_OF_MEMORY:
+        click.echo(f"relay-admin: {OUT_OF_MEMORY}: no job can be queued, so the "
+                   f"{operation} runs here", err=True)
         result = operations.run(store, operation, topic, channel)
     elif not operations.has_worker(store.redis):
         fail("no `relay jobs` worker is running: start one, or pass --background "

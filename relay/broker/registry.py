@@ -4,7 +4,8 @@ for all of them, and `relay-admin` can show every broker's clients.
 
 A broker killed with -9 drops out when its registration expires (3 heartbeats), and
 its clients with it; a scanner then reaps what it left in the channels (workers/reaper.py). The clients are announced at each heartbeat and soon after one
-subscribes or leaves, so their counters are up to a heartbeat old.
+subscribes or leaves, so their counters are up to a heartbeat old. Announcing goes on
+at Redis' maxmemory (relay/store/bookkeeping.py).
 
 A broker tombstoned for a topic (nsqlookupd's /topic/tombstone) is named by its HTTP
 address in the topic's tombstones hash, with the time its tombstone ends; a topic or
@@ -23,7 +24,8 @@ import redis
 from gevent.event import Event
 
 from relay.liveness import Liveness
-from relay.store import keys
+from relay.store import bookkeeping, keys
+from relay.store.causes import cause
 from relay.store.connection import UNREACHABLE, RedisClient
 from relay.store.keys import TopicKeys
 
@@ -59,7 +61,7 @@ class Registry:
                 failing = False
             except UNREACHABLE + (redis.exceptions.RedisError,) as e:  # tried again
                 if not failing and not self.quiet:
-                    log.warning("could not announce broker %s: %s", self.id, e)
+                    log.warning("could not announce broker %s: %s", self.id, cause(e))
                 failing = True
             gevent.sleep(MIN_INTERVAL)
             self._changed.wait(HEARTBEAT - MIN_INTERVAL)
@@ -74,17 +76,14 @@ class Registry:
         key, clients_key = keys.broker_key(self.id), keys.broker_clients_key(self.id)
         clients = self.clients()
         unchanged = clients == self._announced
-        pipe = self.redis.pipeline(transaction=False)
-        if unchanged:
-            pipe.pexpire(clients_key, TTL_MS)
-        else:
-            pipe.set(clients_key, clients, px=TTL_MS)
-        pipe.hset(key, mapping=self.info)
-        pipe.pexpire(key, TTL_MS)
-        self.brokers.heartbeat(self.id, pipe)
-        renewed = pipe.execute()[0]
+        write_clients = ("SET", clients_key, clients, "PX", TTL_MS)
+        info = [item for pair in self.info.items() for item in pair]
+        renewed = bookkeeping.write(
+            self.redis, ("PEXPIRE", clients_key, TTL_MS) if unchanged else write_clients,
+            *([("HSET", key, *info)] if info else []), ("PEXPIRE", key, TTL_MS),
+            self.brokers.heartbeat_write(self.id))[0]
         if unchanged and not renewed:  # the key was gone (expired, or Redis restarted)
-            self.redis.set(clients_key, clients, px=TTL_MS)
+            bookkeeping.write(self.redis, write_clients)
         self._announced = clients
 
     def leave(self) -> None:

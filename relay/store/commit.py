@@ -16,6 +16,7 @@ import gevent
 from gevent.event import AsyncResult, Event
 
 from relay.errors import StoreConnectionError, StoreError
+from relay.store.causes import cause
 from relay.store.connection import UNREACHABLE
 from relay.store.runner import MAX_CALL_ARGS, Op
 from relay.store.store import Store
@@ -96,9 +97,12 @@ class _Lane:
                 self.observe(time.perf_counter() - started)
         except (StoreConnectionError,) + UNREACHABLE as e:  # a cluster's too
             if not self.quiet():
-                log.warning("redis unreachable: %s", e)
+                log.warning("redis unreachable: %s", cause(e))
             error = e if isinstance(e, StoreConnectionError) else StoreConnectionError(str(e))
             results = [error] * len(ops)
+        except StoreError as e:     # refused before any call ran: a new connection's PING
+            log.warning("redis refused the pipeline: %s", e)    # under MISCONF, say
+            results = [e] * len(ops)
         except Exception as e:  # never let one batch stop the lane
             log.exception("pipeline failed")
             results = [StoreError(f"pipeline failed: {e!r}")] * len(ops)

@@ -84,6 +84,10 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             done: skipped when claimed again (expires)
     relay:{T}:ch:C:e2e:N              HASH  latency bucket -> FINs in half-window N of
                                             --e2e-processing-latency-window-time (expires)
+    {X}:nothing                       never exists (X: a key's hash tag, or the whole
+                                            key without one): a script that must run at
+                                            maxmemory DELs it first, /ping's probe SETs
+                                            it XX (relay/store/scripts/lib/maxmemory.lua)
     {rq}:*                            rq's queue "relay": relay-admin's jobs and the
                                             `relay jobs` workers (workers/operations.py); one hash
                                             tag, so rq's transactions work on a cluster
@@ -114,6 +118,15 @@ def broker_clients_key(broker_id: str) -> str:
 
 def reap_claim_key(broker_id: str) -> str:
     return f"{PREFIX}:reap:{broker_id}"
+
+
+def nothing_key(key: str) -> str:
+    """A key that never exists, in the slot of `key`: "{T}:nothing" for a key of hash
+    tag T, else "{key}:nothing" (as lib/maxmemory.lua names it)."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    tag = key[start + 1:end] if 0 <= start < end - 1 else key
+    return "{" + tag + "}:nothing"
 
 
 # The keys that hold a channel's messages (an empty drops them), then the rest.

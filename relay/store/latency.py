@@ -13,7 +13,7 @@ import time
 from collections import Counter, defaultdict
 from typing import Sequence
 
-from relay.store import Store, guarded
+from relay.store import Store, bookkeeping, guarded
 from relay.store.keys import ChannelKeys
 
 GROWTH = 1.02
@@ -97,14 +97,14 @@ class E2eLatency:
 
 
 def add_buckets(store: Store, slot: int, counts: dict, expire_at_ms: int) -> None:
-    """Add {(topic, channel): {bucket: FINs}} to the hashes of half-window `slot`."""
-    pipe = store.redis.pipeline(transaction=False)
+    """Add {(topic, channel): {bucket: FINs}} to the hashes of half-window `slot`, as
+    bookkeeping writes: FINs go on at Redis' maxmemory, and so do their figures."""
+    writes: list[tuple] = []
     for (topic, channel), buckets in counts.items():
         key = ChannelKeys.of(topic, channel).e2e(slot)
-        for index, n in buckets.items():
-            pipe.hincrby(key, index, n)
-        pipe.pexpireat(key, expire_at_ms)
-    guarded(pipe.execute)
+        writes += [("HINCRBY", key, index, n) for index, n in buckets.items()]
+        writes.append(("PEXPIREAT", key, expire_at_ms))
+    guarded(bookkeeping.write, store.redis, *writes)
 
 
 def read_buckets(store: Store, pairs: Sequence[tuple], slots: Sequence[int]) -> list[dict]:

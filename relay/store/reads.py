@@ -7,6 +7,7 @@ from typing import Sequence
 
 from relay.store import keys, nodes
 from relay.store.base import StoreBase
+from relay.store.causes import REFUSALS, cause
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.replies import DueView, summed
 from relay.store.runner import Op
@@ -17,6 +18,19 @@ SEED_CHUNK = 500    # parts per seed.lua call
 
 class Reads(StoreBase):
     """What is stored, read without changing it."""
+
+    def refusal(self) -> str | None:
+        """Why Redis refuses writes now (out of memory, persistence failing, a read-only
+        replica: causes.py), found by a write that changes nothing on each node (SET XX
+        of a key that never exists), or why it refused this process' last publish if
+        none took since (causes.Refusals); None while it takes them."""
+        pipe = self.redis.pipeline(transaction=False)
+        for prefix in self.nodes.prefixes():
+            pipe.set(keys.nothing_key(prefix + nodes.NEWS), "", xx=True)
+        for reply in self._guard(lambda: pipe.execute(raise_on_error=False)):
+            if isinstance(reply, Exception):
+                return cause(reply)
+        return REFUSALS.recent()
 
     def due_channels(self, now: int | None = None, limit: int = DUE_READ) -> "DueView":
         """The (part, channel, due ms) entries of the node due indexes (nodes.py) due by

@@ -26,6 +26,7 @@ from redis.exceptions import RedisClusterException, TryAgainError
 
 from relay.errors import StoreConnectionError, StoreError
 from relay.sockio import send_all
+from relay.store.causes import REFUSALS, cause, refusal
 from relay.store.connection import SLOT_MOVING, RedisClient, is_cluster, sharded_pubsub
 
 if TYPE_CHECKING:
@@ -103,11 +104,14 @@ def _with_includes(lib: "Traversable", source: bytes, included: set[str]) -> byt
 
 
 def guarded(fn: Callable[..., Any], *args: Any) -> Any:
-    """fn(*args), with a lost or timed-out connection raised as StoreConnectionError."""
+    """fn(*args), with a lost or timed-out connection raised as StoreConnectionError,
+    and a refusal (out of memory, persistence failing...) as StoreError of its cause."""
     try:
         return fn(*args)
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
         raise StoreConnectionError(str(e)) from e
+    except redis.exceptions.ResponseError as e:
+        raise StoreError(cause(e)) from e
 
 
 class ScriptRunner:
@@ -159,7 +163,12 @@ class ScriptRunner:
         out = []
         for op, r in zip(ops, results):
             if isinstance(r, redis.exceptions.RedisError):
-                r = StoreError(f"{op.script}: {r}")
+                refused = refusal(r)
+                if refused and op.script in REPLICATED:
+                    REFUSALS.met(refused)
+                r = StoreError(refused or cause(r))
+            elif op.script in REPLICATED and not isinstance(r, Exception):
+                REFUSALS.cleared()
             out.append(r if isinstance(r, Exception) else op.parse(r))
         return out
 
@@ -190,7 +199,7 @@ class ScriptRunner:
     def _unconfirmed(self, reply: Any) -> StoreError | None:
         """The error of the writes a WAIT (WAITAOF) reply does not cover, or None."""
         if isinstance(reply, Exception):
-            return StoreError(f"replicas not confirmed: {reply}")
+            return StoreError(f"replicas not confirmed: {cause(reply)}")
         confirmed = reply if isinstance(reply, int) else reply[1]
         if confirmed >= self.wait_replicas:
             return None
@@ -262,8 +271,12 @@ class ScriptRunner:
                 self._confirm(commands, raw, range(len(commands)), raw.pop())
         results, i = [], 0
         for op in ops:
+            refused = [r for r in raw[i:i + len(op.pre)] if isinstance(r, Exception)
+                       and refusal(r)]
             i += len(op.pre)
-            results.append(raw[i])
+            # a call that failed after its commands before were refused (an MPUB's stage
+            # at maxmemory) fails with their cause
+            results.append(refused[0] if refused and isinstance(raw[i], Exception) else raw[i])
             i += 1
         return results
 

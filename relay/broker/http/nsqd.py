@@ -12,6 +12,7 @@ import time
 
 from relay.broker import registry
 from relay.store import stats
+from relay.store.causes import cause
 from relay.codec import NSQD_VERSION, parse_int64, split_mpub
 from relay.broker.context import BrokerContext
 from relay.errors import ClientError, StoreError
@@ -64,12 +65,14 @@ class NsqdApi:
         }
 
     def health(self) -> str | None:
-        """None when Redis answers, else the reason."""
+        """None when Redis answers and takes writes, else the reason (nsqd's health
+        after a failed write: "NOK - " and why)."""
         try:
             self.broker.redis.ping()
+            refusal = self.broker.store.refusal()
         except Exception as e:  # noqa: BLE001 - any failure is reported as unhealthy
-            return f"NOK - {e}"
-        return None
+            return f"NOK - {cause(e)}"
+        return None if refusal is None else f"NOK - {refusal}"
 
     def ping(self, request):
         problem = self.health()
@@ -144,12 +147,13 @@ class NsqdApi:
 
     @staticmethod
     def _publishing(topic: str, step) -> None:
-        """A step of a publish; Redis failing is nsqd's 503 EXITING of a publish."""
+        """A step of a publish; Redis failing is a 503, as nsqd's failed publish, with
+        the cause (nsqd's text, EXITING, would say the broker is shutting down)."""
         try:
             step()
         except StoreError as e:
             log.warning("http publish to %s failed: %s", topic, e)
-            raise HttpError(503, "EXITING") from None
+            raise HttpError(503, str(e)) from None
 
     # -- topics and channels -------------------------------------------------------
 

@@ -20,6 +20,7 @@ from relay.broker.auth import AuthError
 from relay.broker.context import BrokerContext
 from relay.errors import RelayError, StoreError
 from relay.sockio import listen
+from relay.store.causes import cause
 
 log = logging.getLogger("relay.http")
 
@@ -123,7 +124,7 @@ def from_registry(broker, fn):
     try:
         return fn(broker.redis)
     except redis.exceptions.RedisError as e:
-        log.warning("http: %s", e)
+        log.warning("http: %s", cause(e))
         raise HttpError(500, "INTERNAL_ERROR") from None
 
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 from gevent.event import AsyncResult
 
 from relay.codec import as_text
-from relay.errors import ClientError, StoreError
+from relay.errors import ClientError, StoreConnectionError, StoreError
 
 if TYPE_CHECKING:
     from relay.store.commit import Submitted
@@ -49,16 +49,19 @@ class Settled:
         self.took = took
 
     def errors(self) -> list[ClientError]:
-        codes = [None] * len(self.ids)
+        codes: list = [None] * len(self.ids)
         for result, where in self.calls:
             try:
                 for i, code in zip(where, result.get()):
                     codes[i] = code
-            except StoreError:
+            except StoreConnectionError:
                 pass
+            except StoreError as e:     # refused: its cause
+                for i in where:
+                    codes[i] = e
         done, errors = [], []
         for msg_id, code in zip(self.ids, codes):
-            reason = SETTLE_FAILURES.get(code)
+            reason = str(code) if isinstance(code, StoreError) else SETTLE_FAILURES.get(code)
             if reason is None:
                 done.append(msg_id)
             else:
@@ -68,7 +71,8 @@ class Settled:
         return errors
 
 
-# a FIN, REQ or TOUCH's code from Redis (None: no answer) -> why it failed
+# a FIN, REQ or TOUCH's code from Redis (None: no answer) -> why it failed; a call Redis
+# refused fails with its cause (relay/store/causes.py)
 SETTLE_FAILURES = {None: "redis unavailable", 0: "ID not in flight",
                    -1: "client does not own message"}
 

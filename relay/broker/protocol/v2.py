@@ -269,7 +269,7 @@ class ProtocolV2:
         try:
             self.broker.subscribe(client, topic, channel)
         except StoreError as e:
-            raise FatalClientError("E_SUB_FAILED", f"SUB failed {e}") from None
+            raise FatalClientError("E_SUB_FAILED", f"SUB failed: {e}") from None
         return codec.OK
 
     def rdy(self, client: Client, params: list[bytes], reader: Reader) -> None:
@@ -417,7 +417,7 @@ class ProtocolV2:
 
         def done(value: Any, err: StoreError | None) -> bytes:
             if err is not None:
-                raise FatalClientError(f"E_{command}_FAILED", f"{command} failed {err}")
+                raise FatalClientError(f"E_{command}_FAILED", f"{command} failed: {err}")
             self.broker.metrics.published.inc(len(bodies))
             client.pub_counts[topic] = client.pub_counts.get(topic, 0) + len(bodies)
             return codec.OK

@@ -14,7 +14,8 @@
 -- (lib/node.lua), bodies...
 -- A call's arguments are bounded (runner.MAX_CALL_ARGS), so a bigger MPUB stages its
 -- bodies first, in commands sent just before this call; this call publishes all of
--- them or none, and deletes the stage.
+-- them or none, and deletes the stage. Its first write is INCRBY: at maxmemory Redis
+-- refuses it before anything is written (lib/maxmemory.lua).
 -- Ids are the part's number in 4 hex digits, then the topic's count in 12.
 -- Returns the count of the last message (ids are consecutive), or the stale reply.
 local stale = stale_channels(KEYS[3])
@@ -27,6 +28,10 @@ local NODE = ARGV[ARG0 + 6]
 local FIRST_BODY = ARG0 + 7
 local n = staged
 if staged == 0 then n = #ARGV - FIRST_BODY + 1 end
+-- a stage Redis refused part of (at maxmemory, lib/maxmemory.lua): publish none of it
+if staged > 0 and redis.call('LLEN', KEYS[8]) ~= staged then
+  return redis.error_reply('the MPUB was not staged whole: redis refused part of it')
+end
 local last = redis.call('INCRBY', KEYS[1], n)
 local first = last - n + 1
 local BATCH = 10000   -- messages handled at a time, so a big MPUB's records never all

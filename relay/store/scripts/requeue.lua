@@ -1,4 +1,4 @@
--- include: time.lua, inflight.lua, queue.lua, news.lua, node.lua
+-- include: time.lua, inflight.lua, queue.lua, news.lua, node.lua, maxmemory.lua
 -- requeue: put messages their owner gave back (REQ, the connection closed, or
 -- relay-admin requeue naming the holder) at the tail of the queue, or deferred for a
 -- while.
@@ -9,6 +9,7 @@
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] wake pub/sub channel
 -- ARGV[3] the node keys' prefix (node.lua), then triples: owner, id, delay ms
 -- Returns per triple: 1 requeued, 0 not in flight, -1 in flight for another client.
+past_maxmemory()
 local k = {inflight = KEYS[2], msgs = KEYS[3], leases = KEYS[4], deferred = KEYS[5]}
 local now = now_ms()
 local held, codes, old = holdings(k, ARGV, 4, #ARGV, 3)

@@ -1,4 +1,4 @@
--- include: time.lua, inflight.lua, queue.lua, news.lua
+-- include: time.lua, inflight.lua, queue.lua, news.lua, maxmemory.lua
 -- scan: the scanner's move for one channel. In-flight messages past their
 -- deadline go back to the queue (a timeout, as nsqd's processInFlightQueue),
 -- deferred messages that are due join the queue (processDeferredQueue), and the
@@ -14,6 +14,7 @@
 -- ARGV[3] at most this many messages of each kind per call   ARGV[4] the node keys' prefix
 -- (node.lua): the channel's entry in the node due index is set as in the topic's
 -- Returns {timed out, promoted, next due ms or -1, messages in the dead-letter outbox}.
+past_maxmemory()
 local now = now_ms()
 local limit = tonumber(ARGV[3])
 

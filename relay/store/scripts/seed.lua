@@ -1,4 +1,4 @@
--- include: node.lua
+-- include: node.lua, maxmemory.lua
 -- seed: the node due index (lib/node.lua) made up from the due indexes of topic parts
 -- this node serves: each of their entries goes in with ZADD LT, so an entry already
 -- there stays where it is lower. A scanner seeds its parts when it starts (a Redis of
@@ -9,6 +9,7 @@
 --
 -- KEYS[1] the node due index   ARGV the parts' due indexes
 -- Returns how many entries were seen.
+past_maxmemory()
 local CHUNK = 500
 local seen = 0
 for i = 1, #ARGV do

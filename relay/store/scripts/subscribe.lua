@@ -1,4 +1,4 @@
--- include: backlog.lua
+-- include: backlog.lua, maxmemory.lua
 -- subscribe: create the channel if needed and count one more consumer on this broker
 -- (none when the broker id is empty: /channel/create).
 -- The first channel of a topic takes over the topic backlog, deferred part included.
@@ -14,6 +14,7 @@
 -- a channel of the topic is created; not news: brokers need not look again)
 -- and the count of empties (drop.lua) are what brokers compare to see that the
 -- channel their consumers joined was deleted or emptied (relay/broker/wakeups.py).
+past_maxmemory()
 local created = redis.call('SADD', KEYS[1], ARGV[1])
 if ARGV[2] ~= '' then
   redis.call('HINCRBY', KEYS[8], ARGV[2], 1)

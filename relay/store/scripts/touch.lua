@@ -1,4 +1,4 @@
--- include: time.lua, inflight.lua
+-- include: time.lua, inflight.lua, maxmemory.lua
 -- touch: push the deadline of in-flight messages back (TOUCH). The broker caps each
 -- timeout so that the deadline stays within max msg timeout of the delivery (nsqd
 -- Channel.TouchMessage): it knows when it delivered each message, Redis does not keep it.
@@ -8,6 +8,7 @@
 -- ARGV triples: owner, id, timeout ms from now
 -- Returns per triple: the new deadline (ms), 0 not in flight, -1 in flight for another
 -- client.
+past_maxmemory()
 local k = {inflight = KEYS[1], msgs = KEYS[2], leases = KEYS[3], deferred = KEYS[4]}
 local now = now_ms()
 local held, codes = holdings(k, ARGV, 1, #ARGV, 3)

@@ -1,4 +1,4 @@
--- include: leave.lua
+-- include: leave.lua, maxmemory.lua
 -- unsubscribe: count one consumer less on this broker; an ephemeral channel whose
 -- last consumer (on any broker) left is deleted, and an ephemeral topic with it
 -- when that was its last channel.
@@ -13,6 +13,7 @@
 if redis.call('HGET', KEYS[10], 'incarnation') ~= ARGV[5] then
   return 0
 end
+past_maxmemory()
 if redis.call('HINCRBY', KEYS[3], ARGV[2], -1) <= 0 then
   redis.call('HDEL', KEYS[3], ARGV[2])
 end

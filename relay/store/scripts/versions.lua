@@ -1,4 +1,4 @@
--- include: node.lua
+-- include: node.lua, maxmemory.lua
 -- versions: a broker's read, in one call per node, of what it could not take from the
 -- node news hash (lib/node.lua) alone: the news of parts without a field there (a Redis
 -- of the layout before counted news in the field `news` of each version key: the node
@@ -8,6 +8,7 @@
 --
 -- KEYS[1] the node news hash   ARGV the parts' version keys
 -- Returns news, partitions of each in ARGV order, nil where a count is absent.
+past_maxmemory()
 local out = {}
 for i = 1, #ARGV do
   local part = part_of(ARGV[i])

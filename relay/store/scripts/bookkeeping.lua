@@ -1,0 +1,11 @@
+-- include: maxmemory.lua
+-- bookkeeping: one write of the processes' own bookkeeping outside the queue state, which
+-- must go on at maxmemory (lib/maxmemory.lua): a broker's registration and its clients, a
+-- scanner's heartbeat, the reaper's claim, the FINs' e2e latency figures
+-- (relay/store/bookkeeping.py). Each is small, and bounded by the number of processes or
+-- channels.
+--
+-- KEYS[1] the key   ARGV[1] the command   ARGV[2..] its arguments after the key
+-- Returns the command's reply.
+past_maxmemory()
+return redis.call(ARGV[1], KEYS[1], unpack(ARGV, 2))
