@@ -46,10 +46,12 @@ from relay import embedded
 from relay.store import Store
 from relay.store.connection import connect
 from relay.store.keys import TopicKeys
-from scripts.loadgen import Conn, mpub_command
+from scripts.loadgen import Conn, identify_command, mpub_command, pub_command
 
 TOPIC = "chaos"
 LIVE, HELD = "c", "held"  # channels read while the kills go on, and once publishing is over
+HEARTBEAT_MS = 1000    # consumers' heartbeat interval: a silent broker is dropped after 2 s
+IDENTIFY = identify_command({"heartbeat_interval": HEARTBEAT_MS})
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -173,6 +175,8 @@ class System:
     """Redis (one server or a replicated cluster), brokers on fixed ports, and scanners,
     each killable and restartable."""
 
+    host = "127.0.0.1"     # where the clients find the brokers
+
     def __init__(self, args, workdir):
         self.args = args
         self.workdir = workdir
@@ -240,55 +244,67 @@ class Tally:
         self.acked_at: list[tuple] = []  # (sent, acknowledged) of each batch, monotonic
         self.received: dict[str, Counter] = {LIVE: Counter(), HELD: Counter()}
         self.publish_retries = 0
+        self.refused: list[tuple] = []       # (sent, refused, error) of each failed attempt
+        self.delivered_at: list[tuple] = []  # (when, broker port) of each read with messages
         self.reconnects = 0
 
 
 def produce(system, tally, index, count, batch, rate, stop):
-    """Publish `count` numbered messages in batches, each until it is acknowledged."""
-    bodies = [b"%d:%d" % (index, n) for n in range(count)]
+    """Publish `count` numbered messages in batches (PUB when `batch` is 1), each until it
+    is acknowledged; every refusal or lost connection is noted with its duration."""
     conn = None
     pause = batch / rate if rate else 0
     for start in range(0, count, batch):
-        chunk = bodies[start:start + batch]
-        command = mpub_command(TOPIC.encode(), chunk)
+        chunk = [b"%d:%d" % (index, n) for n in range(start, min(start + batch, count))]
+        command = (pub_command(TOPIC.encode(), chunk[0]) if batch == 1
+                   else mpub_command(TOPIC.encode(), chunk))
         while not stop.is_set():
+            sent = time.monotonic()
             try:
                 if conn is None:
-                    conn = Conn("127.0.0.1", random.choice(system.broker_ports))
+                    conn = Conn(system.host, random.choice(system.broker_ports), 2)
                 conn.sock.settimeout(10)
-                sent = time.monotonic()
                 conn.sock.sendall(command)
                 conn.expect_ok()
                 with tally.lock:
                     tally.acked.update(chunk)
                     tally.acked_at.append((sent, time.monotonic()))
                 break
-            except (OSError, EOFError, RuntimeError):
+            except (OSError, EOFError, RuntimeError) as e:
                 with tally.lock:
                     tally.publish_retries += 1
+                    tally.refused.append((sent, time.monotonic(), str(e) or repr(e)))
                 if conn is not None:
                     conn.sock.close()
                 conn = None
                 time.sleep(0.05)
+        if stop.is_set():
+            break
         time.sleep(pause)
     if conn is not None:
         conn.sock.close()
 
 
-def consume(system, tally, channel, stop, rdy):
-    """SUB on a random broker, FIN everything, reconnect when the broker goes away."""
+def consume(system, tally, channel, stop, rdy, port=None):
+    """SUB on `port` or a random broker, FIN everything; reconnect when the broker goes
+    away or falls silent for HEARTBEAT_MS twice over (a partition closes nothing)."""
     while not stop.is_set():
         try:
-            conn = Conn("127.0.0.1", random.choice(system.broker_ports))
+            target = port or random.choice(system.broker_ports)
+            conn = Conn(system.host, target, 2)
             conn.sock.settimeout(1.0)
-            conn.sock.sendall(f"SUB {TOPIC} {channel}\n".encode())
-            conn.expect_ok()
+            conn.sock.sendall(IDENTIFY + f"SUB {TOPIC} {channel}\n".encode())
+            conn.expect_ok(2)
             conn.sock.sendall(b"RDY %d\n" % rdy)
+            heard = time.monotonic()
             while not stop.is_set():
                 try:
                     frames = list(conn.frames())
                 except TimeoutError:
+                    if time.monotonic() - heard > 2 * HEARTBEAT_MS / 1000:
+                        raise
                     continue
+                heard = time.monotonic()
                 fins = []
                 for kind, data in frames:
                     if kind == 2:
@@ -299,6 +315,8 @@ def consume(system, tally, channel, stop, rdy):
                         fins.append(b"NOP\n")
                 if fins:
                     conn.sock.sendall(b"".join(fins))
+                    with tally.lock:
+                        tally.delivered_at.append((heard, target))
         except (OSError, EOFError, RuntimeError):
             with tally.lock:
                 tally.reconnects += 1
@@ -317,7 +335,7 @@ def timed(kill: dict, started: float, acked_at: list) -> dict:
 def create_channel(system, channel: str) -> None:
     """A channel that keeps every message published from now on, with no consumer yet
     (a channel gets only what is published after its first SUB, as in nsqd)."""
-    conn = Conn("127.0.0.1", system.broker_ports[0])
+    conn = Conn(system.host, system.broker_ports[0])
     conn.sock.sendall(f"SUB {TOPIC} {channel}\n".encode())
     conn.expect_ok()
     conn.sock.close()

@@ -35,8 +35,9 @@ E2E_DRAIN_MAX = 30.0    # ... or this long after publishing ended
 
 
 class Conn:
-    def __init__(self, host, port):
-        self.sock = socket.create_connection((host, port))
+    def __init__(self, host, port, connect_timeout=None):
+        self.sock = socket.create_connection((host, port), timeout=connect_timeout)
+        self.sock.settimeout(None)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.sendall(MAGIC)
         self.buf = bytearray()
@@ -66,6 +67,11 @@ class Conn:
                     self.sock.sendall(b"NOP\n")
                     continue
                 got += 1
+
+
+def identify_command(settings):
+    data = json.dumps(settings).encode()
+    return b"IDENTIFY\n" + _size.pack(len(data)) + data
 
 
 def pub_command(topic, body):
@@ -112,8 +118,7 @@ def producer(args, index, start_at, results):
 def consumer(args, index, start_at, results):
     """Consume and FIN; in e2e mode record publish-to-receive latencies (ms)."""
     conn = Conn(args.host, args.port)
-    identify = json.dumps({"output_buffer_timeout": args.output_buffer_timeout}).encode()
-    conn.sock.sendall(b"IDENTIFY\n" + _size.pack(len(identify)) + identify +
+    conn.sock.sendall(identify_command({"output_buffer_timeout": args.output_buffer_timeout}) +
                       b"SUB " + args.topic.encode() + b" " + args.channel.encode() + b"\n")
     received, latencies = 0, []
     target = args.messages // args.consumers if args.mode == "sub" else None

@@ -1,5 +1,7 @@
 """Group commit: merging FIN/REQ/TOUCH calls, and GroupCommit answering each submit."""
 
+import time
+
 import fakeredis
 import gevent
 import pytest
@@ -346,6 +348,38 @@ def test_unreachable_redis_fails_every_submit(fake_store):
         # the loop survives: later submits are answered too
         with pytest.raises(StoreConnectionError):
             commit.call(store.publish_op("t", [b"y"]))
+    finally:
+        commit.stop()
+
+
+def test_an_op_past_its_patience_fails_and_is_never_sent(fake_store):
+    """A waiter stops at the op's deadline (a broker's --redis-timeout) whatever its lane
+    is busy with; an op given up on before its lane got to it never runs."""
+    commit = GroupCommit(fake_store, patience=0.2)
+    try:
+        late = commit.submit(fake_store.publish_op("t", [b"late"]),
+                             since=time.monotonic() - 0.2)
+        with pytest.raises(StoreConnectionError, match="no answer from redis within 200ms"):
+            late.get()
+        assert commit.call(fake_store.publish_op("t", [b"next"])) == 1    # "late" never ran
+    finally:
+        commit.stop()
+
+
+def test_building_an_op_counts_against_its_patience(fake_store):
+    """submit_made: the time make() takes (a partition count read from a Redis that does
+    not answer) is part of the client's wait."""
+    commit = GroupCommit(fake_store, patience=0.2)
+
+    def slow_to_build():
+        time.sleep(0.25)
+        return fake_store.publish_op("t", [b"slow"])
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreConnectionError):
+            commit.submit_made(slow_to_build).get()
+        assert time.monotonic() - started < 0.3
+        assert commit.submit_made(lambda: fake_store.publish_op("t", [b"quick"])).get() == 1
     finally:
         commit.stop()
 

@@ -3,6 +3,7 @@ then recovery with no manual step. The Redis here is the test's own, so it can b
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -95,3 +96,36 @@ def test_redis_hang_and_crash_fail_fast_then_recover_by_themselves(processes, ow
     job = rq.Queue(JOBS_QUEUE, connection=redis.Redis.from_url(url)).enqueue(len, "abc")
     wait_for(lambda: job.get_status() == "finished", timeout=15, interval=0.2)
     assert (job.get_status(), job.return_value(), jobs.poll()) == ("finished", 3, None)
+
+
+def test_every_publish_to_a_hung_redis_is_refused_within_the_timeout(processes, own_redis):
+    """Producers at once, each PUBlishing again on a new connection after a refusal: a
+    PUB queued behind another's wait for Redis, or behind a read of the topic's
+    partitions, is refused within --redis-timeout all the same."""
+    redis_port, server, _ = own_redis
+    _, port = processes.broker("--redis-url", f"redis://127.0.0.1:{redis_port}/0",
+                               "--redis-timeout", "1s")
+    assert publish_until_ok(port, "t", b"before") == (FRAME_RESPONSE, b"OK")
+    answers = []
+
+    def produce():
+        for _ in range(3):
+            started = time.monotonic()
+            producer = Wire(port, timeout=10)
+            reply = producer.pub("t", b"during")
+            answers.append((reply[0], reply[1][:len(b"E_PUB_FAILED")],
+                            time.monotonic() - started))
+            producer.close()
+
+    server["proc"].send_signal(signal.SIGSTOP)
+    try:
+        producers = [threading.Thread(target=produce) for _ in range(6)]
+        for t in producers:
+            t.start()
+        for t in producers:
+            t.join(60)
+    finally:
+        server["proc"].send_signal(signal.SIGCONT)
+    assert {answer[:2] for answer in answers} == {(FRAME_ERROR, b"E_PUB_FAILED")}
+    assert len(answers) == 18
+    assert max(took for _, _, took in answers) < 1.4

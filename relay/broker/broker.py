@@ -70,7 +70,8 @@ class Broker:
         self.metrics = Metrics(self)
         self.commit = GroupCommit(Store(self.redis, True, **replication(options)),
                                   options.commit_lanes,
-                                  observe=self.metrics.redis_round_trip.observe)
+                                  observe=self.metrics.redis_round_trip.observe,
+                                  patience=options.redis_timeout / 1000)
         self.store.lookup = self.commit.call
         self.tls_context = transport.server_context(options)
         self.auth = Authorizer(options)

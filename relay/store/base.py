@@ -9,6 +9,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Self, Sequence
 
+from relay.errors import StoreError
 from relay.store import keys
 from relay.store.connection import RedisClient
 from relay.store.keys import ChannelKeys, TopicKeys
@@ -63,6 +64,7 @@ class StoreBase:
         self._partitions: dict[str, tuple[int, float]] = {}
         self._counted: dict[str, int] = {}     # topic -> its news when its count was read
         self._reading: dict[str, threading.Lock] = {}   # one read per topic at a time
+        self._unread: dict[str, tuple[StoreError, float]] = {}  # a failed read, and when
         # how the partition counts it caches are read: at once; a broker's go through
         # its group commit, so a burst of SUBs and PUBs to new topics is one pipeline
         self.lookup: Callable[[Op], Any] = self.run
@@ -78,6 +80,7 @@ class StoreBase:
         other._channels, other._registered = self._channels, self._registered
         other._partitions, other._turns = self._partitions, self._turns
         other._reading, other.lookup = self._reading, self.lookup
+        other._unread = self._unread
         other.nodes = self.nodes
         return other
 
@@ -134,7 +137,14 @@ class StoreBase:
             known = self._partitions.get(topic)
             if known and known[1] >= asked:
                 return known[0]
-            count = self.lookup(self.partitions_op(topic))[0]
+            failed = self._unread.get(topic)
+            if failed and failed[1] >= asked:
+                raise failed[0]     # the read they waited for failed: so does theirs
+            try:
+                count = self.lookup(self.partitions_op(topic))[0]
+            except StoreError as e:
+                self._unread[topic] = (e, time.monotonic())
+                raise
             self.learn_partitions(topic, count)
             return count
 

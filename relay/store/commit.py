@@ -5,6 +5,9 @@ has queued up as one pipeline. While a pipeline is in flight the next batch
 builds up, so the batch grows with load. FIN, REQ and TOUCH calls on the same
 channel are merged into one script call (their args are lists of items), up to
 MAX_MERGED_ARGS: a flood of FINs makes many calls, never one Redis refuses.
+
+A broker's commit is patient for --redis-timeout per op (Bounded): a client's PUB is
+answered within it however long the lane's pipelines wait for an unreachable Redis.
 """
 
 import logging
@@ -29,9 +32,34 @@ MERGEABLE = {"finish": (0, 2), "requeue": (3, 3), "touch": (0, 3)}
 MAX_MERGED_ARGS = MAX_CALL_ARGS // 2
 
 
+class Bounded:
+    """An op's result that its waiter stops waiting for at the op's deadline: get() then
+    fails with StoreConnectionError, and the lane skips the op if it has not sent it yet
+    (it never runs). Without it, an op queued behind a pipeline that waits out its socket
+    timeout (a partition from Redis) would wait that timeout again for its own."""
+
+    __slots__ = ("result", "expires", "patience")
+
+    def __init__(self, result: "AsyncResult[Any]", patience: float, since: float) -> None:
+        self.result = result
+        self.patience = patience
+        self.expires = since + patience
+
+    def get(self) -> Any:
+        remaining = self.expires - time.monotonic()
+        if remaining > 0 or self.result.ready():
+            try:
+                return self.result.get(timeout=max(0.0, remaining))
+            except gevent.Timeout:
+                pass
+        error = StoreConnectionError(f"no answer from redis within {self.patience * 1000:.0f}ms")
+        self.result.set_exception(error)
+        raise error
+
+
 class Submitted(Protocol):
-    """What submit hands back (a gevent AsyncResult): get() waits for the op's parsed
-    result, or raises its error. (gevent's stubs type AsyncResult.get() as maybe None, for
+    """What submit hands back (a gevent AsyncResult, or Bounded): get() waits for the op's
+    parsed result, or raises its error. (gevent's stubs type AsyncResult.get() as maybe None, for
     a result set without a value; a lane sets each op's.)"""
 
     def get(self) -> Any: ...
@@ -43,14 +71,28 @@ class GroupCommit:
     caller chooses) stay in the order they were submitted."""
 
     def __init__(self, store: Store, lanes: int = 1, max_batch: int = 2000,
-                 observe: Callable[[float], object] | None = None) -> None:
-        """`observe(seconds)` is told the time of each pipeline round trip."""
+                 observe: Callable[[float], object] | None = None,
+                 patience: float | None = None) -> None:
+        """`observe(seconds)` is told the time of each pipeline round trip; `patience`:
+        the seconds an op's result is waited for at most (see Bounded), None: no bound."""
         stores = [store] + [store.sibling() for _ in range(lanes - 1)]
         self.quiet = False    # a stopping broker's: its stop says in one line what failed
         self.lanes = [_Lane(s, max_batch, observe, lambda: self.quiet) for s in stores]
+        self.patience = patience
 
-    def submit(self, op: Op, order: int = 0) -> Submitted:
-        return self.lanes[order % len(self.lanes)].submit(op)
+    def submit(self, op: Op, order: int = 0, since: float | None = None) -> Submitted:
+        """`since`: the time (monotonic) the patience counts from, if not now."""
+        result = self.lanes[order % len(self.lanes)].submit(op)
+        if self.patience is None:
+            return result
+        return Bounded(result, self.patience, time.monotonic() if since is None else since)
+
+    def submit_made(self, make: Callable[[], Op], order: int = 0) -> Submitted:
+        """Submit the op make() builds, its patience counting from before: what building
+        it waits for (a topic's partition count, read through this commit) is part of
+        the client's wait."""
+        since = time.monotonic()
+        return self.submit(make(), order, since)
 
     def call(self, op: Op, order: int = 0) -> Any:
         """Submit and wait; raises the op's error."""
@@ -73,7 +115,7 @@ class _Lane:
         self._ready = Event()
         self.greenlet = gevent.spawn(self._loop)
 
-    def submit(self, op: Op) -> Submitted:
+    def submit(self, op: Op) -> "AsyncResult[Any]":
         result: AsyncResult[Any] = AsyncResult()
         self._queue.append((op, result))
         self._ready.set()
@@ -86,7 +128,10 @@ class _Lane:
             while self._queue:
                 n = min(len(self._queue), self.max_batch)
                 batch = [self._queue.popleft() for _ in range(n)]
-                self._run(batch)
+                # an op whose waiter gave up on it (Bounded) is never sent
+                batch = [(op, result) for op, result in batch if not result.ready()]
+                if batch:
+                    self._run(batch)
 
     def _run(self, batch: list) -> None:
         ops, slices = _merge([op for op, _ in batch])
@@ -108,6 +153,8 @@ class _Lane:
             results = [StoreError(f"pipeline failed: {e!r}")] * len(ops)
         for (op_index, start, stop, part), (_, result) in zip(slices, batch):
             value = results[op_index]
+            if result.ready():
+                continue    # its waiter gave up on it meanwhile
             if isinstance(value, Exception):
                 result.set_exception(value)
                 continue

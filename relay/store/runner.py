@@ -140,8 +140,14 @@ class ScriptRunner:
             self.scripts = load_scripts(self.sharded)
         if self.wait_replicas and self.wait_command is None:
             self.wait_command = self._wait_command()
-        for script in self.scripts.values():
-            self.redis.script_load(script.source)
+        if self.cluster:    # SCRIPT LOAD goes to every node
+            for script in self.scripts.values():
+                self.redis.script_load(script.source)
+        else:               # one round trip, not one per script (a far Redis: 16 x RTT)
+            pipe = self.redis.pipeline(transaction=False)
+            for script in self.scripts.values():
+                pipe.script_load(script.source)
+            pipe.execute()
         self._loaded = True
 
     def ensure_loaded(self) -> None:

@@ -140,8 +140,8 @@ class NsqdApi:
 
     def _publish(self, topic: str, bodies: list, defer: int = 0) -> str:
         broker = self.broker
-        self._publishing(topic, lambda: broker.commit.call(
-            broker.store.publish_op(topic, bodies, defer)))
+        self._publishing(topic, lambda: broker.commit.submit_made(
+            lambda: broker.store.publish_op(topic, bodies, defer)).get())
         broker.metrics.published.inc(len(bodies))
         return "OK"
 
