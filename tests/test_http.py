@@ -195,17 +195,6 @@ def test_stats_json_has_nsqd_fields_and_this_brokers_clients(api):
     wire.close()
 
 
-def test_ping_reports_unhealthy_when_redis_is_unreachable(processes):
-    _, port = processes.broker(env={"REDIS_URL": "redis://127.0.0.1:1/0"})
-    api = Api(port, processes.http_ports[port])
-    status, data, _ = api.request("GET", "/ping")
-    assert status == 500
-    assert data.startswith(b"NOK - ")
-    status, data = api.json("POST", "/pub?topic=t", b"x")     # why, not nsqd's EXITING
-    assert (status, data) == (503, {"message": "Error 111 connecting to 127.0.0.1:1. "
-                                               "Connection refused."})
-
-
 @pytest.mark.parametrize("path,value", [
     ("/config/msg_timeout", 60_000_000_000),
     ("/config/max_msg_size", 100),

@@ -129,3 +129,18 @@ def test_every_publish_to_a_hung_redis_is_refused_within_the_timeout(processes, 
     assert {answer[:2] for answer in answers} == {(FRAME_ERROR, b"E_PUB_FAILED")}
     assert len(answers) == 18
     assert max(took for _, _, took in answers) < 1.4
+
+
+def test_ping_and_pub_say_why_when_redis_went_away(processes, own_redis):
+    redis_port, server, _ = own_redis
+    _, port = processes.broker("--redis-url", f"redis://127.0.0.1:{redis_port}/0")
+    api = Api(port, processes.http_ports[port])
+    assert api.request("GET", "/ping")[:2] == (200, b"OK")
+    server["proc"].kill()
+    server["proc"].wait()
+    status, data, _ = api.request("GET", "/ping")
+    assert (status, data) == (500, f"NOK - Error 111 connecting to 127.0.0.1:{redis_port}. "
+                                   "Connection refused.".encode())
+    status, data = api.json("POST", "/pub?topic=t", b"x")     # why, not nsqd's EXITING
+    assert (status, data) == (503, {"message": f"Error 111 connecting to 127.0.0.1:"
+                                               f"{redis_port}. Connection refused."})
