@@ -2,6 +2,7 @@
 registry and exits in bounded time; the scanner stops between passes; the jobs worker
 stops its rq worker."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -80,6 +81,19 @@ def test_sigterm_stops_the_jobs_worker_and_its_rq_worker(processes):
     assert jobs.wait(10) == 0
     wait_for(lambda: not operations.has_worker(connection), timeout=5, interval=0.1)
     assert not operations.has_worker(connection)     # the rq worker left too
+
+
+def test_the_rq_worker_ends_with_relay_jobs_killed_by_kill_9(processes):
+    jobs = processes.jobs()
+    connection = connect(processes.redis_url)
+    wait_for(lambda: operations.has_worker(connection), timeout=15, interval=0.1)
+    with open(f"/proc/{jobs.pid}/task/{jobs.pid}/children") as f:
+        (rq_pid,) = [int(pid) for pid in f.read().split()]
+    jobs.kill()
+    jobs.wait()
+    wait_for(lambda: not os.path.exists(f"/proc/{rq_pid}"), timeout=10, interval=0.1)
+    assert not os.path.exists(f"/proc/{rq_pid}")     # not left retrying on its own
+    assert not operations.has_worker(connection)     # rq's warm shutdown: it deregistered
 
 
 # an rq worker that announces itself and never handles signals: rq's own between its

@@ -18,7 +18,6 @@ serving is replaced, with one warning line; one that exits before it listens (a 
 certificate) stops them all with its status, as its replacement would fail the same way.
 """
 
-import ctypes
 import dataclasses
 import logging
 import os
@@ -27,13 +26,13 @@ import sys
 import traceback
 from typing import Callable
 
+from relay.lifetime import end_with_parent
 from relay.options import Options
 from relay.sockio import reserve
 
 log = logging.getLogger("relay.prefork")
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
-PR_SET_PDEATHSIG = 1
 
 
 class Workers:
@@ -155,8 +154,7 @@ def listen_addresses(options: Options) -> dict:
 def _dies_with(parent: int) -> bool:
     """Have the kernel send this worker SIGTERM when the parent dies (Linux), so a parent
     killed with -9 leaves no broker behind; False if it is gone already."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    end_with_parent()
     return os.getppid() == parent
 
 
