@@ -119,6 +119,34 @@ def broker(processes):
     return port
 
 
+@pytest.fixture
+def own_redis(tmp_path):
+    """A Redis of the test's own (conf/redis.conf), to stop, kill and start again:
+    (port, {"proc": its process}, restart)."""
+    port = embedded.free_port()
+    conf = os.path.join(os.path.dirname(os.path.dirname(__file__)), "conf", "redis.conf")
+    data = str(tmp_path / "redis")
+    server = {"proc": embedded.start(port, data, conf)}
+
+    def restart():
+        server["proc"] = embedded.start(port, data, conf)
+    yield port, server, restart
+    server["proc"].kill()
+    server["proc"].wait()
+
+
+@pytest.fixture
+def dead_redis_broker(processes, own_redis):
+    """A broker whose Redis went away after it started (killed): it listens only once
+    its Redis serves, so it is started before."""
+    redis_port, server, _ = own_redis
+    _, port = processes.broker("--redis-url", f"redis://127.0.0.1:{redis_port}/0",
+                               "--redis-timeout", "500ms")
+    server["proc"].kill()
+    server["proc"].wait()
+    return port
+
+
 # -- TLS -----------------------------------------------------------------------
 
 

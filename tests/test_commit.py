@@ -366,6 +366,21 @@ def test_an_op_past_its_patience_fails_and_is_never_sent(fake_store):
         commit.stop()
 
 
+def test_each_call_of_a_staged_op_has_the_patience(fake_store):
+    """An MPUB staged in several calls (bodies first, then the publish) is waited for the
+    patience once per call: a 5 MB MPUB on a busy Redis is not refused for its size."""
+    commit = GroupCommit(fake_store, patience=0.2)
+    try:
+        op = fake_store.publish_op("t", [b"x"] * 20_000)
+        calls = sum(len(command) for command in op.pre) // MAX_CALL_ARGS
+        assert calls >= 2
+        staged = commit.submit(op, since=time.monotonic() - 0.3)
+        assert staged.get() == 20_000
+        assert staged.patience == pytest.approx(0.2 * (1 + calls))
+    finally:
+        commit.stop()
+
+
 def test_building_an_op_counts_against_its_patience(fake_store):
     """submit_made: the time make() takes (a partition count read from a Redis that does
     not answer) is part of the client's wait."""

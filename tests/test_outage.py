@@ -20,20 +20,6 @@ from tests.helpers.wire import FRAME_RESPONSE, Wire
 pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
 
 
-@pytest.fixture
-def own_redis(tmp_path):
-    port = embedded.free_port()
-    conf = os.path.join(os.path.dirname(os.path.dirname(__file__)), "conf", "redis.conf")
-    data = str(tmp_path / "redis")
-    server = {"proc": embedded.start(port, data, conf)}
-
-    def restart():
-        server["proc"] = embedded.start(port, data, conf)
-    yield port, server, restart
-    server["proc"].kill()
-    server["proc"].wait()
-
-
 def publish_until_ok(port, topic, body, timeout=15.0):
     """What a client with retries does: PUB again (new connection) until OK."""
     def publish():

@@ -67,14 +67,6 @@ def small_broker(processes):
     return port
 
 
-@pytest.fixture
-def dead_redis_broker(processes):
-    """A broker whose Redis is unreachable (nothing listens on port 1)."""
-    _, port = processes.broker("--redis-timeout", "500ms",
-                               env={"REDIS_URL": "redis://127.0.0.1:1/0"})
-    return port
-
-
 # -- magic -----------------------------------------------------------------------------
 
 

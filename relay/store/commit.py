@@ -81,11 +81,15 @@ class GroupCommit:
         self.patience = patience
 
     def submit(self, op: Op, order: int = 0, since: float | None = None) -> Submitted:
-        """`since`: the time (monotonic) the patience counts from, if not now."""
+        """`since`: the time (monotonic) the patience counts from, if not now. Each call's
+        worth of arguments the op stages first has the patience too: a 5 MB MPUB may take
+        that much longer, and still gets an answer in bounded time."""
         result = self.lanes[order % len(self.lanes)].submit(op)
         if self.patience is None:
             return result
-        return Bounded(result, self.patience, time.monotonic() if since is None else since)
+        staged = sum(len(command) for command in op.pre) // MAX_CALL_ARGS
+        return Bounded(result, self.patience * (1 + staged),
+                       time.monotonic() if since is None else since)
 
     def submit_made(self, make: Callable[[], Op], order: int = 0) -> Submitted:
         """Submit the op make() builds, its patience counting from before: what building
