@@ -116,6 +116,7 @@ def cluster_binary() -> str:
 SLOTS = 16384
 NODE_TIMEOUT = 5000           # ms: cluster-node-timeout without replicas
 FAILOVER_NODE_TIMEOUT = 2000  # ms: with replicas, a failover within a few seconds
+NODE_LOG = "node.log"         # a cluster node's log, in its folder
 
 
 def start_cluster(ports: list, data_dir: str, extra: tuple = (), conf: str | None = None,
@@ -181,7 +182,7 @@ def wait_for_failover(ports: list, dead: int, timeout: float = 30.0) -> None:
     live = [port for port in ports if port != dead]
     while time.monotonic() < deadline:
         try:
-            if all(_served_without(port, dead) for port in live):
+            if all(served_without(port, dead) for port in live):
                 return
         except redis_py.RedisError:
             pass  # a survivor busy or not answering yet: ask again
@@ -189,7 +190,9 @@ def wait_for_failover(ports: list, dead: int, timeout: float = 30.0) -> None:
     raise TimeoutError(f"no failover of the master on port {dead} after {timeout}s")
 
 
-def _served_without(port: int, dead: int) -> bool:
+def served_without(port: int, dead: int) -> bool:
+    """Whether the node on `port` sees the cluster ok and every slot served by another
+    master than the one on `dead`."""
     import redis as redis_py
     if redis_py.Redis(port=port, socket_timeout=5).cluster("info")["cluster_state"] != "ok":
         return False
@@ -228,6 +231,16 @@ def _cluster_node(port: int, data_dir: str, extra: tuple = (), conf: str | None 
     """Start one cluster-enabled server in data_dir/PORT; (process, bus port) once it
     listens. The bus is on port + 10000 as Redis does, so a restart finds its peers. A
     replica's full sync starts at once (no diskless sync delay: 5 s by default)."""
+    proc, bus = spawn_cluster_node(port, data_dir, extra, conf, binary, node_timeout)
+    wait_for_port("127.0.0.1", port, proc)
+    return proc, bus
+
+
+def spawn_cluster_node(port: int, data_dir: str, extra: tuple = (), conf: str | None = None,
+                       binary: str | None = None, node_timeout: int = NODE_TIMEOUT) -> tuple:
+    """_cluster_node without the wait: (process, bus port) at once, for a supervisor that
+    must not stop watching the other nodes while one starts. The node logs to NODE_LOG
+    in its folder, which says why it died if it did of itself."""
     node_dir = os.path.join(data_dir, str(port))
     os.makedirs(node_dir, exist_ok=True)
     bus = port + 10000 if port + 10000 < 65536 else free_port()
@@ -237,9 +250,9 @@ def _cluster_node(port: int, data_dir: str, extra: tuple = (), conf: str | None 
          "--cluster-enabled", "yes",
          *(["--cluster-port", str(bus)] if bus != port + 10000 else []),
          "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", str(node_timeout),
-         "--repl-diskless-sync-delay", "0", *extra],
+         "--repl-diskless-sync-delay", "0",
+         "--logfile", os.path.abspath(os.path.join(node_dir, NODE_LOG)), *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for_port("127.0.0.1", port, proc)
     return proc, bus
 
 
