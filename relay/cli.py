@@ -154,8 +154,10 @@ def _run_cluster(ports: list, data_dir: str, conf: str | None, replicas: int = 0
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.append(True))
     supervisor = ClusterSupervisor(ports, data_dir, conf, replicas, procs, started)
-    supervisor.run(stopping)
-    supervisor.stop()
+    try:
+        supervisor.run(stopping)
+    finally:
+        supervisor.stop()  # on an error of its own too: no node outlives it
     sys.exit(0)
 
 
