@@ -11,6 +11,8 @@ With --cluster, Redis is a local cluster with replicas (Valkey, as `relay redis
 master's: one at a time, the master serving the chaos topic every other time, each
 waited through its failover and its return as a replica (ReplicatedCluster).
 --cut-replication S leaves the replica S seconds behind its master before the kill.
+--supervised runs the cluster as `relay redis --cluster` instead, whose supervisor
+starts the killed master again (scripts/chaos_supervised.py).
 
 Producers MPUB batches to a random live broker and record a batch as acknowledged
 only on OK; on an error or a lost connection they retry it elsewhere (so a batch
@@ -142,33 +144,52 @@ class ReplicatedCluster:
         self.kills += 1
         stopped = self.cut_off(victim) if self.cut_replication else []
         killed = time.monotonic()
-        kill9(self.procs[victim])
+        self.kill9(victim)
         for replica in stopped:
-            replica.send_signal(signal.SIGCONT)
+            os.kill(replica, signal.SIGCONT)
         embedded.wait_for_failover(self.ports, victim)
         promoted = time.monotonic()
-        self.procs[victim] = embedded.restart_node(victim, self.dir, conf=self.conf)
+        self.start_again(victim)
         embedded.wait_for_cluster([redis.Redis(port=p, socket_timeout=5) for p in self.ports],
                                   timeout=60, replicas=self.replicas)
         return {"master": "topic's" if victim == topic_master else "other", "at": killed,
                 "promoted_s": round(promoted - killed, 2),
                 "rejoined_s": round(time.monotonic() - killed, 2)}
 
+    def pid(self, port: int) -> int:
+        return self.procs[port].pid
+
+    def kill9(self, port: int) -> None:
+        kill9(self.procs[port])
+
+    def start_again(self, port: int) -> None:
+        """The killed master, once its replica serves its slots: from its nodes.conf it
+        rejoins as that replica."""
+        self.procs[port] = embedded.restart_node(port, self.dir, conf=self.conf)
+
     def cut_off(self, master: int) -> list:
         """Leave `master`'s replicas cut_replication seconds behind it, as a network
         partition would: each is stopped (SIGSTOP; a running one reconnects within a
         millisecond) and its link closed, so what the master acknowledges meanwhile is on
-        no replica. Returns the stopped processes, for SIGCONT once the master is dead."""
-        stopped = [self.procs[port] for port in self.ports if port != master and redis.Redis(
+        no replica. Returns the pids stopped, for SIGCONT once the master is dead."""
+        stopped = [self.pid(port) for port in self.ports if port != master and redis.Redis(
             port=port).info("replication").get("master_port") == master]
         for replica in stopped:
-            replica.send_signal(signal.SIGSTOP)
+            os.kill(replica, signal.SIGSTOP)
         redis.Redis(port=master).execute_command("CLIENT", "KILL", "TYPE", "replica")
         time.sleep(self.cut_replication)
         return stopped
 
     def processes(self) -> list:
         return list(self.procs.values())
+
+
+def cluster_kind(args) -> type:
+    """ReplicatedCluster, or with --supervised the cluster `relay redis --cluster` runs."""
+    if not args.supervised:
+        return ReplicatedCluster
+    from scripts.chaos_supervised import SupervisedCluster
+    return SupervisedCluster
 
 
 class System:
@@ -181,8 +202,8 @@ class System:
         self.args = args
         self.workdir = workdir
         conf = redis_conf(workdir, args.appendfsync)
-        self.redis = (ReplicatedCluster(args.cluster, args.replicas, conf, workdir,
-                                        args.cut_replication)
+        self.redis = (cluster_kind(args)(args.cluster, args.replicas, conf, workdir,
+                                         args.cut_replication)
                       if args.cluster else SingleRedis(conf, workdir))
         self.broker_ports = [embedded.free_port() for _ in range(args.brokers)]
         self.brokers: dict[int, subprocess.Popen] = {}
@@ -414,7 +435,8 @@ def run(args) -> dict:
                 "consumer_reconnects": tally.reconnects,
                 "appendfsync": args.appendfsync, "wait_replicas": args.wait_replicas,
                 "cluster": f"{args.cluster} masters x {args.replicas} replicas"
-                if args.cluster else None, "cut_replication": args.cut_replication,
+                if args.cluster else None, "supervised": args.supervised,
+                "cut_replication": args.cut_replication,
                 "brokers": args.brokers, "scanners": args.scanners,
                 "seconds": round(time.monotonic() - started, 1)}
     finally:
@@ -468,6 +490,9 @@ def parse(argv=None):
                    help="with --cluster: cut each master off its replicas this long "
                         "before it is killed (0: not; keep it under the 2 s "
                         "cluster-node-timeout, or the replica is failed too)")
+    p.add_argument("--supervised", action="store_true",
+                   help="with --cluster: run it as `relay redis --cluster` (whose supervisor "
+                        "starts a killed master again once failed over), not from here")
     p.add_argument("--msg-timeout", default="2s")
     p.add_argument("--drain-timeout", type=float, default=60.0)
     p.add_argument("--seed", type=int, default=None)
