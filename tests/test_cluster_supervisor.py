@@ -17,7 +17,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from relay import embedded
-from relay.cluster_supervisor import QUICK_DEATH
+from relay.cluster_supervisor import QUICK_DEATH, ClusterSupervisor
 from relay.codec import FRAME_RESPONSE
 from relay.store.keys import TopicKeys
 from tests.helpers.processes import Processes
@@ -275,3 +275,41 @@ def dying_thrice(cluster: Cluster, port: int) -> list:
     assert "corrupted cluster config file" in (cluster.data / str(port) / "node.log").read_text()
     died = rf"node 127\.0\.0\.1:{port} \(pid \d+\) died: (.*?)( \(it ran {FIGURE} s\))?"
     return [re.fullmatch(died, e).group(1) for e in cluster.events()[seen:]]
+
+
+def test_a_master_whose_replica_cannot_take_over_is_started_again_after_the_bound(
+        tmp_path, caplog):
+    """Its replica stopped (SIGSTOP), a killed master gets no failover: the supervisor
+    (in this process, with a 3 s bound) starts it again as the master of its slots."""
+    first = embedded.free_ports(6)
+    ports = list(range(first, first + 6))
+    conf = os.path.join(ROOT, "conf", "redis.conf")
+    procs = embedded.start_cluster(ports, str(tmp_path), conf=conf, replicas=1)
+    supervisor = ClusterSupervisor(ports, str(tmp_path), conf, 1, procs, time.monotonic(),
+                                   failover_wait=3.0)
+    stopping: list = []
+    watching = threading.Thread(target=supervisor.run, args=(stopping,), daemon=True)
+    dead, replica = ports[0], ports[3]   # master 0's replica is the first after the masters
+    caplog.set_level("INFO", logger="relay.cluster")
+    try:
+        watching.start()
+        redis.Redis(port=dead).set("kept", "yes")  # slot 284: master 0 serves 0-5460
+        slots, before = slots_of(dead), pid(dead)
+        os.kill(pid(replica), signal.SIGSTOP)
+        os.kill(before, signal.SIGKILL)
+        assert wait_for(lambda: len(caplog.messages) >= 4, timeout=30), caplog.messages
+        assert caplog.messages[:2] == [
+            f"node 127.0.0.1:{dead} (pid {before}) died: killed by SIGKILL; waiting for a "
+            f"replica to take over slots {slots}",
+            f"no failover of 127.0.0.1:{dead} within 3 s (no live replica?): starting it "
+            "again as the master of its slots"]
+        assert caplog.messages[2] == f"node 127.0.0.1:{dead} started again (pid {pid(dead)})"
+        assert re.fullmatch(rf"node 127\.0\.0\.1:{dead} serves slots {slots} again, keys "
+                            rf"loaded: 1, {FIGURE} s after it died", caplog.messages[3])
+        assert redis.Redis(port=dead).get("kept") == b"yes"
+    finally:
+        os.kill(procs[3].pid, signal.SIGCONT)  # it then syncs: a node writing its first
+        stopping.append(True)                  # AOF refuses one SIGTERM
+        watching.join(5)
+        supervisor.stop()
+    assert [node.proc.returncode for node in supervisor.nodes] == [0] * 6  # none killed
