@@ -144,15 +144,17 @@ def _run_cluster(ports: list, data_dir: str, conf: str | None, replicas: int = 0
     from relay.cluster_supervisor import ClusterSupervisor
     for port in ports:
         embedded.lock_data_dir(os.path.join(data_dir, str(port)))
+    for sig in (signal.SIGTERM, signal.SIGINT):  # while it forms: stop the nodes, exit 0
+        signal.signal(sig, lambda *_: sys.exit(0))
     started = time.monotonic()
     procs = embedded.start_cluster(ports, data_dir, conf=conf, replicas=replicas)
+    stopping: list = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.append(True))
     masters = len(ports) // (1 + replicas)
     click.echo(f"relay: Redis Cluster of {masters} masters and {len(ports) - masters} "
                f"replicas on 127.0.0.1:{ports[0]}-{ports[-1]}; "
                f"REDIS_URL=redis://127.0.0.1:{ports[0]}/0")
-    stopping: list = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stopping.append(True))
     supervisor = ClusterSupervisor(ports, data_dir, conf, replicas, procs, started)
     try:
         supervisor.run(stopping)

@@ -71,19 +71,11 @@ class ClusterSupervisor:
             time.sleep(TICK)
 
     def stop(self) -> None:
-        """SIGTERM to every node (each saves and exits), again each second to those
-        still up: a node writing its first AOF after a full sync refuses one ("Writing
-        initial AOF, can't exit"). SIGKILL to any left after STOP_WAIT."""
-        deadline = time.monotonic() + STOP_WAIT
-        while (live := [n for n in self.nodes if n.proc.poll() is None]) \
-                and time.monotonic() < deadline:
-            for node in live:
-                node.proc.terminate()
-            _wait_all([node.proc for node in live], 1.0)
-        for node in live:
-            log.warning(f"node {node.name} did not stop within {STOP_WAIT:.0f} s: killed")
-            node.proc.kill()
-            node.proc.wait()
+        """Every node stopped (embedded.stop_nodes); a line for one that had to be killed."""
+        killed = embedded.stop_nodes([node.proc for node in self.nodes], STOP_WAIT)
+        for node in self.nodes:
+            if node.proc in killed:
+                log.warning(f"node {node.name} did not stop within {STOP_WAIT:.0f} s: killed")
 
     def _warn_without_aof(self) -> None:
         """One line if the nodes keep no AOF: a node started again then comes back
@@ -210,13 +202,6 @@ class ClusterSupervisor:
 
 def _client(port: int) -> redis.Redis:
     return redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=1)
-
-
-def _wait_all(procs: list, timeout: float) -> None:
-    """Until every process has exited, or `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while any(proc.poll() is None for proc in procs) and time.monotonic() < deadline:
-        time.sleep(0.02)
 
 
 def _listens(port: int) -> bool:

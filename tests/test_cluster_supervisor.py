@@ -7,6 +7,7 @@ keeps dying, and SIGTERM stops every node."""
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -313,3 +314,27 @@ def test_a_master_whose_replica_cannot_take_over_is_started_again_after_the_boun
         watching.join(5)
         supervisor.stop()
     assert [node.proc.returncode for node in supervisor.nodes] == [0] * 6  # none killed
+
+
+def test_sigterm_while_the_cluster_forms_stops_the_nodes_started_so_far(tmp_path):
+    """As a Procfile's stop may come: no node outlives `relay redis --cluster`."""
+    first = embedded.free_ports(6)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relay", "redis", "--cluster", "3", "--replicas", "1",
+         "--redis-url", f"redis://127.0.0.1:{first}/0", "--data-dir", str(tmp_path)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    embedded.wait_for_port("127.0.0.1", first, proc, timeout=30)
+    node = pid(first)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.communicate(timeout=30) == ("", None)  # before the cluster's line
+    assert proc.returncode == 0
+    assert gone([node])
+    assert [port for port in range(first, first + 6) if listening(port)] == []
+
+
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
