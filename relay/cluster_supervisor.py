@@ -7,7 +7,6 @@ that keeps dying is started again less and less often. One log line per event.""
 import logging
 import os
 import signal
-import socket
 import subprocess
 import time
 
@@ -148,7 +147,7 @@ class ClusterSupervisor:
         reckoning (with its back off)."""
         if node.proc.poll() is not None:
             self._watch(node)
-        elif _listens(node.port):
+        elif embedded.listens("127.0.0.1", node.port):
             log.info(f"node {node.name} started again (pid {node.proc.pid})")
             node.state = REJOINING
 
@@ -202,14 +201,6 @@ class ClusterSupervisor:
 
 def _client(port: int) -> redis.Redis:
     return redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=1)
-
-
-def _listens(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        return True
-    except OSError:
-        return False
 
 
 def _rejoined_as(port: int) -> str | None:

@@ -73,12 +73,19 @@ def wait_for_port(host: str, port: int, proc=None, timeout: float = 10.0) -> Non
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before listening")
-        try:
-            socket.create_connection((host, port), timeout=0.2).close()
+        if listens(host, port):
             return
-        except OSError:
-            time.sleep(0.02)
+        time.sleep(0.02)
     raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s")
+
+
+def listens(host: str, port: int) -> bool:
+    """Whether something accepts connections on host:port now."""
+    try:
+        socket.create_connection((host, port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
 
 
 def free_port() -> int:

@@ -7,7 +7,6 @@ keeps dying, and SIGTERM stops every node."""
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -329,12 +328,5 @@ def test_sigterm_while_the_cluster_forms_stops_the_nodes_started_so_far(tmp_path
     assert proc.communicate(timeout=30) == ("", None)  # before the cluster's line
     assert proc.returncode == 0
     assert gone([node])
-    assert [port for port in range(first, first + 6) if listening(port)] == []
+    assert [port for port in range(first, first + 6) if embedded.listens("127.0.0.1", port)] == []
 
-
-def listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
