@@ -21,7 +21,7 @@ FAILOVER_WAIT = 15.0    # s a dead master waits for a replica to take over its s
 QUICK_DEATH = 5.0       # s: a node dead this soon after its start is backed off
 FIRST_BACKOFF = 1.0     # s before starting again a node that died quickly; doubled each
 MAX_BACKOFF = 30.0      # time it dies quickly again, up to this
-STOP_WAIT = 10.0        # s each node has to stop on SIGTERM before it is killed
+STOP_WAIT = 10.0        # s the nodes have to stop (SIGTERM, each second) before any left is killed
 
 RUNNING, FAILING_OVER, WAITING, STARTING, REJOINING = (
     "running", "failing over", "waiting", "starting", "rejoining")
