@@ -56,11 +56,14 @@ local function interleave(first, second)
 end
 
 local channels = N_CHANNELS
-local meta = redis.call('HMGET', KEYS[2], 'paused', unpack(HISTORY_FIELDS))
+local meta = redis.call('HMGET', KEYS[2], 'paused', 'retention_ms', 'retention_bytes')
 if meta[1] then
   channels = 0  -- a paused topic keeps everything in its backlog (pause_topic.lua)
 end
-local history = history_state(meta, 2)
+local history = nil   -- read only with retention on: off, a publish reads no more
+if meta[2] or meta[3] then
+  history = history_state(redis.call('HMGET', KEYS[2], unpack(HISTORY_FIELDS)), 1)
+end
 local TRIM_STEP = 1000   -- entries a trim by size reads at most, beyond this call's
 local due = nil
 if defer > 0 then due = now_ms() + defer end
