@@ -6,6 +6,7 @@ file (TOML, nsqd's names with underscores), `RELAY_<NAME>` environment variables
 """
 
 import dataclasses
+import datetime
 import os
 import re
 import socket
@@ -21,8 +22,11 @@ from relay.log import LEVELS
 DURATION = "duration"
 DEFAULT_CONFIG = "conf/relay.toml"
 DEFAULT_DEAD_LETTER_TOPIC = "{topic}.dead"
-_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-zA-Z]*)")
 
 
 def redacted_url(url: str) -> str:
@@ -41,7 +45,7 @@ def redacted_url(url: str) -> str:
 
 
 def parse_duration(value) -> int:
-    """'60s', '15m', '1h30m', '250ms' or a number of milliseconds -> milliseconds."""
+    """'60s', '15m', '1h30m', '250ms', '7d' or a number of milliseconds -> milliseconds."""
     if isinstance(value, bool):
         raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, (int, float)):
@@ -53,6 +57,28 @@ def parse_duration(value) -> int:
     if not parts or "".join(n + u for n, u in parts) != text:
         raise ValueError(f"not a duration: {value!r} (use e.g. 250ms, 60s, 15m, 1h)")
     return int(sum(float(n) * _UNITS[u] for n, u in parts))
+
+
+def parse_time(value: str) -> int:
+    """ISO 8601 (UTC unless it says otherwise) -> ms since the epoch."""
+    try:
+        moment = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"not a time: {value!r} (use ISO 8601, e.g. "
+                         f"2026-11-25T10:00:00Z)") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return int(moment.timestamp() * 1000)
+
+
+def parse_size(value) -> int:
+    """'1GB', '500MB', '64KiB' or a number of bytes -> bytes (KB, MB, GB, TB in powers of
+    1000; KiB, MiB, GiB, TiB in powers of 1024)."""
+    text = str(value).strip()
+    match = _SIZE.fullmatch(text)
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"not a size: {value!r} (use e.g. 1GB, 500MB, 64KiB, 1000000)")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
 
 
 BROKER, SCANNER, JOBS, REDIS = "broker", "scanner", "jobs", "redis"
@@ -131,6 +157,10 @@ class Options:
     topic_partitions: int = _opt(1, "partitions of each topic created from now on, each "
                                  "a slot of its own (relay-admin create --partitions sets "
                                  "one topic's)", used_by=(BROKER, SCANNER))
+    retention_time: int = _opt(0, "how long each topic created from now on keeps a copy of "
+                               "every message published, for replay (0: none, as nsqd; "
+                               "relay-admin retention sets one topic's)", DURATION,
+                               used_by=(BROKER, SCANNER))
     e2e_processing_latency_percentiles: tuple = _opt(
         (), "quantiles of publish-to-FIN time shown in /stats, e.g. 0.99,0.95 (empty: off)",
         flag="e2e-processing-latency-percentile")
@@ -271,6 +301,7 @@ class OptionsSchema(Schema):
     redis_timeout = _Duration(validate=_positive)
     wait_replicas = _Count(validate=validate.Range(min=0))
     topic_partitions = _Count(validate=validate.Range(min=1, max=MAX_PARTITIONS))
+    retention_time = _Duration(validate=validate.Range(min=0))
     e2e_processing_latency_percentiles = _Quantiles()
     e2e_processing_latency_window_time = _Duration(validate=_positive)
     log_level = _LogLevel()

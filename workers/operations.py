@@ -1,7 +1,7 @@
-"""Long admin operations (empty, delete, requeue --all, redrive) as rq jobs on queue "relay",
-which `relay jobs` works through.
+"""Long admin operations (empty, delete, requeue --all, redrive, replay) as rq jobs on queue
+"relay", which `relay jobs` works through.
 
-An operation is a generator over (store, topic, channel). Its first step makes the
+An operation is a generator over (store, topic, channel, **params). Its first step makes the
 cut in one Redis call and yields the progress, a dict with "done" and "total"; each
 further step does one chunk of at most CHUNK entries and yields it again, so every
 Redis call stays short and publishing and consuming go on meanwhile. The last
@@ -21,13 +21,15 @@ from relay.errors import RelayError
 from relay.store import deadletter
 from relay.store import Store, guarded
 from relay.store.connection import whole
+from relay.store.history import REPLAY_CHUNK
 from relay.store.keys import ChannelKeys
 
 QUEUE = "relay"
 QUEUE_KEY = f"{RQ_KEY_PREFIX}:queue:{QUEUE}"
 CHUNK = 1000
 RESULT_TTL = 7 * 24 * 3600
-SIZE_COMMANDS = {b"list": "LLEN", b"zset": "ZCARD", b"hash": "HLEN", b"none": "EXISTS"}
+SIZE_COMMANDS = {b"list": "LLEN", b"zset": "ZCARD", b"hash": "HLEN", b"stream": "XLEN",
+                 b"none": "EXISTS"}
 SAVE_INTERVAL = 0.2
 
 
@@ -53,7 +55,8 @@ def _drop(store, topic, channel, delete):
     sizes = trash_sizes(store, dropped.trash)
     progress: dict[str, Any] = {"cut_id": f"{dropped.last_id:016x}", "done": 0,
                                 "total": sum(n for _, n in sizes),
-                                "messages": sum(n for kind, n in sizes if kind != b"hash")}
+                                "messages": sum(n for kind, n in sizes
+                                                if kind not in (b"hash", b"stream"))}
     yield progress
     for key in dropped.trash:
         for n in free_trash(store, key, CHUNK):
@@ -80,6 +83,8 @@ def free_trash(store: Store, key: str, count: int) -> Iterator[int]:
         return _free_list(store.redis, key, count)
     if kind == b"zset":
         return _free_zset(store.redis, key, count)
+    if kind == b"stream":
+        return _free_stream(store.redis, key, count)
     return _free_hash(store.redis, key, count)
 
 
@@ -97,6 +102,16 @@ def _free_list(client, key, count):
 def _free_zset(client, key, count):
     while n := guarded(client.zremrangebyrank, key, 0, count - 1):
         yield n
+
+
+def _free_stream(client, key, count):
+    """A deleted topic's history: its oldest `count` entries at a time (XTRIM MINID
+    past the last of them)."""
+    while entries := guarded(client.xrange, key, "-", "+", count):
+        last_ms, last_seq = entries[-1][0].split(b"-")
+        guarded(lambda: client.xtrim(key, minid=f"{int(last_ms)}-{int(last_seq) + 1}"))
+        yield len(entries)
+    guarded(client.delete, key)
 
 
 def _free_hash(client, key, count):
@@ -134,8 +149,45 @@ def latest_deadline(store: Store, topic: str, channel: str) -> int:
     return latest
 
 
-OPERATIONS = {"empty": empty, "delete": delete, "requeue": requeue_all,
-              "redrive": deadletter.redrive}
+def replay(store: Store, topic: str, channel: str, starts: list[str], end: str = "+",
+           cuts: list[int] | None = None):
+    """Put the retained messages of each part from starts[part] to `end` (stream ids,
+    lib/history.lua) back in the channel's queue, in publish order, REPLAY_CHUNK
+    entries per call (replay.lua); with `cuts` (a channel just created from the
+    beginning) each part's entries up to its cut, each at the queue's head, newest
+    first, so the queue ends in publish order. Messages in flight or deferred are
+    skipped. The total is counted from the ids at the start."""
+    parts = store.parts(topic)
+    forward = cuts is None
+    cuts = cuts or [0] * len(parts)
+    progress = {"done": 0, "replayed": 0, "skipped": 0,
+                "total": sum(store.range_size(p, s, end, c)
+                             for p, s, c in zip(parts, starts, cuts))}
+    yield progress
+    for part, start, cut in zip(parts, starts, cuts):
+        if not forward and cut == 0:
+            continue    # nothing was published to that part before the channel was made
+        low, high = start, end
+        while True:
+            done = store.run(store.replay_op(part, channel, low, high, forward, cut))
+            if done is None:
+                raise NotFound(f"channel {topic}/{channel} not found")
+            progress["replayed"] += done.replayed
+            progress["skipped"] += done.skipped
+            progress["done"] = min(progress["total"], progress["done"] + done.read)
+            yield progress
+            if done.read < REPLAY_CHUNK:
+                break
+            if forward:
+                low = "(" + done.last
+            else:
+                high = "(" + done.last
+    progress["done"] = progress["total"]
+    yield progress
+
+
+OPERATIONS: dict[str, Callable[..., Iterator[dict]]] = {"empty": empty, "delete": delete, "requeue": requeue_all,
+              "redrive": deadletter.redrive, "replay": replay}
 
 
 def target(topic: str, channel: str) -> str:
@@ -143,22 +195,24 @@ def target(topic: str, channel: str) -> str:
 
 
 def run(store: Store, operation: str, topic: str, channel: str,
-        report: Callable[[dict], None] = lambda progress: None) -> dict:
+        report: Callable[[dict], None] = lambda progress: None,
+        params: dict | None = None) -> dict:
     """Run an operation to its end in this process; returns its last progress."""
     progress: dict = {}
-    for progress in OPERATIONS[operation](store, topic, channel):
+    for progress in OPERATIONS[operation](store, topic, channel, **(params or {})):
         report(progress)
     return {"operation": operation, "target": target(topic, channel), **progress}
 
 
-def perform(operation: str, topic: str, channel: str, replication: dict | None = None) -> dict:
+def perform(operation: str, topic: str, channel: str, replication: dict | None = None,
+            params: dict | None = None) -> dict:
     """The rq job: run the operation on the worker's Redis, progress in job.meta; a
     redrive's publishes wait for replicas as `replication` (Store.replication) says, as
-    relay-admin's options did where it was queued."""
+    relay-admin's options did where it was queued. `params`: the operation's own."""
     job = get_current_job()
     assert job is not None      # rq runs it as a job
     store = Store(whole(job.connection), **(replication or {}))
-    result = run(store, operation, topic, channel, MetaWriter(job))
+    result = run(store, operation, topic, channel, MetaWriter(job), params)
     job.meta["progress"] = result
     job.save_meta()
     return result
@@ -180,9 +234,9 @@ class MetaWriter:
 
 
 def enqueue(connection, operation: str, topic: str, channel: str,
-            replication: dict | None = None) -> Job:
+            replication: dict | None = None, params: dict | None = None) -> Job:
     return Queue(QUEUE, connection=connection).enqueue(
-        perform, operation, topic, channel, replication, job_timeout=-1,
+        perform, operation, topic, channel, replication, params, job_timeout=-1,
         result_ttl=RESULT_TTL,
         description=f"{operation} {target(topic, channel)}",
         meta={"operation": operation, "target": target(topic, channel)})

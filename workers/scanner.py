@@ -24,7 +24,9 @@ or sees a cluster's slots move (checked every TOPOLOGY_EVERY); and every part of
 share is seeded again by a sweep, a slice every second, the whole share in
 SWEEP_EVERY seconds or, past SWEEP_MOST parts a second, longer: a safety net for a
 node index write lost (sent to a stale node's keys, or by a broker of the layout
-before, which writes none), at a bounded cost.
+before, which writes none), at a bounded cost. The sweep also trims the swept parts'
+histories (trim.lua), so a topic with retention that nobody publishes to is trimmed
+too, within SWEEP_EVERY of its due time.
 
 Scanners share the work by hash slot: each registers in `relay:scanners` with a
 heartbeat (relay/liveness.py, as brokers do), and the one of rank i among the n
@@ -214,7 +216,9 @@ class Scanner:
         self._swept = now
         try:
             if self.seeded:
-                self.store.seed_due(self.sweep_slice())
+                swept = self.sweep_slice()
+                self.store.seed_due(swept)
+                self.store.trim_parts(swept)
                 return
             seen = self.store.seed_due(self.share.topics)
             self.seeded = True
@@ -303,7 +307,8 @@ def main(options) -> None:
                  "registered nowhere", redacted_url(options.redis_url))
         return
     scanner = Scanner(Store(client, **replication(options),
-                            topic_partitions=options.topic_partitions),
+                            topic_partitions=options.topic_partitions,
+                            topic_retention_ms=options.retention_time),
                       options.queue_scan_interval, options.queue_scan_limit,
                       dead_letter_topic=options.dead_letter_topic,
                       redis_url=options.redis_url)

@@ -28,23 +28,50 @@ ENDED = (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANC
 
 @click.command()
 @click.argument("target", metavar="TOPIC[/CHANNEL]")
+@click.argument("second", metavar="[CHANNEL]", required=False)
 @click.option("--partitions", type=click.IntRange(1, MAX_PARTITIONS), metavar="N",
               help="a topic's partitions, each a slot of its own: a new topic gets N, an "
                    "existing one is raised to N (never lowered)")
+@click.option("--from", "start", type=click.Choice(["latest", "earliest"]), default="latest",
+              show_default=True, help="where a new channel starts: at what is published "
+                                      "next (nsqd's), or with everything the topic retains")
+@background_option
 @redis_options
-def create(store, as_json, target, partitions):
-    """Create a topic, or a channel of an existing topic (as the HTTP API)."""
-    topic, channel = parse_target(target)
+def create(store, as_json, target, second, partitions, start, background):
+    """Create a topic, or a channel of an existing topic (as the HTTP API); a new topic
+    gets --retention-time as the processes' options say."""
+    if second is not None and "/" in target:
+        raise click.UsageError("give TOPIC/CHANNEL or TOPIC CHANNEL, not both")
+    topic, channel = parse_target(target if second is None else f"{target}/{second}")
+    if start == "earliest" and not channel:
+        raise click.UsageError("--from earliest is a new channel's: give TOPIC/CHANNEL")
     if channel and partitions:
         fail("--partitions is a topic's: give TOPIC, not TOPIC/CHANNEL")
     if channel and topic not in store.topic_names():
         fail(f"topic {topic!r} not found: create it first (as /channel/create asks)")
+    store.topic_retention_ms = relay_options()[0].retention_time
     if partitions:
         create_partitioned(store, as_json, topic, partitions)
+        return
+    if start == "earliest":
+        create_from_start(store, as_json, topic, channel, background)
         return
     created = store.create_channel(topic, channel) if channel else store.create_topic(topic)
     show({"target": target, "created": created}, as_json,
          f"created {target}" if created else f"{target} exists already")
+
+
+def create_from_start(store: Store, as_json: bool, topic: str, channel: str,
+                      background: bool) -> None:
+    """A new channel that starts with everything the topic retains (a replay, as an rq
+    job when big)."""
+    plan = store.create_from_start(topic, channel)
+    if plan is None:
+        fail(f"channel {topic}/{channel} exists already: --from earliest makes a new one "
+             f"(relay-admin replay rewinds one)")
+    run_operation(store, as_json, "replay", topic, channel, background, plan.size,
+                  plan.params, lambda result: f"created {topic}/{channel} with the "
+                  f"{result['replayed']} messages {topic} retains")
 
 
 def create_partitioned(store: Store, as_json: bool, topic: str, partitions: int) -> None:
@@ -143,29 +170,32 @@ FREEING = ("empty", "delete", "requeue")
 
 
 def run_operation(store: Store, as_json: bool, operation: str, topic: str,
-                  channel: str | None, background: bool, size: int | None = None) -> None:
+                  channel: str | None, background: bool, size: int | None = None,
+                  params: dict | None = None, text=summary) -> None:
     """Inline for small targets (`size` messages, by default what the target holds),
-    else as an rq job with a progress bar; --background always queues a job and returns."""
+    else as an rq job with a progress bar; --background always queues a job and returns.
+    `params`: the operation's own; `text(result)`: what is printed."""
     channel = channel or ""
     if background:
-        job = operations.enqueue(store.redis, operation, topic, channel, store.replication())
+        job = operations.enqueue(store.redis, operation, topic, channel, store.replication(),
+                                 params)
         show({"job": job.id, "status": "queued", "operation": operation,
               "target": operations.target(topic, channel)}, as_json,
              f"queued job {job.id}: {job.description} (relay-admin jobs shows it)")
         return
     if (held_messages(store, topic, channel) if size is None else size) <= INLINE_LIMIT:
-        result = operations.run(store, operation, topic, channel)
+        result = operations.run(store, operation, topic, channel, params=params)
     elif operation in FREEING and store.refusal() == OUT_OF_MEMORY:
         click.echo(f"relay-admin: {OUT_OF_MEMORY}: no job can be queued, so the "
                    f"{operation} runs here", err=True)
-        result = operations.run(store, operation, topic, channel)
+        result = operations.run(store, operation, topic, channel, params=params)
     elif not operations.has_worker(store.redis):
         fail("no `relay jobs` worker is running: start one, or pass --background "
              "to queue the job")
     else:
         result = wait(operations.enqueue(store.redis, operation, topic, channel,
-                                   store.replication()))
-    show(result, as_json, summary(result))
+                                         store.replication(), params))
+    show(result, as_json, text(result))
 
 
 def held_messages(store: Store, topic: str, channel: str) -> int:

@@ -1,10 +1,11 @@
 """What relay-admin prints: aligned text tables, UTC times, and the text of each
 command's result (every command also takes --json)."""
 
-import datetime
 import json
 
 import click
+
+from relay.store.history import iso_ms
 
 STATS_COLUMNS = ["topic", "channel", "depth", "in_flight", "deferred", "messages",
                  "requeued", "timed_out", "dead", "clients", "paused"]
@@ -30,10 +31,7 @@ def show(data, as_json: bool, text: str) -> None:
     click.echo(json.dumps(data, indent=2) if as_json else text)
 
 
-def utc(ms: int) -> str:
-    """A Redis ms timestamp as UTC ISO 8601."""
-    moment = datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+utc = iso_ms    # a Redis ms timestamp as UTC ISO 8601
 
 
 def stats_text(data: dict) -> str:
@@ -81,6 +79,9 @@ def summary(result: dict) -> str:
         return f"requeued {result['requeued']} messages in flight on {target}"
     if result["operation"] == "redrive":
         return f"redrove {result['requeued']} dead letters to {target}"
+    if result["operation"] == "replay":
+        return (f"replayed {result['replayed']} messages to {target} ({result['skipped']} "
+                f"skipped: in flight or deferred)")
     verb = "emptied" if result["operation"] == "empty" else "deleted"
     return f"{verb} {target}: {result['messages']} messages dropped (ids up to {result['cut_id']})"
 

@@ -66,7 +66,8 @@ class Broker:
         self.redis = client or connect_redis(options)
         # builds every op, and runs the HTTP API's calls on the client's pool; the group
         # commit sends on connections of its own, which nothing else may use meanwhile
-        self.store = Store(self.redis, topic_partitions=options.topic_partitions)
+        self.store = Store(self.redis, topic_partitions=options.topic_partitions,
+                           topic_retention_ms=options.retention_time)
         self.metrics = Metrics(self)
         self.commit = GroupCommit(Store(self.redis, True, **replication(options)),
                                   options.commit_lanes,

@@ -51,14 +51,17 @@ class StoreBase:
     _guard = staticmethod(guarded)
 
     def __init__(self, client: RedisClient, dedicated: bool = False, wait_replicas: int = 0,
-                 wait_timeout: int = 0, topic_partitions: int = 1) -> None:
+                 wait_timeout: int = 0, topic_partitions: int = 1,
+                 topic_retention_ms: int = 0) -> None:
         """`dedicated`, `wait_replicas`, `wait_timeout`: see ScriptRunner;
-        `topic_partitions`: the partition count of topics this Store creates."""
+        `topic_partitions`, `topic_retention_ms`: the partition count and retention
+        (--retention-time; 0: none) of topics this Store creates."""
         self.redis = client
         self.runner = ScriptRunner(client, dedicated, wait_replicas, wait_timeout)
         self.cluster = self.runner.cluster
         self.nodes = Nodes(client)
         self.topic_partitions = topic_partitions
+        self.topic_retention_ms = topic_retention_ms
         self._channels: dict[str, list[str]] = {}
         self._registered: dict[str, float] = {}
         self._partitions: dict[str, tuple[int, float]] = {}
@@ -76,7 +79,8 @@ class StoreBase:
         """Another Store on the same client (a group-commit lane of its own) that shares
         what this one learned: channel lists, topic registrations, partition counts."""
         other = type(self)(self.redis, self.runner.dedicated, self.runner.wait_replicas,
-                            self.runner.wait_timeout, self.topic_partitions)
+                            self.runner.wait_timeout, self.topic_partitions,
+                            self.topic_retention_ms)
         other._channels, other._registered = self._channels, self._registered
         other._partitions, other._turns = self._partitions, self._turns
         other._reading, other.lookup = self._reading, self.lookup
@@ -119,11 +123,13 @@ class StoreBase:
                   [len(channels), *channels, *args], parse, pre, redo)
 
     def partitions_op(self, topic: str, raise_to: int = 0) -> Op:
-        """The topic's partition count, [now, before]; a new topic takes this Store's
-        default, and `raise_to` raises it."""
+        """The topic's partition count, [now, before, made]; a new topic takes this
+        Store's default count and retention (made: 1 if this call gave it the latter),
+        and `raise_to` raises the count."""
         t = TopicKeys.of(topic)
         return Op("partitions", [t.version, t.meta],
-                  [self.topic_partitions, raise_to, t.wake, self.node(topic)],
+                  [self.topic_partitions, raise_to, t.wake, self.node(topic),
+                   self.topic_retention_ms],
                   lambda reply: [int(n) for n in reply])
 
     def partitions(self, topic: str, fresh: bool = False) -> int:
@@ -141,12 +147,22 @@ class StoreBase:
             if failed and failed[1] >= asked:
                 raise failed[0]     # the read they waited for failed: so does theirs
             try:
-                count = self.lookup(self.partitions_op(topic))[0]
+                count, _, made = self.lookup(self.partitions_op(topic))
             except StoreError as e:
                 self._unread[topic] = (e, time.monotonic())
                 raise
+            if made and count > 1:
+                self._retain_parts(topic, count)
             self.learn_partitions(topic, count)
             return count
+
+    def _retain_parts(self, topic: str, count: int) -> None:
+        """The parts beyond the first of a topic new with retention get it too (part 0
+        has it from partitions.lua)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for part in keys.part_names(topic, count)[1:]:
+            pipe.hset(TopicKeys.of(part).meta, "retention_ms", self.topic_retention_ms)
+        self._guard(pipe.execute)
 
     def learn_partitions(self, topic: str, count: int) -> None:
         self._partitions[topic] = (count, time.monotonic())

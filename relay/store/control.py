@@ -9,6 +9,7 @@ from relay.codec import MSG_ID_LENGTH
 from relay.errors import RelayError
 from relay.store import keys
 from relay.store.data_path import DataPath
+from relay.store.history import RETENTION_FIELDS
 from relay.store.inflight import member_id, member_owner
 from relay.store.keys import ChannelKeys, TopicKeys, id_part, part_name
 from relay.store.reads import Reads
@@ -41,13 +42,19 @@ class Control(DataPath, Reads):
         new = [part_name(topic, i) for i in range(before, count)]
         if new:
             self._prepare_parts(topic, new)
-        now, before = self.run(self.partitions_op(topic, count))
+        now, before, _ = self.run(self.partitions_op(topic, count))
         self.learn_partitions(topic, now)
         return before
 
     def _prepare_parts(self, topic: str, parts: list[str]) -> None:
-        """Give new parts the topic's channels, their settings and the topic's pause."""
+        """Give new parts the topic's retention, channels, their settings and the topic's
+        pause."""
         self._guard(self.redis.sadd, keys.PARTITIONS, *parts)
+        retention = self._guard(self.redis.hmget, TopicKeys.of(topic).meta, *RETENTION_FIELDS)
+        for name, value in zip(RETENTION_FIELDS, retention):
+            for part in parts:
+                if value is not None:
+                    self._guard(self.redis.hset, TopicKeys.of(part).meta, name, value)
         paused = self.read_topic(topic, parts=[topic])["paused"]
         for channel in self.channel_names(topic):
             settings = {k: v for k, v in self._guard(
@@ -98,11 +105,12 @@ class Control(DataPath, Reads):
         per_channel = len(keys.MESSAGE_SUFFIXES)
 
         def trash_keys(channels):
-            return [f"{trash}{i}" for i in range(1, 3 + per_channel * len(channels))]
+            return [f"{trash}{i}" for i in range(1, 4 + per_channel * len(channels))]
 
         return self._fanout_op(
             "drop", topic,
-            [t.ids, t.channels, t.meta, t.backlog, t.backlog_deferred, t.due, t.version],
+            [t.ids, t.channels, t.meta, t.backlog, t.backlog_deferred, t.due, t.version,
+             t.history],
             [channel, int(delete), t.wake, self.node(topic)], Dropped.parse,
             extra_keys=trash_keys,
             channels=[channel] if channel else (None if delete else []))

@@ -59,7 +59,7 @@ class DataPath(StoreBase):
         t = TopicKeys.of(part)
         ts = stored_timestamp(timestamp_ns or time.time_ns())
         topic_keys = [t.ids, t.meta, t.channels, t.backlog, t.backlog_deferred, t.due,
-                      t.version]
+                      t.version, t.history]
         pre = self._register(topic, count)
         if len(bodies) <= INLINE_BODIES:
             return self._fanout_op("publish", part, topic_keys,
@@ -96,7 +96,7 @@ class DataPath(StoreBase):
         registry = ("SADD", keys.PARTITIONS, part) if index else ("SADD", keys.TOPICS, topic)
         return Op("subscribe",
                   [t.channels, t.backlog, t.backlog_deferred, c.queue, c.deferred, c.msgs,
-                   c.meta, c.consumers, t.due, t.meta, t.version],
+                   c.meta, c.consumers, t.due, t.meta, t.version, t.ids],
                   [channel, broker_id, self.node(part)], Subscribed.parse, pre=(registry,))
 
     def subscribe(self, topic: str, channel: str, broker_id: str) -> bool:

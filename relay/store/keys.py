@@ -39,7 +39,15 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             cluster: relay:{node-N}:due and :news, node-N
                                             hashing to the node's lowest slot
                                             (relay/store/nodes.py)
-    relay:{T}:meta                    HASH  message_count, message_bytes
+    relay:{T}:meta                    HASH  message_count, message_bytes; retention_ms,
+                                            retention_bytes (settings, absent: off) and
+                                            history_added, history_start, history_first_ms,
+                                            history_last_ms (lib/history.lua)
+    relay:{T}:history                 STREAM with retention on, a copy of every record
+                                            published, id "<ms>-<count>": ms from its
+                                            timestamp (made non-decreasing), count its id's;
+                                            fields r (the record as queued) and o (bytes
+                                            retained through it, ever: lib/history.lua)
     relay:{T}:ids                     STRING last message id handed out (never deleted)
     relay:{T}:due                     ZSET  channel -> earliest in-flight deadline or
                                             deferred due time (ms); what the node due
@@ -189,6 +197,7 @@ class TopicKeys:
     tombstones: str
     deregistered: str
     version: str
+    history: str
 
     @classmethod
     @lru_cache(maxsize=16384)
@@ -196,7 +205,7 @@ class TopicKeys:
         p = topic_prefix(topic)
         return cls(topic, p + "meta", p + "ids", p + "channels", p + "backlog",
                    p + "backlog:deferred", p + "due", p + "wake", p + "tombstones",
-                   p + "deregistered", p + "version")
+                   p + "deregistered", p + "version", p + "history")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from relay.store.causes import cause
 from relay.codec import NSQD_VERSION, parse_int64, split_mpub
 from relay.broker.context import BrokerContext
 from relay.errors import ClientError, StoreError
+from relay.broker.http.history import HistoryApi
 from relay.broker.http.lookupd import LookupdApi
 from relay.broker.http.server import (JSON, HttpError, HttpServer, Routes, Typed, existing_topic,
                                from_registry, from_store)
@@ -32,7 +33,8 @@ def nsqd_server(broker: BrokerContext) -> HttpServer:
     """The server of --http-address and --https-address: nsqd's API and nsqlookupd's
     queries, so a client can use a broker as its lookupd."""
     api = NsqdApi(broker)
-    return HttpServer(broker, {**api.routes(), **LookupdApi(broker).queries()},
+    return HttpServer(broker, {**api.routes(), **LookupdApi(broker).queries(),
+                               **HistoryApi(broker).routes()},
                       prefixes={"/config/": {"GET": api.config, "PUT": api.config}})
 
 
@@ -198,8 +200,14 @@ class NsqdApi:
         from_store(self.broker, lambda s: s.pause_topic(topic, _pausing(request)))
 
     def channel_create(self, request):
+        """from=earliest (relay's): a new channel with everything the topic retains."""
         topic, channel = request.topic_channel()
         existing_topic(self.broker, topic)
+        start = request.arg("from")
+        if start not in (None, "latest", "earliest"):
+            raise HttpError(400, "INVALID_ARG_FROM")
+        if start == "earliest":
+            return HistoryApi(self.broker).create_from_start(topic, channel)
         from_store(self.broker, lambda s: s.create_channel(topic, channel))
 
     def channel_delete(self, request):

@@ -30,9 +30,9 @@ JSON = "application/json; charset=utf-8"
 AUTHORIZED_PATHS = {
     **{p: "publish" for p in ("/pub", "/mpub", "/topic/create", "/topic/delete",
                               "/topic/empty", "/topic/pause", "/topic/unpause",
-                              "/topic/tombstone")},
+                              "/topic/tombstone", "/topic/retention")},
     **{p: "subscribe" for p in ("/channel/create", "/channel/delete", "/channel/empty",
-                                "/channel/pause", "/channel/unpause")}}
+                                "/channel/pause", "/channel/unpause", "/channel/replay")}}
 IDENTIFIED = "identified"
 MAX_CACHED_GRANTS = 10_000
 TLS_REQUIRED_EVERYWHERE = 2     # --tls-required true: no plain HTTP API either

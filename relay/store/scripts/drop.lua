@@ -8,7 +8,8 @@
 --
 -- KEYS[1] topic ids   KEYS[2] topic channels   KEYS[3] topic meta   KEYS[4] backlog
 -- KEYS[5] backlog deferred   KEYS[6] topic due index   KEYS[7] topic version (news.lua)
--- KEYS[8..7+m] m trash keys
+-- KEYS[8] topic history (a deleted topic's goes too; an emptied one's stays)
+-- KEYS[9..8+m] m trash keys
 -- (as many as there may be keys to detach), then the channels' keys (fanout.lua): the
 -- one channel to drop, or for a topic to delete all of its channels
 -- ARGV[1..ARG0] the channels (fanout.lua), then: channel name ('' for the topic),
@@ -21,7 +22,7 @@
 -- delete does not exist, or the stale reply.
 local channel, delete = ARGV[ARG0 + 1], ARGV[ARG0 + 2] == '1'
 local NODE = ARGV[ARG0 + 4]
-local trash, free = {}, 8
+local trash, free = {}, 9
 local function detach(key)
   if redis.call('EXISTS', key) == 1 then
     trash[#trash + 1] = KEYS[free]
@@ -56,6 +57,7 @@ else
   detach(KEYS[4])
   detach(KEYS[5])
   if delete then
+    detach(KEYS[8])
     for c = 1, N_CHANNELS do drop_channel(c) end
     redis.call('UNLINK', KEYS[2], KEYS[3], KEYS[6])
   end

@@ -6,20 +6,28 @@
 -- ARGV[1] the default for a topic that is new (neither key exists)
 -- ARGV[2] the count to raise it to (0: only read)   ARGV[3] the topic's wake channel
 -- ARGV[4] the node keys' prefix (lib/node.lua): raising the count is news to brokers
--- Returns {the count now, the count before}.
+-- ARGV[5] the retention (ms) of a topic that is new (0: none, nsqd's), written to part
+-- 0's meta (lib/history.lua); the caller writes the other parts'
+-- Returns {the count now, the count before, 1 if this call found the topic new and
+-- gave it the retention, else 0}.
 local before = tonumber(redis.call('HGET', KEYS[1], 'partitions') or '0')
 local wanted = tonumber(ARGV[2])
+local retention, made = tonumber(ARGV[5] or '0'), 0
 if before == 0 then
   local default = tonumber(ARGV[1])
-  if wanted == 0 and default > 1 and redis.call('EXISTS', KEYS[1]) == 0
+  if ((wanted == 0 and default > 1) or retention > 0) and redis.call('EXISTS', KEYS[1]) == 0
       and redis.call('EXISTS', KEYS[2]) == 0 then
-    wanted = default
+    if wanted == 0 and default > 1 then wanted = default end
+    if retention > 0 then
+      redis.call('HSET', KEYS[2], 'retention_ms', retention)
+      made = 1
+    end
   end
   before = 1
 end
 if wanted <= before then
-  return {before, before}
+  return {before, before, made}
 end
 redis.call('HSET', KEYS[1], 'partitions', wanted)
 announce(KEYS[1], ARGV[3], '', ARGV[4])
-return {wanted, before}
+return {wanted, before, made}

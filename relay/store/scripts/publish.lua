@@ -1,16 +1,19 @@
--- include: fanout.lua, time.lua, chunked.lua, record.lua, news.lua
+-- include: fanout.lua, time.lua, chunked.lua, record.lua, news.lua, history.lua
 -- publish: append messages to every channel of a topic, now or deferred.
 -- With no channel yet, they wait in the topic backlog for the first one
--- (nsqd keeps them in the topic queue the same way).
+-- (nsqd keeps them in the topic queue the same way). With the topic's retention on
+-- (its meta's settings, lib/history.lua), the history keeps a copy of each, in this
+-- same call, and is trimmed by a bounded step.
 --
 -- KEYS[1] topic ids (STRING)   KEYS[2] topic meta   KEYS[3] topic channels
 -- KEYS[4] backlog (LIST)       KEYS[5] backlog deferred (ZSET record -> due)
 -- KEYS[6] topic due index (scanners)   KEYS[7] topic version (news.lua)
--- KEYS[8] the staged bodies (LIST), only when ARGV says so; then the channels' keys
+-- KEYS[8] topic history (STREAM)
+-- KEYS[9] the staged bodies (LIST), only when ARGV says so; then the channels' keys
 -- (fanout.lua)
 -- ARGV[1..ARG0] the channels (fanout.lua), then: wake pub/sub channel,
 -- 8-byte timestamp, defer ms (0 = now), the part's number (keys.py), the number of
--- bodies staged in KEYS[8] (0: the bodies follow in ARGV), the node keys' prefix
+-- bodies staged in KEYS[9] (0: the bodies follow in ARGV), the node keys' prefix
 -- (lib/node.lua), bodies...
 -- A call's arguments are bounded (runner.MAX_CALL_ARGS), so a bigger MPUB stages its
 -- bodies first, in commands sent just before this call; this call publishes all of
@@ -29,7 +32,7 @@ local FIRST_BODY = ARG0 + 7
 local n = staged
 if staged == 0 then n = #ARGV - FIRST_BODY + 1 end
 -- a stage Redis refused part of (at maxmemory, lib/maxmemory.lua): publish none of it
-if staged > 0 and redis.call('LLEN', KEYS[8]) ~= staged then
+if staged > 0 and redis.call('LLEN', KEYS[9]) ~= staged then
   return redis.error_reply('the MPUB was not staged whole: redis refused part of it')
 end
 local last = redis.call('INCRBY', KEYS[1], n)
@@ -40,7 +43,7 @@ local BATCH = 10000   -- messages handled at a time, so a big MPUB's records nev
 -- the bodies from..to (1-based, of this call's messages)
 local function bodies(from, to)
   if staged > 0 then
-    return redis.call('LRANGE', KEYS[8], from - 1, to - 1)
+    return redis.call('LRANGE', KEYS[9], from - 1, to - 1)
   end
   local out = {}
   for i = from, to do out[#out + 1] = ARGV[FIRST_BODY + i - 1] end
@@ -58,20 +61,30 @@ local function interleave(first, second)
 end
 
 local channels = N_CHANNELS
-if redis.call('HEXISTS', KEYS[2], 'paused') == 1 then
+local meta = redis.call('HMGET', KEYS[2], 'paused', 'retention_ms', 'retention_bytes')
+if meta[1] then
   channels = 0  -- a paused topic keeps everything in its backlog (pause_topic.lua)
 end
+local history = nil   -- read only with retention on: off, a publish reads no more
+if meta[2] or meta[3] then
+  history = history_state(redis.call('HMGET', KEYS[2], unpack(HISTORY_FIELDS)), 1)
+end
+local TRIM_STEP = 1000   -- entries a trim by size reads at most, beyond this call's
 local due = nil
 if defer > 0 then due = now_ms() + defer end
 local bytes = 0
 for from = 1, n, BATCH do
   local batch = bodies(from, math.min(from + BATCH - 1, n))
-  local ids, records = {}, {}
+  local ids, records, counts = {}, {}, {}
   for i, body in ipairs(batch) do
     local count = first + from + i - 2
     ids[i] = string.format('%04x%012x', part, count)
     records[i] = new_record(timestamp, ids[i], body, count)
+    counts[i] = count
     bytes = bytes + #body
+  end
+  if history then
+    retain(KEYS[8], history, timestamp, records, counts)
   end
   if not due then
     if channels == 0 then
@@ -100,7 +113,11 @@ if channels > 0 and not due then
   announce(KEYS[7], wake, '', NODE)
 end
 if staged > 0 then
-  redis.call('DEL', KEYS[8])
+  redis.call('DEL', KEYS[9])
+end
+if history then
+  trim_history(KEYS[8], history, now_ms(), TRIM_STEP + n)
+  save_history(KEYS[2], history)
 end
 redis.call('HINCRBY', KEYS[2], 'message_count', n)
 redis.call('HINCRBY', KEYS[2], 'message_bytes', bytes)

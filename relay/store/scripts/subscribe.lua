@@ -8,8 +8,10 @@
 -- KEYS[7] channel meta     KEYS[8] channel consumers  KEYS[9] topic due index
 -- KEYS[10] topic meta (a paused topic keeps its backlog)   KEYS[11] topic version
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] broker id
--- ARGV[3] the node keys' prefix (lib/node.lua)
--- Returns {1 if the channel was created else 0, its incarnation, its empties}: the
+-- ARGV[3] the node keys' prefix (lib/node.lua)   KEYS[12] topic ids
+-- Returns {1 if the channel was created else 0, its incarnation, its empties, the cut}:
+-- the cut is the count of the last message published before this call that is not in
+-- the backlog (a channel created from the beginning replays the history up to it); the
 -- incarnation (a number from the topic version key's field `channels`, new each time
 -- a channel of the topic is created; not news: brokers need not look again)
 -- and the count of empties (drop.lua) are what brokers compare to see that the
@@ -24,8 +26,13 @@ if not incarnation then
   incarnation = redis.call('HINCRBY', KEYS[11], 'channels', 1)
   redis.call('HSET', KEYS[7], 'incarnation', incarnation)
 end
+local backlog_head = redis.call('LINDEX', KEYS[2], 0)
+local cut = tonumber(redis.call('GET', KEYS[12]) or '0')
+if backlog_head then
+  cut = tonumber(string.sub(record_id(backlog_head), 5), 16) - 1
+end
 local reply = {created, tonumber(incarnation),
-               tonumber(redis.call('HGET', KEYS[7], 'empties') or '0')}
+               tonumber(redis.call('HGET', KEYS[7], 'empties') or '0'), cut}
 if created == 0 or redis.call('SCARD', KEYS[1]) > 1
     or redis.call('HEXISTS', KEYS[10], 'paused') == 1 then
   return reply
