@@ -31,7 +31,8 @@ def collect(store: Store, topic: str | None = None, channel: str | None = None,
     names = store.topic_names()
     if topic:
         names = [n for n in names if n == topic]
-    topics, kept = [], {}
+    topics: list[dict] = []
+    kept: list[tuple] = []      # (entry, retention, part names) of topics with it on
     for name in names:
         part_names = store.parts(name)
         parts, retention = store.read_topic_state(name, part_names)
@@ -55,7 +56,7 @@ def collect(store: Store, topic: str | None = None, channel: str | None = None,
                        "e2e_processing_latency": NO_LATENCY,
                        **({"parts": parts} if by_part else {})})
         if retention != (0, 0):
-            kept[name] = (topics[-1], retention, part_names)
+            kept.append((topics[-1], retention, part_names))
     if kept:
         _add_retention(store, kept)
     if latency is not None and latency.enabled:
@@ -63,12 +64,12 @@ def collect(store: Store, topic: str | None = None, channel: str | None = None,
     return {"topics": topics}
 
 
-def _add_retention(store: Store, kept: dict) -> None:
+def _add_retention(store: Store, kept: list[tuple]) -> None:
     """A "retention" entry for each topic with retention on: its settings and what it
     retains summed over its parts (and each part's under "parts", if read), from one
     read of every part's history for them all (History.retained_parts)."""
-    figures = iter(store.retained_parts([p for _, _, parts in kept.values() for p in parts]))
-    for entry, (time_ms, max_bytes), parts in kept.values():
+    figures = iter(store.retained_parts([p for _, _, parts in kept for p in parts]))
+    for entry, (time_ms, max_bytes), parts in kept:
         each = [next(figures) for _ in parts]
         entry["retention"] = {"time_ms": time_ms, "max_bytes": max_bytes, **retained(each)}
         for part, figure in zip(entry.get("parts", []), each):
