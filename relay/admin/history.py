@@ -7,7 +7,7 @@ import click
 
 from relay.admin.args import background_option, existing, fail, redis_options
 from relay.admin.steering import run_operation
-from relay.admin.text import show, table, utc
+from relay.admin.text import retention_text, show, table, utc
 from relay.codec import MSG_ID_LENGTH
 from relay.options import parse_duration, parse_size, parse_time
 from relay.store import Store
@@ -35,14 +35,6 @@ SIZE = Parsed("size", parse_size)
 TIME = Parsed("time", parse_time)
 
 
-def duration_text(ms: int) -> str:
-    """ms as the largest whole unit: 86400000 -> 24h."""
-    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000)):
-        if ms and ms % size == 0:
-            return f"{ms // size}{unit}"
-    return f"{ms}ms"
-
-
 @click.command()
 @click.argument("topic")
 @click.option("--time", "time_ms", type=DURATION, metavar="DURATION",
@@ -67,10 +59,8 @@ def retention(store, as_json, topic, time_ms, max_bytes, off):
 
 def show_retention(store: Store, as_json: bool, topic: str) -> None:
     data = store.retention_report(topic)
-    time_ms, max_bytes, rows = data["time_ms"], data["max_bytes"], data["partitions"]
-    setting = "off" if not data["on"] else ", ".join(
-        text for text in (time_ms and f"time {duration_text(time_ms)}",
-                          max_bytes and f"max bytes {max_bytes}") if text)
+    rows = data["partitions"]
+    setting = retention_text(data["time_ms"], data["max_bytes"])
     show(data, as_json, f"{topic}: retention {setting}\n" + table(
         [[r["partition"], r["retained"], r["bytes"], r["oldest"], r["newest"]] for r in rows],
         ["partition", "retained", "bytes", "oldest", "newest"]))

@@ -9,6 +9,7 @@ from relay.store.history import iso_ms
 
 STATS_COLUMNS = ["topic", "channel", "depth", "in_flight", "deferred", "messages",
                  "requeued", "timed_out", "dead", "clients", "paused"]
+RETAINED_COLUMNS = ["topic", "retention", "retained", "bytes", "oldest", "newest"]
 CLIENT_COLUMNS = ["broker", "channel", "client", "address", "user_agent", "ready",
                   "in_flight", "messages", "finished", "requeued", "connected"]
 
@@ -50,7 +51,42 @@ def stats_text(data: dict) -> str:
     if not rows:
         return "no topics"
     text = table(rows, STATS_COLUMNS)
+    if any("retention" in t for t in data["topics"]):
+        text += "\n\n" + retained_table(data["topics"])
     return text + "\n\n" + clients_table(clients) if clients else text
+
+
+def retained_table(topics: list[dict]) -> str:
+    """What the topics with retention on retain (each partition's too, if read)."""
+    rows = []
+    for t in topics:
+        if "retention" not in t:
+            continue
+        kept = t["retention"]
+        rows.append([t["topic_name"], retention_text(kept["time_ms"], kept["max_bytes"]),
+                     *_retained_cells(kept)])
+        rows += [[label, "", *_retained_cells(part["retention"])]
+                 for label, part in _part_rows(t)]
+    return table(rows, RETAINED_COLUMNS)
+
+
+def _retained_cells(kept: dict) -> list:
+    return [kept["retained"], kept["bytes"], kept["oldest_ms"] and utc(kept["oldest_ms"]),
+            kept["newest_ms"] and utc(kept["newest_ms"])]
+
+
+def retention_text(time_ms: int, max_bytes: int) -> str:
+    """A retention setting as a person reads it: "time 24h, max bytes 1000000000", "off"."""
+    return ", ".join(text for text in (time_ms and f"time {duration_text(time_ms)}",
+                                       max_bytes and f"max bytes {max_bytes}") if text) or "off"
+
+
+def duration_text(ms: int) -> str:
+    """ms as the largest whole unit: 86400000 -> 24h."""
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
 
 
 def _part_rows(entry: dict) -> list[tuple[str, dict]]:

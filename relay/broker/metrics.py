@@ -46,6 +46,12 @@ class _QueueCollector:
                   name, help, labels in [
                       ("topic_depth", "Messages waiting in the topic backlog", ["topic"]),
                       ("topic_paused", "1 if the topic is paused", ["topic"]),
+                      ("topic_retained_messages", "Messages the topic retains for replay "
+                       "(topics with retention on)", ["topic"]),
+                      ("topic_retained_bytes", "Bytes of the records the topic retains "
+                       "(topics with retention on)", ["topic"]),
+                      ("topic_retained_oldest_timestamp_seconds", "Publish time of the "
+                       "oldest message retained (topics retaining one)", ["topic"]),
                       ("channel_depth", "Ready messages", ["topic", "channel"]),
                       ("channel_in_flight", "Messages in flight", ["topic", "channel"]),
                       ("channel_deferred", "Deferred messages", ["topic", "channel"]),
@@ -64,6 +70,8 @@ class _QueueCollector:
             gauges["topic_depth"].add_metric(name, t["depth"])
             gauges["topic_paused"].add_metric(name, int(t["paused"]))
             counters["topic_messages"].add_metric(name, t["message_count"])
+            if "retention" in t:
+                _add_retained(gauges, name, t["retention"])
             for c in t["channels"]:
                 labels = name + [c["channel_name"]]
                 for metric, field in [("channel_depth", "depth"),
@@ -82,3 +90,12 @@ class _QueueCollector:
                                 value=len(self.broker.clients))
         yield GaugeMetricFamily("relay_uptime_seconds", "Seconds since this broker started",
                                 value=time.time() - self.started)
+
+
+def _add_retained(gauges: dict, name: list, retention: dict) -> None:
+    """A topic's retained figures; the oldest's time only when it retains one."""
+    gauges["topic_retained_messages"].add_metric(name, retention["retained"])
+    gauges["topic_retained_bytes"].add_metric(name, retention["bytes"])
+    if retention["oldest_ms"] is not None:
+        gauges["topic_retained_oldest_timestamp_seconds"].add_metric(
+            name, retention["oldest_ms"] / 1000)

@@ -184,6 +184,13 @@ class Reads(StoreBase):
         return summed(self.read_topic_parts(topic, parts))
 
     def read_topic_parts(self, topic: str, parts: list | None = None) -> list[dict]:
+        return self.read_topic_state(topic, parts)[0]
+
+    def read_topic_state(self, topic: str, parts: list | None = None
+                         ) -> tuple[list[dict], tuple[int, int]]:
+        """read_topic_parts, and the topic's retention (time ms, max bytes; (0, 0) when
+        off) as part 0's meta has it, from the same read: so /stats reads the history
+        of the topics with retention on only, at no cost for the others."""
         parts = parts or self.parts(topic)
         pipe = self.redis.pipeline(transaction=False)
         for part in parts:
@@ -192,10 +199,12 @@ class Reads(StoreBase):
             pipe.llen(t.backlog)
             pipe.zcard(t.backlog_deferred)
         replies = self._guard(pipe.execute)
+        first = replies[0]
+        retention = (int(first.get(b"retention_ms") or 0), int(first.get(b"retention_bytes") or 0))
         return [{"message_count": int(meta.get(b"message_count", 0)),
                  "message_bytes": int(meta.get(b"message_bytes", 0)),
                  "depth": backlog, "deferred_count": deferred, "paused": b"paused" in meta}
-                for meta, backlog, deferred in zip(*[iter(replies)] * 3)]
+                for meta, backlog, deferred in zip(*[iter(replies)] * 3)], retention
 
     def read_channel(self, topic: str, channel: str) -> dict:
         """Depth, in-flight, deferred and counters of a channel as stored, summed over

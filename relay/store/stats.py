@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from relay.codec import is_ephemeral, parse_record
 from relay.store import Store, guarded
+from relay.store.history import Retained
 from relay.store.inflight import member_id, member_owner
 from relay.store.keys import ChannelKeys
 from relay.store.latency import NO_LATENCY, E2eLatency, describe, percentiles
@@ -30,9 +31,11 @@ def collect(store: Store, topic: str | None = None, channel: str | None = None,
     names = store.topic_names()
     if topic:
         names = [n for n in names if n == topic]
-    topics = []
+    topics: list[dict] = []
+    kept: list[tuple] = []      # (entry, retention, part names) of topics with it on
     for name in names:
-        parts = store.read_topic_parts(name)
+        part_names = store.parts(name)
+        parts, retention = store.read_topic_state(name, part_names)
         t = summed(parts)
         channels = []
         for ch in store.channel_names(name):
@@ -52,9 +55,34 @@ def collect(store: Store, topic: str | None = None, channel: str | None = None,
                        "partitions": len(parts),
                        "e2e_processing_latency": NO_LATENCY,
                        **({"parts": parts} if by_part else {})})
+        if retention != (0, 0):
+            kept.append((topics[-1], retention, part_names))
+    if kept:
+        _add_retention(store, kept)
     if latency is not None and latency.enabled:
         _add_latency(store, topics, latency)
     return {"topics": topics}
+
+
+def _add_retention(store: Store, kept: list[tuple]) -> None:
+    """A "retention" entry for each topic with retention on: its settings and what it
+    retains summed over its parts (and each part's under "parts", if read), from one
+    read of every part's history for them all (History.retained_parts)."""
+    figures = iter(store.retained_parts([p for _, _, parts in kept for p in parts]))
+    for entry, (time_ms, max_bytes), parts in kept:
+        each = [next(figures) for _ in parts]
+        entry["retention"] = {"time_ms": time_ms, "max_bytes": max_bytes, **retained(each)}
+        for part, figure in zip(entry.get("parts", []), each):
+            part["retention"] = retained([figure])
+
+
+def retained(parts: Sequence[Retained]) -> dict:
+    """What parts retain together: messages, record bytes, the oldest and newest
+    message's ms (None when nothing is retained)."""
+    oldest = [r.oldest_ms for r in parts if r.oldest_ms is not None]
+    newest = [r.newest_ms for r in parts if r.newest_ms is not None]
+    return {"retained": sum(r.entries for r in parts), "bytes": sum(r.bytes for r in parts),
+            "oldest_ms": min(oldest, default=None), "newest_ms": max(newest, default=None)}
 
 
 def _add_latency(store: Store, topics: list, latency: E2eLatency) -> None:
