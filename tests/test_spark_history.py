@@ -72,7 +72,7 @@ def test_the_store_reads_a_range_in_bounded_chunks(store):
 
 
 def test_a_topic_without_retention_and_bad_times_are_refused_in_one_line(
-        spark, store, redis_url):
+        spark, store, redis_url, tmp_path):
     store.publish("events", [b"x"])
     with pytest.raises(Exception) as refused:
         history(spark, redis_url, startingTimestamp="0")
@@ -86,6 +86,23 @@ def test_a_topic_without_retention_and_bad_times_are_refused_in_one_line(
         history(spark, redis_url, startingTimestamp="2000", endingTimestamp="1000")
     assert ("relay data source option endingTimestamp (1970-01-01T00:00:01.000Z) must be "
             "after startingTimestamp (1970-01-01T00:00:02.000Z)") in str(refused.value)
+
+    def stream(tmp_path, **times):
+        reader = (spark.readStream.format("relay").option("redis_url", redis_url)
+                  .option("topic", "events").option("channel", "spark"))
+        for name, value in times.items():
+            reader = reader.option(name, value)
+        (reader.load().writeStream.foreachBatch(lambda df, _: None)
+         .option("checkpointLocation", str(tmp_path)).trigger(availableNow=True).start()
+         .awaitTermination(180))
+    with pytest.raises(Exception) as refused:
+        stream(tmp_path / "one", startingTimestamp="0")
+    assert "topic events keeps no history: retention is off" in str(refused.value)
+    assert store.redis.smembers(TopicKeys.of("events").channels) == set()
+    with pytest.raises(Exception) as refused:
+        stream(tmp_path / "two", endingTimestamp="0")
+    assert ("relay data source: endingTimestamp is a batch read's; a streaming query takes "
+            "only startingTimestamp") in str(refused.value)
 
 
 def test_a_streaming_query_starts_from_a_time_then_reads_what_follows(
