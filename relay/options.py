@@ -71,6 +71,11 @@ def parse_time(value: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
+def parse_moment(value: str) -> int:
+    """ms since the epoch (digits), or ISO 8601 as parse_time -> ms since the epoch."""
+    return int(value) if value.isdigit() else parse_time(value)
+
+
 def parse_size(value) -> int:
     """'1GB', '500MB', '64KiB' or a number of bytes -> bytes (KB, MB, GB, TB in powers of
     1000; KiB, MiB, GiB, TiB in powers of 1024)."""

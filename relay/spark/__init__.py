@@ -15,8 +15,12 @@ for the next run to confirm or run again. availableNow takes what is queued at t
 in batches, and confirms the last one before it ends.
 
 Batch read: a snapshot of the channel's ready queue (not its in-flight or deferred
-messages), read without taking anything. Write (batch and streaming): the `body` column
-(binary or string) is published through publish.lua, like MPUB, in chunks.
+messages), read without taking anything; with startingTimestamp or endingTimestamp, the
+messages the topic retains in that range (relay/spark/history.py), with no channel. A
+streaming query with startingTimestamp creates its channel from that time of the history.
+
+Write (batch and streaming): the `body` column (binary or string) is published through
+publish.lua, like MPUB, in chunks.
 """
 
 import os
@@ -27,6 +31,7 @@ import sys
 
 from pyspark.sql.datasource import DataSource
 
+from relay.spark.history import HistoryRead
 from relay.spark.sink import TopicStreamWriter, TopicWriter
 from relay.spark.source import ChannelSnapshot, ChannelStream
 
@@ -93,6 +98,9 @@ class RelayDataSource(DataSource):
         return SCHEMA
 
     def reader(self, schema):
+        """startingTimestamp or endingTimestamp: the topic's history, else the channel's."""
+        if "startingtimestamp" in self.options or "endingtimestamp" in self.options:
+            return HistoryRead(self.options)
         return ChannelSnapshot(self.options)
 
     def streamReader(self, schema):

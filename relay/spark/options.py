@@ -1,7 +1,7 @@
 """The data source's options as its reader and writer take them: the Store they name and
 the ones a read or write cannot do without."""
 
-from relay.options import Options
+from relay.options import Options, parse_moment
 from relay.store import Store, replication
 from relay.store.connection import connect
 
@@ -20,3 +20,16 @@ def required(options, *names) -> list:
     if missing:
         raise ValueError(f"relay data source needs option {missing[0]!r}")
     return [options[n] for n in names]
+
+
+def moment(options, name: str) -> int | None:
+    """Option `name` as ms since the epoch: given as ms (digits) or ISO 8601 (UTC unless
+    it says otherwise); None when absent. A value neither is refused in one line."""
+    raw = options.get(name.lower())
+    if raw is None or str(raw).strip() == "":
+        return None
+    try:
+        return parse_moment(str(raw).strip())
+    except ValueError:
+        raise ValueError(f"relay data source option {name}={raw!r} is not a time: give ms "
+                         f"since the epoch or ISO 8601 (e.g. 2026-11-25T10:00:00Z)") from None

@@ -1,6 +1,7 @@
 """The source: a streaming read of a channel in micro-batches that Spark's checkpoint
-confirms (ChannelStream, with relay/spark/batches.py), and a batch read of a channel's
-ready queue (ChannelSnapshot)."""
+confirms (ChannelStream, with relay/spark/batches.py), which may start from a time of
+the topic's history (start_channel), and a batch read of a channel's ready queue
+(ChannelSnapshot). The batch read of the history is relay/spark/history.py."""
 
 import datetime
 import logging
@@ -14,7 +15,9 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows,
 
 from relay.codec import parse_record
 from relay.spark.batches import LEASE_MS, PARK_MS, QueryBatches
-from relay.spark.options import required, store_of
+from relay.spark.options import moment, required, store_of
+from relay.store.history import iso_ms, no_history
+from workers import operations
 
 log = logging.getLogger("relay.spark")
 
@@ -22,10 +25,34 @@ SNAPSHOT_CHUNK = 1000
 SOURCE_RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
 
 
-def _row(topic: str, channel: str, record: bytes) -> tuple:
+def row(topic: str, channel: str | None, record: bytes) -> tuple:
+    """A stored record as a row of the source's schema."""
     ts, attempts, msg_id, body = parse_record(record)
-    moment = datetime.datetime.fromtimestamp(ts / 1e9, datetime.timezone.utc)
-    return (msg_id.decode(), topic, channel, body, moment.replace(tzinfo=None), attempts)
+    when = datetime.datetime.fromtimestamp(ts / 1e9, datetime.timezone.utc)
+    return (msg_id.decode(), topic, channel, body, when.replace(tzinfo=None), attempts)
+
+
+def start_channel(options, topic: str, channel: str) -> None:
+    """A new streaming query with startingTimestamp: create its channel with what the
+    topic retains from then on queued in publish order (Store.create_from_start: the cut
+    is taken as the channel is made, so the history and what is published after meet
+    with nothing missed or twice), before its first batch is claimed. A channel that
+    exists is left as it is and read from where it stands."""
+    from_ms = moment(options, "startingTimestamp")
+    if from_ms is None:
+        return
+    store = store_of(options)
+    if store.retention(topic) == (0, 0):
+        raise no_history(topic)
+    plan = store.create_from_start(topic, channel, from_ms)
+    if plan is None:
+        log.warning("channel %s/%s exists: startingTimestamp is ignored, the query reads "
+                    "the channel from where it stands", topic, channel)
+        return
+    if plan.clipped:
+        log.warning("topic %s retains messages from %s on: the channel starts there",
+                    topic, iso_ms(plan.oldest_ms))
+    operations.run(store, "replay", topic, channel, params=plan.params)
 
 
 class BatchPartition(InputPartition):
@@ -47,7 +74,12 @@ class ChannelStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.limit = int(options.get("max_messages_per_batch", 1000))
         self.lease_ms = int(options.get("lease_timeout", LEASE_MS))
         self.park_ms = int(options.get("park_timeout", PARK_MS))
+        if moment(options, "endingTimestamp") is not None:
+            raise ValueError("relay data source: endingTimestamp is a batch read's; a "
+                             "streaming query takes only startingTimestamp")
+        moment(options, "startingTimestamp")    # refused now if it is not a time
         self.available = None       # availableNow: how many messages this run may still claim
+        self.available_now = False
         self._query = None
         self._keeper = None
 
@@ -67,10 +99,13 @@ class ChannelStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.limit)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        """availableNow: this run takes what is queued now, in batches of the read limit."""
-        self.available = self._driver().store.read_channel(self.topic, self.channel)["depth"]
+        """availableNow: this run takes what is queued when it plans its first batch (after
+        initialOffset, which may make the channel), in batches of the read limit."""
+        self.available_now = True
 
     def initialOffset(self) -> dict:
+        """A new query (no checkpoint): with startingTimestamp its channel is made first."""
+        start_channel(self.options, self.topic, self.channel)
         return {"batch": self._driver().progress()["finished"]}
 
     def latestOffset(self, start: dict, limit) -> dict:
@@ -79,6 +114,8 @@ class ChannelStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         to plan, else a newly claimed one, else `start` again (nothing new); with
         ReadAllAvailable (Trigger.Once), everything queued."""
         query = self._driver()
+        if self.available_now and self.available is None:
+            self.available = query.store.read_channel(self.topic, self.channel)["depth"]
         progress = query.confirm(start["batch"])
         claimed = progress["claimed"]
         if claimed > start["batch"]:
@@ -100,7 +137,7 @@ class ChannelStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition):
         for record in self._batches().records(partition.batch):
-            yield _row(self.topic, self.channel, record)
+            yield row(self.topic, self.channel, record)
 
     def commit(self, end: dict) -> None:
         self._driver().confirm(end["batch"])
@@ -177,4 +214,4 @@ class ChannelSnapshot(DataSourceReader):
         store = store_of(self.options)
         for records in store.queued_records(self.topic, self.channel, SNAPSHOT_CHUNK):
             for record in records:
-                yield _row(self.topic, self.channel, record)
+                yield row(self.topic, self.channel, record)

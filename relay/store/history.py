@@ -4,7 +4,7 @@ A part's history is a Redis Stream of entries "<ms>-<count>" in publish order, s
 range by time is native and one by message id is found by bisection on the time."""
 
 import datetime
-from typing import NamedTuple, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 from relay.errors import RelayError
 from relay.store.data_path import DataPath
@@ -13,6 +13,7 @@ from relay.store.runner import Op
 
 TRIM_STEP = 1000        # entries a trim by size reads at most per call
 REPLAY_CHUNK = 1000     # entries a replay call reads at most
+READ_CHUNK = 1000       # entries a read of a range (history_records) takes per call
 RETENTION_FIELDS = ("retention_ms", "retention_bytes")
 STATE_FIELDS = ("history_added", "history_start", "history_first_ms", "history_last_ms")
 
@@ -24,6 +25,12 @@ class ReplayRefused(RelayError):
     def __init__(self, message: str, kept: bool):
         super().__init__(message)
         self.kept = kept
+
+
+def no_history(topic: str) -> ReplayRefused:
+    """The refusal of a read or replay of a topic whose retention is off."""
+    return ReplayRefused(f"topic {topic} keeps no history: retention is off "
+                         f"(relay-admin retention {topic} --time 24h turns it on)", False)
 
 
 class ReplayPlan(NamedTuple):
@@ -152,6 +159,25 @@ class History(DataPath):
                                 first if count else None, last if count else None))
         return out
 
+    def history_records(self, part: str, from_ms: int | None = None, to_ms: int | None = None,
+                        chunk: int = READ_CHUNK) -> Iterator[list[bytes]]:
+        """The records one part retains from `from_ms` to `to_ms` (both inclusive, on the
+        entries' ms; None: the oldest, the newest), in publish order, as queued
+        (relay/codec.py parse_record), a list per read of at most `chunk` entries: how
+        readers outside any channel (the Spark source) see a history, so the entries'
+        layout is decoded here only."""
+        history = TopicKeys.of(part).history
+        low = "-" if from_ms is None else f"{from_ms}-0"
+        high = "+" if to_ms is None else str(to_ms)
+        while True:
+            entries = self._guard(lambda: self.redis.xrange(history, low, high, count=chunk))
+            if entries:
+                yield [fields[b"r"] for _, fields in entries]
+            if len(entries) < chunk:
+                return
+            last = entries[-1][0]
+            low = "(" + (last.decode() if isinstance(last, bytes) else last)
+
     def replay_op(self, part: str, channel: str, start: str, end: str, forward: bool = True,
                   cut: int = 0, count: int = REPLAY_CHUNK) -> Op:
         """One replay.lua call: a Replayed, or None if the channel does not exist."""
@@ -209,9 +235,7 @@ class History(DataPath):
         kept = [r for r in self.retained(topic) if r.entries]
         if not kept:
             if self.retention(topic) == (0, 0):
-                raise ReplayRefused(f"topic {topic} keeps no history: retention is off "
-                                    f"(relay-admin retention {topic} --time 24h turns it on)",
-                                    False)
+                raise no_history(topic)
             raise ReplayRefused(f"topic {topic} retains no message yet", False)
         oldest = min(r.oldest_ms for r in kept if r.oldest_ms is not None)
         newest = max(r.newest_ms for r in kept if r.newest_ms is not None)
@@ -236,11 +260,12 @@ class History(DataPath):
         size = sum(self.range_size(p, start, end) for p, start in zip(parts, starts))
         return ReplayPlan({"starts": starts, "end": end}, size, oldest, clipped)
 
-    def create_from_start(self, topic: str, channel: str) -> ReplayPlan | None:
-        """Create a channel that starts with everything the topic retains: subscribe.lua
-        on each part gives the cut (its last message not in the backlog), and the replay
-        puts what is retained up to it before what was published since. None if the
-        channel exists already."""
+    def create_from_start(self, topic: str, channel: str,
+                          from_ms: int | None = None) -> ReplayPlan | None:
+        """Create a channel that starts with everything the topic retains (from
+        `from_ms` on, if given): subscribe.lua on each part gives the cut (its last
+        message not in the backlog), and the replay puts what is retained up to it
+        before what was published since. None if the channel exists already."""
         joined = self.run_many([self.subscribe_op(part, channel, "")
                                 for part in self.parts(topic)])
         for reply in joined:
@@ -250,7 +275,9 @@ class History(DataPath):
             return None
         cuts = [j.cut for j in joined]
         parts = self.parts(topic)
-        kept = [r.oldest_ms for r in self.retained(topic) if r.oldest_ms is not None]
-        size = sum(self.range_size(p, "-", "+", cut) for p, cut in zip(parts, cuts) if cut)
-        return ReplayPlan({"starts": ["-"] * len(parts), "end": "+", "cuts": cuts}, size,
-                          min(kept, default=0), False)
+        start = "-" if from_ms is None else f"{from_ms}-0"
+        oldest = min((r.oldest_ms for r in self.retained(topic) if r.oldest_ms is not None),
+                     default=0)
+        size = sum(self.range_size(p, start, "+", cut) for p, cut in zip(parts, cuts) if cut)
+        return ReplayPlan({"starts": [start] * len(parts), "end": "+", "cuts": cuts}, size,
+                          oldest, from_ms is not None and from_ms < oldest)

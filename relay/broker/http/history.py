@@ -7,7 +7,7 @@ bigger one is queued as an rq job for `relay jobs` (relay-admin jobs follows it)
 
 from relay.broker.context import BrokerContext
 from relay.broker.http.server import HttpError, Routes, existing_topic, from_store
-from relay.options import parse_duration, parse_size, parse_time
+from relay.options import parse_duration, parse_moment, parse_size
 from relay.store.history import ReplayPlan, ReplayRefused, iso_ms
 from workers import operations
 
@@ -46,13 +46,13 @@ class HistoryApi:
         if channel not in from_store(self.broker, lambda s: s.channel_names(topic)):
             raise HttpError(404, "CHANNEL_NOT_FOUND")
         since = _parsed(request, "since", parse_duration, "INVALID_ARG_SINCE", None)
-        from_time = _parsed(request, "from_time", _ms, "INVALID_ARG_FROM_TIME", None)
+        from_time = _parsed(request, "from_time", parse_moment, "INVALID_ARG_FROM_TIME", None)
         from_id = request.arg("from_id")
         if sum(x is not None for x in (since, from_time, from_id)) != 1:
             raise HttpError(400, "MISSING_ARG_SINCE")
         if from_id is not None and (len(from_id) != 16 or from_id.strip("0123456789abcdef")):
             raise HttpError(400, "INVALID_ARG_FROM_ID")
-        to_time = _parsed(request, "to_time", _ms, "INVALID_ARG_TO_TIME", None)
+        to_time = _parsed(request, "to_time", parse_moment, "INVALID_ARG_TO_TIME", None)
         try:
             plan = from_store(self.broker, lambda s: s.plan_replay(
                 topic, s.now_ms() - since if since is not None else from_time, to_time,
@@ -79,11 +79,6 @@ class HistoryApi:
         result = from_store(self.broker, lambda s: operations.run(
             s, "replay", topic, channel, params=plan.params))
         return {"replayed": result["replayed"], "skipped": result["skipped"], **known}
-
-
-def _ms(value: str) -> int:
-    """A time as ms since the epoch, or ISO 8601 (UTC unless it says otherwise)."""
-    return int(value) if value.isdigit() else parse_time(value)
 
 
 def _parsed(request, name: str, parse, invalid: str, default=0):
