@@ -32,8 +32,9 @@ def msg(store, as_json, topic, msg_id, channel, delete):
     """Where a message is in every channel of its topic: queued (position), in flight
     (broker, client, deadline), deferred (due time), dead letter, or not there."""
     existing(store, f"{topic}/{channel}" if channel else topic)
-    if not ID.fullmatch(msg_id):
+    if not ID.fullmatch(msg_id.lower()):
         fail(f"invalid message id {msg_id!r}: 16 hex digits")
+    msg_id = msg_id.lower()     # ids are handed out in lower case
     if delete and not channel:
         fail("--delete needs --channel: the channel to take the message out of")
     if not published(store, topic, msg_id.encode()):
