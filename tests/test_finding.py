@@ -2,14 +2,20 @@
 cluster: a message in each place, --delete, peek of a queue and of deferred messages,
 and bad input."""
 
+import subprocess
+import sys
+
 import pytest
 
 from relay.admin.text import utc
+from relay.broker import registry
 from relay.codec import make_record
-from relay.store import deadletter
+from relay.store import Store, deadletter
+from relay.store.connection import connect
 from relay.store.keys import ChannelKeys
 from relay.store.lookup import message
-from tests.helpers.admin import ok, ok_json, run
+from tests.helpers.admin import ok, ok_json, relay_admin, run
+from tests.helpers.wait import wait_for
 from tests.test_admin import announce, client
 
 HEAD = "channel  state      attempts  position  due                       broker  client"
@@ -210,3 +216,45 @@ def test_bad_input_exits_1_with_one_line_and_changes_nothing(store, backend, arg
 def test_usage_errors_exit_2(backend, args, message):
     result = run(backend, *args)
     assert (result.exit_code, result.output) == (2, f"relay-admin: {message}\n")
+
+
+HOLDER = """
+import socket, sys, time
+sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+sock.sendall(b"  V2SUB t c\\nRDY 1\\n")
+assert sock.recv(10)[-2:] == b"OK"
+print("%s:%d" % sock.getsockname(), flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.integration
+def test_msg_shows_the_broker_and_client_of_a_real_consumer(processes, redis_url):
+    """A raw NSQ consumer of a broker process holds message 1 (RDY 1, never FIN):
+    relay-admin msg, run as a process, names the broker and the consumer's address,
+    and --delete refuses it."""
+    _, port = processes.broker("--broadcast-address", "127.0.0.1")
+    store = Store(connect(redis_url))
+    store.subscribe("t", "c", "")
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(port)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        address = holder.stdout.readline().strip()
+        store.publish("t", [b"held", b"waits"])
+        assert wait_for(lambda: store.read_channel("t", "c")["in_flight_count"] == 1, 10)
+        [broker] = [b["id"] for b in registry.live_brokers(store.redis)]
+        assert wait_for(lambda: address in relay_admin(redis_url, "msg", "t",
+                                                       "0000000000000001").stdout, 10)
+        shown = relay_admin(redis_url, "msg", "t", "0000000000000001")
+        assert shown.stdout.splitlines()[2].split() == [
+            "c", "in", "flight", "1", "-", due_of(store, "0000000000000001"), broker, address]
+        refused = relay_admin(redis_url, "msg", "t", "0000000000000001", "--channel", "c",
+                              "--delete")
+        assert (refused.returncode, refused.stderr) == (1, (
+            f"relay-admin: message 0000000000000001 is in flight on t/c (broker {broker}, "
+            f"client {address}): a consumer holds it, not deleted\n"))
+        assert relay_admin(redis_url, "msg", "t", "0000000000000002").stdout.splitlines()[2] \
+            == "c        queued  0         1         -    -       -"
+    finally:
+        holder.kill()
+        holder.wait(5)
