@@ -1,0 +1,123 @@
+"""Finding one message by id in a channel, looking at what waits without taking it, and
+taking one waiting message out (relay-admin msg and peek).
+
+A message id names its part (keys.id_part), so only that part's keys are read. Where
+it is, cheapest first: in flight or deferred (its record in the msgs hash: O(1)), in
+the dead-letter outbox (a scan of a short list), then queued (a scan of the queue, head
+first, SCAN_CHUNK records per LRANGE: a queued record holds the id at its end, so
+LPOS, which compares whole elements, cannot find it).
+"""
+
+from typing import Iterable
+
+from relay.codec import parse_record, record_id
+from relay.store import Op, Store, guarded
+from relay.store.inflight import member_owner
+from relay.store.keys import ChannelKeys, id_part, part_name
+
+SCAN_CHUNK = 10_000
+
+
+def where(store: Store, topic: str, channel: str, msg_id: bytes,
+          owners: Iterable[str] = ()) -> dict:
+    """Where msg_id is in the channel: {"state": "in_flight" | "deferred" | "dead" |
+    "queued" | "absent", ...} with what it holds (message()) and, per state, its owner
+    and deadline (ms), due time (ms) or position (1: the head) and record. `owners`:
+    the owners to try first for a message in flight (the registry's clients), before a
+    ZSCAN."""
+    part = id_part(msg_id)
+    if not 0 <= part < len(store.parts(topic)):
+        return {"state": "absent"}
+    c = ChannelKeys.of(part_name(topic, part), channel)
+    pipe = store.redis.pipeline(transaction=False)
+    pipe.hget(c.msgs, msg_id)
+    pipe.zscore(c.deferred, msg_id)
+    record, due = guarded(pipe.execute)
+    if record is not None and due is not None:
+        return {"state": "deferred", "due_ms": int(due), **message(record)}
+    if record is not None:
+        held = _holder(store, c, msg_id, list(owners))
+        if held is not None:    # the record counts the deliveries before this one
+            found = message(record)
+            found["attempts"] += not held.pop("old")
+            return {"state": "in_flight", **held, **found}
+    for state, key in (("dead", c.dead), ("queued", c.queue)):
+        position, record = _scan(store, key, msg_id)
+        if record is not None:
+            return {"state": state, "position": position, **message(record),
+                    "record": record}
+    return {"state": "absent"}
+
+
+def _holder(store: Store, c: ChannelKeys, msg_id: bytes, owners: list[str]) -> dict | None:
+    """The owner and deadline of msg_id in flight: one ZMSCORE of the members the given
+    owners would make, else the lease of the layout before, else a ZSCAN of the
+    in-flight set for "<id> *" (an owner no live broker announces)."""
+    members = [msg_id + b" " + o.encode() for o in owners]
+    scores = guarded(store.redis.zmscore, c.inflight, members) if members else []
+    for owner, score in zip(owners, scores):
+        if score is not None:
+            return {"owner": owner, "deadline_ms": int(score), "old": False}
+    pipe = store.redis.pipeline(transaction=False)
+    pipe.zscore(c.inflight, msg_id)
+    pipe.hget(c.leases, msg_id)
+    score, lease = guarded(pipe.execute)
+    if score is not None and lease is not None:
+        return {"owner": member_owner(msg_id, {msg_id: lease}), "deadline_ms": int(score),
+                "old": True}
+    for member, score in guarded(lambda: list(store.redis.zscan_iter(
+            c.inflight, match=msg_id + b" *", count=SCAN_CHUNK, score_cast_func=float))):
+        return {"owner": member_owner(member, {}), "deadline_ms": int(score), "old": False}
+    return None
+
+
+def _scan(store: Store, key: str, msg_id: bytes) -> tuple[int, bytes | None]:
+    """(position from 1 at the head, record) of the first record of msg_id in the list,
+    else (0, None)."""
+    start = 0
+    while records := guarded(store.redis.lrange, key, start, start + SCAN_CHUNK - 1):
+        for i, record in enumerate(records):
+            if record_id(record) == msg_id:
+                return start + i + 1, record
+        start += SCAN_CHUNK
+    return 0, None
+
+
+def remove(store: Store, topic: str, channel: str, state: str, msg_id: bytes,
+           record: bytes) -> bool:
+    """Take a queued (its exact record) or deferred message out of the channel in one
+    script call (remove.lua); False if it was no longer there."""
+    c = ChannelKeys.of(part_name(topic, id_part(msg_id)), channel)
+    target = record if state == "queued" else msg_id
+    return bool(store.run(Op("remove", [c.queue, c.deferred, c.msgs], [state, target])))
+
+
+def queued(store: Store, topic: str, channel: str, limit: int) -> list[dict]:
+    """The first `limit` queued messages of each part, part 0 first, each part's in
+    the order it delivers them: id, timestamp, attempts, body, part, position."""
+    out = []
+    for index, part in enumerate(store.parts(topic)):
+        records = guarded(store.redis.lrange, ChannelKeys.of(part, channel).queue, 0, limit - 1)
+        out += [message(r) | {"part": index, "position": i + 1} for i, r in enumerate(records)]
+    return out[:limit]
+
+
+def deferred(store: Store, topic: str, channel: str, limit: int) -> list[dict]:
+    """The `limit` deferred messages due first over every part, with their due times."""
+    out = []
+    for index, part in enumerate(store.parts(topic)):
+        c = ChannelKeys.of(part, channel)
+        entries = guarded(lambda: store.redis.zrange(c.deferred, 0, limit - 1, withscores=True))
+        if not entries:
+            continue
+        records = guarded(store.redis.hmget, c.msgs, [msg_id for msg_id, _ in entries])
+        out += [message(r) | {"part": index, "due_ms": int(due)}
+                for (_, due), r in zip(entries, records) if r is not None]
+    return sorted(out, key=lambda m: m["due_ms"])[:limit]
+
+
+def message(record: bytes) -> dict:
+    """What a stored record (either layout) holds: id, timestamp (ns), attempts (the
+    deliveries so far), body (bytes)."""
+    ts, attempts, msg_id, body = parse_record(record)
+    return {"id": msg_id.decode(), "timestamp": ts, "attempts": attempts, "body": body}
