@@ -114,7 +114,10 @@ class Options:
     max_msg_size: int = _opt(1_048_576, "largest message body in bytes")
     max_body_size: int = _opt(5_242_880, "largest command body in bytes (MPUB, IDENTIFY)")
     max_rdy_count: int = _opt(2500, "largest RDY count a client may send")
-    max_req_timeout: int = _opt(3_600_000, "largest REQ delay and DPUB defer", DURATION)
+    max_req_timeout: int = _opt(3_600_000, "largest REQ delay (and DPUB defer, unless "
+                                "--max-defer-timeout is set)", DURATION)
+    max_defer_timeout: int = _opt(None, "largest DPUB and /pub?defer= defer, e.g. 7d "
+                                  "(default: --max-req-timeout's value)", DURATION)
     client_timeout: int = _opt(60_000, "close a client silent this long (heartbeat = half)",
                                DURATION)
     max_heartbeat_interval: int = _opt(60_000, "largest heartbeat_interval in IDENTIFY",
@@ -173,6 +176,12 @@ class Options:
         600_000, "time window over which those quantiles are computed", DURATION)
     log_level: str = _opt("info", "debug, info, warn, error or fatal, as nsqd (or warning)",
                           used_by=(BROKER, SCANNER, JOBS))
+
+    def __post_init__(self) -> None:
+        """An unset --max-defer-timeout follows --max-req-timeout, so DPUB keeps nsqd's
+        bound unless a longer one is asked for."""
+        if self.max_defer_timeout is None:
+            object.__setattr__(self, "max_defer_timeout", self.max_req_timeout)
 
     @property
     def heartbeat_interval(self) -> int:
@@ -276,6 +285,7 @@ class OptionsSchema(Schema):
     max_body_size = _Count(validate=_positive)
     max_rdy_count = _Count(validate=_positive)
     max_req_timeout = _Duration(validate=validate.Range(min=0))
+    max_defer_timeout = _Duration(validate=validate.Range(min=0))
     client_timeout = _Duration(validate=validate.Range(min=2))
     max_heartbeat_interval = _Duration(validate=_positive)
     output_buffer_timeout = _Duration(validate=validate.Range(min=0))

@@ -18,6 +18,7 @@ NSQD_DEFAULTS = {
     "max_body_size": 5_242_880,
     "max_rdy_count": 2500,
     "max_req_timeout": 3_600_000,
+    "max_defer_timeout": 3_600_000,
     "client_timeout": 60_000,
     "max_heartbeat_interval": 60_000,
     "output_buffer_timeout": 250,
@@ -155,6 +156,9 @@ def test_process_environment_is_the_default(monkeypatch):
     ("queue_scan_limit", "0"),
     ("broadcast_address", ""),
     ("max_req_timeout", "-1s"),
+    ("max_defer_timeout", "-1s"),
+    ("max_defer_timeout", "-5"),
+    ("max_defer_timeout", "a week"),
     ("e2e_processing_latency_percentiles", "0.99,1.5"),
     ("e2e_processing_latency_percentiles", "0"),
     ("e2e_processing_latency_percentiles", "p99"),
@@ -166,6 +170,23 @@ def test_bad_flag_values(name, value):
     message = config_error(flags={name: value}, config=None, environ={})
     assert message.startswith(f"invalid {name}: ")
     assert len(message) > len(f"invalid {name}: ")
+
+
+def test_max_defer_timeout_follows_max_req_timeout_unless_set(tmp_path):
+    assert load_options({"max_req_timeout": "2h"}, None, environ={}).max_defer_timeout == \
+        7_200_000
+    path = write(tmp_path, 'max_req_timeout = "30m"\nmax_defer_timeout = "7d"\n')
+    opts = load_options({}, path, environ={})
+    assert (opts.max_req_timeout, opts.max_defer_timeout) == (1_800_000, 604_800_000)
+    opts = load_options({}, None, environ={"RELAY_MAX_DEFER_TIMEOUT": "10s"})
+    assert (opts.max_req_timeout, opts.max_defer_timeout) == (3_600_000, 10_000)
+
+
+def test_bad_max_defer_timeout_messages():
+    assert config_error(flags={"max_defer_timeout": "-5"}, config=None, environ={}) == (
+        "invalid max_defer_timeout: Must be greater than or equal to 0.")
+    assert config_error(flags={"max_defer_timeout": "a week"}, config=None, environ={}) == (
+        "invalid max_defer_timeout: not a duration: 'a week' (use e.g. 250ms, 60s, 15m, 1h)")
 
 
 def test_bad_duration_message():

@@ -145,6 +145,23 @@ def test_broker_lists_every_option_but_the_scanners(tmp_path):
     assert help_flags("broker", tmp_path) == every - SCANNER_ONLY | {"--config", "--help"}
 
 
+def test_broker_help_explains_max_defer_timeout(tmp_path):
+    result = relay("broker", "--help", cwd=tmp_path)
+    text = " ".join(result.stdout.split())
+    assert "--max-defer-timeout VALUE largest DPUB and /pub?defer= defer, e.g. 7d " \
+        "(default: --max-req-timeout's value)" in text
+
+
+@pytest.mark.parametrize("value, problem", [
+    ("-5", "Must be greater than or equal to 0."),
+    ("soon", "not a duration: 'soon' (use e.g. 250ms, 60s, 15m, 1h)"),
+])
+def test_bad_max_defer_timeout_stops_the_broker(tmp_path, value, problem):
+    result = relay("broker", "--max-defer-timeout", value, cwd=tmp_path)
+    assert (result.returncode, result.stdout, result.stderr) == (
+        2, "", f"relay: invalid max_defer_timeout: {problem}\n")
+
+
 def test_a_flag_of_another_process_is_refused(tmp_path):
     result = relay("scanner", "--tls-cert", "conf/server.pem", cwd=tmp_path)
     assert result.returncode == 2

@@ -108,7 +108,7 @@ class NsqdApi:
                 defer = parse_int64(raw)
             except ValueError:
                 raise HttpError(400, "INVALID_DEFER") from None
-            if not 0 <= defer <= self.options.max_req_timeout:
+            if not 0 <= defer <= self.options.max_defer_timeout:
                 raise HttpError(400, "INVALID_DEFER")
         return self._publish(topic, [body], defer)
 

@@ -386,10 +386,10 @@ class ProtocolV2:
         except ValueError:
             raise FatalClientError(
                 "E_INVALID", "DPUB could not parse timeout " + as_text(params[2])) from None
-        if defer > self.options.max_req_timeout:
+        if defer > self.options.max_defer_timeout:
             raise FatalClientError(
                 "E_INVALID",
-                f"DPUB timeout {defer} out of range 0-{self.options.max_req_timeout}")
+                f"DPUB timeout {defer} out of range 0-{self.options.max_defer_timeout}")
         body = self._read_message(reader, "DPUB")
         self._check_auth(client, "DPUB", topic)
         return self._publish(client, topic, [body], defer, "DPUB")
