@@ -84,6 +84,9 @@ def test_sigterm_stops_the_jobs_worker_and_its_rq_worker(processes):
 
 
 def test_the_rq_worker_ends_with_relay_jobs_killed_by_kill_9(processes):
+    """The rq worker gets SIGTERM when `relay jobs` dies. Whether it deregisters depends
+    on whether rq had installed its handlers yet (rq announces itself first): if not, it
+    stays announced until rq's TTL, as any worker killed then."""
     jobs = processes.jobs()
     connection = connect(processes.redis_url)
     wait_for(lambda: operations.has_worker(connection), timeout=15, interval=0.1)
@@ -93,7 +96,6 @@ def test_the_rq_worker_ends_with_relay_jobs_killed_by_kill_9(processes):
     jobs.wait()
     wait_for(lambda: not os.path.exists(f"/proc/{rq_pid}"), timeout=10, interval=0.1)
     assert not os.path.exists(f"/proc/{rq_pid}")     # not left retrying on its own
-    assert not operations.has_worker(connection)     # rq's warm shutdown: it deregistered
 
 
 # an rq worker that announces itself and never handles signals: rq's own between its
