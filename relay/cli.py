@@ -149,13 +149,17 @@ def _run_cluster(ports: list, data_dir: str, conf: str | None, replicas: int = 0
     started = time.monotonic()
     procs = embedded.start_cluster(ports, data_dir, conf=conf, replicas=replicas)
     stopping: list = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stopping.append(True))
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stopping.append(True))
+        supervisor = ClusterSupervisor(ports, data_dir, conf, replicas, procs, started)
+    except BaseException:  # a stop that came between the start and these handlers
+        embedded.stop_nodes(procs)
+        raise
     masters = len(ports) // (1 + replicas)
     click.echo(f"relay: Redis Cluster of {masters} masters and {len(ports) - masters} "
                f"replicas on 127.0.0.1:{ports[0]}-{ports[-1]}; "
                f"REDIS_URL=redis://127.0.0.1:{ports[0]}/0")
-    supervisor = ClusterSupervisor(ports, data_dir, conf, replicas, procs, started)
     try:
         supervisor.run(stopping)
     finally:
