@@ -64,7 +64,9 @@ class _QueueCollector:
                          ["topic", "channel"]),
                         ("channel_requeued", "REQs", ["topic", "channel"]),
                         ("channel_timed_out", "Messages requeued after their timeout",
-                         ["topic", "channel"])]}
+                         ["topic", "channel"]),
+                        ("channel_overflowed", "Messages a depth limit dropped or "
+                         "dead-lettered (relay-admin limit)", ["topic", "channel"])]}
         for t in data["topics"]:
             name = [t["topic_name"]]
             gauges["topic_depth"].add_metric(name, t["depth"])
@@ -82,7 +84,8 @@ class _QueueCollector:
                     gauges[metric].add_metric(labels, int(c[field]))
                 for metric, field in [("channel_messages", "message_count"),
                                       ("channel_requeued", "requeue_count"),
-                                      ("channel_timed_out", "timeout_count")]:
+                                      ("channel_timed_out", "timeout_count"),
+                                      ("channel_overflowed", "overflow_count")]:
                     counters[metric].add_metric(labels, c[field])
         yield from gauges.values()
         yield from counters.values()

@@ -1,7 +1,10 @@
-"""Dead letters: messages that reached max attempts, kept readable in a dead-letter topic.
+"""Dead letters: messages that reached max attempts (or that a channel's depth limit
+pushed out, reason `overflow`), kept readable in a dead-letter topic.
 
 deliver.lua moves a message that was already delivered max-attempts times into
-its channel's outbox (same hash slot, so one atomic step); a scanner publishes the
+its channel's outbox (same hash slot, so one atomic step); publish.lua moves the oldest
+of a full `dead-letter` channel there, tagged with their reason (lib/deadletter.lua,
+split_entry); a scanner publishes the
 outbox to the dead-letter topic through publish.lua and then drops what it
 published. A scanner killed in between publishes those again: dead letters are
 at least once, like every relay delivery. The channel remembers the dead-letter
@@ -29,7 +32,8 @@ from relay.store.keys import ChannelKeys, TopicKeys, id_part, part_name, split_p
 
 FORWARD_BATCH = 500
 CLAIM_MS = 10_000
-REASON = "max_attempts"
+REASON = "max_attempts"      # of an outbox entry that is a plain record
+REASONS = (REASON, "expired", "overflow")
 DEFAULT_TEMPLATE = DEFAULT_DEAD_LETTER_TOPIC
 LAST_TOPIC = "dead_letters_in"     # channel meta: where its scanner last sent letters
 
@@ -40,10 +44,19 @@ def topic_for(store: Store, topic: str, channel: str, template: str) -> str:
             or template.format(topic=topic))
 
 
-def envelope(topic: str, channel: str, record: bytes) -> bytes:
+def split_entry(entry: bytes) -> tuple[str, bytes]:
+    """(reason, record) of a dead-letter outbox entry: a record (its first byte has the
+    top bit set) went there for max attempts, else it is `<reason>:<record>`."""
+    reason, mark, record = entry.partition(b":")
+    if entry[0] & 0x80 or not mark or reason.decode("latin-1") not in REASONS:
+        return REASON, entry
+    return reason.decode(), record
+
+
+def envelope(topic: str, channel: str, record: bytes, reason: str = REASON) -> bytes:
     ts, attempts, msg_id, body = codec.parse_record(record)
     letter = {"topic": topic, "channel": channel, "id": msg_id.decode(), "attempts": attempts,
-              "timestamp": ts, "reason": REASON}
+              "timestamp": ts, "reason": reason}
     try:
         letter["body"] = body.decode()
     except UnicodeDecodeError:
@@ -59,7 +72,7 @@ def read_envelope(body: bytes) -> dict | None:
             letter["body_bytes"] = base64.b64decode(letter["body_base64"], validate=True)
         else:
             letter["body_bytes"] = letter["body"].encode()
-        if len(letter["id"]) != codec.MSG_ID_LENGTH or letter.get("reason") != REASON:
+        if len(letter["id"]) != codec.MSG_ID_LENGTH or letter.get("reason") not in REASONS:
             return None
         return letter
     except (ValueError, KeyError, TypeError, AttributeError, binascii.Error):
@@ -101,7 +114,8 @@ def forward(store: Store, part: str, channel: str, template: str) -> int:
             drop_outbox(store, part, channel, 0)
             raise StoreError(f"dead-letter topic {target!r} of {topic}/{channel} is not a "
                              "valid topic name; set one with relay-admin config")
-        store.publish(target, [envelope(topic, channel, r) for r in records])
+        store.publish(target, [envelope(topic, channel, record, reason)
+                               for reason, record in map(split_entry, records)])
         if store.channel_setting(topic, channel, LAST_TOPIC) != target:
             store.configure_channel(topic, channel, LAST_TOPIC, target)
         drop_outbox(store, part, channel, len(records))

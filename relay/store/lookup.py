@@ -12,6 +12,7 @@ from typing import Iterable
 
 from relay.codec import parse_record, record_id
 from relay.store import Op, Store, guarded
+from relay.store.deadletter import split_entry
 from relay.store.inflight import member_owner
 from relay.store.keys import ChannelKeys, id_part, part_name
 
@@ -42,10 +43,11 @@ def where(store: Store, topic: str, channel: str, msg_id: bytes,
             found["attempts"] += not held.pop("old")
             return {"state": "in_flight", **held, **found}
     for state, key in (("dead", c.dead), ("queued", c.queue)):
-        position, record = _scan(store, key, msg_id)
+        position, record = _scan(store, key, msg_id, dead=state == "dead")
         if record is not None:
-            return {"state": state, "position": position, **message(record),
-                    "record": record}
+            reason, entry = split_entry(record) if state == "dead" else ("", record)
+            return {"state": state, "position": position, **message(entry),
+                    "record": record, **({"reason": reason} if reason else {})}
     return {"state": "absent"}
 
 
@@ -71,13 +73,14 @@ def _holder(store: Store, c: ChannelKeys, msg_id: bytes, owners: list[str]) -> d
     return None
 
 
-def _scan(store: Store, key: str, msg_id: bytes) -> tuple[int, bytes | None]:
+def _scan(store: Store, key: str, msg_id: bytes,
+          dead: bool = False) -> tuple[int, bytes | None]:
     """(position from 1 at the head, record) of the first record of msg_id in the list,
-    else (0, None)."""
+    else (0, None); `dead`: a dead-letter outbox, whose entries may carry a reason."""
     start = 0
     while records := guarded(store.redis.lrange, key, start, start + SCAN_CHUNK - 1):
         for i, record in enumerate(records):
-            if record_id(record) == msg_id:
+            if record_id(split_entry(record)[1] if dead else record) == msg_id:
                 return start + i + 1, record
         start += SCAN_CHUNK
     return 0, None
