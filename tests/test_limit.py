@@ -2,16 +2,24 @@
 reject, drop-oldest or dead-letter, in the Store on fakeredis, Redis and a cluster (with a
 partitioned topic), and against real brokers, publishers and relay-admin."""
 
+import json
+
 import pytest
 
-from relay.codec import parse_record
+from relay.codec import FRAME_ERROR, FRAME_RESPONSE, parse_record
 from relay.errors import StoreError
-from relay.store import deadletter, lookup
+from relay.store import Store, deadletter, lookup
+from relay.store.connection import connect
 from relay.store.data_path import INLINE_BODIES
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.limits import Limit
+from tests.helpers.admin import relay_admin
+from tests.helpers.api import Api
+from tests.helpers.servers import flush
+from tests.helpers.wire import Wire, subscribed
 
 FULL = "channel t/c is full (max depth 3)"
+OK = (FRAME_RESPONSE, b"OK")
 
 
 def bodies(store, topic="t", channel="c") -> list[bytes]:
@@ -134,3 +142,119 @@ def test_a_partitioned_topic_holds_its_share_on_every_part(store):
     for n in range(8, 11):
         store.publish("t", [b"%d" % n])
     assert sorted(bodies(store)) == [b"10", b"8", b"9"]
+
+
+# -- real brokers, publishers and relay-admin ----------------------------------------------
+
+REFUSED = {command: (FRAME_ERROR, f"E_{command}_FAILED {command} failed: {FULL}".encode())
+           for command in ("PUB", "MPUB")}
+
+
+def admin_ok(url, *args) -> str:
+    done = relay_admin(url, *args)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    return done.stdout
+
+
+def created(api, topic="t", channels=("c",)):
+    assert api.request("POST", f"/topic/create?topic={topic}")[0] == 200
+    for channel in channels:
+        assert api.request("POST", f"/channel/create?topic={topic}&channel={channel}")[0] == 200
+
+
+@pytest.mark.integration
+@pytest.mark.cluster
+def test_reject_over_tcp_and_http_on_every_broker(processes, redis_url):
+    """Set after both brokers started, the limit holds on each at its next publish; a
+    refused MPUB publishes nothing."""
+    _, one = processes.broker()
+    _, two = processes.broker()
+    api = Api(one, processes.http_ports[one])
+    created(api, channels=("c", "d"))
+    assert "reject" in admin_ok(redis_url, "limit", "t", "c", "--max-depth", "3")
+    assert Wire(one).mpub("t", [b"1", b"2"]) == OK
+    for port in (one, two):
+        wire = Wire(port)
+        assert wire.mpub("t", [b"x", b"y"]) == REFUSED["MPUB"]
+        assert wire.closed()
+    assert Wire(two).pub("t", b"3") == OK
+    wire = Wire(one)
+    assert wire.pub("t", b"4") == REFUSED["PUB"]
+    assert wire.closed()
+    for path, body in (("/pub?topic=t", b"5"), ("/mpub?topic=t", b"5\n6")):
+        assert Api(two, processes.http_ports[two]).json("POST", path, body) == \
+            (503, {"message": FULL})
+    store = Store(connect(redis_url))
+    assert bodies(store) == bodies(store, channel="d") == [b"1", b"2", b"3"]
+    assert store.read_channel("t", "c")["message_count"] == 3
+
+
+@pytest.mark.integration
+@pytest.mark.cluster
+def test_drop_oldest_and_dead_letter_with_consumers_and_the_scanner(processes, redis_url):
+    _, port = processes.broker()
+    processes.scanner()
+    created(Api(port, processes.http_ports[port]), channels=("c", "d"))
+    admin_ok(redis_url, "limit", "t/c", "--max-depth", "2", "--overflow", "drop-oldest")
+    admin_ok(redis_url, "limit", "t", "d", "--max-depth", "2", "--overflow", "dead-letter")
+    assert Wire(port).mpub("t", [b"1", b"2", b"3", b"4"]) == OK
+    assert Wire(port).pub("t", b"5") == OK
+    consumer = subscribed(port, "t", "c", rdy=10)
+    assert [consumer.message()[3] for _ in range(2)] == [b"4", b"5"]
+    assert consumer.nothing()
+    shown = json.loads(admin_ok(redis_url, "limit", "t", "c", "--json"))
+    assert (shown["max_depth"], shown["overflow"], shown["overflow_count"]) == \
+        (2, "drop-oldest", 3)
+    dead = subscribed(port, "t.dead", "x", rdy=10)      # the scanner forwards d's oldest
+    letters = [json.loads(dead.message()[3]) for _ in range(3)]
+    assert [(x["channel"], x["reason"], x["body"]) for x in letters] == \
+        [("d", "overflow", "1"), ("d", "overflow", "2"), ("d", "overflow", "3")]
+    stats = Api(port, processes.http_ports[port]).json("GET", "/stats?format=json&topic=t")[1]
+    counts = {c["channel_name"]: c["overflow_count"] for c in stats["topics"][0]["channels"]}
+    assert counts == {"c": 3, "d": 3}
+
+
+@pytest.mark.integration
+@pytest.mark.cluster
+def test_a_partitioned_topic_holds_the_limit_per_part(processes, redis_url):
+    _, port = processes.broker()
+    admin_ok(redis_url, "create", "t", "--partitions", "2")
+    created(Api(port, processes.http_ports[port]))
+    admin_ok(redis_url, "limit", "t", "c", "--max-depth", "3")      # 2 per part
+    accepted = 0
+    while (reply := Wire(port).pub("t", b"%d" % accepted)) == OK:
+        accepted += 1
+    assert reply == REFUSED["PUB"]
+    store = Store(connect(redis_url))
+    depths = [p["depth"] for p in store.read_channel_parts("t", "c")]
+    assert 3 <= accepted == sum(depths) <= 4 and max(depths) == 2
+    shown = admin_ok(redis_url, "limit", "t", "c").splitlines()
+    assert shown[0].split() == ["channel", "max_depth", "per_partition", "overflow", "depth",
+                                "overflowed"]
+    assert shown[1].split() == ["t/c", "3", "2", "reject", str(accepted), "0"]
+
+
+@pytest.mark.integration
+def test_bad_input_is_one_line_and_changes_nothing(redis_url):
+    flush(redis_url)
+    store = Store(connect(redis_url))
+    store.subscribe("t", "c", "")
+    admin_ok(redis_url, "limit", "t", "c", "--max-depth", "5", "--overflow", "drop-oldest")
+    for args, code, text in [
+            (("--max-depth", "-1"), 2, "Invalid value for '--max-depth': -1 is not in the "
+                                       "range x>=1"),
+            (("--max-depth", "many"), 2, "Invalid value for '--max-depth': 'many' is not a "
+                                         "valid integer range"),
+            (("--max-depth", "3", "--overflow", "spill"), 2, "Invalid value for '--overflow'"),
+            (("--overflow", "reject"), 2, "--overflow goes with --max-depth"),
+            (("--off", "--max-depth", "3"), 2, "--off takes neither"),
+            (("nope", "--max-depth", "3"), 1, "channel t/nope not found"),
+    ]:
+        done = relay_admin(redis_url, "limit", "t", *args)
+        assert (done.returncode, done.stdout) == (code, "")
+        assert len(done.stderr.splitlines()) == 1 and text in done.stderr, done.stderr
+    done = relay_admin(redis_url, "limit", "nope", "c", "--max-depth", "3")
+    assert (done.returncode, done.stderr) == (1, "relay-admin: topic 'nope' not found\n")
+    assert store.limit("t", "c") == Limit(5, "drop-oldest")
+    assert admin_ok(redis_url, "limit", "t", "c", "--off") == "t/c: no depth limit (depth 0)\n"
+    assert store.limit("t", "c") is None
