@@ -40,7 +40,8 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             hashing to the node's lowest slot
                                             (relay/store/nodes.py)
     relay:{T}:meta                    HASH  message_count, message_bytes; retention_ms,
-                                            retention_bytes (settings, absent: off) and
+                                            retention_bytes (settings, absent: off),
+                                            limited_channels (lib/limit.lua) and
                                             history_added, history_start, history_first_ms,
                                             history_last_ms (lib/history.lua)
     relay:{T}:history                 STREAM with retention on, a copy of every record
@@ -79,10 +80,14 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
     relay:{T}:ch:C:msgs               HASH  id -> record, for in-flight and deferred ids
     relay:{T}:ch:C:leases             HASH  id -> "<delivered ms> <owner>": in-flight ids of
                                             the layout before (lib/inflight.lua), until none
-    relay:{T}:ch:C:meta               HASH  message_count, requeue_count, timeout_count
+    relay:{T}:ch:C:meta               HASH  message_count, requeue_count, timeout_count,
+                                            overflow_count; settings: max_depth,
+                                            part_max_depth, overflow (lib/limit.lua)
     relay:{T}:ch:C:consumers          HASH  broker id -> number of its subscribed clients
-    relay:{T}:ch:C:dead               LIST  records past max attempts, until a scanner has
-                                            published them to the dead-letter topic
+    relay:{T}:ch:C:dead               LIST  records past max attempts, or
+                                            "<reason>:<record>" (overflow, expired), until
+                                            a scanner has published them to the dead-letter
+                                            topic (lib/deadletter.lua)
     relay:{T}:ch:C:dead:lock          STRING the scanner forwarding them (short TTL)
     relay:{T}:ch:C:spark:Q:progress   HASH  claimed, finished, parked: micro-batches of
                                             Spark query consumer Q (relay/spark/batches.py)
