@@ -42,13 +42,18 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
     relay:{T}:meta                    HASH  message_count, message_bytes; retention_ms,
                                             retention_bytes (settings, absent: off),
                                             limited_channels (lib/limit.lua) and
-                                            history_added, history_start, history_first_ms,
-                                            history_last_ms (lib/history.lua)
+                                            the history's state: history_entries,
+                                            history_messages, history_bytes (ever added),
+                                            the same three history_start_* (the oldest
+                                            entry's), history_first_ms, history_last_ms
+                                            (lib/history.lua)
     relay:{T}:history                 STREAM with retention on, a copy of every record
-                                            published, id "<ms>-<count>": ms from its
-                                            timestamp (made non-decreasing), count its id's;
-                                            fields r (the record as queued) and o (bytes
-                                            retained through it, ever: lib/history.lua)
+                                            published, an entry per publish call (per 64 KiB
+                                            of it), id "<ms>-<count>": ms from its timestamp
+                                            (made non-decreasing), count its first message's;
+                                            fields l (the records' lengths), e, m, o (entries,
+                                            messages, bytes before it, ever) and r (the
+                                            records as queued: lib/history.lua)
     relay:{T}:ids                     STRING last message id handed out (never deleted)
     relay:{T}:due                     ZSET  channel -> earliest in-flight deadline or
                                             deferred due time (ms); what the node due
