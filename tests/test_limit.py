@@ -212,6 +212,8 @@ def test_drop_oldest_and_dead_letter_with_consumers_and_the_scanner(processes, r
     stats = Api(port, processes.http_ports[port]).json("GET", "/stats?format=json&topic=t")[1]
     counts = {c["channel_name"]: c["overflow_count"] for c in stats["topics"][0]["channels"]}
     assert counts == {"c": 3, "d": 3}
+    metrics = Api(port, processes.http_ports[port]).request("GET", "/metrics")[1].decode()
+    assert 'relay_channel_overflowed_total{channel="c",topic="t"} 3.0' in metrics
 
 
 @pytest.mark.integration
