@@ -84,7 +84,9 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
     relay:{T}:ch:C:msgs               HASH  id -> record, for in-flight and deferred ids
     relay:{T}:ch:C:leases             HASH  id -> "<delivered ms> <owner>": in-flight ids of
                                             the layout before (lib/inflight.lua), until none
-    relay:{T}:ch:C:meta               HASH  message_count, requeue_count, timeout_count
+    relay:{T}:ch:C:meta               HASH  message_count, requeue_count, timeout_count,
+                                            dead_count, deleted_count (relay-admin msg
+                                            --delete); settings (paused, max_attempts ...)
     relay:{T}:ch:C:consumers          HASH  broker id -> number of its subscribed clients
     relay:{T}:ch:C:dead               LIST  records past max attempts, until a scanner has
                                             published them to the dead-letter topic
