@@ -18,7 +18,8 @@ from relay.store.runner import Op
 
 # channel meta fields that are settings, not counts: a new part copies them
 CHANNEL_COUNTS = {b"message_count", b"requeue_count", b"timeout_count", b"dead_count",
-                  b"incarnation", b"empties", b"overflow_count"}
+                  b"deleted_count", b"overflow_count",
+                  b"incarnation", b"empties"}
 
 
 class PartitionsRefused(RelayError):

@@ -86,8 +86,10 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
     relay:{T}:ch:C:leases             HASH  id -> "<delivered ms> <owner>": in-flight ids of
                                             the layout before (lib/inflight.lua), until none
     relay:{T}:ch:C:meta               HASH  message_count, requeue_count, timeout_count,
-                                            overflow_count; settings: max_depth,
-                                            part_max_depth, overflow (lib/limit.lua)
+                                            dead_count, deleted_count (relay-admin msg
+                                            --delete), overflow_count; settings (paused,
+                                            max_attempts, max_depth, part_max_depth,
+                                            overflow: lib/limit.lua ...)
     relay:{T}:ch:C:consumers          HASH  broker id -> number of its subscribed clients
     relay:{T}:ch:C:dead               LIST  records past max attempts, or
                                             "<reason>:<record>" (overflow, expired), until
