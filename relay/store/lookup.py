@@ -8,10 +8,10 @@ first, SCAN_CHUNK records per LRANGE: a queued record holds the id at its end, s
 LPOS, which compares whole elements, cannot find it).
 """
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 from relay.codec import parse_record, record_id
-from relay.store import Op, Store, guarded
+from relay.store import Op, Store, deadletter, guarded
 from relay.store.inflight import member_owner
 from relay.store.keys import ChannelKeys, id_part, part_name
 
@@ -22,7 +22,8 @@ def where(store: Store, topic: str, channel: str, msg_id: bytes,
           owners: Iterable[str] = ()) -> dict:
     """Where msg_id is in the channel: {"state": "in_flight" | "deferred" | "dead" |
     "queued" | "absent", ...} with what it holds (message()) and, per state, its owner
-    and deadline (ms), due time (ms) or position (1: the head) and record. `owners`:
+    and deadline (ms), due time (ms) or position (1: the head), the dead letter's reason
+    and the list's element ("record"). `owners`:
     the owners to try first for a message in flight (the registry's clients), before a
     ZSCAN."""
     part = id_part(msg_id)
@@ -41,11 +42,14 @@ def where(store: Store, topic: str, channel: str, msg_id: bytes,
             found = message(record)
             found["attempts"] += not held.pop("old")
             return {"state": "in_flight", **held, **found}
-    for state, key in (("dead", c.dead), ("queued", c.queue)):
-        position, record = _scan(store, key, msg_id)
-        if record is not None:
-            return {"state": state, "position": position, **message(record),
-                    "record": record}
+    position, entry = _scan(store, c.dead, msg_id, deadletter.split_entry)
+    if entry is not None:
+        reason, record = deadletter.split_entry(entry)
+        return {"state": "dead", "position": position, "reason": reason, **message(record),
+                "record": entry}
+    position, record = _scan(store, c.queue, msg_id)
+    if record is not None:
+        return {"state": "queued", "position": position, **message(record), "record": record}
     return {"state": "absent"}
 
 
@@ -71,13 +75,14 @@ def _holder(store: Store, c: ChannelKeys, msg_id: bytes, owners: list[str]) -> d
     return None
 
 
-def _scan(store: Store, key: str, msg_id: bytes) -> tuple[int, bytes | None]:
-    """(position from 1 at the head, record) of the first record of msg_id in the list,
-    else (0, None)."""
+def _scan(store: Store, key: str, msg_id: bytes,
+          split: Callable[[bytes], tuple[str, bytes]] | None = None) -> tuple[int, bytes | None]:
+    """(position from 1 at the head, element) of the first record of msg_id in the list,
+    else (0, None); `split`: what an element holds besides its record (an outbox's)."""
     start = 0
     while records := guarded(store.redis.lrange, key, start, start + SCAN_CHUNK - 1):
         for i, record in enumerate(records):
-            if record_id(record) == msg_id:
+            if record_id(split(record)[1] if split else record) == msg_id:
                 return start + i + 1, record
         start += SCAN_CHUNK
     return 0, None
