@@ -216,17 +216,18 @@ class Control(DataPath, Reads):
             else:
                 self._guard(self.redis.hset, meta, name, value)
 
+    def ttl_op(self, part: str, channel: str | None, ttl_ms: int | None) -> Op:
+        """ttl.lua on one part: 1, or 0 if the channel is not one of its."""
+        t = TopicKeys.of(part)
+        return self._fanout_op("ttl", part, [t.meta, t.channels],
+                               [channel or "", "" if ttl_ms is None else ttl_ms])
+
     def set_ttl(self, topic: str, channel: str | None, ttl_ms: int | None) -> bool:
         """Set (None: clear) the message TTL of a topic, for its channels without one of
         their own and those made later, or of one channel, on every part (ttl.lua).
         False if the channel is not one of the topic's."""
-        found = True
-        for part in self.parts(topic):
-            t = TopicKeys.of(part)
-            found = bool(self.run(self._fanout_op(
-                "ttl", part, [t.meta, t.channels],
-                [channel or "", "" if ttl_ms is None else ttl_ms]))) and found
-        return found
+        return all([self.run(self.ttl_op(part, channel, ttl_ms))
+                    for part in self.parts(topic)])
 
     def ttl_settings(self, topic: str) -> dict:
         """The TTLs as part 0 has them: {"ttl_ms": the topic's or None, "channels":

@@ -23,9 +23,8 @@ def where(store: Store, topic: str, channel: str, msg_id: bytes,
     """Where msg_id is in the channel: {"state": "in_flight" | "deferred" | "dead" |
     "queued" | "absent", ...} with what it holds (message()) and, per state, its owner
     and deadline (ms), due time (ms) or position (1: the head), the dead letter's reason
-    and the list's element ("record"). `owners`:
-    the owners to try first for a message in flight (the registry's clients), before a
-    ZSCAN."""
+    and the list's element ("record"). `owners`: the owners to try first for a message
+    in flight (the registry's clients), before a ZSCAN."""
     part = id_part(msg_id)
     if not 0 <= part < len(store.parts(topic)):
         return {"state": "absent"}
@@ -42,7 +41,7 @@ def where(store: Store, topic: str, channel: str, msg_id: bytes,
             found = message(record)
             found["attempts"] += not held.pop("old")
             return {"state": "in_flight", **held, **found}
-    position, entry = _scan(store, c.dead, msg_id, deadletter.split_entry)
+    position, entry = _scan(store, c.dead, msg_id, lambda e: deadletter.split_entry(e)[1])
     if entry is not None:
         reason, record = deadletter.split_entry(entry)
         return {"state": "dead", "position": position, "reason": reason, **message(record),
@@ -76,14 +75,15 @@ def _holder(store: Store, c: ChannelKeys, msg_id: bytes, owners: list[str]) -> d
 
 
 def _scan(store: Store, key: str, msg_id: bytes,
-          split: Callable[[bytes], tuple[str, bytes]] | None = None) -> tuple[int, bytes | None]:
-    """(position from 1 at the head, element) of the first record of msg_id in the list,
-    else (0, None); `split`: what an element holds besides its record (an outbox's)."""
+          record_of: Callable[[bytes], bytes] = lambda element: element
+          ) -> tuple[int, bytes | None]:
+    """(position from 1 at the head, element) of the first element of the list whose
+    record (`record_of` it: an outbox entry's is tagged) is msg_id's, else (0, None)."""
     start = 0
-    while records := guarded(store.redis.lrange, key, start, start + SCAN_CHUNK - 1):
-        for i, record in enumerate(records):
-            if record_id(split(record)[1] if split else record) == msg_id:
-                return start + i + 1, record
+    while elements := guarded(store.redis.lrange, key, start, start + SCAN_CHUNK - 1):
+        for i, element in enumerate(elements):
+            if record_id(record_of(element)) == msg_id:
+                return start + i + 1, element
         start += SCAN_CHUNK
     return 0, None
 
