@@ -18,7 +18,7 @@ from relay.store.runner import Op
 
 # channel meta fields that are settings, not counts: a new part copies them
 CHANNEL_COUNTS = {b"message_count", b"requeue_count", b"timeout_count", b"dead_count",
-                  b"expired_count", b"incarnation", b"empties"}
+                  b"deleted_count", b"expired_count", b"incarnation", b"empties"}
 # topic meta fields that are settings: a new part copies them (ttl_ms: ttl.lua)
 TOPIC_SETTINGS = (*RETENTION_FIELDS, "ttl_ms")
 

@@ -94,7 +94,7 @@ def remove(store: Store, topic: str, channel: str, state: str, msg_id: bytes,
     script call (remove.lua); False if it was no longer there."""
     c = ChannelKeys.of(part_name(topic, id_part(msg_id)), channel)
     target = record if state == "queued" else msg_id
-    return bool(store.run(Op("remove", [c.queue, c.deferred, c.msgs], [state, target])))
+    return bool(store.run(Op("remove", [c.queue, c.deferred, c.msgs, c.meta], [state, target])))
 
 
 def queued(store: Store, topic: str, channel: str, limit: int) -> list[dict]:
