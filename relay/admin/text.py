@@ -40,7 +40,7 @@ def stats_text(data: dict) -> str:
     for t in data["topics"]:
         for label, row in [(t["topic_name"], t)] + _part_rows(t):
             rows.append([label, "", row["depth"], "", row["deferred_count"],
-                         row["message_count"], "", "", "", "", "", row["paused"]])
+                         row["message_count"], "", "", "", "", "", "", row["paused"]])
         for c in t["channels"]:
             for label, row in [(c["channel_name"], c)] + _part_rows(c):
                 rows.append(["", label, row["depth"], row["in_flight_count"],
