@@ -102,6 +102,23 @@ def test_a_dead_letter_topic_of_the_channel_is_one_too(channel):
     assert (letter["reason"], letter["body"]) == ("expired", "old")
 
 
+def test_redrive_queues_expired_letters_again_with_their_timestamp(channel):
+    store = channel
+    store.set_ttl("t", "c", TEN_MINUTES)
+    publish_aged(store, b"old")
+    deliver(store, max_attempts=3)
+    assert deadletter.forward(store, "t", "c", "{topic}.dead") == 1
+    [letter] = dead_messages(store)
+    assert [p["requeued"] for p in deadletter.redrive(store, "t", "c")] == [0, 1]
+    assert deliver(store, max_attempts=3) == []        # older than the TTL still: again
+    assert deadletter.forward(store, "t", "c", "{topic}.dead") == 1
+    store.set_ttl("t", "c", None)
+    list(deadletter.redrive(store, "t", "c"))
+    [record] = deliver(store, max_attempts=3)
+    assert parse_record(record) == (letter["timestamp"], 1, b"0000000000000001", b"old")
+    assert store.read_channel("t", "c")["expired_count"] == 2
+
+
 def test_max_attempts_is_checked_before_the_ttl(channel):
     store = channel
     store.set_ttl("t", "c", 1000)
