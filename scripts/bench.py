@@ -206,7 +206,7 @@ class CpuSampler:
 def run_workload(args: list, brokers: int, seconds: float, source: str | None = None,
                  workers: int = 1, prepare=None, **stack_args) -> dict:
     """One loadgen run on a fresh Stack (`stack_args`: Stack's cluster, broker_args);
-    `prepare(stack)` first, if given (e.g. a control set on the bench channel)."""
+    `prepare(stack)`, if given, runs before the load (e.g. to set a channel's controls)."""
     stack = Stack(brokers, source, workers, **stack_args)
     try:
         if prepare:

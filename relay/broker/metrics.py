@@ -67,6 +67,9 @@ class _QueueCollector:
                          ["topic", "channel"]),
                         ("channel_deleted", "Messages taken out by relay-admin msg --delete",
                          ["topic", "channel"]),
+                        ("channel_expired", "Messages older than the channel's TTL when "
+                         "they would have been delivered (dead-lettered or dropped)",
+                         ["topic", "channel"]),
                         ("channel_overflowed", "Messages a depth limit dropped or "
                          "dead-lettered (relay-admin limit)", ["topic", "channel"])]}
         for t in data["topics"]:
@@ -88,6 +91,7 @@ class _QueueCollector:
                                       ("channel_requeued", "requeue_count"),
                                       ("channel_timed_out", "timeout_count"),
                                       ("channel_deleted", "deleted_count"),
+                                      ("channel_expired", "expired_count"),
                                       ("channel_overflowed", "overflow_count")]:
                     counters[metric].add_metric(labels, c[field])
         yield from gauges.values()

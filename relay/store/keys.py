@@ -39,7 +39,8 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             cluster: relay:{node-N}:due and :news, node-N
                                             hashing to the node's lowest slot
                                             (relay/store/nodes.py)
-    relay:{T}:meta                    HASH  message_count, message_bytes; retention_ms,
+    relay:{T}:meta                    HASH  message_count, message_bytes; ttl_ms (the
+                                            topic's message TTL, ttl.lua); retention_ms,
                                             retention_bytes (settings, absent: off),
                                             limited_channels (lib/limit.lua) and
                                             the history's state: history_entries,
@@ -87,14 +88,16 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             the layout before (lib/inflight.lua), until none
     relay:{T}:ch:C:meta               HASH  message_count, requeue_count, timeout_count,
                                             dead_count, deleted_count (relay-admin msg
-                                            --delete), overflow_count; settings (paused,
-                                            max_attempts, max_depth, part_max_depth,
-                                            overflow: lib/limit.lua ...)
+                                            --delete), expired_count, overflow_count;
+                                            settings (paused, max_attempts ...; ttl_ms,
+                                            ttl_from: the TTL in force, from "topic" or
+                                            "channel", ttl.lua; max_depth, part_max_depth,
+                                            overflow: lib/limit.lua)
     relay:{T}:ch:C:consumers          HASH  broker id -> number of its subscribed clients
     relay:{T}:ch:C:dead               LIST  records past max attempts, or
-                                            "<reason>:<record>" (overflow, expired), until
-                                            a scanner has published them to the dead-letter
-                                            topic (lib/deadletter.lua)
+                                            "<reason>:<record>" (expired, overflow:
+                                            lib/deadletter.lua), until a scanner has
+                                            published them to the dead-letter topic
     relay:{T}:ch:C:dead:lock          STRING the scanner forwarding them (short TTL)
     relay:{T}:ch:C:spark:Q:progress   HASH  claimed, finished, parked: micro-batches of
                                             Spark query consumer Q (relay/spark/batches.py)

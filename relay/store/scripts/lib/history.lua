@@ -43,15 +43,6 @@ local function history_state(values, at)
           first = tonumber(values[at + 8] or ''), last = number(9), moved = false}
 end
 
--- A stored record's timestamp (8 bytes, big-endian ns, top bit set) in ms, exactly:
--- hi * 2^32 + lo ns, with hi * 2^32 / 10^6 = hi * 4294 + hi * 967296 / 10^6.
-local function timestamp_ms(timestamp)
-  local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(timestamp, 1, 8)
-  local hi = ((b1 % 128) * 256 + b2) * 65536 + b3 * 256 + b4
-  local rest = hi * 967296 + ((b5 * 256 + b6) * 65536 + b7 * 256 + b8)
-  return math.floor(hi * 4294 + (rest - rest % 1000000) / 1000000)
-end
-
 -- Add `records` (their counts in `counts`, consecutive) of a message timestamp to the
 -- history, in as few entries as the cap allows. Returns the entries added.
 local function retain(key, state, timestamp, records, counts)
