@@ -5,11 +5,11 @@ paired by round. A control is set so that it never acts (a TTL no message reache
 is measured is what checking it costs every message. Then, as the rates of a shared
 machine move by more than the cost looked for, publish.lua's own cost in Redis with each
 control (and with a depth limit that drop-oldest keeps): `INFO commandstats` µs per
-EVALSHA over blocks of MPUB calls, the controls in turn on one Redis. Prints Markdown
+EVALSHA over blocks of MPUB calls, the controls' blocks in turn on one Redis. Prints Markdown
 for BENCHMARKS.md.
 
     .venv/bin/python scripts/bench_controls.py [--runs 5] [--seconds 5] [--only TITLE-PART]
-        [--calls 2000]
+        [--calls 4000]
 """
 
 import argparse
@@ -68,27 +68,28 @@ def row(title: str, results: dict) -> str:
             + " | ".join(ratios) + " | " + " / ".join(str(c) for c in cpu) + " |")
 
 
-def script_cost(calls: int, rounds: int = 5) -> list[str]:
-    """A row per control of COST_CONTROLS: the median over `rounds` of Redis' µs per
-    publish call (an MPUB of 100 bodies of SIZE), `calls` calls per control and round, on
-    an embedded Redis of its own (conf/redis.conf), flushed before each control."""
+def script_cost(calls: int, blocks: int = 20) -> list[str]:
+    """A row per control of COST_CONTROLS: Redis' µs per publish call (an MPUB of 100
+    bodies of SIZE), the median over `blocks` blocks of calls / blocks calls each. Every
+    control has a database of its own on one embedded Redis (conf/redis.conf) and the
+    blocks alternate between them, so the machine's drift falls on all alike."""
     data = tempfile.mkdtemp(prefix="relay-bench-controls-")
     port = embedded.free_port()
     proc = embedded.start(port, data, os.path.join(os.path.dirname(HERE), "conf", "redis.conf"))
     try:
-        client = redis.Redis(port=port)
+        stores = {}
+        for db, (name, control) in enumerate(COST_CONTROLS.items()):
+            stores[name] = Store(redis.Redis(port=port, db=db))
+            stores[name].create_channel(TOPIC, CHANNEL)
+            control(stores[name])
+            stores[name].publish(TOPIC, [b"x" * SIZE] * 100)     # the script loaded
         costs: dict[str, list[float]] = {name: [] for name in COST_CONTROLS}
-        for _ in range(rounds):
-            for name, control in COST_CONTROLS.items():
-                client.flushall()
-                store = Store(client)
-                store.create_channel(TOPIC, CHANNEL)
-                control(store)
-                store.publish(TOPIC, [b"x" * SIZE] * 100)   # the script loaded
-                client.config_resetstat()
-                for _ in range(calls):
+        for _ in range(blocks):
+            for name, store in stores.items():
+                store.redis.config_resetstat()
+                for _ in range(calls // blocks):
                     store.publish(TOPIC, [b"x" * SIZE] * 100)
-                costs[name].append(client.info("commandstats")["cmdstat_evalsha"]
+                costs[name].append(store.redis.info("commandstats")["cmdstat_evalsha"]
                                    ["usec_per_call"])
         base = statistics.median(costs["none"])
         return [f"| {name} | {statistics.median(c):.1f} | {statistics.median(c) / base:.3f} |"
@@ -105,8 +106,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--only", action="append", default=[],
                         help="workloads whose title contains this (repeatable)")
-    parser.add_argument("--calls", type=int, default=2000,
-                        help="MPUB calls per control and round of publish.lua's cost")
+    parser.add_argument("--calls", type=int, default=4000,
+                        help="MPUB calls per control of publish.lua's cost")
     args = parser.parse_args()
     others = [c for c in CONTROLS if c != "none"]
     print("| workload | " + " | ".join(f"{c}, msgs/s" for c in CONTROLS) + " | "
