@@ -9,6 +9,7 @@ from relay.codec import MSG_ID_LENGTH
 from relay.errors import RelayError
 from relay.store import keys
 from relay.store.data_path import DataPath
+from relay.store.dedup import DEDUP_FIELD
 from relay.store.history import RETENTION_FIELDS
 from relay.store.inflight import member_id, member_owner
 from relay.store.keys import ChannelKeys, TopicKeys, id_part, part_name
@@ -47,11 +48,12 @@ class Control(DataPath, Reads):
         return before
 
     def _prepare_parts(self, topic: str, parts: list[str]) -> None:
-        """Give new parts the topic's retention, channels, their settings and the topic's
-        pause."""
+        """Give new parts the topic's retention, dedup window, channels, their settings
+        and the topic's pause."""
         self._guard(self.redis.sadd, keys.PARTITIONS, *parts)
-        retention = self._guard(self.redis.hmget, TopicKeys.of(topic).meta, *RETENTION_FIELDS)
-        for name, value in zip(RETENTION_FIELDS, retention):
+        fields = (*RETENTION_FIELDS, DEDUP_FIELD)
+        settings = self._guard(self.redis.hmget, TopicKeys.of(topic).meta, *fields)
+        for name, value in zip(fields, settings):
             for part in parts:
                 if value is not None:
                     self._guard(self.redis.hset, TopicKeys.of(part).meta, name, value)

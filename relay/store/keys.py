@@ -42,12 +42,16 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
     relay:{T}:meta                    HASH  message_count, message_bytes; retention_ms,
                                             retention_bytes (settings, absent: off) and
                                             history_added, history_start, history_first_ms,
-                                            history_last_ms (lib/history.lua)
+                                            history_last_ms (lib/history.lua); dedup_ms
+                                            (absent: off; relay/store/dedup.py)
     relay:{T}:history                 STREAM with retention on, a copy of every record
                                             published, id "<ms>-<count>": ms from its
                                             timestamp (made non-decreasing), count its id's;
                                             fields r (the record as queued) and o (bytes
                                             retained through it, ever: lib/history.lua)
+    relay:{T}:dedup                   ZSET  publish key -> expiry (ms): keys published
+                                            within the topic's dedup window (lib/dedup.lua;
+                                            expires a window after its last write)
     relay:{T}:ids                     STRING last message id handed out (never deleted)
     relay:{T}:due                     ZSET  channel -> earliest in-flight deadline or
                                             deferred due time (ms); what the node due
@@ -177,6 +181,11 @@ def trash_prefix(topic: str, token: str) -> str:
 def staging_key(topic: str, token: str) -> str:
     """The bodies of one MPUB too big for one call, until its publish call takes them."""
     return topic_prefix(topic) + f"staging:{token}"
+
+
+def dedup_key(part: str) -> str:
+    """The publish keys a part remembers within its dedup window (lib/dedup.lua)."""
+    return topic_prefix(part) + "dedup"
 
 
 def channel_prefix(topic: str) -> str:
