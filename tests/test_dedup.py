@@ -3,8 +3,8 @@ fakeredis, one Redis and the cluster, a partitioned topic among them; then real 
 over HTTP, and relay-admin dedup and pub --id as subprocesses."""
 
 import json
+import struct
 import threading
-import time
 
 import pytest
 
@@ -12,9 +12,9 @@ from relay.store import keys
 from relay.store.data_path import KEYED_BODIES
 from relay.store.dedup import key_part, key_problem
 from relay.store.keys import part_name
-from tests.helpers.admin import relay_admin
+from tests.helpers.admin import ok, ok_json, relay_admin, run
 from tests.helpers.api import Api
-from tests.helpers.store import bodies, queue, wait_past, now_ms
+from tests.helpers.store import bodies, now_ms, queue, wait_past
 
 
 def topic_bodies(store, topic="t", channel="c") -> list:
@@ -138,3 +138,131 @@ def test_racing_publishers_of_one_key_publish_it_once(store):
     (b"k" * 256, None), ("cl\u00e9-\u2603".encode(), None), (b"q:1:0:7", None)])
 def test_key_limits(key, problem):
     assert key_problem(key) == problem
+
+
+# -- relay-admin (CliRunner) ------------------------------------------------------------
+
+
+def test_relay_admin_dedup_shows_sets_and_turns_off(store, backend):
+    assert ok(backend, "dedup", "t", "--window", "10m") == [
+        "t: dedup window 10m", "partition  keys", "0          0"]
+    store.publish_keyed("t", [b"a", b"b"], [b"k1", b"k2"])
+    assert ok_json(backend, "dedup", "t") == {
+        "topic": "t", "on": True, "window_ms": 600_000,
+        "partitions": [{"partition": 0, "keys": 2}]}
+    assert ok(backend, "dedup", "t", "--off")[0] == "t: dedup off"
+    assert store.dedup_window("t") == 0
+    assert run(backend, "dedup", "t", "--window", "0").output == (
+        "relay-admin: a window of 0 remembers nothing: give --off to turn it off "
+        "(see relay-admin dedup --help)\n")
+    assert run(backend, "dedup", "nope").output == "relay-admin: topic 'nope' not found\n"
+
+
+# -- real processes: HTTP and relay-admin pub --id --------------------------------------
+
+
+@pytest.fixture
+def api(processes):
+    _, port = processes.broker("--max-msg-size", "1000", "--max-body-size", "10000")
+    processes.scanner()
+    return Api(port, processes.http_ports[port])
+
+
+def dedup_on(redis_url, topic="t", window="10m"):
+    done = relay_admin(redis_url, "dedup", topic, "--window", window)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.cluster
+def test_an_http_producer_retrying_a_pub_publishes_once(api, redis_url):
+    dedup_on(redis_url)
+    api.request("POST", "/channel/create?topic=t&channel=c")
+    for _ in range(3):
+        status, body, headers = api.request("POST", "/pub?topic=t&id=order-42", b"paid")
+        assert (status, body) == (200, b"OK")
+    assert headers["X-Relay-Duplicates"] == "1"
+    status, body, headers = api.request("POST", "/pub?topic=t&id=order-43", b"shipped")
+    assert (status, body, headers["X-Relay-Duplicates"]) == (200, b"OK", "0")
+    status, body, headers = api.request("POST", "/pub?topic=t", b"plain")
+    assert (status, body, "X-Relay-Duplicates" in headers) == (200, b"OK", False)
+    assert api.consume("t", 3) == [b"paid", b"shipped", b"plain"]
+
+
+@pytest.mark.integration
+@pytest.mark.cluster
+def test_mpub_with_keys_says_how_many_were_duplicates(api, redis_url):
+    dedup_on(redis_url)
+    api.request("POST", "/channel/create?topic=t&channel=c")
+    status, body, headers = api.request("POST", "/mpub?topic=t&keyed=true",
+                                        b"k1 one\nk2 two with spaces\nk1 again\n")
+    assert (status, body, headers["X-Relay-Duplicates"]) == (200, b"OK", "1")
+    binary = b"".join([struct.pack(">I", 2)] + [struct.pack(">I", len(m)) + m
+                                                for m in (b"k2 two", b"k3 three")])
+    status, body, headers = api.request("POST", "/mpub?topic=t&binary=true&keyed=true", binary)
+    assert (status, body, headers["X-Relay-Duplicates"]) == (200, b"OK", "1")
+    assert api.consume("t", 3) == [b"one", b"two with spaces", b"three"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("path, body, error", [
+    ("/pub?topic=t&id=", b"x", "ID_EMPTY"),
+    ("/pub?topic=t&id=" + "k" * 257, b"x", "ID_TOO_LONG"),
+    ("/pub?topic=t&id=%FF", b"x", "ID_NOT_TEXT"),
+    ("/pub?topic=t&id=a%20b", b"x", "ID_NOT_TEXT"),
+    ("/mpub?topic=t&keyed=true", b"k1 fine\n has-no-key\n", "ID_EMPTY"),
+    ("/mpub?topic=t&keyed=true", b"k1 fine\nno-body\n", "MSG_EMPTY"),
+    ("/mpub?topic=t&keyed=true", b"k1 fine\n" + b"k" * 300 + b" x\n", "ID_TOO_LONG"),
+    ("/mpub?topic=t&keyed=true", b"k1 fine\n\xff body\n", "ID_NOT_TEXT")])
+def test_a_bad_key_is_a_400_and_publishes_nothing(api, redis_url, path, body, error):
+    dedup_on(redis_url)
+    api.request("POST", "/channel/create?topic=t&channel=c")
+    status, data, headers = api.request("POST", path, body)
+    assert (status, json.loads(data)) == (400, {"message": error})
+    _, stats = api.json("GET", "/stats?format=json&topic=t")
+    assert stats["topics"][0]["message_count"] == 0
+
+
+@pytest.mark.integration
+@pytest.mark.cluster
+def test_two_brokers_racing_on_one_key_publish_it_once(processes, redis_url):
+    ports = [processes.broker()[1] for _ in range(2)]
+    processes.scanner()
+    apis = [Api(port, processes.http_ports[port]) for port in ports]
+    dedup_on(redis_url)
+    apis[0].request("POST", "/channel/create?topic=t&channel=c")
+    answers = []
+
+    def publish(api, n):
+        answers.append(api.request("POST", "/pub?topic=t&id=the-key", b"body %d" % n))
+    threads = [threading.Thread(target=publish, args=(apis[n % 2], n)) for n in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted((status, body, h["X-Relay-Duplicates"]) for status, body, h in answers) == \
+        [(200, b"OK", "0")] + [(200, b"OK", "1")] * 9
+    assert len(apis[1].consume("t", 1)) == 1
+
+
+@pytest.mark.integration
+@pytest.mark.cluster
+def test_relay_admin_pub_with_an_id_run_twice_publishes_once(processes, redis_url):
+    processes.scanner()
+    dedup_on(redis_url)
+    done = relay_admin(redis_url, "pub", "t", "--id", "import-7", input="one\n\ntwo\n")
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0, "published 2 messages to t, 0 duplicates not published again\n", "")
+    done = relay_admin(redis_url, "pub", "t", "--id", "import-7", "--json",
+                       input="one\n\ntwo\nthree\n")
+    assert json.loads(done.stdout) == {"topic": "t", "published": 1, "duplicates": 2}
+    done = relay_admin(redis_url, "dedup", "t", "--json")
+    assert sum(p["keys"] for p in json.loads(done.stdout)["partitions"]) == 3
+    done = relay_admin(redis_url, "pub", "t", "--id", "two words", input="x\n")
+    assert (done.returncode, done.stderr) == (
+        2, "relay-admin: --id 'two words': ID_NOT_TEXT: 1-239 bytes of text without spaces "
+           "(see relay-admin pub --help)\n")
+    done = relay_admin(redis_url, "pub", "u", "--id", "k", input="x\n")
+    assert (done.returncode, done.stderr) == (
+        0, "relay-admin: topic u has no dedup window, so --id changes nothing "
+           "(relay-admin dedup u --window 10m turns it on)\n")

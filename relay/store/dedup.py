@@ -36,6 +36,18 @@ def key_problem(key: bytes) -> str | None:
     return None
 
 
+def keyed_message(message: bytes) -> tuple[bytes, bytes]:
+    """(key, body) of a message in the keyed body format, "KEY BODY" (/mpub?keyed=true,
+    MPUB after IDENTIFY relay_dedup): ValueError with the code of what is wrong."""
+    key, _, body = message.partition(b" ")
+    problem = key_problem(key)
+    if problem:
+        raise ValueError(problem)
+    if not body:
+        raise ValueError("MSG_EMPTY")
+    return key, body
+
+
 def key_part(key: bytes, partitions: int) -> int:
     """The part a key's messages always go to (crc32: the same in every broker)."""
     return zlib.crc32(key) % partitions
