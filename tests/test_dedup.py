@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from relay.codec import FRAME_ERROR, FRAME_RESPONSE
 from relay.store import keys
 from relay.store.data_path import KEYED_BODIES
 from relay.store.dedup import key_part, key_problem
@@ -15,6 +16,7 @@ from relay.store.keys import part_name
 from tests.helpers.admin import ok, ok_json, relay_admin, run
 from tests.helpers.api import Api
 from tests.helpers.store import bodies, now_ms, queue, wait_past
+from tests.helpers.wire import Wire, mpub_body
 
 
 def topic_bodies(store, topic="t", channel="c") -> list:
@@ -266,3 +268,74 @@ def test_relay_admin_pub_with_an_id_run_twice_publishes_once(processes, redis_ur
     assert (done.returncode, done.stderr) == (
         0, "relay-admin: topic u has no dedup window, so --id changes nothing "
            "(relay-admin dedup u --window 10m turns it on)\n")
+
+
+# -- real processes: TCP, for clients that opt in ---------------------------------------
+
+
+def opted_in(port) -> Wire:
+    wire = Wire(port)
+    frame_type, data = wire.identify(feature_negotiation=True, relay_dedup=True)
+    assert (frame_type, json.loads(data)["relay_dedup"]) == (FRAME_RESPONSE, True)
+    return wire
+
+
+@pytest.mark.integration
+@pytest.mark.cluster
+def test_tcp_publish_keys_after_identify_relay_dedup(processes, redis_url):
+    _, port = processes.broker()
+    processes.scanner()
+    dedup_on(redis_url)
+    wire = opted_in(port)
+    assert wire.command("PUB t order-1", b"paid").frame() == (FRAME_RESPONSE, b"OK")
+    assert wire.command("PUB t order-1", b"paid").frame() == (
+        FRAME_RESPONSE, b"OK DUPLICATES 1")
+    assert wire.command("DPUB t 0 order-2", b"later").frame() == (FRAME_RESPONSE, b"OK")
+    assert wire.command("MPUB t keyed", mpub_body([b"order-2 later", b"order-3 new",
+                                                   b"order-3 twice"])).frame() == (
+        FRAME_RESPONSE, b"OK DUPLICATES 2")
+    assert wire.mpub("t", [b"no keys"]) == (FRAME_RESPONSE, b"OK")
+    wire.close()
+    reader = Wire(port)
+    reader.identify()
+    assert reader.sub("t", "c", rdy=10) == (FRAME_RESPONSE, b"OK")
+    # the channel is new: what came before waited in the topic's backlog
+    assert sorted(reader.message()[3] for _ in range(4)) == [
+        b"later", b"new", b"no keys", b"paid"]
+
+
+@pytest.mark.integration
+def test_other_tcp_clients_see_nsqds_protocol(processes, redis_url):
+    """Without relay_dedup, an extra parameter is ignored as nsqd ignores it, and IDENTIFY's
+    answer has no relay_dedup."""
+    _, port = processes.broker()
+    dedup_on(redis_url)
+    wire = Wire(port)
+    frame_type, data = wire.identify(feature_negotiation=True)
+    assert "relay_dedup" not in json.loads(data)
+    for _ in range(2):
+        assert wire.command("PUB t order-1", b"paid").frame() == (FRAME_RESPONSE, b"OK")
+    assert wire.command("MPUB t keyed", mpub_body([b"k body"])).frame() == (
+        FRAME_RESPONSE, b"OK")
+    _, stats = Api(port, processes.http_ports[port]).json("GET", "/stats?format=json&topic=t")
+    assert stats["topics"][0]["message_count"] == 3
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("line, body, error", [
+    ("PUB t " + "k" * 257, b"x", b"E_INVALID PUB invalid key: ID_TOO_LONG"),
+    ("PUB t \xff", b"x", b"E_INVALID PUB invalid key: ID_NOT_TEXT"),
+    ("DPUB t 0 \x01", b"x", b"E_INVALID DPUB invalid key: ID_NOT_TEXT"),
+    ("MPUB t keys", mpub_body([b"k x"]), b"E_INVALID MPUB third parameter must be 'keyed'"),
+    ("MPUB t keyed", mpub_body([b"k1 x", b" no key"]), b"E_BAD_BODY MPUB message 2: ID_EMPTY"),
+    ("MPUB t keyed", mpub_body([b"k1 x", b"k2"]), b"E_BAD_BODY MPUB message 2: MSG_EMPTY")])
+def test_a_bad_tcp_key_is_an_error_and_publishes_nothing(processes, redis_url, line, body,
+                                                        error):
+    _, port = processes.broker()
+    dedup_on(redis_url)
+    wire = opted_in(port)
+    wire.command(line.encode("latin-1"), body)
+    assert wire.frame() == (FRAME_ERROR, error)
+    assert wire.closed()
+    _, stats = Api(port, processes.http_ports[port]).json("GET", "/stats?format=json&topic=t")
+    assert stats["topics"][0]["message_count"] == 0
