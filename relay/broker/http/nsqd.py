@@ -13,7 +13,7 @@ import time
 from relay.broker import registry
 from relay.store import stats
 from relay.store.causes import cause
-from relay.store.dedup import key_problem, keyed_message
+from relay.store.dedup import BadKeyedMessage, key_problem, keyed_messages
 from relay.codec import NSQD_VERSION, parse_int64, split_mpub
 from relay.broker.context import BrokerContext
 from relay.errors import ClientError, StoreError
@@ -141,9 +141,11 @@ class NsqdApi:
             return "OK"
         raw = request.arg("keyed")
         if raw is not None and BOOLS.get(raw, True):
-            keyed = [_keyed(message) for message in bodies]
-            return self._publish_keyed(request, topic, [body for _, body in keyed],
-                                       [key for key, _ in keyed])
+            try:
+                bodies, publish_keys = keyed_messages(bodies)
+            except BadKeyedMessage as e:
+                raise HttpError(400, e.code) from None
+            return self._publish_keyed(request, topic, bodies, publish_keys)
         return self._publish(topic, bodies)
 
     def _topic(self, request) -> str:
@@ -313,14 +315,6 @@ class NsqdApi:
             assert channel is not None      # subscribed_clients() have one
             out.setdefault((channel.topic, channel.name), []).append(stats.client_stats(client))
         return out
-
-
-def _keyed(message: bytes) -> tuple[bytes, bytes]:
-    """(key, body) of one message of /mpub?keyed=true, or its 400."""
-    try:
-        return keyed_message(message)
-    except ValueError as e:
-        raise HttpError(400, str(e)) from None
 
 
 def _pausing(request) -> bool:

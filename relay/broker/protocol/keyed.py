@@ -5,7 +5,7 @@ published, else "OK DUPLICATES <n>". Any other client's extra parameters are ign
 as nsqd ignores them."""
 
 from relay.errors import FatalClientError
-from relay.store.dedup import key_problem, keyed_message
+from relay.store.dedup import BadKeyedMessage, key_problem, keyed_messages
 
 KEYED_MPUB = b"keyed"
 
@@ -29,14 +29,10 @@ def split_keyed(dedup: bool, params: list[bytes], messages: list[bytes]
         return messages, None
     if params[2] != KEYED_MPUB:
         raise FatalClientError("E_INVALID", "MPUB third parameter must be 'keyed'")
-    bodies, keys = [], []
-    for number, message in enumerate(messages, 1):
-        try:
-            key, body = keyed_message(message)
-        except ValueError as e:
-            raise FatalClientError("E_BAD_BODY", f"MPUB message {number}: {e}") from None
-        keys.append(key)
-        bodies.append(body)
+    try:
+        bodies, keys = keyed_messages(messages)
+    except BadKeyedMessage as e:
+        raise FatalClientError("E_BAD_BODY", f"MPUB message {e.number}: {e.code}") from None
     return bodies, keys
 
 
