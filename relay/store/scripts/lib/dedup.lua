@@ -36,9 +36,10 @@ end
 -- expired ones; the set itself expires a window after this, so an idle topic's goes.
 local function dedup_remember(set, window, keys, positions)
   local now = now_ms()
+  local expiry = string.format('%d', now + window)   -- one string, not one per key
   local scored = {}
   for _, i in ipairs(positions) do
-    scored[#scored + 1] = now + window
+    scored[#scored + 1] = expiry
     scored[#scored + 1] = keys[i]
   end
   call_chunked('ZADD', set, scored)
