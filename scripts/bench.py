@@ -204,10 +204,13 @@ class CpuSampler:
 
 
 def run_workload(args: list, brokers: int, seconds: float, source: str | None = None,
-                 workers: int = 1, **stack_args) -> dict:
-    """One loadgen run on a fresh Stack (`stack_args`: Stack's cluster, broker_args)."""
+                 workers: int = 1, prepare=None, **stack_args) -> dict:
+    """One loadgen run on a fresh Stack (`stack_args`: Stack's cluster, broker_args);
+    `prepare(stack)`, if given, runs before the load (e.g. to set a channel's controls)."""
     stack = Stack(brokers, source, workers, **stack_args)
     try:
+        if prepare:
+            prepare(stack)
         pids = {"broker": stack.broker_pids(), "redis": [p.pid for p in stack.redis_servers]}
         sampler = CpuSampler(pids)
         proc = subprocess.Popen([sys.executable, LOADGEN, *args, "--port", str(stack.tcp_port),

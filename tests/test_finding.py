@@ -132,7 +132,8 @@ def test_msg_delete_a_queued_and_a_deferred_one_but_not_in_flight(places, backen
     assert ok_json(backend, "msg", "t", "0000000000000004", "--channel", "c", "--delete") == {
         "topic": "t", "channel": "c", "id": "0000000000000004", "deleted": "deferred"}
     c = store.read_channel("t", "c")
-    assert (c["depth"], c["in_flight_count"], c["deferred_count"]) == (3, 1, 0)
+    assert (c["depth"], c["in_flight_count"], c["deferred_count"], c["deleted_count"]) == (
+        3, 1, 0, 2)
     assert store.redis.hlen(ChannelKeys.of("t", "c").msgs) == 1
     d = store.read_channel("t", "d")
     assert (d["depth"], d["deferred_count"]) == (5, 1)          # the other channel kept them
@@ -140,6 +141,7 @@ def test_msg_delete_a_queued_and_a_deferred_one_but_not_in_flight(places, backen
     assert (result.exit_code, result.output) == (1, (
         "relay-admin: message 0000000000000004 is not queued or deferred on t/c: "
         "nothing deleted\n"))
+    assert store.read_channel("t", "c")["deleted_count"] == 2
 
 
 def test_peek_queue_and_deferred_without_taking(places, backend):
@@ -181,7 +183,8 @@ def test_msg_and_peek_on_a_partitioned_topic(store, backend):
         "c        queued  0         2         -    -       -"
     assert ok(backend, "msg", "t", "0001000000000002", "--channel", "c", "--delete") == [
         "deleted message 0001000000000002 from t/c (queued at position 2)"]
-    assert store.read_channel("t", "c")["depth"] == 3
+    assert (store.read_channel("t", "c")["depth"], store.read_channel("t", "c")["deleted_count"],
+            store.read_channel_parts("t", "c")[1]["deleted_count"]) == (3, 1, 1)
     result = run(backend, "msg", "t", "0002000000000001")
     assert (result.exit_code, result.output) == (
         1, "relay-admin: message 0002000000000001 was never published on t\n")

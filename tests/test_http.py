@@ -384,6 +384,7 @@ def test_metrics_parse_with_prometheus_client(api):
     assert samples[("relay_channel_in_flight", tc)] == 1
     assert samples[("relay_channel_messages_total", tc)] == 3
     assert samples[("relay_channel_consumers", tc)] == 1
+    assert samples[("relay_channel_deleted_total", tc)] == 0
     assert samples[("relay_topic_messages_total", (("topic", "t"),))] == 3
     assert samples[("relay_published_messages_total", ())] == 3
     assert samples[("relay_delivered_messages_total", ())] == 1

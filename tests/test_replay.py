@@ -47,6 +47,15 @@ def test_replay_after_fin_reads_the_same_messages(store, backend):
     assert (result["replayed"], result["skipped"], result["total"]) == (1, 0, 1)
 
 
+def test_replay_from_an_id_in_the_middle_of_an_mpub(store, backend):
+    """An MPUB's messages share one entry of the history: --from-id of the second
+    replays from it, not from the entry's start."""
+    finished_topic(store, messages=5)
+    result = ok_json(backend, "replay", "t/c", "--from-id", "0000000000000002")
+    assert (result["replayed"], result["skipped"], result["total"]) == (4, 0, 4)
+    assert bodies(queue(store, "t", "c")) == [b"m1", b"m2", b"m3", b"m4"]
+
+
 def test_a_range_partly_retained_replays_what_is_kept_and_says_so(store, backend):
     finished_topic(store)
     result = run(backend, "replay", "t", "c", "--from-time", "2020-01-01T00:00:00Z")

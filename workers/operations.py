@@ -21,7 +21,6 @@ from relay.errors import RelayError
 from relay.store import deadletter
 from relay.store import Store, guarded
 from relay.store.connection import whole
-from relay.store.history import REPLAY_CHUNK
 from relay.store.keys import ChannelKeys
 
 QUEUE = "relay"
@@ -105,12 +104,11 @@ def _free_zset(client, key, count):
 
 
 def _free_stream(client, key, count):
-    """A deleted topic's history: its oldest `count` entries at a time (XTRIM MINID
-    past the last of them)."""
-    while entries := guarded(client.xrange, key, "-", "+", count):
-        last_ms, last_seq = entries[-1][0].split(b"-")
-        guarded(lambda: client.xtrim(key, minid=f"{int(last_ms)}-{int(last_seq) + 1}"))
-        yield len(entries)
+    """A deleted topic's history: its oldest `count` entries at a time (XTRIM MAXLEN to
+    what is left after them: exact, and nothing is read)."""
+    while length := guarded(client.xlen, key):
+        guarded(lambda: client.xtrim(key, maxlen=max(0, length - count), approximate=False))
+        yield min(length, count)
     guarded(client.delete, key)
 
 
@@ -151,12 +149,13 @@ def latest_deadline(store: Store, topic: str, channel: str) -> int:
 
 def replay(store: Store, topic: str, channel: str, starts: list[str], end: str = "+",
            cuts: list[int] | None = None):
-    """Put the retained messages of each part from starts[part] to `end` (stream ids,
-    lib/history.lua) back in the channel's queue, in publish order, REPLAY_CHUNK
-    entries per call (replay.lua); with `cuts` (a channel just created from the
-    beginning) each part's entries up to its cut, each at the queue's head, newest
-    first, so the queue ends in publish order. Messages in flight or deferred are
-    skipped. The total is counted from the ids at the start."""
+    """Put the retained messages of each part from starts[part] (a message position
+    "<ms>-<count>", or "-") to `end` (a stream id or ms, lib/history.lua) back in the
+    channel's queue, in publish order, about history.REPLAY_CHUNK messages per call
+    (replay.lua, whole entries); with `cuts` (a channel just created from the beginning)
+    each part's messages up to its cut, each at the queue's head, newest first, so the
+    queue ends in publish order. Messages in flight or deferred are skipped. The total
+    is counted from the ids at the start."""
     parts = store.parts(topic)
     forward = cuts is None
     cuts = cuts or [0] * len(parts)
@@ -176,7 +175,7 @@ def replay(store: Store, topic: str, channel: str, starts: list[str], end: str =
             progress["skipped"] += done.skipped
             progress["done"] = min(progress["total"], progress["done"] + done.read)
             yield progress
-            if done.read < REPLAY_CHUNK:
+            if done.ended:
                 break
             if forward:
                 low = "(" + done.last

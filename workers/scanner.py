@@ -26,7 +26,8 @@ SWEEP_EVERY seconds or, past SWEEP_MOST parts a second, longer: a safety net for
 node index write lost (sent to a stale node's keys, or by a broker of the layout
 before, which writes none), at a bounded cost. The sweep also trims the swept parts'
 histories (trim.lua), so a topic with retention that nobody publishes to is trimmed
-too, within SWEEP_EVERY of its due time.
+too, within SWEEP_EVERY of its due time (a big trim, in calls of a bounded cost, for up
+to TRIM_SECONDS a slice, going on at the part's next sweep).
 
 Scanners share the work by hash slot: each registers in `relay:scanners` with a
 heartbeat (relay/liveness.py, as brokers do), and the one of rank i among the n
@@ -69,6 +70,7 @@ TOPOLOGY_EVERY = 5.0    # seconds between checks of a cluster's slots
 SWEEP_STEP = 1.0        # seconds between slices of the sweep
 SWEEP_EVERY = 60.0      # a sweep of the whole share takes this long...
 SWEEP_MOST = 40         # ...or longer, at most this many parts a second
+TRIM_SECONDS = 0.5      # a slice's trims of histories (bounded calls) stop after this
 SHARE_HEARTBEAT = 1.0
 SHARE_TTL_MS = 5_000
 
@@ -218,7 +220,7 @@ class Scanner:
             if self.seeded:
                 swept = self.sweep_slice()
                 self.store.seed_due(swept)
-                self.store.trim_parts(swept)
+                self.store.trim_parts(swept, TRIM_SECONDS)
                 return
             seen = self.store.seed_due(self.share.topics)
             self.seeded = True

@@ -64,6 +64,11 @@ class _QueueCollector:
                          ["topic", "channel"]),
                         ("channel_requeued", "REQs", ["topic", "channel"]),
                         ("channel_timed_out", "Messages requeued after their timeout",
+                         ["topic", "channel"]),
+                        ("channel_deleted", "Messages taken out by relay-admin msg --delete",
+                         ["topic", "channel"]),
+                        ("channel_expired", "Messages older than the channel's TTL when "
+                         "they would have been delivered (dead-lettered or dropped)",
                          ["topic", "channel"])]}
         for t in data["topics"]:
             name = [t["topic_name"]]
@@ -82,7 +87,9 @@ class _QueueCollector:
                     gauges[metric].add_metric(labels, int(c[field]))
                 for metric, field in [("channel_messages", "message_count"),
                                       ("channel_requeued", "requeue_count"),
-                                      ("channel_timed_out", "timeout_count")]:
+                                      ("channel_timed_out", "timeout_count"),
+                                      ("channel_deleted", "deleted_count"),
+                                      ("channel_expired", "expired_count")]:
                     counters[metric].add_metric(labels, c[field])
         yield from gauges.values()
         yield from counters.values()

@@ -1,6 +1,6 @@
 """The Store's control of topics and channels, used by brokers' HTTP API, relay-admin
-and the jobs worker: create, partition, pause, empty and delete, channel settings, and
-the admin requeue of in-flight messages."""
+and the jobs worker: create, partition, pause, empty and delete, channel settings and
+message TTLs, and the admin requeue of in-flight messages."""
 
 import secrets
 from typing import Iterator, Sequence
@@ -19,7 +19,9 @@ from relay.store.runner import Op
 
 # channel meta fields that are settings, not counts: a new part copies them
 CHANNEL_COUNTS = {b"message_count", b"requeue_count", b"timeout_count", b"dead_count",
-                  b"incarnation", b"empties"}
+                  b"deleted_count", b"expired_count", b"incarnation", b"empties"}
+# topic meta fields that are settings: a new part copies them (ttl_ms: ttl.lua)
+TOPIC_SETTINGS = (*RETENTION_FIELDS, "ttl_ms", DEDUP_FIELD)
 
 
 class PartitionsRefused(RelayError):
@@ -48,12 +50,11 @@ class Control(DataPath, Reads):
         return before
 
     def _prepare_parts(self, topic: str, parts: list[str]) -> None:
-        """Give new parts the topic's retention, dedup window, channels, their settings
-        and the topic's pause."""
+        """Give new parts the topic's settings (retention, TTL, dedup window), channels,
+        their settings and the topic's pause."""
         self._guard(self.redis.sadd, keys.PARTITIONS, *parts)
-        fields = (*RETENTION_FIELDS, DEDUP_FIELD)
-        settings = self._guard(self.redis.hmget, TopicKeys.of(topic).meta, *fields)
-        for name, value in zip(fields, settings):
+        settings = self._guard(self.redis.hmget, TopicKeys.of(topic).meta, *TOPIC_SETTINGS)
+        for name, value in zip(TOPIC_SETTINGS, settings):
             for part in parts:
                 if value is not None:
                     self._guard(self.redis.hset, TopicKeys.of(part).meta, name, value)
@@ -215,3 +216,33 @@ class Control(DataPath, Reads):
                 self._guard(self.redis.hdel, meta, name)
             else:
                 self._guard(self.redis.hset, meta, name, value)
+
+    def ttl_op(self, part: str, channel: str | None, ttl_ms: int | None) -> Op:
+        """ttl.lua on one part: 1, or 0 if the channel is not one of its."""
+        t = TopicKeys.of(part)
+        return self._fanout_op("ttl", part, [t.meta, t.channels],
+                               [channel or "", "" if ttl_ms is None else ttl_ms])
+
+    def set_ttl(self, topic: str, channel: str | None, ttl_ms: int | None) -> bool:
+        """Set (None: clear) the message TTL of a topic, for its channels without one of
+        their own and those made later, or of one channel, on every part (ttl.lua).
+        False if the channel is not one of the topic's."""
+        return all([self.run(self.ttl_op(part, channel, ttl_ms))
+                    for part in self.parts(topic)])
+
+    def ttl_settings(self, topic: str) -> dict:
+        """The TTLs as part 0 has them: {"ttl_ms": the topic's or None, "channels":
+        {name: {"ttl_ms": in force or None, "source": "channel", "topic" or None}}}."""
+        names = self.channel_names(topic)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hget(TopicKeys.of(topic).meta, "ttl_ms")
+        for channel in names:
+            pipe.hmget(ChannelKeys.of(topic, channel).meta, "ttl_ms", "ttl_from")
+        own, *channels = self._guard(pipe.execute)
+        return {"ttl_ms": _ms(own), "channels": {
+            name: {"ttl_ms": _ms(ttl), "source": source.decode() if source else None}
+            for name, (ttl, source) in zip(names, channels)}}
+
+
+def _ms(value: bytes | None) -> int | None:
+    return None if value is None else int(value)

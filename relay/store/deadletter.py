@@ -1,12 +1,14 @@
-"""Dead letters: messages that reached max attempts, kept readable in a dead-letter topic.
+"""Dead letters: messages that reached max attempts or expired (or that another control
+turned away), kept readable in a dead-letter topic.
 
-deliver.lua moves a message that was already delivered max-attempts times into
-its channel's outbox (same hash slot, so one atomic step); a scanner publishes the
-outbox to the dead-letter topic through publish.lua and then drops what it
-published. A scanner killed in between publishes those again: dead letters are
-at least once, like every relay delivery. The channel remembers the dead-letter
-topic its letters last went to, so `dlq` and `redrive` find them without the
-scanner's options.
+deliver.lua moves a message that was already delivered max-attempts times, or that is
+older than its channel's TTL, into its channel's outbox (same hash slot, so one atomic
+step); an outbox entry is the record, or "<reason>:<record>" for any other reason than
+max attempts (split_entry, lib/deadletter.lua). A scanner publishes the outbox to the
+dead-letter topic through publish.lua and then drops what it published. A scanner
+killed in between publishes those again: dead letters are at least once, like every
+relay delivery. The channel remembers the dead-letter topic its letters last went to,
+so `dlq` and `redrive` find them without the scanner's options.
 
 A dead letter's body is a JSON envelope with the original topic, channel, id,
 attempts, first-publish timestamp (ns), reason and body (text, or base64 in
@@ -18,6 +20,7 @@ import base64
 import binascii
 import itertools
 import json
+import re
 import secrets
 from typing import Sequence
 
@@ -29,7 +32,8 @@ from relay.store.keys import ChannelKeys, TopicKeys, id_part, part_name, split_p
 
 FORWARD_BATCH = 500
 CLAIM_MS = 10_000
-REASON = "max_attempts"
+REASONS = ("max_attempts", "expired", "overflow")
+TAGGED = re.compile(rb"([a-z_]+):")      # an outbox entry's reason (split_entry)
 DEFAULT_TEMPLATE = DEFAULT_DEAD_LETTER_TOPIC
 LAST_TOPIC = "dead_letters_in"     # channel meta: where its scanner last sent letters
 
@@ -40,10 +44,20 @@ def topic_for(store: Store, topic: str, channel: str, template: str) -> str:
             or template.format(topic=topic))
 
 
-def envelope(topic: str, channel: str, record: bytes) -> bytes:
+def split_entry(entry: bytes) -> tuple[str, bytes]:
+    """(reason, record) of an outbox entry: a record starts with a byte of 128 or more
+    (one of the layout before with its timestamp's first byte, below "_" until 2186), a
+    tagged entry with its reason, [a-z_], and a colon."""
+    tagged = TAGGED.match(entry)
+    if tagged:
+        return tagged[1].decode(), entry[tagged.end():]
+    return REASONS[0], entry
+
+
+def envelope(topic: str, channel: str, record: bytes, reason: str = REASONS[0]) -> bytes:
     ts, attempts, msg_id, body = codec.parse_record(record)
     letter = {"topic": topic, "channel": channel, "id": msg_id.decode(), "attempts": attempts,
-              "timestamp": ts, "reason": REASON}
+              "timestamp": ts, "reason": reason}
     try:
         letter["body"] = body.decode()
     except UnicodeDecodeError:
@@ -59,7 +73,7 @@ def read_envelope(body: bytes) -> dict | None:
             letter["body_bytes"] = base64.b64decode(letter["body_base64"], validate=True)
         else:
             letter["body_bytes"] = letter["body"].encode()
-        if len(letter["id"]) != codec.MSG_ID_LENGTH or letter.get("reason") != REASON:
+        if len(letter["id"]) != codec.MSG_ID_LENGTH or letter.get("reason") not in REASONS:
             return None
         return letter
     except (ValueError, KeyError, TypeError, AttributeError, binascii.Error):
@@ -68,7 +82,8 @@ def read_envelope(body: bytes) -> dict | None:
 
 def claim_outbox(store: Store, topic: str, channel: str, token: str, ms: int,
                  count: int) -> list:
-    """Up to `count` records of the dead-letter outbox, if no other scanner holds it."""
+    """Up to `count` entries of the dead-letter outbox (split_entry), if no other scanner
+    holds it."""
     c = ChannelKeys.of(topic, channel)
     if not guarded(lambda: store.redis.set(c.dead_lock, token, nx=True, px=ms)):
         return []
@@ -93,19 +108,20 @@ def forward(store: Store, part: str, channel: str, template: str) -> int:
     topic = split_part(part)[0]
     token, done = secrets.token_hex(8), 0
     while True:
-        records = claim_outbox(store, part, channel, token, CLAIM_MS, FORWARD_BATCH)
-        if not records:
+        entries = claim_outbox(store, part, channel, token, CLAIM_MS, FORWARD_BATCH)
+        if not entries:
             return done
         target = topic_for(store, topic, channel, template)
         if not codec.is_valid_name(target):
             drop_outbox(store, part, channel, 0)
             raise StoreError(f"dead-letter topic {target!r} of {topic}/{channel} is not a "
                              "valid topic name; set one with relay-admin config")
-        store.publish(target, [envelope(topic, channel, r) for r in records])
+        store.publish(target, [envelope(topic, channel, record, reason)
+                               for reason, record in map(split_entry, entries)])
         if store.channel_setting(topic, channel, LAST_TOPIC) != target:
             store.configure_channel(topic, channel, LAST_TOPIC, target)
-        drop_outbox(store, part, channel, len(records))
-        done += len(records)
+        drop_outbox(store, part, channel, len(entries))
+        done += len(entries)
 
 
 def _sources(store: Store, dead_topic: str) -> list[str]:

@@ -1,9 +1,11 @@
 """The Store's history of topics with retention (lib/history.lua): the settings, the
 trim, what each part retains, and the calls that replay a range of it into a channel.
-A part's history is a Redis Stream of entries "<ms>-<count>" in publish order, so a
-range by time is native and one by message id is found by bisection on the time."""
+A part's history is a Redis Stream of entries "<ms>-<count>" in publish order, each the
+records of one publish call from the message of that count on, so a range by time is
+native and one by message id is found by bisection on the time."""
 
 import datetime
+import time
 from typing import Iterator, NamedTuple, Sequence
 
 from relay.errors import RelayError
@@ -11,11 +13,13 @@ from relay.store.data_path import DataPath
 from relay.store.keys import ChannelKeys, TopicKeys, id_part, part_name
 from relay.store.runner import Op
 
-TRIM_STEP = 1000        # entries a trim by size reads at most per call
-REPLAY_CHUNK = 1000     # entries a replay call reads at most
-READ_CHUNK = 1000       # entries a read of a range (history_records) takes per call
+TRIM_ENTRIES = 10_000   # entries a trim call removes at most (trim.lua)
+TRIM_BYTES = 4 << 20    # about the most record bytes it removes (and a trim by size reads)
+REPLAY_CHUNK = 1000     # messages a replay call reads (whole entries: about as many)
+READ_CHUNK = 1000       # about the messages a read of a range (history_records) takes per call
 RETENTION_FIELDS = ("retention_ms", "retention_bytes")
-STATE_FIELDS = ("history_added", "history_start", "history_first_ms", "history_last_ms")
+STATE_FIELDS = ("history_messages", "history_start_messages", "history_bytes",
+                "history_start_bytes", "history_first_ms", "history_last_ms")
 
 
 class ReplayRefused(RelayError):
@@ -51,8 +55,10 @@ def iso_ms(ms: int) -> str:
 
 
 class Retained(NamedTuple):
-    """What one part's history holds: entries, record bytes, its oldest and newest
-    entries' ms (None when empty)."""
+    """What one part's history holds: `entries` the messages retained (not the stream's
+    entries, which hold a publish call's messages each: the name is from when each
+    message had its own), their records' bytes, its oldest and newest entries' ms (None
+    when empty)."""
 
     entries: int
     bytes: int
@@ -61,40 +67,77 @@ class Retained(NamedTuple):
 
 
 class Replayed(NamedTuple):
-    """One replay.lua call: messages queued, skipped (in flight or deferred), entries
-    read and the last one's id ('' if none)."""
+    """One replay.lua call: messages queued, skipped (in flight or deferred), messages
+    read, the last entry's id ('' if none) and whether the range is done."""
 
     replayed: int
     skipped: int
     read: int
     last: str
+    ended: bool
 
     @classmethod
     def parse(cls, reply) -> "Replayed | None":
         if reply is None:
             return None
         last = reply[3].decode() if isinstance(reply[3], bytes) else str(reply[3])
-        return cls(int(reply[0]), int(reply[1]), int(reply[2]), last)
+        return cls(int(reply[0]), int(reply[1]), int(reply[2]), last, bool(reply[4]))
 
 
-def entry_count(entry_id: bytes | str) -> int:
-    """The message count an entry's id ends with."""
-    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    return int(text.rpartition("-")[2])
+class Trimmed(NamedTuple):
+    """One trim.lua call: messages trimmed, left, their bytes, the oldest entry's ms (-1
+    if none) and whether more may be left to trim (the call's budget ran out)."""
+
+    trimmed: int
+    left: int
+    bytes: int
+    oldest_ms: int
+    more: bool
+
+    @classmethod
+    def parse(cls, reply) -> "Trimmed":
+        return cls(int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]), bool(reply[4]))
 
 
-def entry_ms(entry_id: bytes | str) -> int:
-    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    return int(text.partition("-")[0])
+class Span(NamedTuple):
+    """An entry's ms and the counts of its first and last messages."""
+
+    ms: int
+    first: int
+    last: int
+
+    @classmethod
+    def of(cls, entry) -> "Span":
+        """From an entry as XRANGE gives it: (id, {r: records, l: their lengths})."""
+        entry_id, fields = entry
+        text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+        ms, _, first = text.partition("-")
+        return cls(int(ms), int(first), int(first) + fields[b"l"].count(b" "))
+
+
+def entry_records(fields: dict) -> list[bytes]:
+    """An entry's records (its fields as XRANGE gives them: r the records one after the
+    other, l their lengths)."""
+    records, at, blob = [], 0, fields[b"r"]
+    for length in map(int, fields[b"l"].split(b" ")):
+        records.append(blob[at:at + length])
+        at += length
+    return records
+
+
+def position(stream_id: str) -> tuple[int, int] | None:
+    """(ms, count) of a message position "<ms>-<count>"; None for other ids."""
+    ms, dash, count = stream_id.partition("-")
+    return (int(ms), int(count)) if dash and ms.isdigit() and count.isdigit() else None
 
 
 class History(DataPath):
     """Retention settings, trims and replays of topics' histories."""
 
     def set_retention(self, topic: str, time_ms: int, max_bytes: int) -> list[Retained]:
-        """Retention on every part: entries older than `time_ms` and the oldest past
+        """Retention on every part: messages older than `time_ms` and the oldest past
         `max_bytes` go (0: no limit of that kind; both 0: off, and the history goes),
-        at once as far as one trim call per part does. What each part retains after."""
+        at once, in trim calls of a bounded cost. What each part retains after."""
         parts = self.parts(topic, fresh=True)
         for part in parts:
             meta = TopicKeys.of(part).meta
@@ -103,9 +146,7 @@ class History(DataPath):
                     "retention_ms": time_ms, "retention_bytes": max_bytes}))
             else:
                 self._guard(self.redis.hdel, meta, *RETENTION_FIELDS)
-        for reply in self.run_many([self.trim_op(part) for part in parts]):
-            if isinstance(reply, Exception):
-                raise reply
+        self.trim_parts(parts)
         return self.retained(topic)
 
     def retention_report(self, topic: str) -> dict:
@@ -124,19 +165,28 @@ class History(DataPath):
         values = self._guard(self.redis.hmget, TopicKeys.of(topic).meta, *RETENTION_FIELDS)
         return int(values[0] or 0), int(values[1] or 0)
 
-    def trim_op(self, part: str, step: int = TRIM_STEP) -> Op:
-        """Trim one part's history as its settings say (trim.lua): (trimmed, left,
-        bytes, oldest ms or -1)."""
+    def trim_op(self, part: str, entries: int = TRIM_ENTRIES, max_bytes: int = TRIM_BYTES) -> Op:
+        """One step of the trim of a part's history as its settings say (trim.lua): at
+        most `entries` entries and about `max_bytes` read: a Trimmed."""
         t = TopicKeys.of(part)
-        return Op("trim", [t.meta, t.history], [step], lambda r: tuple(int(n) for n in r))
+        return Op("trim", [t.meta, t.history], [entries, max_bytes], Trimmed.parse)
 
-    def trim_parts(self, parts: Sequence[str]) -> int:
-        """trim_op on each part (the scanner's sweep): the entries trimmed."""
-        trimmed = 0
-        for reply in self.run_many([self.trim_op(part) for part in parts]):
-            if isinstance(reply, Exception):
-                raise reply
-            trimmed += reply[0]
+    def trim_parts(self, parts: Sequence[str], seconds: float | None = None) -> int:
+        """trim_op on each part, again on those it left more to trim until none does
+        or, given `seconds` (the scanner's sweep), until they have passed (the next
+        sweep goes on): the messages trimmed. Each call is bounded, so Redis serves
+        others in between."""
+        trimmed, left = 0, list(parts)
+        deadline = None if seconds is None else time.monotonic() + seconds
+        while left:
+            replies = self.run_many([self.trim_op(part) for part in left])
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+                trimmed += reply.trimmed
+            left = [part for part, reply in zip(left, replies) if reply.more and reply.trimmed]
+            if deadline is not None and time.monotonic() > deadline:
+                break
         return trimmed
 
     def retained(self, topic: str) -> list[Retained]:
@@ -148,33 +198,35 @@ class History(DataPath):
         whatever their number, so /stats reads every topic's in one round trip."""
         pipe = self.redis.pipeline(transaction=False)
         for part in parts:
-            t = TopicKeys.of(part)
-            pipe.hmget(t.meta, *STATE_FIELDS)
-            pipe.xlen(t.history)
-        replies = self._guard(pipe.execute)
+            pipe.hmget(TopicKeys.of(part).meta, *STATE_FIELDS)
         out = []
-        for state, count in zip(replies[::2], replies[1::2]):
-            added, start, first, last = (int(v) if v is not None else None for v in state)
-            out.append(Retained(count, (added or 0) - (start or 0) if count else 0,
-                                first if count else None, last if count else None))
+        for state in self._guard(pipe.execute):
+            added, start, size, size_start, first, last = (int(v or 0) for v in state)
+            out.append(Retained(added - start, size - size_start, first, last) if added > start
+                       else Retained(0, 0, None, None))
         return out
 
     def history_records(self, part: str, from_ms: int | None = None, to_ms: int | None = None,
                         chunk: int = READ_CHUNK) -> Iterator[list[bytes]]:
         """The records one part retains from `from_ms` to `to_ms` (both inclusive, on the
         entries' ms; None: the oldest, the newest), in publish order, as queued
-        (relay/codec.py parse_record), a list per read of at most `chunk` entries: how
-        readers outside any channel (the Spark source) see a history, so the entries'
-        layout is decoded here only."""
+        (relay/codec.py parse_record), a list per read of whole entries, about `chunk`
+        messages (as many entries as that is at their mean size so far): how readers
+        outside any channel (the Spark source) see a history, so the entries' layout is
+        decoded here only."""
         history = TopicKeys.of(part).history
         low = "-" if from_ms is None else f"{from_ms}-0"
         high = "+" if to_ms is None else str(to_ms)
+        count, entries_read, messages_read = min(chunk, 16), 0, 0
         while True:
-            entries = self._guard(lambda: self.redis.xrange(history, low, high, count=chunk))
-            if entries:
-                yield [fields[b"r"] for _, fields in entries]
-            if len(entries) < chunk:
+            entries = self._guard(lambda: self.redis.xrange(history, low, high, count=count))
+            records = [record for _, fields in entries for record in entry_records(fields)]
+            if records:
+                yield records
+            if len(entries) < count:
                 return
+            entries_read, messages_read = entries_read + len(entries), messages_read + len(records)
+            count = max(1, min(chunk, chunk * entries_read // messages_read))
             last = entries[-1][0]
             low = "(" + (last.decode() if isinstance(last, bytes) else last)
 
@@ -187,41 +239,51 @@ class History(DataPath):
                   Replayed.parse)
 
     def range_size(self, part: str, start: str, end: str, cut: int = 0) -> int:
-        """The entries of a part's history from `start` to `end` (stream ids), at most
-        `cut` by count (0: any): exact unless retention was off for a while in between
-        (counts are consecutive), then an upper bound."""
+        """The messages of a part's history from `start` (a message position
+        "<ms>-<count>", maybe inside an entry, or "-") to `end` (a stream id or ms), at
+        most `cut` by count (0: any): exact unless retention was off for a while in
+        between (counts are consecutive), then an upper bound."""
         history = TopicKeys.of(part).history
         pipe = self.redis.pipeline(transaction=False)
+        pipe.xrevrange(history, start, "-", count=1)    # an entry begun before start
         pipe.xrange(history, start, end, count=1)
         pipe.xrevrange(history, end, start, count=1)
-        first, last = self._guard(pipe.execute)
-        if not first:
+        before, first, last = (Span.of(e[0]) if e else None for e in self._guard(pipe.execute))
+        at = position(start)
+        low = high = None
+        if before and at and before.ms == at[0] and before.first < at[1] <= before.last \
+                and (end == "+" or before.ms <= int(end.partition("-")[0])):
+            low, high = at[1], before.last
+        if first and low is None:
+            low = first.first
+        if last:
+            high = last.last
+        if low is None or high is None:
             return 0
-        low, high = entry_count(first[0][0]), entry_count(last[0][0])
         if cut:
             high = min(high, cut)
         return max(0, high - low + 1)
 
     def id_start(self, topic: str, msg_id: str) -> tuple[int, bool] | None:
-        """(ms, clipped) of the entry of message `msg_id` in its part, or of the first one
-        after it (clipped: the message itself is older than what is kept); None if its
-        part retains nothing from it on. Ids and times grow together, so a bisection on
-        the time finds it in about 40 reads."""
+        """(ms, clipped) of the entry holding message `msg_id` in its part, or of the
+        first one after it (clipped: the message itself is older than what is kept);
+        None if its part retains nothing from it on. Ids and times grow together, so a
+        bisection on the time finds it in about 40 reads of one entry."""
         index = id_part(msg_id.encode())
         history = TopicKeys.of(part_name(topic, index)).history
         wanted = int(msg_id[4:], 16)
         pipe = self.redis.pipeline(transaction=False)
         pipe.xrange(history, "-", "+", count=1)
         pipe.xrevrange(history, "+", "-", count=1)
-        first, last = self._guard(pipe.execute)
-        if not first or entry_count(last[0][0]) < wanted:
+        first, last = (Span.of(e[0]) if e else None for e in self._guard(pipe.execute))
+        if not first or not last or last.last < wanted:
             return None
-        clipped = entry_count(first[0][0]) > wanted
-        low, high = entry_ms(first[0][0]), entry_ms(last[0][0])
-        while low < high:   # the first ms holding an entry of count >= wanted
+        clipped = first.first > wanted
+        low, high = first.ms, last.ms
+        while low < high:   # the first ms holding a message of count >= wanted
             middle = (low + high) // 2
             upto = self._guard(lambda: self.redis.xrevrange(history, str(middle), "-", count=1))
-            if upto and entry_count(upto[0][0]) >= wanted:
+            if upto and Span.of(upto[0]).last >= wanted:
                 high = middle
             else:
                 low = middle + 1

@@ -39,16 +39,22 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             cluster: relay:{node-N}:due and :news, node-N
                                             hashing to the node's lowest slot
                                             (relay/store/nodes.py)
-    relay:{T}:meta                    HASH  message_count, message_bytes; retention_ms,
+    relay:{T}:meta                    HASH  message_count, message_bytes; ttl_ms (the
+                                            topic's message TTL, ttl.lua); retention_ms,
                                             retention_bytes (settings, absent: off) and
-                                            history_added, history_start, history_first_ms,
-                                            history_last_ms (lib/history.lua); dedup_ms
-                                            (absent: off; relay/store/dedup.py)
+                                            the history's state: history_entries,
+                                            history_messages, history_bytes (ever added),
+                                            the same three history_start_* (the oldest
+                                            entry's), history_first_ms, history_last_ms
+                                            (lib/history.lua); dedup_ms (absent: off;
+                                            relay/store/dedup.py)
     relay:{T}:history                 STREAM with retention on, a copy of every record
-                                            published, id "<ms>-<count>": ms from its
-                                            timestamp (made non-decreasing), count its id's;
-                                            fields r (the record as queued) and o (bytes
-                                            retained through it, ever: lib/history.lua)
+                                            published, an entry per publish call (per 64 KiB
+                                            of it), id "<ms>-<count>": ms from its timestamp
+                                            (made non-decreasing), count its first message's;
+                                            fields l (the records' lengths), e, m, o (entries,
+                                            messages, bytes before it, ever) and r (the
+                                            records as queued: lib/history.lua)
     relay:{T}:dedup                   ZSET  publish key -> expiry (ms): keys published
                                             within the topic's dedup window (lib/dedup.lua;
                                             expires a window after its last write)
@@ -83,9 +89,14 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
     relay:{T}:ch:C:msgs               HASH  id -> record, for in-flight and deferred ids
     relay:{T}:ch:C:leases             HASH  id -> "<delivered ms> <owner>": in-flight ids of
                                             the layout before (lib/inflight.lua), until none
-    relay:{T}:ch:C:meta               HASH  message_count, requeue_count, timeout_count
+    relay:{T}:ch:C:meta               HASH  message_count, requeue_count, timeout_count,
+                                            dead_count, deleted_count (relay-admin msg
+                                            --delete), expired_count; settings (paused,
+                                            max_attempts ...; ttl_ms, ttl_from: the TTL in
+                                            force, from "topic" or "channel", ttl.lua)
     relay:{T}:ch:C:consumers          HASH  broker id -> number of its subscribed clients
-    relay:{T}:ch:C:dead               LIST  records past max attempts, until a scanner has
+    relay:{T}:ch:C:dead               LIST  records past max attempts, "expired:<record>"
+                                            (lib/deadletter.lua), until a scanner has
                                             published them to the dead-letter topic
     relay:{T}:ch:C:dead:lock          STRING the scanner forwarding them (short TTL)
     relay:{T}:ch:C:spark:Q:progress   HASH  claimed, finished, parked: micro-batches of

@@ -8,10 +8,10 @@ first, SCAN_CHUNK records per LRANGE: a queued record holds the id at its end, s
 LPOS, which compares whole elements, cannot find it).
 """
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 from relay.codec import parse_record, record_id
-from relay.store import Op, Store, guarded
+from relay.store import Op, Store, deadletter, guarded
 from relay.store.inflight import member_owner
 from relay.store.keys import ChannelKeys, id_part, part_name
 
@@ -22,9 +22,9 @@ def where(store: Store, topic: str, channel: str, msg_id: bytes,
           owners: Iterable[str] = ()) -> dict:
     """Where msg_id is in the channel: {"state": "in_flight" | "deferred" | "dead" |
     "queued" | "absent", ...} with what it holds (message()) and, per state, its owner
-    and deadline (ms), due time (ms) or position (1: the head) and record. `owners`:
-    the owners to try first for a message in flight (the registry's clients), before a
-    ZSCAN."""
+    and deadline (ms), due time (ms) or position (1: the head), the dead letter's reason
+    and the list's element ("record"). `owners`: the owners to try first for a message
+    in flight (the registry's clients), before a ZSCAN."""
     part = id_part(msg_id)
     if not 0 <= part < len(store.parts(topic)):
         return {"state": "absent"}
@@ -41,11 +41,14 @@ def where(store: Store, topic: str, channel: str, msg_id: bytes,
             found = message(record)
             found["attempts"] += not held.pop("old")
             return {"state": "in_flight", **held, **found}
-    for state, key in (("dead", c.dead), ("queued", c.queue)):
-        position, record = _scan(store, key, msg_id)
-        if record is not None:
-            return {"state": state, "position": position, **message(record),
-                    "record": record}
+    position, entry = _scan(store, c.dead, msg_id, lambda e: deadletter.split_entry(e)[1])
+    if entry is not None:
+        reason, record = deadletter.split_entry(entry)
+        return {"state": "dead", "position": position, "reason": reason, **message(record),
+                "record": entry}
+    position, record = _scan(store, c.queue, msg_id)
+    if record is not None:
+        return {"state": "queued", "position": position, **message(record), "record": record}
     return {"state": "absent"}
 
 
@@ -71,14 +74,16 @@ def _holder(store: Store, c: ChannelKeys, msg_id: bytes, owners: list[str]) -> d
     return None
 
 
-def _scan(store: Store, key: str, msg_id: bytes) -> tuple[int, bytes | None]:
-    """(position from 1 at the head, record) of the first record of msg_id in the list,
-    else (0, None)."""
+def _scan(store: Store, key: str, msg_id: bytes,
+          record_of: Callable[[bytes], bytes] = lambda element: element
+          ) -> tuple[int, bytes | None]:
+    """(position from 1 at the head, element) of the first element of the list whose
+    record (`record_of` it: an outbox entry's is tagged) is msg_id's, else (0, None)."""
     start = 0
-    while records := guarded(store.redis.lrange, key, start, start + SCAN_CHUNK - 1):
-        for i, record in enumerate(records):
-            if record_id(record) == msg_id:
-                return start + i + 1, record
+    while elements := guarded(store.redis.lrange, key, start, start + SCAN_CHUNK - 1):
+        for i, element in enumerate(elements):
+            if record_id(record_of(element)) == msg_id:
+                return start + i + 1, element
         start += SCAN_CHUNK
     return 0, None
 
@@ -89,7 +94,7 @@ def remove(store: Store, topic: str, channel: str, state: str, msg_id: bytes,
     script call (remove.lua); False if it was no longer there."""
     c = ChannelKeys.of(part_name(topic, id_part(msg_id)), channel)
     target = record if state == "queued" else msg_id
-    return bool(store.run(Op("remove", [c.queue, c.deferred, c.msgs], [state, target])))
+    return bool(store.run(Op("remove", [c.queue, c.deferred, c.msgs, c.meta], [state, target])))
 
 
 def queued(store: Store, topic: str, channel: str, limit: int) -> list[dict]:

@@ -228,6 +228,8 @@ class Reads(StoreBase):
                  "requeue_count": int(meta.get(b"requeue_count", 0)),
                  "timeout_count": int(meta.get(b"timeout_count", 0)),
                  "dead_count": int(meta.get(b"dead_count", 0)),
+                 "deleted_count": int(meta.get(b"deleted_count", 0)),
+                 "expired_count": int(meta.get(b"expired_count", 0)),
                  "client_count": sum(int(v) for v in consumers), "paused": b"paused" in meta}
                 for depth, inflight, deferred, meta, consumers in zip(*[iter(replies)] * 5)]
 

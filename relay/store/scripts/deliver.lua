@@ -1,4 +1,4 @@
--- include: time.lua, chunked.lua, record.lua, finish.lua, node.lua
+-- include: time.lua, chunked.lua, record.lua, finish.lua, node.lua, deadletter.lua
 -- deliver: finish the FINs folded in, then pop ready messages of one channel for this
 -- broker's clients and put them in flight (lib/inflight.lua), in one call for all of
 -- them. Each group is one client with its own msg_timeout. A record goes in flight as it
@@ -6,12 +6,15 @@
 -- one (codec.delivered), and a requeue writes it in (lib/queue.lua).
 -- A message already delivered max-attempts times goes to the channel's dead-letter
 -- outbox instead (the scanner forwards it to the dead-letter topic), and the
--- group gets the next one.
+-- group gets the next one. So does a message older than the channel's TTL (field
+-- ttl_ms, from its publish timestamp, by Redis time): it goes to the outbox tagged
+-- `expired` if the channel has a dead-letter topic (max attempts in force, or a
+-- dead_letter_topic of its own), else it is dropped; expired_count counts both.
 --
 -- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] leases (the layout before,
 -- lib/inflight.lua)   KEYS[5] topic due index   KEYS[6] channel meta (a paused channel
--- delivers nothing; its max_attempts field overrides ARGV[2])   KEYS[7] dead-letter
--- outbox   KEYS[8] deferred
+-- delivers nothing; its max_attempts field overrides ARGV[2]; ttl_ms, dead_letter_topic:
+-- above)   KEYS[7] dead-letter outbox   KEYS[8] deferred
 -- ARGV[1] channel name (its member in the due index)   ARGV[2] max attempts (0: unlimited)
 -- ARGV[3] F, then F pairs to finish first: owner, id (the group commit folds the FINs
 -- of this channel that precede the call into it: one call frees credit and uses it)
@@ -27,7 +30,8 @@ local k = {inflight = KEYS[2], msgs = KEYS[3], leases = KEYS[4], deferred = KEYS
 local finished = finish_pairs(k, ARGV, 4, groups - 1)
 local out = {}
 -- the channel's controls in one read: what every call needs, read where it is kept
-local meta = redis.call('HMGET', KEYS[6], 'empties', 'paused', 'max_attempts')
+local meta = redis.call('HMGET', KEYS[6], 'empties', 'paused', 'max_attempts', 'ttl_ms',
+                        'dead_letter_topic')
 local empties = tonumber(meta[1] or '0')
 if meta[2] then
   for g = groups, #ARGV - 1, 4 do out[#out + 1] = {} end
@@ -39,7 +43,10 @@ end
 
 local now = now_ms()
 local max_attempts = tonumber(meta[3] or ARGV[2])
-local dead = {}
+local ttl = tonumber(meta[4] or '0')
+local oldest_live = now - ttl     -- with a TTL, a message published before this expired
+local dead_letters = max_attempts > 0 or meta[5] ~= false
+local dead, spent, expired = {}, 0, 0   -- outbox entries; past max attempts; expired
 
 -- Up to `count` records that may still be delivered, oldest first, of no more than
 -- `max_bytes` together (0: no limit) unless the first alone is more: a consumer's
@@ -69,6 +76,10 @@ local function pop(count, max_bytes)
       largest = math.max(largest, #r)
       if max_attempts > 0 and record_attempts(r) >= max_attempts then
         dead[#dead + 1] = r
+        spent = spent + 1
+      elseif ttl > 0 and timestamp_ms(r) < oldest_live then
+        expired = expired + 1
+        if dead_letters then dead[#dead + 1] = dead_entry('expired', r) end
       else
         records[#records + 1] = r
         bytes = bytes + #r
@@ -97,9 +108,14 @@ for g = groups, #ARGV - 1, 4 do
   end
   out[#out + 1] = records
 end
+if spent > 0 then
+  redis.call('HINCRBY', KEYS[6], 'dead_count', spent)
+end
+if expired > 0 then
+  redis.call('HINCRBY', KEYS[6], 'expired_count', expired)
+end
 if #dead > 0 then
   call_chunked('RPUSH', KEYS[7], dead)
-  redis.call('HINCRBY', KEYS[6], 'dead_count', #dead)
   earliest = now
 end
 if earliest then

@@ -3,7 +3,8 @@
 -- With no channel yet, they wait in the topic backlog for the first one
 -- (nsqd keeps them in the topic queue the same way). With the topic's retention on
 -- (its meta's settings, lib/history.lua), the history keeps a copy of each, in this
--- same call, and is trimmed by a bounded step.
+-- same call (an entry per call, or per ENTRY_BYTES of it), and is trimmed by a bounded
+-- step.
 --
 -- KEYS[1] topic ids (STRING)   KEYS[2] topic meta   KEYS[3] topic channels
 -- KEYS[4] backlog (LIST)       KEYS[5] backlog deferred (ZSET record -> due)
@@ -82,7 +83,11 @@ local history = nil   -- read only with retention on: off, a publish reads no mo
 if meta[2] or meta[3] then
   history = history_state(redis.call('HMGET', KEYS[2], unpack(HISTORY_FIELDS)), 1)
 end
-local TRIM_STEP = 1000   -- entries a trim by size reads at most, beyond this call's
+-- what a trim removes at most, beyond what this call added: entries and record bytes;
+-- and by how much the oldest entry may be older than the retention time before a call
+-- trims by time: 1% of it, 1 s at most (a trim at every call costs a read of an entry)
+local TRIM_ENTRIES, TRIM_BYTES, TRIM_SLACK, TRIM_SLACK_MOST = 1000, 1048576, 0.01, 1000
+local added_entries, added_bytes = 0, 0
 local due = nil
 if defer > 0 then due = now_ms() + defer end
 local bytes = 0
@@ -97,7 +102,9 @@ for from = 1, n, BATCH do
     bytes = bytes + #body
   end
   if history then
-    retain(KEYS[8], history, timestamp, records, counts)
+    local size = history.size
+    added_entries = added_entries + retain(KEYS[8], history, timestamp, records, counts)
+    added_bytes = added_bytes + history.size - size
   end
   if not due then
     if channels == 0 then
@@ -129,7 +136,9 @@ if staged > 0 then
   redis.call('DEL', KEYS[9])
 end
 if history then
-  trim_history(KEYS[8], history, now_ms(), TRIM_STEP + n)
+  trim_history(KEYS[8], history, now_ms(), TRIM_ENTRIES + added_entries,
+               TRIM_BYTES + added_bytes,
+               math.min(TRIM_SLACK_MOST, math.floor(history.ms * TRIM_SLACK)))
   save_history(KEYS[2], history)
 end
 redis.call('HINCRBY', KEYS[2], 'message_count', n)

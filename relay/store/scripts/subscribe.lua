@@ -6,7 +6,8 @@
 -- KEYS[1] topic channels   KEYS[2] backlog   KEYS[3] backlog deferred
 -- KEYS[4] channel queue    KEYS[5] channel deferred   KEYS[6] channel msgs
 -- KEYS[7] channel meta     KEYS[8] channel consumers  KEYS[9] topic due index
--- KEYS[10] topic meta (a paused topic keeps its backlog)   KEYS[11] topic version
+-- KEYS[10] topic meta (a paused topic keeps its backlog; a new channel takes its TTL)
+-- KEYS[11] topic version
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] broker id
 -- ARGV[3] the node keys' prefix (lib/node.lua)   KEYS[12] topic ids
 -- Returns {1 if the channel was created else 0, its incarnation, its empties, the cut}:
@@ -25,6 +26,10 @@ local incarnation = redis.call('HGET', KEYS[7], 'incarnation')
 if not incarnation then
   incarnation = redis.call('HINCRBY', KEYS[11], 'channels', 1)
   redis.call('HSET', KEYS[7], 'incarnation', incarnation)
+  local ttl = redis.call('HGET', KEYS[10], 'ttl_ms')    -- the topic's TTL (ttl.lua)
+  if ttl then
+    redis.call('HSET', KEYS[7], 'ttl_ms', ttl, 'ttl_from', 'topic')
+  end
 end
 local backlog_head = redis.call('LINDEX', KEYS[2], 0)
 local cut = tonumber(redis.call('GET', KEYS[12]) or '0')

@@ -1,24 +1,30 @@
 -- include: time.lua, history.lua
 -- trim: a part's history (lib/history.lua) trimmed as its retention settings say, for
 -- topics nobody publishes to (the scanner's sweep) and at once when the settings change
--- (relay-admin retention, /topic/retention). With retention off, the history goes
--- (UNLINK: freed off Redis' main thread), and its state fields with it.
+-- (relay-admin retention, /topic/retention), a bounded step per call: the caller calls
+-- again while it says more is left. With retention off, the history goes (UNLINK:
+-- freed off Redis' main thread), and its state fields with it.
 --
 -- KEYS[1] topic meta   KEYS[2] topic history (STREAM)
--- ARGV[1] the most entries a trim by size reads
--- Returns {entries trimmed, entries left, bytes retained, the oldest entry's ms or -1}.
+-- ARGV[1] the most entries a call removes   ARGV[2] about the most record bytes it
+-- removes (and a trim by size reads, to find where to cut)
+-- Returns {messages trimmed, messages left, bytes retained, the oldest entry's ms or -1,
+-- 1 if more may be left to trim else 0}.
 local state = history_state(redis.call('HMGET', KEYS[1], unpack(HISTORY_FIELDS)), 1)
 if not state then
-  local gone = redis.call('XLEN', KEYS[2])
+  local gone = 0
   if redis.call('EXISTS', KEYS[2]) == 1 then
+    local counts = redis.call('HMGET', KEYS[1], 'history_messages', 'history_start_messages')
+    gone = tonumber(counts[1] or '0') - tonumber(counts[2] or '0')
     redis.call('UNLINK', KEYS[2])
-    redis.call('HDEL', KEYS[1], 'history_added', 'history_start', 'history_first_ms',
-               'history_last_ms')
+    redis.call('HDEL', KEYS[1], unpack(HISTORY_FIELDS, 3))
   end
-  return {gone, 0, 0, -1}
+  return {gone, 0, 0, -1, 0}
 end
-local trimmed = trim_history(KEYS[2], state, now_ms(), tonumber(ARGV[1]))
-if trimmed > 0 then
+local trimmed, more = trim_history(KEYS[2], state, now_ms(), tonumber(ARGV[1]),
+                                   tonumber(ARGV[2]), 0)
+if state.moved then
   save_history(KEYS[1], state)
 end
-return {trimmed, redis.call('XLEN', KEYS[2]), state.added - state.start, state.first or -1}
+return {trimmed, state.messages - state.start_messages, state.size - state.start_size,
+        state.first or -1, more and 1 or 0}

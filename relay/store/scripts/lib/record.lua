@@ -1,9 +1,9 @@
 -- record.lua provides the stored record's layout (relay/codec.py) as positions in a
 -- Lua string (from 1): [8-byte ns timestamp, top bit set][2-byte big-endian attempts]
 -- [body][16-byte hex id][the id's last byte value], and record_id(), record_attempts(),
--- with_attempts() and new_record(). The id goes last because Lua hashes a long string
--- from bytes sampled from its end (relay/codec.py). A record whose first byte has no
--- top bit is of the layout before: [timestamp][attempts][id][body].
+-- with_attempts(), new_record() and timestamp_ms(). The id goes last because Lua hashes
+-- a long string from bytes sampled from its end (relay/codec.py). A record whose first
+-- byte has no top bit is of the layout before: [timestamp][attempts][id][body].
 -- tests/test_store.py checks them against relay/codec.py.
 local RECORD_ATTEMPTS = 9   -- the attempts' first byte
 local NO_ATTEMPTS = string.char(0, 0)
@@ -30,4 +30,14 @@ end
 -- (codec.stored_timestamp), `count` the topic's count the id ends with
 local function new_record(timestamp, id, body, count)
   return timestamp .. NO_ATTEMPTS .. body .. id .. string.char(count % 256)
+end
+
+-- A stored record's timestamp (its first 8 bytes, big-endian ns, top bit set) in ms,
+-- exactly (a record or the timestamp alone):
+-- hi * 2^32 + lo ns, with hi * 2^32 / 10^6 = hi * 4294 + hi * 967296 / 10^6.
+local function timestamp_ms(timestamp)
+  local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(timestamp, 1, 8)
+  local hi = ((b1 % 128) * 256 + b2) * 65536 + b3 * 256 + b4
+  local rest = hi * 967296 + ((b5 * 256 + b6) * 65536 + b7 * 256 + b8)
+  return math.floor(hi * 4294 + (rest - rest % 1000000) / 1000000)
 end

@@ -1,0 +1,47 @@
+-- include: fanout.lua
+-- ttl: set or clear a message TTL (ms; deliver.lua reads the channel meta's ttl_ms) on
+-- a topic's part or one of its channels. The topic's is kept in its meta (ttl_ms),
+-- where subscribe.lua copies it from into a new channel, and copied into each channel
+-- that has none of its own; a channel's own (ttl_from "channel") wins over the topic's,
+-- and clearing it brings the topic's back (ttl_from "topic", or no TTL).
+--
+-- KEYS[1] topic meta   KEYS[2] topic channels, then the channels' keys (fanout.lua)
+-- ARGV[1..ARG0] the channels (fanout.lua), then: the channel to set ('': the topic),
+-- the TTL in ms ('': clear the setting)
+-- Returns 1, 0 if the channel named is not one of the topic's, or the stale reply.
+local stale = stale_channels(KEYS[2])
+if stale then return stale end
+local target, ttl = ARGV[ARG0 + 1], ARGV[ARG0 + 2]
+if target == '' then
+  if ttl == '' then
+    redis.call('HDEL', KEYS[1], 'ttl_ms')
+  else
+    redis.call('HSET', KEYS[1], 'ttl_ms', ttl)
+  end
+end
+local topic_ttl = redis.call('HGET', KEYS[1], 'ttl_ms')
+
+-- whether channel c takes the topic's TTL now: each without one of its own when the
+-- topic's is set, the one named when its own is cleared
+local function inherits(c)
+  if target == '' then
+    return redis.call('HGET', channel_key(c, 'meta'), 'ttl_from') ~= 'channel'
+  end
+  return channel_name(c) == target and ttl == ''
+end
+
+local found = target == ''
+for c = 1, N_CHANNELS do
+  local meta = channel_key(c, 'meta')
+  found = found or channel_name(c) == target
+  if channel_name(c) == target and ttl ~= '' then
+    redis.call('HSET', meta, 'ttl_ms', ttl, 'ttl_from', 'channel')
+  elseif inherits(c) then
+    if topic_ttl then
+      redis.call('HSET', meta, 'ttl_ms', topic_ttl, 'ttl_from', 'topic')
+    else
+      redis.call('HDEL', meta, 'ttl_ms', 'ttl_from')
+    end
+  end
+end
+return found and 1 or 0
