@@ -56,14 +56,14 @@ def keyed_messages(messages: list[bytes]) -> tuple[list[bytes], list[bytes]]:
     MPUB after IDENTIFY relay_dedup); BadKeyedMessage for the first that is not."""
     split = [message.partition(b" ") for message in messages]
     bodies = [body for _, _, body in split]
-    keys = [key for key, _, _ in split]
-    if all(bodies) and ASCII_KEY_LINES.fullmatch(b"\n".join(keys)):
-        return bodies, keys     # most MPUBs: every key checked in one call at C speed
-    for number, (key, body) in enumerate(zip(keys, bodies), 1):
+    publish_keys = [key for key, _, _ in split]
+    if all(bodies) and ASCII_KEY_LINES.fullmatch(b"\n".join(publish_keys)):
+        return bodies, publish_keys     # most MPUBs: every key checked at C speed at once
+    for number, (key, body) in enumerate(zip(publish_keys, bodies), 1):
         problem = key_problem(key) or (None if body else "MSG_EMPTY")
         if problem:
             raise BadKeyedMessage(number, problem)
-    return bodies, keys
+    return bodies, publish_keys
 
 
 def key_part(key: bytes, partitions: int) -> int:
