@@ -10,6 +10,8 @@ measures what any client sees. Prints one JSON line of results per run.
 Modes: pub (one PUB at a time per producer), mpub (batches of --batch), sub (drain a
 pre-filled topic, FIN each message), e2e (producers and consumers at once; the publish
 time is in the body; reports end-to-end latency). --rate fixes the total publish rate.
+--keyed (pub, mpub): every message with a publish key of its own, as relay's clients
+that IDENTIFY with relay_dedup send them (relay/broker/protocol/keyed.py).
 
 Rates and CPU cover the timed window only (`window_start` .. `window_end`, wall clock):
 from the common start to the last publish (pub, mpub) or the last message received
@@ -78,9 +80,17 @@ def pub_command(topic, body):
     return b"PUB " + topic + b"\n" + _size.pack(len(body)) + body
 
 
-def mpub_command(topic, bodies):
+def keyed_pub_command(topic, key, body):
+    return b"PUB " + topic + b" " + key + b"\n" + _size.pack(len(body)) + body
+
+
+def keyed_mpub_command(topic, keys, bodies):
+    return mpub_command(topic, [k + b" " + b for k, b in zip(keys, bodies)], b" keyed")
+
+
+def mpub_command(topic, bodies, params=b""):
     payload = _size.pack(len(bodies)) + b"".join(_size.pack(len(b)) + b for b in bodies)
-    return b"MPUB " + topic + b"\n" + _size.pack(len(payload)) + payload
+    return b"MPUB " + topic + params + b"\n" + _size.pack(len(payload)) + payload
 
 
 def body_now(size):
@@ -92,6 +102,10 @@ def producer(args, index, start_at, results):
     conn = Conn(args.host, args.port)
     topic = args.topic.encode()
     batch = args.batch if args.mode in ("mpub", "e2e") else 1
+    if args.keyed:
+        conn.sock.sendall(identify_command({"relay_dedup": True}))
+        conn.expect_ok()
+    key_prefix = b"%d-%d-" % (os.getpid(), index)
     per_second = args.rate / args.producers if args.rate else None
     while time.time() < start_at:
         time.sleep(0.001)
@@ -106,8 +120,13 @@ def producer(args, index, start_at, results):
             time.sleep(min(0.0005, end - now))
             continue
         bodies = [body_now(args.size) for _ in range(batch)]
-        conn.sock.sendall(pub_command(topic, bodies[0]) if batch == 1
-                          else mpub_command(topic, bodies))
+        if args.keyed:
+            keys = [key_prefix + b"%d" % (sent + i) for i in range(batch)]
+            conn.sock.sendall(keyed_pub_command(topic, keys[0], bodies[0]) if batch == 1
+                              else keyed_mpub_command(topic, keys, bodies))
+        else:
+            conn.sock.sendall(pub_command(topic, bodies[0]) if batch == 1
+                              else mpub_command(topic, bodies))
         conn.expect_ok()
         sent += batch
         trips += 1
@@ -239,6 +258,8 @@ def parse(argv=None):
     p.add_argument("--messages", type=int, default=100_000, help="sub mode: pre-filled count")
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--rate", type=float, default=0, help="total msgs/s, 0 = as fast as possible")
+    p.add_argument("--keyed", action="store_true",
+                   help="pub, mpub: a publish key per message (relay's IDENTIFY relay_dedup)")
     p.add_argument("--output-buffer-timeout", type=int, default=-1,
                    help="consumers' IDENTIFY output_buffer_timeout ms: -1 (default) writes "
                         "each delivery at once, 0 takes the broker's (nsqd: 250 ms)")

@@ -194,7 +194,8 @@ def click_options() -> dict:
 RELAY_OPTIONS = {"--" + options.option_flag(f.name): f
                  for f in dataclasses.fields(options.Options)}
 # Flags of other tools in the README's commands.
-EXTERNAL = {"--cacert": "curl", "--cert": "curl", "--key": "curl", "--master": "spark-submit"}
+EXTERNAL = {"--cacert": "curl", "--cert": "curl", "--key": "curl", "--data-binary": "curl",
+            "--master": "spark-submit"}
 
 
 def test_every_option_the_readme_names_exists():
@@ -238,9 +239,10 @@ def source_text(*patterns) -> str:
 
 def http_codes() -> set:
     """The error codes relay's HTTP servers can answer: the upper-case literals of
-    relay/http, MISSING_ARG_<NAME> for each argument they require, and the codec's
-    MPUB errors without their E_ (nsqd.py answers e.code[2:])."""
-    http = source_text("relay/broker/http/*.py")
+    relay/http and of the publish keys' checks (dedup.py), MISSING_ARG_<NAME> for each
+    argument they require, and the codec's MPUB errors without their E_ (nsqd.py
+    answers e.code[2:])."""
+    http = source_text("relay/broker/http/*.py", "relay/store/dedup.py")   # publish keys
     codec = source_text("relay/codec.py")
     assert "e.code[2:]" in http and 'f"MISSING_ARG_{name.upper()}"' in http
     return ({*re.findall(r'"([A-Z][A-Z_]+)\b', http)}

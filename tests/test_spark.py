@@ -104,7 +104,8 @@ def test_available_now_reads_each_message_once_and_leaves_nothing_in_flight(
 @pytest.mark.cluster
 def test_a_partitioned_topic_is_read_and_written_whole(spark, store, redis_url, tmp_path):
     """Source and sink cover every partition: 30 messages in 3 parts read once each;
-    3,000 rows written by one task land in every part, 500 a call, the parts in turn."""
+    3,000 rows written by one task land in every part, each in the part its publish
+    key's hash picks (relay/store/dedup.py)."""
     store.set_partitions("events", 3)
     store.subscribe("events", "spark", "")
     for i in range(30):
@@ -123,7 +124,8 @@ def test_a_partitioned_topic_is_read_and_written_whole(spark, store, redis_url, 
     rows = spark.createDataFrame([(f"r{i}",) for i in range(3000)], "body string").coalesce(1)
     rows.write.format("relay").option("redis_url", redis_url).option("topic", "copied") \
         .mode("append").save()
-    assert [p["depth"] for p in store.read_channel_parts("copied", "c")] == [1000, 1000, 1000]
+    depths = [p["depth"] for p in store.read_channel_parts("copied", "c")]
+    assert sum(depths) == 3000 and min(depths) > 850, depths   # crc32 spreads the keys
 
 
 def test_a_failed_query_restarted_from_its_checkpoint_loses_nothing(spark, store, redis_url,

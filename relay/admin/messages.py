@@ -14,10 +14,12 @@ from relay.admin.tail import Tail, TailError
 from relay.admin.text import preview, show, table, utc
 from relay.broker import registry
 from relay.store import Store, deadletter
+from relay.store.dedup import MAX_KEY_BYTES, key_problem
 
 PUB_BATCH = 1000
 PUB_BATCH_BYTES = 1 << 20
 PUB_SPOOL_BYTES = 64 << 20      # pub's input is kept in memory up to this, then on disk
+PUB_KEY_BYTES = MAX_KEY_BYTES - 17      # --id's, so that KEY:N fits (N: up to 16 digits)
 
 
 @click.command()
@@ -60,12 +62,21 @@ def redrive(store, as_json, target, background):
 @click.argument("topic")
 @click.option("--file", "source", type=click.File("rb"), default="-",
               help="read the messages from this file instead of stdin")
+@click.option("--id", "key", metavar="KEY",
+              help="publish message N (of the non-empty lines) with the key KEY:N: run "
+                   "again, it publishes nothing the topic's dedup window remembers")
 @redis_options
-def pub(store, as_json, topic, source):
+def pub(store, as_json, topic, source, key):
     """Publish each non-empty line of stdin (or --file) as a message, in batches of at
     most --max-body-size; a line over --max-msg-size is refused and, as nsqd's /mpub,
     nothing is published."""
     parse_target(topic)
+    if key is not None:
+        problem = key_problem(key.encode()) or (
+            len(key.encode()) > PUB_KEY_BYTES and "ID_TOO_LONG")
+        if problem:
+            raise click.UsageError(f"--id {key!r}: {problem}: 1-{PUB_KEY_BYTES} bytes of text "
+                                   f"without spaces")
     options, _ = relay_options()
     store = replicated(store)
     with tempfile.SpooledTemporaryFile(PUB_SPOOL_BYTES) as lines:
@@ -81,11 +92,25 @@ def pub(store, as_json, topic, source):
         if refused:
             sys.exit(1)
         lines.seek(0)
-        count = 0
+        count = duplicates = 0
         for batch in batches(lines, min(PUB_BATCH_BYTES, options.max_body_size)):
-            store.publish(topic, batch)
+            if key is None:
+                store.publish(topic, batch)
+            else:
+                numbers = range(count + 1, count + len(batch) + 1)
+                duplicates += store.publish_keyed(topic, batch,
+                                                  [f"{key}:{n}".encode() for n in numbers])
             count += len(batch)
-    show({"topic": topic, "published": count}, as_json, f"published {count} messages to {topic}")
+    if key is None:
+        show({"topic": topic, "published": count}, as_json,
+             f"published {count} messages to {topic}")
+        return
+    show({"topic": topic, "published": count - duplicates, "duplicates": duplicates}, as_json,
+         f"published {count - duplicates} messages to {topic}, {duplicates} duplicates "
+         f"not published again")
+    if not store.dedup_window(topic):
+        click.echo(f"relay-admin: topic {topic} has no dedup window, so --id changes nothing "
+                   f"(relay-admin dedup {topic} --window 10m turns it on)", err=True)
 
 
 def batches(lines, limit: int):

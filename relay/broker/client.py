@@ -66,6 +66,7 @@ class Client:
         self.heartbeat_interval = options.heartbeat_interval
         self.msg_timeout = options.msg_timeout
         self.sample_rate = 0
+        self.dedup = False      # IDENTIFY relay_dedup: its publishes may carry keys
         self.output_buffer_size = DEFAULT_OUTPUT_BUFFER_SIZE
         self.output_buffer_timeout = options.output_buffer_timeout
         self.ready_count = 0
@@ -121,6 +122,7 @@ class Client:
                 return f"output buffer size ({size}) is invalid"
             self.output_buffer_size = size
 
+        self.dedup = data.get("relay_dedup", self.dedup)
         rate = data.get("sample_rate", 0)
         if not 0 <= rate <= 99:
             return f"sample rate ({rate}) is invalid"

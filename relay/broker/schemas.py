@@ -42,6 +42,7 @@ class IdentifySchema(Schema):
     deflate_level = _int(64)
     sample_rate = _int(32)
     msg_timeout = _int(64)
+    relay_dedup = _StrictBool()     # relay's: publish keys (relay/broker/protocol/keyed.py)
 
     @pre_load
     def like_go(self, data, **kwargs):

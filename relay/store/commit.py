@@ -65,6 +65,18 @@ class Submitted(Protocol):
     def get(self) -> Any: ...
 
 
+class _All:
+    """The results of several submitted ops as one (GroupCommit.submit_all_made)."""
+
+    __slots__ = ("results",)
+
+    def __init__(self, results: list[Submitted]) -> None:
+        self.results = results
+
+    def get(self) -> list:
+        return [result.get() for result in self.results]
+
+
 class GroupCommit:
     """`lanes` pipelines may be in flight at once, each on its own connection. An op's
     `order` key picks its lane, so ops of the same key (a connection or a channel, as the
@@ -97,6 +109,12 @@ class GroupCommit:
         the client's wait."""
         since = time.monotonic()
         return self.submit(make(), order, since)
+
+    def submit_all_made(self, make: Callable[[], list[Op]], order: int = 0) -> Submitted:
+        """submit_made for the ops make() builds (a keyed publish's, one per part it
+        reaches): one result, the list of theirs; the first error raises."""
+        since = time.monotonic()
+        return _All([self.submit(op, order, since) for op in make()])
 
     def call(self, op: Op, order: int = 0) -> Any:
         """Submit and wait; raises the op's error."""

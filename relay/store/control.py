@@ -8,6 +8,7 @@ from typing import Iterator, Sequence
 from relay.codec import MSG_ID_LENGTH
 from relay.errors import RelayError
 from relay.store import keys
+from relay.store.dedup import DEDUP_FIELD
 from relay.store.history import RETENTION_FIELDS
 from relay.store.inflight import member_id, member_owner
 from relay.store.keys import ChannelKeys, TopicKeys, id_part, part_name
@@ -21,7 +22,7 @@ CHANNEL_COUNTS = {b"message_count", b"requeue_count", b"timeout_count", b"dead_c
                   b"deleted_count", b"expired_count", b"overflow_count", b"incarnation",
                   b"empties"}
 # topic meta fields that are settings: a new part copies them (ttl_ms: ttl.lua)
-TOPIC_SETTINGS = (*RETENTION_FIELDS, "ttl_ms")
+TOPIC_SETTINGS = (*RETENTION_FIELDS, "ttl_ms", DEDUP_FIELD)
 
 
 class PartitionsRefused(RelayError):
@@ -54,8 +55,8 @@ class Control(Limits, Reads):
         return before
 
     def _prepare_parts(self, topic: str, parts: list[str]) -> None:
-        """Give new parts the topic's settings (retention, TTL), channels, their settings
-        and the topic's pause."""
+        """Give new parts the topic's settings (retention, TTL, dedup window), channels,
+        their settings and the topic's pause."""
         self._guard(self.redis.sadd, keys.PARTITIONS, *parts)
         settings = self._guard(self.redis.hmget, TopicKeys.of(topic).meta, *TOPIC_SETTINGS)
         for name, value in zip(TOPIC_SETTINGS, settings):

@@ -20,6 +20,8 @@ REGISTER_EVERY = 10.0
 # an MPUB of more messages is staged in a list first (publish.lua), as one call of them
 # all would pass MAX_CALL_ARGS
 INLINE_BODIES = MAX_CALL_ARGS // 2
+# a keyed publish call's messages at most (a body and a key each); a bigger one is split
+KEYED_BODIES = INLINE_BODIES // 2
 
 STAGE_TTL_MS = 300_000
 
@@ -44,11 +46,14 @@ class DataPath(StoreBase):
     """The state transitions of messages and consumers."""
 
     def publish_op(self, topic: str, bodies: Sequence[bytes], defer_ms: int = 0,
-                   timestamp_ns: int | None = None, index: int | None = None) -> Op:
+                   timestamp_ns: int | None = None, index: int | None = None,
+                   publish_keys: Sequence[bytes] | None = None) -> Op:
         """PUB/MPUB/DPUB to part `index` of the topic, else to its parts in turn (one
         call's messages stay together): returns the count of the last message. With
         the count unreadable it goes to part 0, which every topic has: the call itself
-        then fails or lands."""
+        then fails or lands. `publish_keys`, one per body and at most KEYED_BODIES (the
+        caller picks the part: relay/store/dedup.py), make it return the number of
+        duplicates instead."""
         try:
             count = self.partitions(topic)
         except StoreError:
@@ -61,13 +66,20 @@ class DataPath(StoreBase):
         topic_keys = [t.ids, t.meta, t.channels, t.backlog, t.backlog_deferred, t.due,
                       t.version, t.history]
         pre = self._register(topic, count)
+        if publish_keys:
+            return self._fanout_op("publish", part, topic_keys,
+                                   [t.wake, ts, defer_ms, index, 0, self.node(part),
+                                    len(publish_keys), *bodies, *publish_keys],
+                                   lambda reply: int(reply[1]), pre=pre,
+                                   extra_keys=lambda channels: [keys.dedup_key(part)])
         if len(bodies) <= INLINE_BODIES:
             return self._fanout_op("publish", part, topic_keys,
-                                   [t.wake, ts, defer_ms, index, 0, self.node(part), *bodies],
+                                   [t.wake, ts, defer_ms, index, 0, self.node(part), 0, *bodies],
                                    int, pre=pre)
         stage = keys.staging_key(part, secrets.token_hex(8))
         return self._fanout_op("publish", part, topic_keys,
-                               [t.wake, ts, defer_ms, index, len(bodies), self.node(part)], int,
+                               [t.wake, ts, defer_ms, index, len(bodies), self.node(part), 0],
+                               int,
                                pre=pre + _staged(stage, bodies),
                                extra_keys=lambda channels: [stage])
 

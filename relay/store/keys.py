@@ -47,7 +47,8 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             history_messages, history_bytes (ever added),
                                             the same three history_start_* (the oldest
                                             entry's), history_first_ms, history_last_ms
-                                            (lib/history.lua)
+                                            (lib/history.lua); dedup_ms (absent: off;
+                                            relay/store/dedup.py)
     relay:{T}:history                 STREAM with retention on, a copy of every record
                                             published, an entry per publish call (per 64 KiB
                                             of it), id "<ms>-<count>": ms from its timestamp
@@ -55,6 +56,9 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             fields l (the records' lengths), e, m, o (entries,
                                             messages, bytes before it, ever) and r (the
                                             records as queued: lib/history.lua)
+    relay:{T}:dedup                   ZSET  publish key -> expiry (ms): keys published
+                                            within the topic's dedup window (lib/dedup.lua;
+                                            expires a window after its last write)
     relay:{T}:ids                     STRING last message id handed out (never deleted)
     relay:{T}:due                     ZSET  channel -> earliest in-flight deadline or
                                             deferred due time (ms); what the node due
@@ -192,6 +196,11 @@ def trash_prefix(topic: str, token: str) -> str:
 def staging_key(topic: str, token: str) -> str:
     """The bodies of one MPUB too big for one call, until its publish call takes them."""
     return topic_prefix(topic) + f"staging:{token}"
+
+
+def dedup_key(part: str) -> str:
+    """The publish keys a part remembers within its dedup window (lib/dedup.lua)."""
+    return topic_prefix(part) + "dedup"
 
 
 def channel_prefix(topic: str) -> str:

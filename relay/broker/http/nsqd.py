@@ -13,6 +13,7 @@ import time
 from relay.broker import registry
 from relay.store import stats
 from relay.store.causes import cause
+from relay.store.dedup import BadKeyedMessage, key_problem, keyed_messages
 from relay.codec import NSQD_VERSION, parse_int64, split_mpub
 from relay.broker.context import BrokerContext
 from relay.errors import ClientError, StoreError
@@ -27,6 +28,7 @@ from relay.options import DURATION
 log = logging.getLogger("relay.http")
 
 BOOLS = {"true": True, "1": True, "false": False, "0": False}
+DUPLICATES_HEADER = "X-Relay-Duplicates"
 
 
 def nsqd_server(broker: BrokerContext) -> HttpServer:
@@ -110,7 +112,13 @@ class NsqdApi:
                 raise HttpError(400, "INVALID_DEFER") from None
             if not 0 <= defer <= self.options.max_defer_timeout:
                 raise HttpError(400, "INVALID_DEFER")
-        return self._publish(topic, [body], defer)
+        key = request.arg_bytes("id")
+        if key is None:
+            return self._publish(topic, [body], defer)
+        problem = key_problem(key)
+        if problem:
+            raise HttpError(400, problem)
+        return self._publish_keyed(request, topic, [body], [key], defer)
 
     def mpub(self, request):
         declared = request.environ.get("CONTENT_LENGTH")
@@ -131,6 +139,13 @@ class NsqdApi:
                 raise HttpError(413, "MSG_TOO_BIG")
         if not bodies:
             return "OK"
+        raw = request.arg("keyed")
+        if raw is not None and BOOLS.get(raw, True):
+            try:
+                bodies, publish_keys = keyed_messages(bodies)
+            except BadKeyedMessage as e:
+                raise HttpError(400, e.code) from None
+            return self._publish_keyed(request, topic, bodies, publish_keys)
         return self._publish(topic, bodies)
 
     def _topic(self, request) -> str:
@@ -147,12 +162,24 @@ class NsqdApi:
         broker.metrics.published.inc(len(bodies))
         return "OK"
 
+    def _publish_keyed(self, request, topic: str, bodies: list, publish_keys: list,
+                       defer: int = 0) -> str:
+        """Publish with keys (relay/store/dedup.py): "OK" all the same, and how many were
+        duplicates, not published, in the header X-Relay-Duplicates."""
+        broker = self.broker
+        duplicates = sum(self._publishing(topic, lambda: broker.commit.submit_all_made(
+            lambda: broker.store.keyed_publish_ops(topic, bodies, publish_keys, defer)).get()))
+        broker.metrics.published.inc(len(bodies) - duplicates)
+        request.reply_headers.append((DUPLICATES_HEADER, str(duplicates)))
+        return "OK"
+
     @staticmethod
-    def _publishing(topic: str, step) -> None:
-        """A step of a publish; Redis failing is a 503, as nsqd's failed publish, with
-        the cause (nsqd's text, EXITING, would say the broker is shutting down)."""
+    def _publishing(topic: str, step):
+        """A step of a publish, and what it returns; Redis failing is a 503, as nsqd's
+        failed publish, with the cause (nsqd's text, EXITING, would say the broker is
+        shutting down)."""
         try:
-            step()
+            return step()
         except StoreError as e:
             log.warning("http publish to %s failed: %s", topic, e)
             raise HttpError(503, str(e)) from None

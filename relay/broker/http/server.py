@@ -69,6 +69,14 @@ class Request:
         self.method = environ["REQUEST_METHOD"]
         self.path = environ.get("PATH_INFO", "/")
         self.query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+        self.reply_headers: list[tuple[str, str]] = []    # a handler's own, e.g. X-Relay-*
+
+    def arg_bytes(self, name: str) -> bytes | None:
+        """An argument's bytes as sent (percent-decoded), where arg() would replace
+        what is not UTF-8."""
+        values = parse_qs(self.environ.get("QUERY_STRING", ""), keep_blank_values=True,
+                          encoding="latin-1").get(name)
+        return values[0].encode("latin-1") if values else None
 
     def arg(self, name: str) -> str | None:
         values = self.query.get(name)
@@ -166,6 +174,7 @@ class HttpServer:
         request = Request(environ)
         code, data = self._answer(request)
         status, headers, body = encode(code, data)
+        headers += request.reply_headers
         allowed = self._allowed(request)
         if allowed and (code == 405 or request.method == "OPTIONS"):
             headers.append(("Allow", allowed))

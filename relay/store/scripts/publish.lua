@@ -1,4 +1,4 @@
--- include: fanout.lua, time.lua, chunked.lua, record.lua, news.lua, history.lua, limit.lua
+-- include: fanout.lua, time.lua, chunked.lua, record.lua, news.lua, history.lua, dedup.lua, limit.lua
 -- publish: append messages to every channel of a topic, now or deferred.
 -- With no channel yet, they wait in the topic backlog for the first one
 -- (nsqd keeps them in the topic queue the same way). With the topic's retention on
@@ -10,12 +10,15 @@
 -- KEYS[4] backlog (LIST)       KEYS[5] backlog deferred (ZSET record -> due)
 -- KEYS[6] topic due index (scanners)   KEYS[7] topic version (news.lua)
 -- KEYS[8] topic history (STREAM)
--- KEYS[9] the staged bodies (LIST), only when ARGV says so; then the channels' keys
--- (fanout.lua)
+-- KEYS[9] the staged bodies (LIST), or with publish keys the dedup set (ZSET,
+-- lib/dedup.lua), only when ARGV says so; then the channels' keys (fanout.lua)
 -- ARGV[1..ARG0] the channels (fanout.lua), then: wake pub/sub channel,
 -- 8-byte timestamp, defer ms (0 = now), the part's number (keys.py), the number of
 -- bodies staged in KEYS[9] (0: the bodies follow in ARGV), the node keys' prefix
--- (lib/node.lua), bodies...
+-- (lib/node.lua), the number of publish keys (0: none; never with a stage), bodies...,
+-- then one key per body. With keys, it returns {the count of the last message or 0 if
+-- none was published, the number of duplicates}: a key the part's dedup window
+-- remembers is not published again (lib/dedup.lua).
 -- A call's arguments are bounded (runner.MAX_CALL_ARGS), so a bigger MPUB stages its
 -- bodies first, in commands sent just before this call; this call publishes all of
 -- them or none, and deletes the stage. Its first write is INCRBY: at maxmemory Redis
@@ -33,9 +36,18 @@ local defer = tonumber(ARGV[ARG0 + 3])
 local part = tonumber(ARGV[ARG0 + 4])
 local staged = tonumber(ARGV[ARG0 + 5])
 local NODE = ARGV[ARG0 + 6]
-local FIRST_BODY = ARG0 + 7
+local keyed = tonumber(ARGV[ARG0 + 7])
+local FIRST_BODY = ARG0 + 8
 local n = staged
-if staged == 0 then n = #ARGV - FIRST_BODY + 1 end
+if staged == 0 then n = #ARGV - FIRST_BODY + 1 - keyed end
+local fresh, duplicates, window = nil, 0, nil   -- positions to publish, with keys
+local publish_keys = nil
+if keyed > 0 then
+  publish_keys = {unpack(ARGV, #ARGV - keyed + 1, #ARGV)}
+  fresh, duplicates, window = dedup_fresh(KEYS[2], KEYS[9], publish_keys)
+  n = #fresh
+  if n == 0 then return {0, duplicates} end
+end
 -- a stage Redis refused part of (at maxmemory, lib/maxmemory.lua): publish none of it
 if staged > 0 and redis.call('LLEN', KEYS[9]) ~= staged then
   return redis.error_reply('the MPUB was not staged whole: redis refused part of it')
@@ -57,6 +69,7 @@ if meta[4] and meta[4] ~= '0' and channels > 0 and defer == 0 then
 end
 local last = redis.call('INCRBY', KEYS[1], n)
 local first = last - n + 1
+if window then dedup_remember(KEYS[9], window, publish_keys, fresh) end
 local BATCH = 10000   -- messages handled at a time, so a big MPUB's records never all
                       -- sit in the script's memory at once
 
@@ -66,7 +79,7 @@ local function bodies(from, to)
     return redis.call('LRANGE', KEYS[9], from - 1, to - 1)
   end
   local out = {}
-  for i = from, to do out[#out + 1] = ARGV[FIRST_BODY + i - 1] end
+  for i = from, to do out[#out + 1] = ARGV[FIRST_BODY + (fresh and fresh[i] or i) - 1] end
   return out
 end
 
@@ -147,4 +160,5 @@ if history then
 end
 redis.call('HINCRBY', KEYS[2], 'message_count', n)
 redis.call('HINCRBY', KEYS[2], 'message_bytes', bytes)
+if keyed > 0 then return {last, duplicates} end
 return last

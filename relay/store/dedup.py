@@ -1,0 +1,134 @@
+"""Idempotent publish (issue 39): a message published with a key that its topic saw
+within the topic's dedup window is not published again (lib/dedup.lua). The window is
+a topic setting, the meta field `dedup_ms` of every part (absent: off, as nsqd).
+
+A key always goes to the same part, the one its hash picks, so a retry or a second
+broker racing on the key meets the same dedup set. A keyed publish is one script call
+per part and per KEYED_BODIES messages: each call is all or nothing, and a retry of the
+whole publish with the same keys publishes only what the failed calls did not."""
+
+import re
+import zlib
+from typing import Sequence
+
+from relay.store import keys
+from relay.store.data_path import KEYED_BODIES, DataPath
+from relay.store.keys import TopicKeys
+from relay.store.runner import Op
+
+DEDUP_FIELD = "dedup_ms"
+MAX_KEY_BYTES = 256
+PRINTABLE_ASCII = re.compile(rb"[!-~]{1,%d}" % MAX_KEY_BYTES)
+ASCII_KEY_LINES = re.compile(rb"%s(?:\n%s)*" % ((PRINTABLE_ASCII.pattern,) * 2))
+
+
+def key_problem(key: bytes) -> str | None:
+    """Why `key` cannot be a publish key (an nsqd-style code), or None: 1-256 bytes of
+    UTF-8 text without spaces or control characters, so it fits a header line and the
+    keyed body format ("KEY BODY")."""
+    if PRINTABLE_ASCII.fullmatch(key):
+        return None     # most keys, checked at C speed
+    if not key:
+        return "ID_EMPTY"
+    if len(key) > MAX_KEY_BYTES:
+        return "ID_TOO_LONG"
+    try:
+        text = key.decode("utf-8")
+    except UnicodeDecodeError:
+        return "ID_NOT_TEXT"
+    if not text.isprintable() or " " in text:     # isprintable: no other space
+        return "ID_NOT_TEXT"
+    return None
+
+
+class BadKeyedMessage(ValueError):
+    """A message of a keyed body that cannot be published: its number (from 1) and
+    the code of what is wrong."""
+
+    def __init__(self, number: int, code: str):
+        super().__init__(code)
+        self.number = number
+        self.code = code
+
+
+def keyed_messages(messages: list[bytes]) -> tuple[list[bytes], list[bytes]]:
+    """(bodies, keys) of messages in the keyed body format, "KEY BODY" (/mpub?keyed=true,
+    MPUB after IDENTIFY relay_dedup); BadKeyedMessage for the first that is not."""
+    split = [message.partition(b" ") for message in messages]
+    bodies = [body for _, _, body in split]
+    publish_keys = [key for key, _, _ in split]
+    if all(bodies) and ASCII_KEY_LINES.fullmatch(b"\n".join(publish_keys)):
+        return bodies, publish_keys     # most MPUBs: every key checked at C speed at once
+    for number, (key, body) in enumerate(zip(publish_keys, bodies), 1):
+        problem = key_problem(key) or (None if body else "MSG_EMPTY")
+        if problem:
+            raise BadKeyedMessage(number, problem)
+    return bodies, publish_keys
+
+
+def key_part(key: bytes, partitions: int) -> int:
+    """The part a key's messages always go to (crc32: the same in every broker)."""
+    return zlib.crc32(key) % partitions
+
+
+class Dedup(DataPath):
+    """The dedup window of topics, and publishes with keys."""
+
+    def set_dedup(self, topic: str, window_ms: int) -> None:
+        """The topic's window on every part (0: off; the keys remembered go with their
+        expiry)."""
+        for part in self.parts(topic, fresh=True):
+            meta = TopicKeys.of(part).meta
+            if window_ms:
+                self._guard(self.redis.hset, meta, DEDUP_FIELD, window_ms)
+            else:
+                self._guard(self.redis.hdel, meta, DEDUP_FIELD)
+
+    def dedup_window(self, topic: str) -> int:
+        """The topic's window in ms (part 0's setting); 0 when off."""
+        return int(self._guard(self.redis.hget, TopicKeys.of(topic).meta, DEDUP_FIELD) or 0)
+
+    def dedup_report(self, topic: str) -> dict:
+        """The window and the keys each part remembers (some maybe expired, not yet
+        swept), as relay-admin dedup shows them."""
+        pipe = self.redis.pipeline(transaction=False)
+        parts = self.parts(topic)
+        for part in parts:
+            pipe.zcard(keys.dedup_key(part))
+        counts = self._guard(pipe.execute)
+        window = self.dedup_window(topic)
+        return {"topic": topic, "on": window > 0, "window_ms": window,
+                "partitions": [{"partition": i, "keys": n} for i, n in enumerate(counts)]}
+
+    def keyed_publish_ops(self, topic: str, bodies: Sequence[bytes],
+                          publish_keys: Sequence[bytes], defer_ms: int = 0) -> list[Op]:
+        """The calls of a publish with one key per body (checked by the caller,
+        key_problem): each returns its number of duplicates."""
+        partitions = self.partitions(topic)
+        if partitions == 1:
+            return [self.publish_op(topic, bodies[i:i + KEYED_BODIES], defer_ms, index=0,
+                                    publish_keys=publish_keys[i:i + KEYED_BODIES])
+                    for i in range(0, len(bodies), KEYED_BODIES)]
+        by_part: dict[int, list[int]] = {}
+        for i, key in enumerate(publish_keys):
+            by_part.setdefault(key_part(key, partitions), []).append(i)
+        ops = []
+        for index, positions in by_part.items():
+            for start in range(0, len(positions), KEYED_BODIES):
+                chunk = positions[start:start + KEYED_BODIES]
+                ops.append(self.publish_op(topic, [bodies[i] for i in chunk], defer_ms,
+                                           index=index,
+                                           publish_keys=[publish_keys[i] for i in chunk]))
+        return ops
+
+    def publish_keyed(self, topic: str, bodies: Sequence[bytes],
+                      publish_keys: Sequence[bytes], defer_ms: int = 0) -> int:
+        """Publish with keys: the number of duplicates (not published)."""
+        duplicates = 0
+        for reply in self.run_many(self.keyed_publish_ops(topic, bodies, publish_keys,
+                                                          defer_ms)):
+            if isinstance(reply, Exception):
+                raise reply
+            duplicates += reply
+        return duplicates
+
