@@ -260,3 +260,15 @@ def test_bad_input_is_one_line_and_changes_nothing(redis_url):
     assert store.limit("t", "c") == Limit(5, "drop-oldest")
     assert admin_ok(redis_url, "limit", "t", "c", "--off") == "t/c: no depth limit (depth 0)\n"
     assert store.limit("t", "c") is None
+
+
+def test_a_keyed_publish_refused_for_depth_is_not_remembered_as_published(store):
+    """With a dedup window (issue 39), a refusal writes nothing, so the same keys are
+    published once the queue has room."""
+    limited(store, max_depth=2, channels=("c",))
+    store.set_dedup("t", 60_000)
+    keys = [b"k1", b"k2", b"k3"]
+    with pytest.raises(StoreError, match="is full"):
+        store.run(store.publish_op("t", [b"1", b"2", b"3"], publish_keys=keys))
+    store.run(store.publish_op("t", [b"1", b"2"], publish_keys=keys[:2]))
+    assert bodies(store) == [b"1", b"2"]
