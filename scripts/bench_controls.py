@@ -2,22 +2,31 @@
 broker with each control of CONTROLS set on the bench channel against none, in the same
 run, alternately (scripts/bench.py's Stack and loadgen), medians of the runs and ratios
 paired by round. A control is set so that it never acts (a TTL no message reaches): what
-is measured is what checking it costs every message. Prints Markdown for BENCHMARKS.md.
+is measured is what checking it costs every message. Then, as the rates of a shared
+machine move by more than the cost looked for, publish.lua's own cost in Redis with each
+control (and with a depth limit that drop-oldest keeps): `INFO commandstats` µs per
+EVALSHA over blocks of MPUB calls, the controls' blocks in turn on one Redis. Prints Markdown
+for BENCHMARKS.md.
 
     .venv/bin/python scripts/bench_controls.py [--runs 5] [--seconds 5] [--only TITLE-PART]
+        [--calls 4000]
 """
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 
 import redis
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from relay import embedded  # noqa: E402
 from relay.store import Store  # noqa: E402
+from relay.store.limits import Limit  # noqa: E402
 from scripts.bench import alternately, paired_ratio  # noqa: E402
 
 TOPIC, CHANNEL = "bench", "bench"
@@ -26,7 +35,13 @@ SIZE = 200
 CONTROLS = {
     "none": lambda store: None,
     "ttl": lambda store: store.set_ttl(TOPIC, None, 600_000),     # 10 min: none expires
+    "limit": lambda store: store.set_limit(TOPIC, CHANNEL,        # a depth never reached
+                                           Limit(1_000_000_000, "reject")),
 }
+# publish.lua's cost only: a limit every MPUB of 100 passes once the queue holds 10,000,
+# so each trims 100 (a consume of a prefilled queue cannot run with it)
+COST_CONTROLS = {**CONTROLS, "limit reached, drop-oldest": lambda store: store.set_limit(
+    TOPIC, CHANNEL, Limit(10_000, "drop-oldest"))}
 WORKLOADS = [
     ("mpub K=100 P=1, 200 B", ["mpub", "--producers", "1", "--batch", "100"]),
     ("sub C=1 RDY 100, 200 B", ["sub", "--consumers", "1", "--rdy", "100",
@@ -53,12 +68,46 @@ def row(title: str, results: dict) -> str:
             + " | ".join(ratios) + " | " + " / ".join(str(c) for c in cpu) + " |")
 
 
+def script_cost(calls: int, blocks: int = 20) -> list[str]:
+    """A row per control of COST_CONTROLS: Redis' µs per publish call (an MPUB of 100
+    bodies of SIZE), the median over `blocks` blocks of calls / blocks calls each. Every
+    control has a database of its own on one embedded Redis (conf/redis.conf) and the
+    blocks alternate between them, so the machine's drift falls on all alike."""
+    data = tempfile.mkdtemp(prefix="relay-bench-controls-")
+    port = embedded.free_port()
+    proc = embedded.start(port, data, os.path.join(os.path.dirname(HERE), "conf", "redis.conf"))
+    try:
+        stores = {}
+        for db, (name, control) in enumerate(COST_CONTROLS.items()):
+            stores[name] = Store(redis.Redis(port=port, db=db))
+            stores[name].create_channel(TOPIC, CHANNEL)
+            control(stores[name])
+            stores[name].publish(TOPIC, [b"x" * SIZE] * 100)     # the script loaded
+        costs: dict[str, list[float]] = {name: [] for name in COST_CONTROLS}
+        for _ in range(blocks):
+            for name, store in stores.items():
+                store.redis.config_resetstat()
+                for _ in range(calls // blocks):
+                    store.publish(TOPIC, [b"x" * SIZE] * 100)
+                costs[name].append(store.redis.info("commandstats")["cmdstat_evalsha"]
+                                   ["usec_per_call"])
+        base = statistics.median(costs["none"])
+        return [f"| {name} | {statistics.median(c):.1f} | {statistics.median(c) / base:.3f} |"
+                for name, c in costs.items()]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(data, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--only", action="append", default=[],
                         help="workloads whose title contains this (repeatable)")
+    parser.add_argument("--calls", type=int, default=4000,
+                        help="MPUB calls per control of publish.lua's cost")
     args = parser.parse_args()
     others = [c for c in CONTROLS if c != "none"]
     print("| workload | " + " | ".join(f"{c}, msgs/s" for c in CONTROLS) + " | "
@@ -72,6 +121,9 @@ def main() -> None:
                                "--size", str(SIZE)], 1, args.seconds, args.runs,
                               {c: {"prepare": prepare(c)} for c in CONTROLS})
         print(row(title, results), flush=True)
+    print("\n| control | publish.lua, Redis µs per MPUB of 100 (median) | / none |")
+    print("| --- | --- | --- |")
+    print("\n".join(script_cost(args.calls)))
 
 
 if __name__ == "__main__":

@@ -59,18 +59,18 @@ def test_stats_table_and_json(store, backend):
 
     assert ok(backend, "stats") == [
         "topic   channel  depth  in_flight  deferred  messages  requeued  timed_out  dead"
-        "  deleted  expired  clients  paused",
+        "  deleted  expired  overflowed  clients  paused",
         "orders           0                 0         4                                          "
-        "                     no",
+        "                                 no",
         "        billing  2      1          1         4         0         0          0     0     "
-        "   0        0        yes",
+        "   0        0           0        yes",
     ]
     [topic] = ok_json(backend, "stats", "orders/billing")["topics"]
     assert topic["channels"] == [{
         "channel_name": "billing", "paused": True, "ephemeral": False, "depth": 2,
         "in_flight_count": 1, "deferred_count": 1, "message_count": 4, "requeue_count": 0,
         "timeout_count": 0, "dead_count": 0, "deleted_count": 0, "expired_count": 0,
-        "client_count": 0, "backend_depth": 2,
+        "overflow_count": 0, "client_count": 0, "backend_depth": 2,
         "e2e_processing_latency": {"count": 0, "percentiles": None}, "clients": []}]
 
 
@@ -102,11 +102,11 @@ def test_stats_and_brokers_show_every_brokers_clients(store, backend):
 
     assert ok(backend, "stats") == [
         "topic   channel  depth  in_flight  deferred  messages  requeued  timed_out  dead"
-        "  deleted  expired  clients  paused",
+        "  deleted  expired  overflowed  clients  paused",
         "orders           0                 0         1                                          "
-        "                     no",
+        "                                 no",
         "        billing  1      0          0         1         0         0          0     0     "
-        "   0        2        no",
+        "   0        0           2        no",
         "",
         "broker  channel         client    address        user_agent  ready  in_flight"
         "  messages  finished  requeued  connected",
@@ -143,18 +143,18 @@ def test_stats_watch_redraws_in_place(store, backend, monkeypatch):
     result = run(backend, "stats", "t/c", "--watch", "2", color=True)
     assert (result.exit_code, sleeps) == (0, [2.0, 2.0])
     header = ("topic  channel  depth  in_flight  deferred  messages  requeued  timed_out"
-              "  dead  deleted  expired  clients  paused")
+              "  dead  deleted  expired  overflowed  clients  paused")
     assert result.output == (
         f"\x1b[H\x1b[J{header}\n"
         "t               0                 0         0                                          "
-        "                     no\n"
+        "                                 no\n"
         "       c        0      0          0         0         0         0          0     0     "
-        "   0        0        no\n"
+        "   0        0           0        no\n"
         f"\x1b[H\x1b[J{header}\n"
         "t               0                 0         1                                          "
-        "                     no\n"
+        "                                 no\n"
         "       c        1      0          0         1         0         0          0     0     "
-        "   0        0        no\n")
+        "   0        0           0        no\n")
     sleeps.clear()
     lines = run(backend, "stats", "t", "--watch", "1", "--json").output.splitlines()
     assert [json.loads(line)["topics"][0]["channels"][0]["depth"] for line in lines] == [1, 2]

@@ -649,10 +649,11 @@ def test_included_files_come_first_and_no_script_has_flags():
     node keys are (relay/store/nodes.py)."""
     plain, sharded = runner.load_scripts(), runner.load_scripts(sharded=True)
     libs = b"".join(lua_lib(n) for n in ("fanout.lua", "time.lua", "chunked.lua", "record.lua",
-                                         "node.lua", "news.lua", "history.lua", "dedup.lua"))
+                                         "node.lua", "news.lua", "history.lua", "dedup.lua",
+                                         "deadletter.lua", "limit.lua"))
     own = (resources.files("relay.store") / "scripts" / "publish.lua").read_bytes()
     assert own.startswith(b"-- include: fanout.lua, time.lua, chunked.lua, record.lua, news.lua, "
-                          b"history.lua, dedup.lua\n")
+                          b"history.lua, dedup.lua, limit.lua\n")
     assert plain["publish"].source == libs + own
     assert sharded["publish"].source == plain["publish"].source.replace(
         b"redis.call('PUBLISH', wake", b"redis.call('SPUBLISH', wake")

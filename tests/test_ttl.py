@@ -275,11 +275,11 @@ def test_stats_count_expired_messages(channel, backend):
     deliver(store)
     assert ok(backend, "stats", "t")[:3] == [
         "topic  channel  depth  in_flight  deferred  messages  requeued  timed_out  dead  "
-        "deleted  expired  clients  paused",
+        "deleted  expired  overflowed  clients  paused",
         "t               0                 0         2                                   "
-        "                            no",
+        "                                        no",
         "       c        0      0          0         2         0         0          0     "
-        "0        2        0        no"]
+        "0        2        0           0        no"]
     [c] = ok_json(backend, "stats", "t/c")["topics"][0]["channels"]
     assert (c["expired_count"], c["dead_count"]) == (2, 0)
 

@@ -8,7 +8,8 @@ import click
 from relay.store.history import iso_ms
 
 STATS_COLUMNS = ["topic", "channel", "depth", "in_flight", "deferred", "messages",
-                 "requeued", "timed_out", "dead", "deleted", "expired", "clients", "paused"]
+                 "requeued", "timed_out", "dead", "deleted", "expired", "overflowed", "clients",
+                 "paused"]
 RETAINED_COLUMNS = ["topic", "retention", "retained", "bytes", "oldest", "newest"]
 CLIENT_COLUMNS = ["broker", "channel", "client", "address", "user_agent", "ready",
                   "in_flight", "messages", "finished", "requeued", "connected"]
@@ -40,13 +41,13 @@ def stats_text(data: dict) -> str:
     for t in data["topics"]:
         for label, row in [(t["topic_name"], t)] + _part_rows(t):
             rows.append([label, "", row["depth"], "", row["deferred_count"],
-                         row["message_count"], "", "", "", "", "", "", row["paused"]])
+                         row["message_count"], *[""] * 7, row["paused"]])
         for c in t["channels"]:
             for label, row in [(c["channel_name"], c)] + _part_rows(c):
                 rows.append(["", label, row["depth"], row["in_flight_count"],
                              row["deferred_count"], row["message_count"],
                              row["requeue_count"], row["timeout_count"], row["dead_count"],
-                             row["deleted_count"], row["expired_count"],
+                             row["deleted_count"], row["expired_count"], row["overflow_count"],
                              row.get("client_count", ""), row["paused"]])
             clients += c["clients"]
     if not rows:

@@ -69,7 +69,9 @@ class _QueueCollector:
                          ["topic", "channel"]),
                         ("channel_expired", "Messages older than the channel's TTL when "
                          "they would have been delivered (dead-lettered or dropped)",
-                         ["topic", "channel"])]}
+                         ["topic", "channel"]),
+                        ("channel_overflowed", "Messages a depth limit dropped or "
+                         "dead-lettered (relay-admin limit)", ["topic", "channel"])]}
         for t in data["topics"]:
             name = [t["topic_name"]]
             gauges["topic_depth"].add_metric(name, t["depth"])
@@ -89,7 +91,8 @@ class _QueueCollector:
                                       ("channel_requeued", "requeue_count"),
                                       ("channel_timed_out", "timeout_count"),
                                       ("channel_deleted", "deleted_count"),
-                                      ("channel_expired", "expired_count")]:
+                                      ("channel_expired", "expired_count"),
+                                      ("channel_overflowed", "overflow_count")]:
                     counters[metric].add_metric(labels, c[field])
         yield from gauges.values()
         yield from counters.values()

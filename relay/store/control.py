@@ -8,18 +8,19 @@ from typing import Iterator, Sequence
 from relay.codec import MSG_ID_LENGTH
 from relay.errors import RelayError
 from relay.store import keys
-from relay.store.data_path import DataPath
 from relay.store.dedup import DEDUP_FIELD
 from relay.store.history import RETENTION_FIELDS
 from relay.store.inflight import member_id, member_owner
 from relay.store.keys import ChannelKeys, TopicKeys, id_part, part_name
+from relay.store.limits import LIMIT_FIELDS, Limits
 from relay.store.reads import Reads
 from relay.store.replies import Dropped
 from relay.store.runner import Op
 
 # channel meta fields that are settings, not counts: a new part copies them
 CHANNEL_COUNTS = {b"message_count", b"requeue_count", b"timeout_count", b"dead_count",
-                  b"deleted_count", b"expired_count", b"incarnation", b"empties"}
+                  b"deleted_count", b"expired_count", b"overflow_count", b"incarnation",
+                  b"empties"}
 # topic meta fields that are settings: a new part copies them (ttl_ms: ttl.lua)
 TOPIC_SETTINGS = (*RETENTION_FIELDS, "ttl_ms", DEDUP_FIELD)
 
@@ -28,7 +29,7 @@ class PartitionsRefused(RelayError):
     """A topic's partition count only grows."""
 
 
-class Control(DataPath, Reads):
+class Control(Limits, Reads):
     """Changes made by people and their tools, not by the flow of messages."""
 
     def set_partitions(self, topic: str, count: int) -> int:
@@ -47,6 +48,10 @@ class Control(DataPath, Reads):
             self._prepare_parts(topic, new)
         now, before, _ = self.run(self.partitions_op(topic, count))
         self.learn_partitions(topic, now)
+        for channel in self.channel_names(topic) if new else ():
+            limit = self.limit(topic, channel)
+            if limit:       # each part's share shrinks; the new parts get theirs
+                self.set_limit(topic, channel, limit)
         return before
 
     def _prepare_parts(self, topic: str, parts: list[str]) -> None:
@@ -62,7 +67,7 @@ class Control(DataPath, Reads):
         for channel in self.channel_names(topic):
             settings = {k: v for k, v in self._guard(
                 self.redis.hgetall, ChannelKeys.of(topic, channel).meta).items()
-                if k not in CHANNEL_COUNTS}
+                if k not in CHANNEL_COUNTS and k not in LIMIT_FIELDS}
             for part in parts:
                 self.run(self.subscribe_op(part, channel, ""))
                 if settings:

@@ -41,7 +41,8 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             (relay/store/nodes.py)
     relay:{T}:meta                    HASH  message_count, message_bytes; ttl_ms (the
                                             topic's message TTL, ttl.lua); retention_ms,
-                                            retention_bytes (settings, absent: off) and
+                                            retention_bytes (settings, absent: off),
+                                            limited_channels (lib/limit.lua) and
                                             the history's state: history_entries,
                                             history_messages, history_bytes (ever added),
                                             the same three history_start_* (the oldest
@@ -91,12 +92,15 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             the layout before (lib/inflight.lua), until none
     relay:{T}:ch:C:meta               HASH  message_count, requeue_count, timeout_count,
                                             dead_count, deleted_count (relay-admin msg
-                                            --delete), expired_count; settings (paused,
-                                            max_attempts ...; ttl_ms, ttl_from: the TTL in
-                                            force, from "topic" or "channel", ttl.lua)
+                                            --delete), expired_count, overflow_count;
+                                            settings (paused, max_attempts ...; ttl_ms,
+                                            ttl_from: the TTL in force, from "topic" or
+                                            "channel", ttl.lua; max_depth, part_max_depth,
+                                            overflow: lib/limit.lua)
     relay:{T}:ch:C:consumers          HASH  broker id -> number of its subscribed clients
-    relay:{T}:ch:C:dead               LIST  records past max attempts, "expired:<record>"
-                                            (lib/deadletter.lua), until a scanner has
+    relay:{T}:ch:C:dead               LIST  records past max attempts, or
+                                            "<reason>:<record>" (expired, overflow:
+                                            lib/deadletter.lua), until a scanner has
                                             published them to the dead-letter topic
     relay:{T}:ch:C:dead:lock          STRING the scanner forwarding them (short TTL)
     relay:{T}:ch:C:spark:Q:progress   HASH  claimed, finished, parked: micro-batches of

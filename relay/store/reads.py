@@ -230,6 +230,7 @@ class Reads(StoreBase):
                  "dead_count": int(meta.get(b"dead_count", 0)),
                  "deleted_count": int(meta.get(b"deleted_count", 0)),
                  "expired_count": int(meta.get(b"expired_count", 0)),
+                 "overflow_count": int(meta.get(b"overflow_count", 0)),
                  "client_count": sum(int(v) for v in consumers), "paused": b"paused" in meta}
                 for depth, inflight, deferred, meta, consumers in zip(*[iter(replies)] * 5)]
 

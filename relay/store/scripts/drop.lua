@@ -38,6 +38,9 @@ local function drop_channel(c)
   redis.call('ZREM', KEYS[6], channel_name(c))
   node_set(NODE, KEYS[6], channel_name(c), nil)
   if delete then
+    if redis.call('HEXISTS', channel_key(c, 'meta'), 'max_depth') == 1 then
+      redis.call('HINCRBY', KEYS[3], 'limited_channels', -1)   -- lib/limit.lua
+    end
     for _, suffix in ipairs({'meta', 'consumers', 'dead', 'dead_lock'}) do
       redis.call('UNLINK', channel_key(c, suffix))
     end

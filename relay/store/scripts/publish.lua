@@ -1,4 +1,4 @@
--- include: fanout.lua, time.lua, chunked.lua, record.lua, news.lua, history.lua, dedup.lua
+-- include: fanout.lua, time.lua, chunked.lua, record.lua, news.lua, history.lua, dedup.lua, limit.lua
 -- publish: append messages to every channel of a topic, now or deferred.
 -- With no channel yet, they wait in the topic backlog for the first one
 -- (nsqd keeps them in the topic queue the same way). With the topic's retention on
@@ -23,6 +23,10 @@
 -- bodies first, in commands sent just before this call; this call publishes all of
 -- them or none, and deletes the stage. Its first write is INCRBY: at maxmemory Redis
 -- refuses it before anything is written (lib/maxmemory.lua).
+-- With a channel's depth limit (lib/limit.lua; only read when the topic meta counts
+-- one) a publish to the queues is refused before that write when a `reject` channel
+-- has no room for all of it (its stage deleted), and each `drop-oldest` or
+-- `dead-letter` channel's oldest go after it.
 -- Ids are the part's number in 4 hex digits, then the topic's count in 12.
 -- Returns the count of the last message (ids are consecutive), or the stale reply.
 local stale = stale_channels(KEYS[3])
@@ -47,6 +51,21 @@ end
 -- a stage Redis refused part of (at maxmemory, lib/maxmemory.lua): publish none of it
 if staged > 0 and redis.call('LLEN', KEYS[9]) ~= staged then
   return redis.error_reply('the MPUB was not staged whole: redis refused part of it')
+end
+local channels = N_CHANNELS
+local meta = redis.call('HMGET', KEYS[2], 'paused', 'retention_ms', 'retention_bytes',
+                        'limited_channels')
+if meta[1] then
+  channels = 0  -- a paused topic keeps everything in its backlog (pause_topic.lua)
+end
+local limits = nil    -- read only when a channel has a depth limit (lib/limit.lua)
+if meta[4] and meta[4] ~= '0' and channels > 0 and defer == 0 then
+  limits = channel_limits(channels)
+  local full = full_channel(limits, n, part_of(KEYS[2]))
+  if full then
+    if staged > 0 then redis.call('DEL', KEYS[9]) end
+    return redis.error_reply(full)
+  end
 end
 local last = redis.call('INCRBY', KEYS[1], n)
 local first = last - n + 1
@@ -74,11 +93,6 @@ local function interleave(first, second)
   return out
 end
 
-local channels = N_CHANNELS
-local meta = redis.call('HMGET', KEYS[2], 'paused', 'retention_ms', 'retention_bytes')
-if meta[1] then
-  channels = 0  -- a paused topic keeps everything in its backlog (pause_topic.lua)
-end
 local history = nil   -- read only with retention on: off, a publish reads no more
 if meta[2] or meta[3] then
   history = history_state(redis.call('HMGET', KEYS[2], unpack(HISTORY_FIELDS)), 1)
@@ -128,6 +142,9 @@ for c = 1, channels do
   if due then
     due_lower(NODE, KEYS[6], channel_name(c), due)
   end
+end
+if limits then
+  overflow(limits, n, KEYS[6], NODE, now_ms())
 end
 if channels > 0 and not due then
   announce(KEYS[7], wake, '', NODE)

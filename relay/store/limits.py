@@ -1,0 +1,57 @@
+"""Bounded channels (relay-admin limit; lib/limit.lua does the work in publish.lua): a
+channel's depth limit and what a publish past it does, kept in the channel's meta hash
+on every part, with the topic meta's count of limited channels (`limited_channels`),
+so that publishing to a topic without one reads nothing more.
+
+On a topic of P partitions the limit holds per part: each part's queue keeps at most
+ceil(N / P) (`part_max_depth`), as one script call sees one part only; publishes go to
+the parts in turn, so they fill evenly, and the channel holds at most P * ceil(N / P)."""
+
+from typing import NamedTuple
+
+from relay.store.data_path import DataPath
+from relay.store.keys import ChannelKeys, TopicKeys
+from relay.store.runner import Op
+
+OVERFLOWS = ("reject", "drop-oldest", "dead-letter")
+LIMIT_FIELDS = (b"max_depth", b"part_max_depth", b"overflow")
+
+
+class Limit(NamedTuple):
+    """A channel's depth limit as set, and what a publish past it does."""
+    max_depth: int
+    overflow: str
+
+
+def part_share(max_depth: int, parts: int) -> int:
+    """What each of `parts` parts may hold of a channel limited to `max_depth`."""
+    return -(-max_depth // parts)
+
+
+def _limit_op(part: str, channel: str, args: list) -> Op:
+    """limit.lua on one part: 1, or 0 if the part has no such channel."""
+    t = TopicKeys.of(part)
+    return Op("limit", [t.channels, t.meta, ChannelKeys.of(part, channel).meta],
+              [channel, *args])
+
+
+class Limits(DataPath):
+    """Setting and reading channels' depth limits."""
+
+    def set_limit(self, topic: str, channel: str, limit: Limit | None) -> bool:
+        """Set (None: remove) the channel's limit on every part; False if it has no
+        such channel."""
+        parts = self.parts(topic, fresh=True)
+        args = ["", 0, ""] if limit is None else \
+            [limit.max_depth, part_share(limit.max_depth, len(parts)), limit.overflow]
+        replies = self.run_many([_limit_op(part, channel, args) for part in parts])
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return all(replies)
+
+    def limit(self, topic: str, channel: str) -> Limit | None:
+        """The channel's limit in force (part 0's), or None."""
+        depth, overflow = self._guard(self.redis.hmget, ChannelKeys.of(topic, channel).meta,
+                                      "max_depth", "overflow")
+        return None if depth is None else Limit(int(depth), overflow.decode())
