@@ -46,9 +46,10 @@ class TopicWriter(DataSourceWriter):
                 f"{self.id_column!r} would not keep duplicates out: turn it on with "
                 f"relay-admin dedup {self.topic} --window 10m")
 
-    def key_prefix(self, context: TaskContext) -> str:
-        """What the positional keys of this task start with."""
-        return f"{self.write_id}:{context.partitionId()}"
+    def key_prefix(self, context: TaskContext | None) -> str:
+        """What the positional keys of this task start with (outside a Spark task, a
+        writer called directly, as partition 0)."""
+        return f"{self.write_id}:{context.partitionId() if context else 0}"
 
     def row_key(self, row, prefix: str, position: int) -> bytes:
         if not self.id_column:
@@ -64,9 +65,7 @@ class TopicWriter(DataSourceWriter):
 
     def write(self, iterator) -> Published:
         store = store_of(self.options)
-        context = TaskContext.get()
-        assert context is not None      # write() runs in a task
-        prefix = self.key_prefix(context)
+        prefix = self.key_prefix(TaskContext.get())
         chunk: list[bytes] = []
         keys: list[bytes] = []
         count = duplicates = 0
@@ -88,7 +87,9 @@ class TopicStreamWriter(TopicWriter, DataSourceStreamWriter):
     batch, so a batch Spark runs again (a retried task, a restart from the checkpoint)
     publishes nothing twice within the topic's dedup window."""
 
-    def key_prefix(self, context: TaskContext) -> str:
+    def key_prefix(self, context: TaskContext | None) -> str:
+        if context is None:
+            return super().key_prefix(context)
         query, batch = context.getLocalProperty(QUERY_ID), context.getLocalProperty(BATCH_ID)
         return f"{query}:{batch}:{context.partitionId()}"
 
