@@ -145,14 +145,32 @@ def unready(url: str) -> str | None:
         if not _cluster_enabled(client):
             return None
         info = client.cluster("info")
-        if info["cluster_state"] == "ok":
-            return None
-        return (f"cluster_state is {info['cluster_state']}, "
-                f"{info['cluster_slots_assigned']} of 16384 slots covered")
+        if info["cluster_state"] != "ok":
+            return (f"cluster_state is {info['cluster_state']}, "
+                    f"{info['cluster_slots_assigned']} of 16384 slots covered")
+        return _unready_master(client)
     except redis.exceptions.RedisError as e:
         return str(e) or type(e).__name__
     finally:
         client.close()
+
+
+def _unready_master(client: redis.Redis) -> str | None:
+    """Why a master of the cluster that `client`'s node sees as ok does not say so yet:
+    a forming cluster's nodes reach ok one by one, and a write routed to one still
+    down is refused (CLUSTERDOWN)."""
+    masters = {(host.decode() if isinstance(host, bytes) else host, int(port))
+               for _, _, (host, port, *_), *_ in client.execute_command("CLUSTER SLOTS")}
+    for host, port in sorted(masters):
+        node = redis.Redis(host=host or "127.0.0.1", port=port, socket_timeout=READY_TIMEOUT,
+                           socket_connect_timeout=READY_TIMEOUT)
+        try:
+            state = node.cluster("info")["cluster_state"]
+        finally:
+            node.close()
+        if state != "ok":
+            return f"cluster_state of the master at {host}:{port} is {state}"
+    return None
 
 
 def wait_until_ready(url: str, stopping: Callable[[], bool], log: logging.Logger,
