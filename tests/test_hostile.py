@@ -189,6 +189,11 @@ def test_hostile_clients_get_nsqd_errors_and_hurt_nobody(processes):
 # -- one connection must never hurt another (issue 33) --------------------------------
 
 
+# The slowest answer an innocent PUB may get during a flood: the defects took 5 s and
+# more; on a loaded 2-core machine a healthy broker's slowest was 0.13 s.
+SLOWEST_PUB = 0.5
+
+
 class Witness(threading.Thread):
     """An innocent producer on its own connection: a PUB every 20 ms, each timed."""
 
@@ -246,7 +251,7 @@ def test_a_nop_or_rdy_flood_holds_up_no_one(processes, redis_url):
                                        ("RDY", b"SUB t c\n", b"RDY 1\n", 2.0)]:
         witness = Witness(port)
         flood(port, seconds, line * 16384, first)
-        assert witness.stop() < 0.1, name
+        assert witness.stop() < SLOWEST_PUB, name
     assert registered_until(redis_url) > registered     # the heartbeat went on
     assert rss_kb(proc.pid) - before < 50_000
 
@@ -294,7 +299,7 @@ def test_a_deflate_bomb_closes_only_its_connection(processes):
     assert send_deflated(port, b"NOP\n" * (8 << 20)) == [
         (FRAME_ERROR, b"E_BAD_BODY deflate: one read inflates past %d bytes" % largest)]
     assert send_deflated(port, b"A" * (200 << 20)) == []     # a line too long: closed
-    assert witness.stop() < 0.1
+    assert witness.stop() < SLOWEST_PUB
     assert rss_kb(proc.pid) - before < 50_000
     # what a client may send plainly it may send compressed, however well it compresses
     sock, compressor, inflate = deflating(port)
