@@ -69,7 +69,7 @@ class DataPath(StoreBase):
         if publish_keys:
             return self._fanout_op("publish", part, topic_keys,
                                    [t.wake, ts, defer_ms, index, 0, self.node(part),
-                                    len(publish_keys), *bodies, *publish_keys],
+                                    len(publish_keys), *bodies, b" ".join(publish_keys)],
                                    lambda reply: int(reply[1]), pre=pre,
                                    extra_keys=lambda channels: [keys.dedup_key(part)])
         if len(bodies) <= INLINE_BODIES:

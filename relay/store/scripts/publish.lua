@@ -16,9 +16,10 @@
 -- 8-byte timestamp, defer ms (0 = now), the part's number (keys.py), the number of
 -- bodies staged in KEYS[9] (0: the bodies follow in ARGV), the node keys' prefix
 -- (lib/node.lua), the number of publish keys (0: none; never with a stage), bodies...,
--- then one key per body. With keys, it returns {the count of the last message or 0 if
--- none was published, the number of duplicates}: a key the part's dedup window
--- remembers is not published again (lib/dedup.lua).
+-- then with keys one more: a key per body, joined by spaces (one argument costs less
+-- to send than one per key; keys have no spaces). With keys, it returns {the count of
+-- the last message or 0 if none was published, the number of duplicates}: a key the
+-- part's dedup window remembers is not published again (lib/dedup.lua).
 -- A call's arguments are bounded (runner.MAX_CALL_ARGS), so a bigger MPUB stages its
 -- bodies first, in commands sent just before this call; this call publishes all of
 -- them or none, and deletes the stage. Its first write is INCRBY: at maxmemory Redis
@@ -39,11 +40,11 @@ local NODE = ARGV[ARG0 + 6]
 local keyed = tonumber(ARGV[ARG0 + 7])
 local FIRST_BODY = ARG0 + 8
 local n = staged
-if staged == 0 then n = #ARGV - FIRST_BODY + 1 - keyed end
+if staged == 0 then n = #ARGV - FIRST_BODY + 1 - math.min(keyed, 1) end
 local fresh, duplicates, window = nil, 0, nil   -- positions to publish, with keys
 local publish_keys = nil
 if keyed > 0 then
-  publish_keys = {unpack(ARGV, #ARGV - keyed + 1, #ARGV)}
+  publish_keys = dedup_split(ARGV[#ARGV])
   fresh, duplicates, window = dedup_fresh(KEYS[2], KEYS[9], publish_keys)
   n = #fresh
   if n == 0 then return {0, duplicates} end

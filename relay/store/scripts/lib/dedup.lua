@@ -1,10 +1,18 @@
 -- include: time.lua, chunked.lua
--- dedup.lua provides dedup_fresh() and dedup_remember(): idempotent publish. A part
--- whose meta has `dedup_ms` remembers each publish key for that long in its dedup
--- set (keys.py: relay:{T}:dedup, key -> expiry ms); a key it remembers is not
--- published again. The check and the publish are one script call, so two brokers
+-- dedup.lua provides dedup_split(), dedup_fresh() and dedup_remember(): idempotent
+-- publish. A part whose meta has `dedup_ms` remembers each publish key for that long
+-- in its dedup set (keys.py: relay:{T}:dedup, key -> expiry ms); a key it remembers is
+-- not published again. The check and the publish are one script call, so two brokers
 -- racing on one key publish it once.
 local DEDUP_SWEEP = 100   -- expired keys removed per call beyond the call's own count
+
+-- The keys of a string of keys joined by spaces, in order (keys have no spaces:
+-- relay/store/dedup.py).
+local function dedup_split(joined)
+  local keys = {}
+  for key in string.gmatch(joined, '[^ ]+') do keys[#keys + 1] = key end
+  return keys
+end
 
 -- (the positions of the messages to publish, the number of duplicates, the window ms
 -- or nil when off): keys[i] is message i's; a key the set remembers unexpired, or an
