@@ -19,6 +19,7 @@ import rq
 
 from relay import embedded
 from relay.broker.broker import DRAIN_GRACE, SHUTDOWN_GRACE
+from relay.broker.wakeups import CATCH_UP as WAKEUPS_CATCH_UP
 from relay.store.connection import connect
 from workers import operations
 from workers.jobs import worker_connection
@@ -337,3 +338,30 @@ def test_each_stops_within_its_drain_time_with_redis_gone(relay_processes, tmp_p
                         r"\(rq's worker TTL\)", lines[0][1])
     for process in processes.values():
         assert "Traceback" not in process.stderr()
+
+
+@pytest.mark.parametrize("redis_kind", ["single", "cluster"])
+def test_a_broker_left_without_redis_says_so_once(relay_processes, tmp_path,
+                                                          redis_kind):
+    """Redis gone for a few of the broker's once-a-second version reads: a warning
+    line the first time, no traceback (a cluster none of whose nodes answers raises
+    redis-py's RedisClusterException, not a ConnectionError)."""
+    url, servers, error = own_redis(redis_kind, str(tmp_path / "redis"))
+    try:
+        broker = relay_processes("broker", url)
+        embedded.wait_for_port("127.0.0.1", broker.port, broker.proc, timeout=15)
+        consumer = Wire(broker.port)
+        consumer.identify()
+        assert consumer.sub("t", "c", rdy=1) == (FRAME_RESPONSE, b"OK")
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
+    time.sleep(WAKEUPS_CATCH_UP * 3.5)
+    assert broker.proc.poll() is None
+    versions = [(level, text) for level, text in broker.lines()
+                if "topics' versions" in text]
+    assert len(versions) == 1, versions
+    assert versions[0][0] == "warning" and re.fullmatch(
+        rf"could not read the topics' versions: {error}", versions[0][1]), versions
+    assert "Traceback" not in broker.stderr()

@@ -129,7 +129,7 @@ class WakeupListener:
 
     def catch_up(self) -> None:
         """Every CATCH_UP seconds, apply what a missed wake-up would have told."""
-        checked = float("-inf")
+        checked, failing = float("-inf"), False
         while True:
             gevent.sleep(CATCH_UP)
             try:
@@ -137,8 +137,13 @@ class WakeupListener:
                 if self.store.cluster and time.monotonic() - checked >= TOPOLOGY_EVERY:
                     checked = time.monotonic()
                     self.store.nodes.moved()
-            except StoreError as e:
-                log.warning("could not read the topics' versions: %s", e)
+                if failing:
+                    log.info("the topics' versions are read again")
+                failing = False
+            except StoreError as e:  # said once, until a read succeeds
+                if not failing:
+                    log.warning("could not read the topics' versions: %s", e)
+                failing = True
             except Exception:  # never stop catching up
                 log.exception("the topics' versions not checked")
 

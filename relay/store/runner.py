@@ -104,14 +104,17 @@ def _with_includes(lib: "Traversable", source: bytes, included: set[str]) -> byt
 
 
 def guarded(fn: Callable[..., Any], *args: Any) -> Any:
-    """fn(*args), with a lost or timed-out connection raised as StoreConnectionError,
-    and a refusal (out of memory, persistence failing...) as StoreError of its cause."""
+    """fn(*args), with a lost or timed-out connection (or a cluster none of whose nodes
+    answers) raised as StoreConnectionError, and a refusal (out of memory, persistence
+    failing...) as StoreError of its cause."""
     try:
         return fn(*args)
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
         raise StoreConnectionError(str(e)) from e
     except redis.exceptions.ResponseError as e:
         raise StoreError(cause(e)) from e
+    except RedisClusterException as e:  # "cannot be connected": no node answers
+        raise StoreConnectionError(str(e)) from e
 
 
 class ScriptRunner:
