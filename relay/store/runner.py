@@ -84,14 +84,14 @@ def load_scripts(sharded: bool = False) -> dict[str, Script]:
         if not path.name.endswith(".lua"):
             continue
         name = path.name[:-len(".lua")]
-        source = _with_includes(folder / "lib", path.read_bytes(), set())
+        source = with_includes(folder / "lib", path.read_bytes(), set())
         if sharded:
             source = source.replace(b"redis.call('PUBLISH'", b"redis.call('SPUBLISH'")
         scripts[name] = Script(name, source, hashlib.sha1(source).hexdigest())
     return scripts
 
 
-def _with_includes(lib: "Traversable", source: bytes, included: set[str]) -> bytes:
+def with_includes(lib: "Traversable", source: bytes, included: set[str]) -> bytes:
     """`source` after the lib files its first line names that are not in `included`
     yet (which it adds them to), each after its own."""
     named = re.match(rb"-- include: ([^\n]+)\n", source)
@@ -99,7 +99,7 @@ def _with_includes(lib: "Traversable", source: bytes, included: set[str]) -> byt
     for name in (n.strip().decode() for n in named.group(1).split(b",")) if named else ():
         if name not in included:
             included.add(name)
-            first += _with_includes(lib, (lib / name).read_bytes(), included)
+            first += with_includes(lib, (lib / name).read_bytes(), included)
     return first + source
 
 
