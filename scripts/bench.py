@@ -27,6 +27,8 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from contextlib import contextmanager
+from typing import Iterator
 
 import redis
 
@@ -72,6 +74,21 @@ WORKLOADS = [
      ["e2e", "--producers", "1", "--batch", "10", "--consumers", "4", "--rdy", "100",
       "--size", "200", "--rate", "10000"], 1),
 ]
+
+
+@contextmanager
+def own_redis(name: str) -> Iterator[str]:
+    """The URL of an embedded Redis of conf/redis.conf, the bench's own, in a temporary
+    folder: the server stopped and the folder gone after."""
+    port = embedded.free_port()
+    folder = tempfile.mkdtemp(prefix=f"relay-bench-{name}-")
+    server = embedded.start(port, folder, os.path.join(ROOT, "conf", "redis.conf"))
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        server.terminate()
+        server.wait(30)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def cpu_seconds(pid: int) -> float:

@@ -14,20 +14,17 @@ for BENCHMARKS.md.
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 
 import redis
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from relay import embedded  # noqa: E402
 from relay.store import Store  # noqa: E402
 from relay.store.limits import Limit  # noqa: E402
-from scripts.bench import alternately, paired_ratio  # noqa: E402
+from scripts.bench import alternately, own_redis, paired_ratio  # noqa: E402
 
 TOPIC, CHANNEL = "bench", "bench"
 SIZE = 200
@@ -73,13 +70,10 @@ def script_cost(calls: int, blocks: int = 20) -> list[str]:
     bodies of SIZE), the median over `blocks` blocks of calls / blocks calls each. Every
     control has a database of its own on one embedded Redis (conf/redis.conf) and the
     blocks alternate between them, so the machine's drift falls on all alike."""
-    data = tempfile.mkdtemp(prefix="relay-bench-controls-")
-    port = embedded.free_port()
-    proc = embedded.start(port, data, os.path.join(os.path.dirname(HERE), "conf", "redis.conf"))
-    try:
+    with own_redis("controls") as url:
         stores = {}
         for db, (name, control) in enumerate(COST_CONTROLS.items()):
-            stores[name] = Store(redis.Redis(port=port, db=db))
+            stores[name] = Store(redis.Redis.from_url(url, db=db))
             stores[name].create_channel(TOPIC, CHANNEL)
             control(stores[name])
             stores[name].publish(TOPIC, [b"x" * SIZE] * 100)     # the script loaded
@@ -94,10 +88,6 @@ def script_cost(calls: int, blocks: int = 20) -> list[str]:
         base = statistics.median(costs["none"])
         return [f"| {name} | {statistics.median(c):.1f} | {statistics.median(c) / base:.3f} |"
                 for name, c in costs.items()]
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        shutil.rmtree(data, ignore_errors=True)
 
 
 def main() -> None:

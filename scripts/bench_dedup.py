@@ -18,7 +18,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import uuid
 from importlib import resources
 
@@ -27,10 +26,9 @@ import redis
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from relay import embedded  # noqa: E402
 from relay.store import Store, keys  # noqa: E402
 from relay.store.runner import with_includes  # noqa: E402
-from scripts.bench import ROOT, paired_ratio, run_workload  # noqa: E402
+from scripts.bench import own_redis, paired_ratio, run_workload  # noqa: E402
 
 TOPIC = "dedup-bench"
 WINDOW_MS = 600_000
@@ -69,11 +67,8 @@ def publish_rates(runs: int, seconds: float) -> list[str]:
 def bytes_per_key(count: int) -> list[str]:
     """`count` keys of each shape remembered in one part's dedup set (publish_keyed, 1,000
     a call); MEMORY USAGE of the set over its keys, and of a HASH key -> 16-hex id."""
-    port = embedded.free_port()
-    server = embedded.start(port, tempfile.mkdtemp(prefix="relay-bench-dedup-"),
-                            os.path.join(ROOT, "conf", "redis.conf"))
-    try:
-        client = redis.Redis(port=port)
+    with own_redis("dedup") as url:
+        client = redis.Redis.from_url(url)
         store = Store(client)
         lines = [f"- Redis {client.info('server')['redis_version']}, {count:,} keys of each "
                  f"shape in one part:"]
@@ -90,9 +85,6 @@ def bytes_per_key(count: int) -> list[str]:
             lines.append(f"  - {shape}: dedup set (ZSET key -> expiry) {per_key:.0f} B per key; "
                          f"a HASH key -> message id beside it would add {per_id:.0f} B")
         return lines
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 # each layout's script: KEYS the set, the part meta, a second set; ARGV the keys joined
@@ -125,11 +117,8 @@ return #fresh""",
 def layouts(runs: int, calls: int = 1500, per_call: int = 100) -> list[str]:
     """A row per layout: Redis CPU (INFO used_cpu) per key of its script, one round of
     `calls` EVALSHAs of `per_call` new keys each after the other's; then bytes per key."""
-    port = embedded.free_port()
-    server = embedded.start(port, tempfile.mkdtemp(prefix="relay-bench-dedup-"),
-                            os.path.join(ROOT, "conf", "redis.conf"))
-    try:
-        client = redis.Redis(port=port)
+    with own_redis("dedup") as url:
+        client = redis.Redis.from_url(url)
         lib = resources.files("relay.store") / "scripts" / "lib"
         shas = {name: client.script_load(with_includes(lib, source, set()))
                 for name, source in LAYOUTS.items()}
@@ -155,9 +144,6 @@ def layouts(runs: int, calls: int = 1500, per_call: int = 100) -> list[str]:
                         f"{statistics.median(used[name]):.2f} | "
                         f"{f'{stored / count:.0f}' if count else '-'} |")
         return rows
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 def cpu_seconds(client: redis.Redis) -> float:

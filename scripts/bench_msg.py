@@ -10,11 +10,9 @@ of the relay-admin process for one. Prints Markdown for BENCHMARKS.md.
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 from click.testing import CliRunner
@@ -23,9 +21,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from relay import admin, embedded  # noqa: E402
+from relay import admin  # noqa: E402
 from relay.store import Store  # noqa: E402
 from relay.store.connection import connect  # noqa: E402
+from scripts.bench import own_redis  # noqa: E402
 
 BATCH = 1000
 BODY = b"x" * 100
@@ -67,11 +66,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
-    folder = tempfile.mkdtemp(prefix="relay-bench-msg-")
-    port = embedded.free_port()
-    server = embedded.start(port, folder, os.path.join(ROOT, "conf", "redis.conf"))
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
+    with own_redis("msg") as url:
         store = Store(connect(url))
         start = time.perf_counter()
         ids = fill(store, args.messages)
@@ -84,10 +79,6 @@ def main() -> None:
                        check=True, capture_output=True)
         print(f"\nthe relay-admin process for the one in flight: "
               f"{time.perf_counter() - start:.2f} s")
-    finally:
-        server.terminate()
-        server.wait()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -16,10 +16,8 @@ retention make them; SLOWLOG's time of each). Prints Markdown for BENCHMARKS.md.
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 import redis
@@ -27,12 +25,11 @@ import redis
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from relay import embedded  # noqa: E402
 from relay.codec import RECORD_HEADER  # noqa: E402
 from relay.store import Store  # noqa: E402
 from relay.store.keys import ChannelKeys, TopicKeys  # noqa: E402
 from scripts import loadgen  # noqa: E402
-from scripts.bench import ROOT, Stack, alternately, paired_ratio  # noqa: E402
+from scripts.bench import Stack, alternately, own_redis, paired_ratio  # noqa: E402
 from workers import operations  # noqa: E402
 
 SIZE = 200
@@ -70,12 +67,9 @@ def script_cost(runs: int, calls: int = 2000) -> list[str]:
     bodies of SIZE B and of SIZE/2..3*SIZE/2 B (each length different in a call): a
     table row per kind of bodies, medians of `runs` (on - off: of the paired
     differences)."""
-    port = embedded.free_port()
-    data = tempfile.mkdtemp(prefix="relay-bench-")
-    server = embedded.start(port, data, os.path.join(ROOT, "conf", "redis.conf"))
     rows = []
-    try:
-        client = redis.Redis(port=port)
+    with own_redis("retention") as url:
+        client = redis.Redis.from_url(url)
         store = Store(client)
         for topic in ("off", "on"):
             store.subscribe(topic, "c", "")
@@ -97,10 +91,6 @@ def script_cost(runs: int, calls: int = 2000) -> list[str]:
             off, on = statistics.median(us["off"]), statistics.median(us["on"])
             more = statistics.median(b - a for a, b in zip(us["off"], us["on"]))
             rows.append(f"| {title} | {off:.2f} | {on:.2f} | {more:+.2f} |")
-    finally:
-        server.terminate()
-        server.wait(10)
-        shutil.rmtree(data, ignore_errors=True)
     return rows
 
 
@@ -166,11 +156,8 @@ def memory_and_replay(count: int) -> dict:
 def single_pubs(count: int) -> dict:
     """`count` messages of SIZE, a publish call each (PUB: an entry each), through the
     Store into a Redis of conf/redis.conf: bytes per message, and the trim by time."""
-    port = embedded.free_port()
-    data = tempfile.mkdtemp(prefix="relay-bench-")
-    server = embedded.start(port, data, os.path.join(ROOT, "conf", "redis.conf"))
-    try:
-        client = redis.Redis(port=port, client_name=BENCH_CLIENT)
+    with own_redis("retention") as url:
+        client = redis.Redis.from_url(url, client_name=BENCH_CLIENT)
         store = Store(client)
         store.subscribe("single", "c", "")
         store.set_retention("single", 3_600_000, 0)
@@ -181,10 +168,6 @@ def single_pubs(count: int) -> dict:
         usage = client.memory_usage(TopicKeys.of("single").history, samples=0)
         return {"messages": messages, "bytes_per_message": usage / messages,
                 **trim_all(store, "single")}
-    finally:
-        server.terminate()
-        server.wait(10)
-        shutil.rmtree(data, ignore_errors=True)
 
 
 def main() -> None:

@@ -37,11 +37,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from relay import embedded  # noqa: E402
 from relay.options import Options  # noqa: E402
 from relay.store import Store  # noqa: E402
 from relay.store.keys import ChannelKeys, TopicKeys  # noqa: E402
-from scripts.bench import cpu_seconds  # noqa: E402
+from scripts.bench import cpu_seconds, own_redis  # noqa: E402
 from scripts.loadgen import percentile  # noqa: E402
 
 OWNER = "scale:1"
@@ -247,13 +246,8 @@ def main():
     if args.redis_url:
         print(json.dumps(measure(args, args.redis_url, workdir)), flush=True)
         return
-    port = embedded.free_port()
-    server = embedded.start(port, workdir, os.path.join(ROOT, "conf", "redis.conf"))
-    try:
-        print(json.dumps(measure(args, f"redis://127.0.0.1:{port}/0", workdir)), flush=True)
-    finally:
-        server.terminate()
-        server.wait(30)
+    with own_redis("scanner-scale") as url:
+        print(json.dumps(measure(args, url, workdir)), flush=True)
 
 
 if __name__ == "__main__":
