@@ -152,7 +152,9 @@ class Options:
                                  used_by=(SCANNER,))
     max_attempts: int = _opt(0, "deliveries of a message before it goes to the dead-letter "
                              "topic (0: unlimited, as nsqd); relay-admin config sets it "
-                             "per channel")
+                             "per channel. Scanners take the brokers' value: with it, "
+                             "the messages their sweep expires are dead letters too",
+                             used_by=(BROKER, SCANNER))
     dead_letter_topic: str = _opt(DEFAULT_DEAD_LETTER_TOPIC, "where dead letters go ({topic} is "
                                   "the topic's name); relay-admin config sets it per channel",
                                   used_by=(SCANNER,))

@@ -10,13 +10,15 @@ import time
 import pytest
 
 from relay.codec import make_record, parse_record
-from relay.store import deadletter
+from relay.store import Store, deadletter
 from relay.store.keys import ChannelKeys, TopicKeys
 from tests.helpers.admin import ok, ok_json, relay_admin, run
 from tests.helpers.api import Api
 from tests.helpers.store import bodies, now_ms, parts_of, wait_past
+from tests.helpers.wait import wait_for
 from tests.helpers.wire import FRAME_RESPONSE, Wire
 from tests.test_deadletter import channel, dead_messages, outbox  # noqa: F401  (a fixture)
+from workers.scanner import SWEEP_STEP, Scanner
 
 AGE_NS = 7_200_000_000_000      # two hours
 TEN_MINUTES = 600_000
@@ -203,6 +205,98 @@ def test_every_part_of_a_partitioned_topic_expires_and_counts(store):
     assert store.read_channel("t", "d")["expired_count"] == 0
 
 
+# -- the scanner's sweep (expire.lua) --------------------------------------------------
+
+
+def test_the_sweep_takes_expired_messages_out_of_a_queue_nobody_consumes(channel):
+    store = channel
+    store.set_ttl("t", "c", TEN_MINUTES)
+    publish_aged(store, b"old1", b"old2")
+    store.publish("t", [b"new"])
+    assert store.expire_parts(["t"]) == 2
+    c = store.read_channel("t", "c")
+    assert (c["depth"], c["expired_count"], c["dead_count"]) == (1, 2, 0)
+    assert outbox(store) == []
+    assert bodies(deliver(store)) == [b"new"]
+
+
+def test_the_sweep_dead_letters_them_where_a_delivery_would(channel):
+    store = channel
+    store.subscribe("t", "d", "b1")
+    store.subscribe("t", "e", "b1")
+    store.configure_channel("t", "d", "dead_letter_topic", "t.expired")
+    store.configure_channel("t", "e", "max_attempts", 0)     # its own: none
+    store.set_ttl("t", None, TEN_MINUTES)
+    publish_aged(store, b"old")
+    assert store.expire_parts(["t"], max_attempts=3) == 3
+    [entry] = outbox(store)
+    assert deadletter.split_entry(entry)[0] == "expired"
+    assert store.scan("t", "c")[3] == 1      # the channel is due: a scanner forwards it
+    assert store.redis.llen(ChannelKeys.of("t", "d").dead) == 1
+    assert store.redis.llen(ChannelKeys.of("t", "e").dead) == 0
+    for name in "cde":
+        c = store.read_channel("t", name)
+        assert (name, c["depth"], c["expired_count"]) == (name, 0, 1)
+
+
+def test_the_sweep_stops_at_its_bound_and_at_the_first_live_message(channel):
+    store = channel
+    store.set_ttl("t", "c", TEN_MINUTES)
+    publish_aged(store, *[b"old%d" % i for i in range(5)])
+    store.publish("t", [b"new"])
+    publish_aged(store, b"behind")           # as a requeued message, behind a live one
+    assert store.run(store.expire_op("t", most=3)) == (3, True)
+    assert store.run(store.expire_op("t", most=3)) == (2, False)
+    assert store.run(store.expire_op("t", most=3)) == (0, False)
+    assert store.read_channel("t", "c")["depth"] == 2
+    assert bodies(deliver(store)) == [b"new"]          # the one behind, at delivery
+    assert store.read_channel("t", "c")["expired_count"] == 6
+
+
+def test_the_sweep_looks_only_where_a_ttl_is_in_force(store):
+    for topic in ("a", "b"):
+        store.subscribe(topic, "c", "b1")
+        store.run(store.publish_op(topic, [b"old"], timestamp_ns=time.time_ns() - AGE_NS))
+    store.set_ttl("b", "c", TEN_MINUTES)
+    assert store.redis.hget(TopicKeys.of("b").meta, "channel_ttl") == b"1"
+    assert store.expire_parts(["a", "b"]) == 1
+    assert (store.read_channel("a", "c")["depth"], store.read_channel("b", "c")["depth"]) \
+        == (1, 0)
+    store.set_ttl("b", "c", None)
+    assert store.redis.hget(TopicKeys.of("b").meta, "channel_ttl") is None
+
+
+def test_the_sweep_takes_every_part_and_a_new_part_knows_a_channel_ttl(store):
+    store.set_partitions("t", 3)
+    store.subscribe("t", "c", "b1")
+    store.set_ttl("t", "c", TEN_MINUTES)
+    for index in range(3):
+        publish_aged(store, b"old", index=index)
+    assert store.expire_parts(store.parts("t")) == 3
+    assert parts_of(store) == [0, 0, 0]
+    assert parts_of(store, field="expired_count") == [1, 1, 1]
+    store.set_partitions("t", 4)
+    assert store.redis.hget(TopicKeys.of(store.parts("t")[3]).meta, "channel_ttl") == b"1"
+    publish_aged(store, b"old", index=3)
+    assert store.expire_parts(store.parts("t")) == 1
+
+
+def test_the_scanner_sweeps_and_forwards_them_with_the_brokers_max_attempts(channel):
+    store = channel
+    store.set_ttl("t", "c", TEN_MINUTES)
+    publish_aged(store, b"old")
+    clock = [0.0]
+    scanner = Scanner(Store(store.redis), clock=lambda: clock[0], max_attempts=3)
+    scanner.scan_once()                   # the node due indexes seeded
+    clock[0] += SWEEP_STEP
+    scanner.scan_once()                   # the sweep's slice: the channel due now
+    time.sleep(0.05)                      # the scanner's clock is a little behind Redis'
+    scanner.scan_once()                   # the letter forwarded
+    assert [(m["reason"], m["body"]) for m in dead_messages(store)] == [("expired", "old")]
+    c = store.read_channel("t", "c")
+    assert (c["depth"], c["expired_count"]) == (0, 1)
+
+
 # -- the outbox's entries -------------------------------------------------------------
 
 
@@ -353,4 +447,31 @@ def test_broker_does_not_deliver_an_expired_message_and_dead_letters_it(processe
     metrics = api.request("GET", "/metrics")[1].decode().splitlines()
     assert 'relay_channel_expired_total{channel="c",topic="t"} 2.0' in metrics
     wire.close()
+    dead.close()
+
+
+@pytest.mark.integration
+@pytest.mark.cluster
+def test_a_scanner_takes_expired_messages_nobody_consumes_out(processes, redis_url):
+    """`relay scanner --max-attempts` as the brokers have it: the expired messages of a
+    channel without consumers leave its depth and arrive in the dead-letter topic."""
+    _, port = processes.broker("--topic-partitions", "2", "--max-attempts", "3")
+    processes.scanner("--queue-scan-interval", "50ms", "--max-attempts", "3")
+    api = Api(port, processes.http_ports[port])
+    for args in (("create", "t"), ("create", "t/c"), ("ttl", "t", "1s")):
+        done = relay_admin(redis_url, *args)
+        assert done.returncode == 0, done.stderr
+    for body in (b"old1", b"old2", b"old3"):
+        assert api.request("POST", "/pub?topic=t", body)[:2] == (200, b"OK")
+
+    def channel_stats():
+        stats = json.loads(relay_admin(redis_url, "stats", "t/c", "--json").stdout)
+        c = stats["topics"][0]["channels"][0]
+        return c["depth"], c["expired_count"]
+    assert wait_for(lambda: channel_stats() == (0, 3), 20, 0.5), channel_stats()
+    dead = Wire(port)
+    dead.identify()
+    assert dead.sub("t.dead", "ops", rdy=10) == (FRAME_RESPONSE, b"OK")
+    letters = sorted(json.loads(dead.message()[3])["body"] for _ in range(3))
+    assert letters == ["old1", "old2", "old3"]
     dead.close()

@@ -27,7 +27,9 @@ node index write lost (sent to a stale node's keys, or by a broker of the layout
 before, which writes none), at a bounded cost. The sweep also trims the swept parts'
 histories (trim.lua), so a topic with retention that nobody publishes to is trimmed
 too, within SWEEP_EVERY of its due time (a big trim, in calls of a bounded cost, for up
-to TRIM_SECONDS a slice, going on at the part's next sweep).
+to TRIM_SECONDS a slice, going on at the part's next sweep), and takes the expired
+messages out of the head of their channels' queues (expire.lua, bounded the same way),
+so a channel with a TTL that nobody consumes does not keep them.
 
 Scanners share the work by hash slot: each registers in `relay:scanners` with a
 heartbeat (relay/liveness.py, as brokers do), and the one of rank i among the n
@@ -127,9 +129,11 @@ class Scanner:
     def __init__(self, store: Store, interval_ms: int = 100, limit: int = 1000,
                  sleep=time.sleep, clock=time.monotonic,
                  dead_letter_topic=deadletter.DEFAULT_TEMPLATE, share: Share | None = None,
-                 redis_url: str | None = None):
+                 redis_url: str | None = None, max_attempts: int = 0):
         """`redis_url`: where an unreachable Redis is waited for (wait_until_ready);
-        without it, passes are retried every second meanwhile."""
+        without it, passes are retried every second meanwhile. `max_attempts`: the
+        brokers' --max-attempts, which says whether the sweep's expired messages of a
+        channel without its own setting are dead letters, as at delivery."""
         self.store = store
         self.redis_url = redis_url
         self.interval = interval_ms / 1000
@@ -137,6 +141,7 @@ class Scanner:
         self.sleep = sleep
         self.clock = clock
         self.dead_letter_topic = dead_letter_topic
+        self.max_attempts = max_attempts
         self.share = share or Share(store, scanner_id())
         self.reaper = Reaper(store, self.share.id, clock)
         self.running = True
@@ -221,6 +226,7 @@ class Scanner:
                 swept = self.sweep_slice()
                 self.store.seed_due(swept)
                 self.store.trim_parts(swept, TRIM_SECONDS)
+                self.store.expire_parts(swept, TRIM_SECONDS, self.max_attempts)
                 return
             seen = self.store.seed_due(self.share.topics)
             self.seeded = True
@@ -313,7 +319,7 @@ def main(options) -> None:
                             topic_retention_ms=options.retention_time),
                       options.queue_scan_interval, options.queue_scan_limit,
                       dead_letter_topic=options.dead_letter_topic,
-                      redis_url=options.redis_url)
+                      redis_url=options.redis_url, max_attempts=options.max_attempts)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, scanner.stop)
     if stopping:

@@ -1,6 +1,6 @@
 """The Store's control of topics and channels, used by brokers' HTTP API, relay-admin
-and the jobs worker: create, partition, pause, empty and delete, channel settings and
-message TTLs, and the admin requeue of in-flight messages."""
+and the jobs worker: create, partition, pause, empty and delete, channel settings,
+message TTLs (expiry.py) and the admin requeue of in-flight messages."""
 
 import secrets
 from typing import Iterator, Sequence
@@ -12,8 +12,8 @@ from relay.store.dedup import DEDUP_FIELD
 from relay.store.history import RETENTION_FIELDS
 from relay.store.inflight import member_id, member_owner
 from relay.store.keys import ChannelKeys, TopicKeys, id_part, part_name
+from relay.store.expiry import CHANNEL_TTL_FIELD, Expiry
 from relay.store.limits import LIMIT_FIELDS, Limits
-from relay.store.reads import Reads
 from relay.store.replies import Dropped
 from relay.store.runner import Op
 
@@ -22,14 +22,14 @@ CHANNEL_COUNTS = {b"message_count", b"requeue_count", b"timeout_count", b"dead_c
                   b"deleted_count", b"expired_count", b"overflow_count", b"incarnation",
                   b"empties"}
 # topic meta fields that are settings: a new part copies them (ttl_ms: ttl.lua)
-TOPIC_SETTINGS = (*RETENTION_FIELDS, "ttl_ms", DEDUP_FIELD)
+TOPIC_SETTINGS = (*RETENTION_FIELDS, "ttl_ms", CHANNEL_TTL_FIELD, DEDUP_FIELD)
 
 
 class PartitionsRefused(RelayError):
     """A topic's partition count only grows."""
 
 
-class Control(Limits, Reads):
+class Control(Expiry, Limits):
     """Changes made by people and their tools, not by the flow of messages."""
 
     def set_partitions(self, topic: str, count: int) -> int:
@@ -221,33 +221,3 @@ class Control(Limits, Reads):
                 self._guard(self.redis.hdel, meta, name)
             else:
                 self._guard(self.redis.hset, meta, name, value)
-
-    def ttl_op(self, part: str, channel: str | None, ttl_ms: int | None) -> Op:
-        """ttl.lua on one part: 1, or 0 if the channel is not one of its."""
-        t = TopicKeys.of(part)
-        return self._fanout_op("ttl", part, [t.meta, t.channels],
-                               [channel or "", "" if ttl_ms is None else ttl_ms])
-
-    def set_ttl(self, topic: str, channel: str | None, ttl_ms: int | None) -> bool:
-        """Set (None: clear) the message TTL of a topic, for its channels without one of
-        their own and those made later, or of one channel, on every part (ttl.lua).
-        False if the channel is not one of the topic's."""
-        return all([self.run(self.ttl_op(part, channel, ttl_ms))
-                    for part in self.parts(topic)])
-
-    def ttl_settings(self, topic: str) -> dict:
-        """The TTLs as part 0 has them: {"ttl_ms": the topic's or None, "channels":
-        {name: {"ttl_ms": in force or None, "source": "channel", "topic" or None}}}."""
-        names = self.channel_names(topic)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hget(TopicKeys.of(topic).meta, "ttl_ms")
-        for channel in names:
-            pipe.hmget(ChannelKeys.of(topic, channel).meta, "ttl_ms", "ttl_from")
-        own, *channels = self._guard(pipe.execute)
-        return {"ttl_ms": _ms(own), "channels": {
-            name: {"ttl_ms": _ms(ttl), "source": source.decode() if source else None}
-            for name, (ttl, source) in zip(names, channels)}}
-
-
-def _ms(value: bytes | None) -> int | None:
-    return None if value is None else int(value)

@@ -40,7 +40,8 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             hashing to the node's lowest slot
                                             (relay/store/nodes.py)
     relay:{T}:meta                    HASH  message_count, message_bytes; ttl_ms (the
-                                            topic's message TTL, ttl.lua); retention_ms,
+                                            topic's message TTL, ttl.lua), channel_ttl
+                                            (1: a channel has its own); retention_ms,
                                             retention_bytes (settings, absent: off),
                                             limited_channels (lib/limit.lua) and
                                             the history's state: history_entries,

@@ -3,7 +3,8 @@
 -- a topic's part or one of its channels. The topic's is kept in its meta (ttl_ms),
 -- where subscribe.lua copies it from into a new channel, and copied into each channel
 -- that has none of its own; a channel's own (ttl_from "channel") wins over the topic's,
--- and clearing it brings the topic's back (ttl_from "topic", or no TTL).
+-- and clearing it brings the topic's back (ttl_from "topic", or no TTL). The topic meta's
+-- channel_ttl is 1 while a channel has its own.
 --
 -- KEYS[1] topic meta   KEYS[2] topic channels, then the channels' keys (fanout.lua)
 -- ARGV[1..ARG0] the channels (fanout.lua), then: the channel to set ('': the topic),
@@ -43,5 +44,17 @@ for c = 1, N_CHANNELS do
       redis.call('HDEL', meta, 'ttl_ms', 'ttl_from')
     end
   end
+end
+
+-- the topic meta says when a channel has a TTL of its own (relay/store/expiry.py: the
+-- scanner's sweep looks at a part with a TTL in force only)
+local own = false
+for c = 1, N_CHANNELS do
+  own = own or redis.call('HGET', channel_key(c, 'meta'), 'ttl_from') == 'channel'
+end
+if own then
+  redis.call('HSET', KEYS[1], 'channel_ttl', 1)
+else
+  redis.call('HDEL', KEYS[1], 'channel_ttl')
 end
 return found and 1 or 0
