@@ -8,14 +8,20 @@ control (and with a depth limit that drop-oldest keeps): `INFO commandstats` µs
 EVALSHA over blocks of MPUB calls, the controls' blocks in turn on one Redis. Prints Markdown
 for BENCHMARKS.md.
 
+With --sweep N, instead: the scanner's sweep of expired messages (expire.lua) over a
+channel holding N expired messages and 1,000 live ones, dropped and dead-lettered: the
+calls it takes and how long each holds Redis (SLOWLOG: the script's own time).
+
     .venv/bin/python scripts/bench_controls.py [--runs 5] [--seconds 5] [--only TITLE-PART]
         [--calls 4000]
+    .venv/bin/python scripts/bench_controls.py --sweep 1000000
 """
 
 import argparse
 import os
 import statistics
 import sys
+import time
 
 import redis
 
@@ -90,6 +96,40 @@ def script_cost(calls: int, blocks: int = 20) -> list[str]:
                 for name, c in costs.items()]
 
 
+def sweep_cost(count: int) -> list[str]:
+    """A row per way expired messages go (dropped; dead-lettered: the scanner's max
+    attempts 3): `count` messages published two hours ago in MPUBs of 100 and 1,000
+    new ones, a TTL of 10 min, then expire.lua calls until none is left to do."""
+    rows = []
+    with own_redis("sweep") as url:
+        store = Store(redis.Redis.from_url(url))
+        for way, max_attempts in (("dropped", 0), ("dead-lettered", 3)):
+            store.redis.flushall()
+            store.create_channel(TOPIC, CHANNEL)
+            old = time.time_ns() - 7_200_000_000_000
+            for i in range(0, count, 10_000):
+                store.run_many([store.publish_op(TOPIC, [b"x" * SIZE] * 100, timestamp_ns=old)
+                                for _ in range(min(10_000, count - i) // 100)])
+            store.publish(TOPIC, [b"x" * SIZE] * 1000)
+            store.set_ttl(TOPIC, None, 600_000)
+            store.run(store.expire_op("none"))      # the script loaded: not timed
+            store.redis.config_set("slowlog-log-slower-than", 0)
+            store.redis.config_set("slowlog-max-len", 100_000)
+            store.redis.slowlog_reset()
+            expired, calls, more = 0, 0, True
+            while more:
+                expired_now, more = store.run(store.expire_op(TOPIC, max_attempts))
+                expired, calls = expired + expired_now, calls + 1
+            store.redis.config_set("slowlog-log-slower-than", 10_000)
+            times = [e["duration"] / 1000 for e in store.redis.slowlog_get(100_000)
+                     if b"EVALSHA" in e["command"].upper()]
+            times.sort()
+            rows.append(f"| {way} | {expired:,} | {calls} | {sum(times):.0f} | "
+                        f"{times[len(times) // 2]:.2f} / {times[len(times) * 99 // 100]:.2f} / "
+                        f"{times[-1]:.1f} | {expired / sum(times) * 1000:,.0f} |")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -98,7 +138,15 @@ def main() -> None:
                         help="workloads whose title contains this (repeatable)")
     parser.add_argument("--calls", type=int, default=4000,
                         help="MPUB calls per control of publish.lua's cost")
+    parser.add_argument("--sweep", type=int, default=0,
+                        help="measure the sweep of this many expired messages instead")
     args = parser.parse_args()
+    if args.sweep:
+        print("| expired messages | taken out | expire.lua calls | Redis ms in all | "
+              "a call's ms: median / p99 / longest | messages per Redis second |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        print("\n".join(sweep_cost(args.sweep)))
+        return
     others = [c for c in CONTROLS if c != "none"]
     print("| workload | " + " | ".join(f"{c}, msgs/s" for c in CONTROLS) + " | "
           + " | ".join(f"{c} / none (paired)" for c in others)

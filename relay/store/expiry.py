@@ -15,7 +15,7 @@ from relay.store.reads import Reads
 from relay.store.runner import Op
 
 CHANNEL_TTL_FIELD = "channel_ttl"
-EXPIRE_MOST = 10_000    # messages one expire.lua call takes out at most
+EXPIRE_MOST = 1000      # messages one expire.lua call takes out at most (about 1 ms)
 
 
 class Expired(NamedTuple):
