@@ -220,6 +220,13 @@ def test_http_api_needs_a_bearer_secret(broker, processes, auth_server):
         403, b'{"message":"UNAUTHORIZED"}')
     assert post("/pub?topic=orders", "unknown-to-the-server") == (
         503, b'{"message":"AUTH_FAILED"}')
+    assert api.json("POST", "/topic/ttl?topic=orders&ttl=1m") == (
+        401, {"message": "AUTH_REQUIRED"})     # relay's controls need grants too
+    assert post("/topic/dedup?topic=other&window=1m", "pub-secret") == (
+        403, b'{"message":"UNAUTHORIZED"}')
+    assert post("/channel/limit?topic=orders&channel=x&max_depth=3", "sub-secret") == (
+        403, b'{"message":"UNAUTHORIZED"}')
+    assert post("/topic/ttl?topic=orders&ttl=1m", "pub-secret")[0] == 200
     assert api.request("GET", "/stats")[0] == 200
     assert api.request("GET", "/ping")[:2] == (200, b"OK")
 

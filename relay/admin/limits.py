@@ -9,7 +9,7 @@ from relay.admin.args import existing, fail, redis_options
 from relay.admin.history import channel_target
 from relay.admin.text import show, table
 from relay.store import Store
-from relay.store.limits import OVERFLOWS, Limit, part_share
+from relay.store.limits import OVERFLOWS, Limit
 
 
 @click.command()
@@ -41,18 +41,12 @@ def limit(store, as_json, target, channel, max_depth, overflow, off):
 def show_limit(store: Store, as_json: bool, topic: str, channel: str) -> None:
     """The limit in force with the channel's depth and what overflowed, summed over its
     partitions."""
-    now = store.limit(topic, channel)
-    state = store.read_channel(topic, channel)
-    parts = len(store.parts(topic))
-    data = {"topic": topic, "channel": channel, "max_depth": now and now.max_depth,
-            "overflow": now and now.overflow, "partitions": parts,
-            "part_max_depth": now and part_share(now.max_depth, parts),
-            "depth": state["depth"], "overflow_count": state["overflow_count"]}
-    if now is None:
-        text = f"{topic}/{channel}: no depth limit (depth {state['depth']})"
+    data = store.limit_report(topic, channel)
+    if data["max_depth"] is None:
+        text = f"{topic}/{channel}: no depth limit (depth {data['depth']})"
     else:
-        text = table([[f"{topic}/{channel}", now.max_depth, data["part_max_depth"],
-                       now.overflow, state["depth"], state["overflow_count"]]],
+        text = table([[f"{topic}/{channel}", data["max_depth"], data["part_max_depth"],
+                       data["overflow"], data["depth"], data["overflow_count"]]],
                      ["channel", "max_depth", "per_partition", "overflow", "depth",
                       "overflowed"])
     show(data, as_json, text)

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from relay.store.data_path import DataPath
 from relay.store.keys import ChannelKeys, TopicKeys
+from relay.store.reads import Reads
 from relay.store.runner import Op
 
 OVERFLOWS = ("reject", "drop-oldest", "dead-letter")
@@ -35,7 +36,7 @@ def _limit_op(part: str, channel: str, args: list) -> Op:
               [channel, *args])
 
 
-class Limits(DataPath):
+class Limits(DataPath, Reads):
     """Setting and reading channels' depth limits."""
 
     def set_limit(self, topic: str, channel: str, limit: Limit | None) -> bool:
@@ -55,3 +56,15 @@ class Limits(DataPath):
         depth, overflow = self._guard(self.redis.hmget, ChannelKeys.of(topic, channel).meta,
                                       "max_depth", "overflow")
         return None if depth is None else Limit(int(depth), overflow.decode())
+
+    def limit_report(self, topic: str, channel: str) -> dict:
+        """The limit in force (None's without one), each part's share of it, and the
+        channel's depth and what overflowed, summed over its parts: what relay-admin
+        limit and /channel/limit show."""
+        now = self.limit(topic, channel)
+        state = self.read_channel(topic, channel)
+        parts = len(self.parts(topic))
+        return {"topic": topic, "channel": channel, "max_depth": now and now.max_depth,
+                "overflow": now and now.overflow, "partitions": parts,
+                "part_max_depth": now and part_share(now.max_depth, parts),
+                "depth": state["depth"], "overflow_count": state["overflow_count"]}

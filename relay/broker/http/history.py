@@ -6,7 +6,7 @@ CHANNEL_NOT_FOUND. A replay of up to INLINE_LIMIT messages runs in the request; 
 bigger one is queued as an rq job for `relay jobs` (relay-admin jobs follows it)."""
 
 from relay.broker.context import BrokerContext
-from relay.broker.http.server import HttpError, Routes, existing_topic, from_store
+from relay.broker.http.server import HttpError, Routes, existing_topic, from_store, parsed_arg
 from relay.options import parse_duration, parse_moment, parse_size
 from relay.store.history import ReplayPlan, ReplayRefused, iso_ms
 from workers import operations
@@ -30,8 +30,8 @@ class HistoryApi:
         topic = existing_topic(self.broker, request.topic())
         if request.method == "POST":
             off = request.arg("off") in ("true", "1")
-            time_ms = _parsed(request, "time", parse_duration, "INVALID_ARG_TIME")
-            max_bytes = _parsed(request, "max_bytes", parse_size, "INVALID_ARG_MAX_BYTES")
+            time_ms = parsed_arg(request, "time", parse_duration, "INVALID_ARG_TIME")
+            max_bytes = parsed_arg(request, "max_bytes", parse_size, "INVALID_ARG_MAX_BYTES")
             if not off and not (time_ms or max_bytes):
                 raise HttpError(400, "MISSING_ARG_TIME")
             from_store(self.broker, lambda s: s.set_retention(
@@ -45,14 +45,14 @@ class HistoryApi:
         existing_topic(self.broker, topic)
         if channel not in from_store(self.broker, lambda s: s.channel_names(topic)):
             raise HttpError(404, "CHANNEL_NOT_FOUND")
-        since = _parsed(request, "since", parse_duration, "INVALID_ARG_SINCE", None)
-        from_time = _parsed(request, "from_time", parse_moment, "INVALID_ARG_FROM_TIME", None)
+        since = parsed_arg(request, "since", parse_duration, "INVALID_ARG_SINCE", None)
+        from_time = parsed_arg(request, "from_time", parse_moment, "INVALID_ARG_FROM_TIME", None)
         from_id = request.arg("from_id")
         if sum(x is not None for x in (since, from_time, from_id)) != 1:
             raise HttpError(400, "MISSING_ARG_SINCE")
         if from_id is not None and (len(from_id) != 16 or from_id.strip("0123456789abcdef")):
             raise HttpError(400, "INVALID_ARG_FROM_ID")
-        to_time = _parsed(request, "to_time", parse_moment, "INVALID_ARG_TO_TIME", None)
+        to_time = parsed_arg(request, "to_time", parse_moment, "INVALID_ARG_TO_TIME", None)
         try:
             plan = from_store(self.broker, lambda s: s.plan_replay(
                 topic, s.now_ms() - since if since is not None else from_time, to_time,
@@ -79,14 +79,3 @@ class HistoryApi:
         result = from_store(self.broker, lambda s: operations.run(
             s, "replay", topic, channel, params=plan.params))
         return {"replayed": result["replayed"], "skipped": result["skipped"], **known}
-
-
-def _parsed(request, name: str, parse, invalid: str, default=0):
-    """The argument `name` read by `parse`, or 400 `invalid`."""
-    raw = request.arg(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return parse(raw)
-    except ValueError:
-        raise HttpError(400, invalid) from None

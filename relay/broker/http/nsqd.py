@@ -17,6 +17,7 @@ from relay.store.dedup import BadKeyedMessage, key_problem, keyed_messages
 from relay.codec import NSQD_VERSION, parse_int64, split_mpub
 from relay.broker.context import BrokerContext
 from relay.errors import ClientError, StoreError
+from relay.broker.http.controls import ControlsApi
 from relay.broker.http.history import HistoryApi
 from relay.broker.http.lookupd import LookupdApi
 from relay.broker.http.server import (JSON, HttpError, HttpServer, Routes, Typed, existing_topic,
@@ -36,7 +37,7 @@ def nsqd_server(broker: BrokerContext) -> HttpServer:
     queries, so a client can use a broker as its lookupd."""
     api = NsqdApi(broker)
     return HttpServer(broker, {**api.routes(), **LookupdApi(broker).queries(),
-                               **HistoryApi(broker).routes()},
+                               **HistoryApi(broker).routes(), **ControlsApi(broker).routes()},
                       prefixes={"/config/": {"GET": api.config, "PUT": api.config}})
 
 

@@ -30,9 +30,11 @@ JSON = "application/json; charset=utf-8"
 AUTHORIZED_PATHS = {
     **{p: "publish" for p in ("/pub", "/mpub", "/topic/create", "/topic/delete",
                               "/topic/empty", "/topic/pause", "/topic/unpause",
-                              "/topic/tombstone", "/topic/retention")},
+                              "/topic/tombstone", "/topic/retention", "/topic/ttl",
+                              "/topic/dedup")},
     **{p: "subscribe" for p in ("/channel/create", "/channel/delete", "/channel/empty",
-                                "/channel/pause", "/channel/unpause", "/channel/replay")}}
+                                "/channel/pause", "/channel/unpause", "/channel/replay",
+                                "/channel/limit")}}
 IDENTIFIED = "identified"
 MAX_CACHED_GRANTS = 10_000
 TLS_REQUIRED_EVERYWHERE = 2     # --tls-required true: no plain HTTP API either
@@ -134,6 +136,17 @@ def from_registry(broker, fn):
     except redis.exceptions.RedisError as e:
         log.warning("http: %s", cause(e))
         raise HttpError(500, "INTERNAL_ERROR") from None
+
+
+def parsed_arg(request: Request, name: str, parse: Callable, invalid: str, default=0):
+    """The argument `name` read by `parse`, or 400 `invalid`; `default` when absent."""
+    raw = request.arg(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return parse(raw)
+    except ValueError:
+        raise HttpError(400, invalid) from None
 
 
 def existing_topic(broker, topic: str) -> str:

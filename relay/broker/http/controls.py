@@ -1,0 +1,100 @@
+"""relay's HTTP extensions for the controls nsqd has none of, beside nsqd's API on the
+same port: a message TTL (relay/store/expiry.py), a channel's depth limit
+(relay/store/limits.py) and a topic's dedup window (relay/store/dedup.py), as
+relay-admin ttl, limit and dedup show and set them, for tools that speak HTTP. GET
+shows, POST sets (or with off=true clears) and answers what is in force then. Errors in
+nsqd's form: 400 MISSING_ARG_*, INVALID_ARG_*; 404 TOPIC_NOT_FOUND, CHANNEL_NOT_FOUND;
+nothing is changed by a request that gets one."""
+
+from typing import Callable
+
+from relay.broker.context import BrokerContext
+from relay.broker.http.server import (HttpError, Request, Routes, existing_topic, from_store,
+                                      parsed_arg)
+from relay.options import parse_duration
+from relay.store.limits import OVERFLOWS, Limit
+
+
+class ControlsApi:
+    """The endpoints of message TTLs, depth limits and dedup windows of one broker."""
+
+    def __init__(self, broker: BrokerContext):
+        self.broker = broker
+
+    def routes(self) -> Routes:
+        return {"/topic/ttl": {"GET": self.ttl, "POST": self.ttl},
+                "/channel/limit": {"GET": self.limit, "POST": self.limit},
+                "/topic/dedup": {"GET": self.dedup, "POST": self.dedup}}
+
+    def ttl(self, request: Request) -> dict:
+        """The TTLs of a topic and its channels; POST sets `ttl` (a duration, e.g. 10m;
+        on a channel 0 is none, whatever the topic's) on the topic, or on `channel`
+        when given, or clears it (off=true)."""
+        topic = existing_topic(self.broker, request.topic())
+        channel = request.arg("channel") or None
+        if channel is not None:
+            self._existing_channel(topic, channel)
+        if request.method == "POST":
+            ttl_ms = parsed_arg(request, "ttl", _at_least(0, parse_duration),
+                                "INVALID_ARG_TTL", None)
+            _one_of(request, ttl_ms, "TTL")
+            from_store(self.broker, lambda s: s.set_ttl(topic, channel, ttl_ms))
+        settings = from_store(self.broker, lambda s: s.ttl_settings(topic))
+        return {"topic": topic, "ttl_ms": settings["ttl_ms"], "channels": [
+            {"channel": name, **setting} for name, setting in settings["channels"].items()
+            if channel in (None, name)]}
+
+    def limit(self, request: Request) -> dict:
+        """A channel's depth limit, its depth and what overflowed; POST sets `max_depth`
+        (1 or more) with `overflow` (reject, the default, drop-oldest or dead-letter),
+        or removes it (off=true)."""
+        topic, channel = request.topic_channel()
+        existing_topic(self.broker, topic)
+        self._existing_channel(topic, channel)
+        if request.method == "POST":
+            max_depth = parsed_arg(request, "max_depth", _at_least(1, int),
+                                   "INVALID_ARG_MAX_DEPTH", None)
+            overflow = request.arg("overflow")
+            if overflow is not None and overflow not in OVERFLOWS:
+                raise HttpError(400, "INVALID_ARG_OVERFLOW")
+            _one_of(request, max_depth, "MAX_DEPTH")
+            if max_depth is None and overflow is not None:    # off=true with an overflow
+                raise HttpError(400, "INVALID_ARG_OFF")
+            new = None if max_depth is None else Limit(max_depth, overflow or OVERFLOWS[0])
+            from_store(self.broker, lambda s: s.set_limit(topic, channel, new))
+        return from_store(self.broker, lambda s: s.limit_report(topic, channel))
+
+    def dedup(self, request: Request) -> dict:
+        """A topic's dedup window and the keys each part remembers; POST sets `window`
+        (a duration above 0, e.g. 10m) or turns it off (off=true)."""
+        topic = existing_topic(self.broker, request.topic())
+        if request.method == "POST":
+            window_ms = parsed_arg(request, "window", _at_least(1, parse_duration),
+                                   "INVALID_ARG_WINDOW", None)
+            _one_of(request, window_ms, "WINDOW")
+            from_store(self.broker, lambda s: s.set_dedup(topic, window_ms or 0))
+        return from_store(self.broker, lambda s: s.dedup_report(topic))
+
+    def _existing_channel(self, topic: str, channel: str) -> None:
+        if channel not in from_store(self.broker, lambda s: s.channel_names(topic)):
+            raise HttpError(404, "CHANNEL_NOT_FOUND")
+
+
+def _one_of(request: Request, value, name: str) -> None:
+    """A POST sets a value (`value` not None) or clears it (off=true): 400
+    MISSING_ARG_<NAME> with neither, INVALID_ARG_OFF with both."""
+    off = request.arg("off") in ("true", "1")
+    if off and value is not None:
+        raise HttpError(400, "INVALID_ARG_OFF")
+    if not off and value is None:
+        raise HttpError(400, f"MISSING_ARG_{name}")
+
+
+def _at_least(least: int, parse: Callable[[str], int]) -> Callable[[str], int]:
+    """`parse`, refusing (ValueError) what is below `least`."""
+    def checked(raw: str) -> int:
+        value = parse(raw)
+        if value < least:
+            raise ValueError(raw)
+        return value
+    return checked
