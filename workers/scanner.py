@@ -28,8 +28,9 @@ before, which writes none), at a bounded cost. The sweep also trims the swept pa
 histories (trim.lua), so a topic with retention that nobody publishes to is trimmed
 too, within SWEEP_EVERY of its due time (a big trim, in calls of a bounded cost, for up
 to TRIM_SECONDS a slice, going on at the part's next sweep), and takes the expired
-messages out of the head of their channels' queues (expire.lua, bounded the same way),
-so a channel with a TTL that nobody consumes does not keep them.
+messages out of the head of their channels' queues (expire.lua, in calls of a bounded
+cost too, for what is left of TRIM_SECONDS), so a channel with a TTL that nobody
+consumes does not keep them.
 
 Scanners share the work by hash slot: each registers in `relay:scanners` with a
 heartbeat (relay/liveness.py, as brokers do), and the one of rank i among the n
@@ -72,7 +73,7 @@ TOPOLOGY_EVERY = 5.0    # seconds between checks of a cluster's slots
 SWEEP_STEP = 1.0        # seconds between slices of the sweep
 SWEEP_EVERY = 60.0      # a sweep of the whole share takes this long...
 SWEEP_MOST = 40         # ...or longer, at most this many parts a second
-TRIM_SECONDS = 0.5      # a slice's trims of histories (bounded calls) stop after this
+TRIM_SECONDS = 0.5      # a slice's trims and expiries (bounded calls) stop after this
 SHARE_HEARTBEAT = 1.0
 SHARE_TTL_MS = 5_000
 
@@ -225,8 +226,10 @@ class Scanner:
             if self.seeded:
                 swept = self.sweep_slice()
                 self.store.seed_due(swept)
+                started = time.monotonic()
                 self.store.trim_parts(swept, TRIM_SECONDS)
-                self.store.expire_parts(swept, TRIM_SECONDS, self.max_attempts)
+                left = TRIM_SECONDS - (time.monotonic() - started)   # one round at least
+                self.store.expire_parts(swept, max(0.0, left), self.max_attempts)
                 return
             seen = self.store.seed_due(self.share.topics)
             self.seeded = True

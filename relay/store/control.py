@@ -9,10 +9,10 @@ from relay.codec import MSG_ID_LENGTH
 from relay.errors import RelayError
 from relay.store import keys
 from relay.store.dedup import DEDUP_FIELD
+from relay.store.expiry import CHANNEL_TTL_FIELD, Expiry
 from relay.store.history import RETENTION_FIELDS
 from relay.store.inflight import member_id, member_owner
 from relay.store.keys import ChannelKeys, TopicKeys, id_part, part_name
-from relay.store.expiry import CHANNEL_TTL_FIELD, Expiry
 from relay.store.limits import LIMIT_FIELDS, Limits
 from relay.store.replies import Dropped
 from relay.store.runner import Op
@@ -21,7 +21,8 @@ from relay.store.runner import Op
 CHANNEL_COUNTS = {b"message_count", b"requeue_count", b"timeout_count", b"dead_count",
                   b"deleted_count", b"expired_count", b"overflow_count", b"incarnation",
                   b"empties"}
-# topic meta fields that are settings: a new part copies them (ttl_ms: ttl.lua)
+# topic meta fields that are settings: a new part copies them (ttl_ms, channel_ttl:
+# ttl.lua)
 TOPIC_SETTINGS = (*RETENTION_FIELDS, "ttl_ms", CHANNEL_TTL_FIELD, DEDUP_FIELD)
 
 
