@@ -226,6 +226,8 @@ def test_http_api_needs_a_bearer_secret(broker, processes, auth_server):
         403, b'{"message":"UNAUTHORIZED"}')
     assert post("/channel/limit?topic=orders&channel=x&max_depth=3", "sub-secret") == (
         403, b'{"message":"UNAUTHORIZED"}')
+    assert post("/channel/ttl?topic=orders&channel=billing&ttl=1ms", "pub-secret") == (
+        403, b'{"message":"UNAUTHORIZED"}')       # a channel's own needs its grant
     assert post("/topic/ttl?topic=orders&ttl=1m", "pub-secret")[0] == 200
     assert api.request("GET", "/stats")[0] == 200
     assert api.request("GET", "/ping")[:2] == (200, b"OK")

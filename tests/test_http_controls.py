@@ -27,10 +27,14 @@ def test_ttl_limit_and_dedup_over_http_on_a_partitioned_topic(processes):
     assert api.json("POST", "/topic/ttl?topic=t&ttl=10m") == (200, {
         "topic": "t", "ttl_ms": 600_000,
         "channels": [{"channel": "c", "ttl_ms": 600_000, "source": "topic"}]})
-    assert api.json("POST", "/topic/ttl?topic=t&channel=c&ttl=0") == (200, {
+    assert api.request("POST", "/channel/create?topic=t&channel=d")[0] == 200
+    assert api.json("POST", "/channel/ttl?topic=t&channel=c&ttl=0") == (200, {
         "topic": "t", "ttl_ms": 600_000,
         "channels": [{"channel": "c", "ttl_ms": 0, "source": "channel"}]})
-    assert api.json("POST", "/topic/ttl?topic=t&channel=c&off=true")[1]["channels"] == [
+    assert api.json("GET", "/topic/ttl?topic=t")[1]["channels"] == [
+        {"channel": "c", "ttl_ms": 0, "source": "channel"},
+        {"channel": "d", "ttl_ms": 600_000, "source": "topic"}]
+    assert api.json("POST", "/channel/ttl?topic=t&channel=c&off=true")[1]["channels"] == [
         {"channel": "c", "ttl_ms": 600_000, "source": "topic"}]
 
     assert api.json("POST", "/channel/limit?topic=t&channel=c&max_depth=3") == (200, {
@@ -54,13 +58,17 @@ def test_ttl_limit_and_dedup_over_http_on_a_partitioned_topic(processes):
     status, report = api.json("GET", "/topic/dedup?topic=t")
     assert sorted(p["keys"] for p in report["partitions"]) == [0, 1]
     assert api.json("POST", "/topic/dedup?topic=t&off=true")[1]["on"] is False
+    assert api.json("POST", "/topic/dedup?topic=new&window=1m") == (
+        404, {"message": "TOPIC_NOT_FOUND"})      # relay-admin dedup would make it
 
 
 def test_bad_input_changes_nothing(processes):
     api = made(processes)
     for path, code, message in [
             ("/topic/ttl?topic=nope&ttl=1m", 404, "TOPIC_NOT_FOUND"),
-            ("/topic/ttl?topic=t&channel=x&ttl=1m", 404, "CHANNEL_NOT_FOUND"),
+            ("/channel/ttl?topic=t&channel=x&ttl=1m", 404, "CHANNEL_NOT_FOUND"),
+            ("/channel/ttl?topic=t&ttl=1m", 400, "MISSING_ARG_CHANNEL"),
+            ("/channel/ttl?topic=t&channel=c&ttl=1m&off=true", 400, "INVALID_ARG_OFF"),
             ("/topic/ttl?topic=t&ttl=soon", 400, "INVALID_ARG_TTL"),
             ("/topic/ttl?topic=t&ttl=-1s", 400, "INVALID_ARG_TTL"),
             ("/topic/ttl?topic=t", 400, "MISSING_ARG_TTL"),
@@ -72,6 +80,7 @@ def test_bad_input_changes_nothing(processes):
             ("/channel/limit?topic=t&channel=c&max_depth=3&overflow=explode", 400,
              "INVALID_ARG_OVERFLOW"),
             ("/channel/limit?topic=t&channel=c&overflow=reject", 400, "MISSING_ARG_MAX_DEPTH"),
+            ("/channel/limit?topic=t&channel=c&overflow=", 400, "MISSING_ARG_MAX_DEPTH"),
             ("/channel/limit?topic=t&channel=c&off=true&overflow=reject", 400,
              "INVALID_ARG_OFF"),
             ("/topic/dedup?topic=t&window=0", 400, "INVALID_ARG_WINDOW"),
@@ -79,6 +88,8 @@ def test_bad_input_changes_nothing(processes):
             ("/topic/dedup?topic=t", 400, "MISSING_ARG_WINDOW"),
             ("/topic/dedup?topic=bad!name&window=1m", 400, "INVALID_TOPIC")]:
         assert api.json("POST", path) == (code, {"message": message}), path
-    assert api.json("GET", "/topic/ttl?topic=t")[1]["ttl_ms"] is None
+    assert api.json("GET", "/topic/ttl?topic=t")[1] == {
+        "topic": "t", "ttl_ms": None, "channels": [{"channel": "c", "ttl_ms": None,
+                                                     "source": None}]}
     assert api.json("GET", "/channel/limit?topic=t&channel=c")[1]["max_depth"] is None
     assert api.json("GET", "/topic/dedup?topic=t")[1]["on"] is False

@@ -342,7 +342,7 @@ def test_each_stops_within_its_drain_time_with_redis_gone(relay_processes, tmp_p
 
 @pytest.mark.parametrize("redis_kind", ["single", "cluster"])
 def test_a_broker_left_without_redis_says_so_once(relay_processes, tmp_path,
-                                                          redis_kind):
+                                                 redis_kind):
     """Redis gone for a few of the broker's once-a-second version reads: a warning
     line the first time, no traceback (a cluster none of whose nodes answers raises
     redis-py's RedisClusterException, not a ConnectionError)."""

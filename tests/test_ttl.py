@@ -253,10 +253,13 @@ def test_the_sweep_stops_at_its_bound_and_at_the_first_live_message(channel):
     assert store.read_channel("t", "c")["expired_count"] == 6
 
 
-def test_the_sweep_looks_only_where_a_ttl_is_in_force(store):
+def test_the_sweep_looks_only_where_the_topic_meta_says_a_ttl_is_in_force(store):
+    """A channel TTL written straight into a channel meta, without ttl.lua's flag in its
+    topic meta, is not swept (the sweep reads the flags, not every channel)."""
     for topic in ("a", "b"):
         store.subscribe(topic, "c", "b1")
         store.run(store.publish_op(topic, [b"old"], timestamp_ns=time.time_ns() - AGE_NS))
+    store.redis.hset(ChannelKeys.of("a", "c").meta, "ttl_ms", TEN_MINUTES)
     store.set_ttl("b", "c", TEN_MINUTES)
     assert store.redis.hget(TopicKeys.of("b").meta, "channel_ttl") == b"1"
     assert store.expire_parts(["a", "b"]) == 1
@@ -264,6 +267,44 @@ def test_the_sweep_looks_only_where_a_ttl_is_in_force(store):
         == (1, 0)
     store.set_ttl("b", "c", None)
     assert store.redis.hget(TopicKeys.of("b").meta, "channel_ttl") is None
+
+
+def test_the_sweep_bound_spans_channels_and_reads(channel):
+    """`most` counts over every channel of a call; a channel it does not reach makes
+    the call say more, and queues longer than one read (100) are read again."""
+    store = channel
+    store.subscribe("t", "d", "b1")
+    store.set_ttl("t", None, TEN_MINUTES)
+    publish_aged(store, *[b"old%d" % i for i in range(250)])
+    first = store.run(store.expire_op("t", most=260))
+    assert first == (260, True)             # 250 of one channel, 10 of the other
+    assert store.run(store.expire_op("t", most=260)) == (240, False)
+    assert [store.read_channel("t", name)["expired_count"] for name in "cd"] == [250, 250]
+
+
+def test_the_sweep_sends_a_spent_message_as_a_max_attempts_letter(channel):
+    """An expired message already delivered max-attempts times goes as deliver.lua
+    sends it: a plain outbox entry, counted in dead_count."""
+    store = channel
+    publish_aged(store, b"tried")
+    [record] = deliver(store)
+    store.requeue("t", "c", [("a", parse_record(record)[2], 0)])   # attempts 1, queued
+    store.set_ttl("t", "c", TEN_MINUTES)
+    assert store.expire_parts(["t"], max_attempts=1) == 1
+    assert [deadletter.split_entry(e)[0] for e in outbox(store)] == ["max_attempts"]
+    c = store.read_channel("t", "c")
+    assert (c["depth"], c["dead_count"], c["expired_count"]) == (0, 1, 0)
+
+
+def test_the_sweep_leaves_a_paused_channel_alone(channel):
+    store = channel
+    store.set_ttl("t", "c", TEN_MINUTES)
+    publish_aged(store, b"old")
+    store.pause_channel("t", "c", True)
+    assert store.expire_parts(["t"]) == 0
+    assert store.read_channel("t", "c")["depth"] == 1
+    store.pause_channel("t", "c", False)
+    assert store.expire_parts(["t"]) == 1
 
 
 def test_the_sweep_takes_every_part_and_a_new_part_knows_a_channel_ttl(store):

@@ -226,10 +226,7 @@ class Scanner:
             if self.seeded:
                 swept = self.sweep_slice()
                 self.store.seed_due(swept)
-                started = time.monotonic()
-                self.store.trim_parts(swept, TRIM_SECONDS)
-                left = TRIM_SECONDS - (time.monotonic() - started)   # one round at least
-                self.store.expire_parts(swept, max(0.0, left), self.max_attempts)
+                self._trim_and_expire(swept)
                 return
             seen = self.store.seed_due(self.share.topics)
             self.seeded = True
@@ -237,6 +234,20 @@ class Scanner:
                      len(self.share.topics), seen)
         except StoreError as e:
             log.warning("node due indexes not %s: %s", "swept" if self.seeded else "seeded", e)
+
+    def _trim_and_expire(self, parts: list[str]) -> None:
+        """The histories of `parts` trimmed, then their expired messages taken out,
+        within TRIM_SECONDS (one round of calls each at least)."""
+        started = time.monotonic()
+        try:
+            self.store.trim_parts(parts, TRIM_SECONDS)
+        except StoreError as e:
+            log.warning("histories of swept parts not trimmed: %s", e)
+        left = max(0.0, TRIM_SECONDS - (time.monotonic() - started))
+        try:
+            self.store.expire_parts(parts, left, self.max_attempts)
+        except StoreError as e:
+            log.warning("expired messages of swept parts not taken out: %s", e)
 
     def reseed(self) -> None:
         """Seed the node due indexes from the share's parts at the next pass."""

@@ -1,7 +1,8 @@
 """relay-admin ttl: show or set how old a message may be when it is delivered (the
-Store's set_ttl and ttl.lua keep it; deliver.lua applies it). A TTL that does not parse
-or is negative is a usage error (exit 2), an unknown topic or channel an error (exit 1),
-and neither changes anything."""
+Store's set_ttl and ttl.lua keep it; deliver.lua applies it, and the scanners' sweep
+takes expired messages nobody consumes out: relay/store/expiry.py). A TTL that does
+not parse or is negative is a usage error (exit 2), an unknown topic or channel an
+error (exit 1), and neither changes anything."""
 
 import click
 

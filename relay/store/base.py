@@ -100,6 +100,25 @@ class StoreBase:
         """Run ops in one pipeline; each result is a value or the exception for that op."""
         return self.runner.run_many(ops)
 
+    def in_rounds(self, parts: Sequence[str], op_of: Callable[[str], Op],
+                  seconds: float | None = None) -> int:
+        """op_of(part) on each part, in one pipeline, then again on those whose reply (a
+        count first, and `more`) took something and says more is left, until none does
+        or, given `seconds`, they have passed (one round at least): the counts summed.
+        Each call is bounded, so Redis serves others in between."""
+        done, left = 0, list(parts)
+        deadline = None if seconds is None else time.monotonic() + seconds
+        while left:
+            replies = self.run_many([op_of(part) for part in left])
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+                done += reply[0]
+            left = [part for part, reply in zip(left, replies) if reply.more and reply[0]]
+            if deadline is not None and time.monotonic() > deadline:
+                break
+        return done
+
     def _fanout_op(self, script: str, topic: str, topic_keys: list[str], args: list[Any],
                    parse: Callable[[Any], Any] = identity, pre: tuple[tuple[Any, ...], ...] = (),
                    extra_keys: Callable[[list[str]], list[str]] | None = None,

@@ -7,7 +7,6 @@ A part's topic meta says whether any of its channels has a TTL: `ttl_ms` (the to
 copied into its channels) or `channel_ttl` (set by ttl.lua while a channel has its
 own), so the sweep calls expire.lua only on parts where it can find something."""
 
-import time
 from typing import Any, NamedTuple, Sequence
 
 from relay.store.keys import ChannelKeys, TopicKeys
@@ -19,8 +18,9 @@ EXPIRE_MOST = 1000      # messages one expire.lua call takes out at most (about 
 
 
 class Expired(NamedTuple):
-    """What one expire.lua call took out, and whether it stopped at its bound."""
-    expired: int
+    """How many messages one expire.lua call took out (expired, or spent: delivered
+    max-attempts times already), and whether it stopped at its bound."""
+    taken_out: int
     more: bool
 
     @classmethod
@@ -69,25 +69,14 @@ class Expiry(Reads):
                      max_attempts: int = 0) -> int:
         """expire_op on each of `parts` where a channel has a TTL, again on those it
         left more to do until none does or, given `seconds` (the scanner's sweep),
-        until they have passed: the messages taken out. Each call is bounded, so Redis
-        serves others in between."""
+        until they have passed: the messages taken out (in_rounds)."""
         pipe = self.redis.pipeline(transaction=False)
         for part in parts:
             pipe.hmget(TopicKeys.of(part).meta, "ttl_ms", CHANNEL_TTL_FIELD)
-        left = [part for part, (ttl, own) in zip(parts, self._guard(pipe.execute))
-                if int(ttl or 0) > 0 or own]
-        expired = 0
-        deadline = None if seconds is None else time.monotonic() + seconds
-        while left:
-            replies = self.run_many([self.expire_op(part, max_attempts) for part in left])
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-                expired += reply.expired
-            left = [part for part, reply in zip(left, replies) if reply.more]
-            if deadline is not None and time.monotonic() > deadline:
-                break
-        return expired
+        with_ttl = [part for part, (ttl, own) in zip(parts, self._guard(pipe.execute))
+                    if int(ttl or 0) > 0 or own]
+        return self.in_rounds(with_ttl, lambda part: self.expire_op(part, max_attempts),
+                              seconds)
 
 
 def _ms(value: bytes | None) -> int | None:

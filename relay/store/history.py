@@ -5,7 +5,6 @@ records of one publish call from the message of that count on, so a range by tim
 native and one by message id is found by bisection on the time."""
 
 import datetime
-import time
 from typing import Iterator, NamedTuple, Sequence
 
 from relay.errors import RelayError
@@ -174,20 +173,8 @@ class History(DataPath):
     def trim_parts(self, parts: Sequence[str], seconds: float | None = None) -> int:
         """trim_op on each part, again on those it left more to trim until none does
         or, given `seconds` (the scanner's sweep), until they have passed (the next
-        sweep goes on): the messages trimmed. Each call is bounded, so Redis serves
-        others in between."""
-        trimmed, left = 0, list(parts)
-        deadline = None if seconds is None else time.monotonic() + seconds
-        while left:
-            replies = self.run_many([self.trim_op(part) for part in left])
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-                trimmed += reply.trimmed
-            left = [part for part, reply in zip(left, replies) if reply.more and reply.trimmed]
-            if deadline is not None and time.monotonic() > deadline:
-                break
-        return trimmed
+        sweep goes on): the messages trimmed (in_rounds)."""
+        return self.in_rounds(parts, self.trim_op, seconds)
 
     def retained(self, topic: str) -> list[Retained]:
         """What each part of the topic retains, in part order."""

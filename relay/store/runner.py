@@ -103,18 +103,25 @@ def with_includes(lib: "Traversable", source: bytes, included: set[str]) -> byte
     return first + source
 
 
+# a lost or timed-out connection, which a cluster client's "cannot be connected" (no node
+# answers) is raised from too
+UNREACHABLE_CAUSES = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
 def guarded(fn: Callable[..., Any], *args: Any) -> Any:
     """fn(*args), with a lost or timed-out connection (or a cluster none of whose nodes
     answers) raised as StoreConnectionError, and a refusal (out of memory, persistence
     failing...) as StoreError of its cause."""
     try:
         return fn(*args)
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+    except UNREACHABLE_CAUSES as e:
         raise StoreConnectionError(str(e)) from e
     except redis.exceptions.ResponseError as e:
         raise StoreError(cause(e)) from e
-    except RedisClusterException as e:  # "cannot be connected": no node answers
-        raise StoreConnectionError(str(e)) from e
+    except RedisClusterException as e:
+        if isinstance(e.__cause__, UNREACHABLE_CAUSES):    # "cannot be connected"
+            raise StoreConnectionError(str(e)) from e
+        raise StoreError(str(e)) from e     # the client's own, e.g. keys of two slots
 
 
 class ScriptRunner:

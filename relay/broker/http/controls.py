@@ -2,15 +2,16 @@
 same port: a message TTL (relay/store/expiry.py), a channel's depth limit
 (relay/store/limits.py) and a topic's dedup window (relay/store/dedup.py), as
 relay-admin ttl, limit and dedup show and set them, for tools that speak HTTP. GET
-shows, POST sets (or with off=true clears) and answers what is in force then. Errors in
-nsqd's form: 400 MISSING_ARG_*, INVALID_ARG_*; 404 TOPIC_NOT_FOUND, CHANNEL_NOT_FOUND;
-nothing is changed by a request that gets one."""
+shows, POST sets (or with off=true clears) and answers what is in force then. Each
+needs a topic made before (/topic/create; relay-admin dedup --window makes one).
+Errors in nsqd's form: 400 MISSING_ARG_*, INVALID_ARG_*; 404 TOPIC_NOT_FOUND,
+CHANNEL_NOT_FOUND; nothing is changed by a request that gets one."""
 
 from typing import Callable
 
 from relay.broker.context import BrokerContext
-from relay.broker.http.server import (HttpError, Request, Routes, existing_topic, from_store,
-                                      parsed_arg)
+from relay.broker.http.server import (HttpError, Request, Routes, existing_channel,
+                                      existing_topic, from_store, parsed_arg)
 from relay.options import parse_duration
 from relay.store.limits import OVERFLOWS, Limit
 
@@ -22,22 +23,29 @@ class ControlsApi:
         self.broker = broker
 
     def routes(self) -> Routes:
-        return {"/topic/ttl": {"GET": self.ttl, "POST": self.ttl},
+        return {"/topic/ttl": {"GET": self.topic_ttl, "POST": self.topic_ttl},
+                "/channel/ttl": {"GET": self.channel_ttl, "POST": self.channel_ttl},
                 "/channel/limit": {"GET": self.limit, "POST": self.limit},
                 "/topic/dedup": {"GET": self.dedup, "POST": self.dedup}}
 
-    def ttl(self, request: Request) -> dict:
-        """The TTLs of a topic and its channels; POST sets `ttl` (a duration, e.g. 10m;
-        on a channel 0 is none, whatever the topic's) on the topic, or on `channel`
-        when given, or clears it (off=true)."""
+    def topic_ttl(self, request: Request) -> dict:
+        """The TTLs of a topic and its channels; POST sets the topic's `ttl` (a duration,
+        e.g. 10m), for its channels without their own, or clears it (off=true)."""
         topic = existing_topic(self.broker, request.topic())
-        channel = request.arg("channel") or None
-        if channel is not None:
-            self._existing_channel(topic, channel)
+        return self._ttl(request, topic, None)
+
+    def channel_ttl(self, request: Request) -> dict:
+        """A channel's TTL; POST sets its own `ttl` (0: none, whatever the topic's) or
+        clears it (off=true), so that it takes the topic's again."""
+        topic, channel = request.topic_channel()
+        existing_channel(self.broker, topic, channel)
+        return self._ttl(request, topic, channel)
+
+    def _ttl(self, request: Request, topic: str, channel: str | None) -> dict:
         if request.method == "POST":
             ttl_ms = parsed_arg(request, "ttl", _at_least(0, parse_duration),
                                 "INVALID_ARG_TTL", None)
-            _one_of(request, ttl_ms, "TTL")
+            _one_of(request, ttl_ms, "MISSING_ARG_TTL")
             from_store(self.broker, lambda s: s.set_ttl(topic, channel, ttl_ms))
         settings = from_store(self.broker, lambda s: s.ttl_settings(topic))
         return {"topic": topic, "ttl_ms": settings["ttl_ms"], "channels": [
@@ -49,15 +57,14 @@ class ControlsApi:
         (1 or more) with `overflow` (reject, the default, drop-oldest or dead-letter),
         or removes it (off=true)."""
         topic, channel = request.topic_channel()
-        existing_topic(self.broker, topic)
-        self._existing_channel(topic, channel)
+        existing_channel(self.broker, topic, channel)
         if request.method == "POST":
             max_depth = parsed_arg(request, "max_depth", _at_least(1, int),
                                    "INVALID_ARG_MAX_DEPTH", None)
-            overflow = request.arg("overflow")
+            overflow = request.arg("overflow") or None
             if overflow is not None and overflow not in OVERFLOWS:
                 raise HttpError(400, "INVALID_ARG_OVERFLOW")
-            _one_of(request, max_depth, "MAX_DEPTH")
+            _one_of(request, max_depth, "MISSING_ARG_MAX_DEPTH")
             if max_depth is None and overflow is not None:    # off=true with an overflow
                 raise HttpError(400, "INVALID_ARG_OFF")
             new = None if max_depth is None else Limit(max_depth, overflow or OVERFLOWS[0])
@@ -71,23 +78,19 @@ class ControlsApi:
         if request.method == "POST":
             window_ms = parsed_arg(request, "window", _at_least(1, parse_duration),
                                    "INVALID_ARG_WINDOW", None)
-            _one_of(request, window_ms, "WINDOW")
+            _one_of(request, window_ms, "MISSING_ARG_WINDOW")
             from_store(self.broker, lambda s: s.set_dedup(topic, window_ms or 0))
         return from_store(self.broker, lambda s: s.dedup_report(topic))
 
-    def _existing_channel(self, topic: str, channel: str) -> None:
-        if channel not in from_store(self.broker, lambda s: s.channel_names(topic)):
-            raise HttpError(404, "CHANNEL_NOT_FOUND")
 
-
-def _one_of(request: Request, value, name: str) -> None:
-    """A POST sets a value (`value` not None) or clears it (off=true): 400
-    MISSING_ARG_<NAME> with neither, INVALID_ARG_OFF with both."""
+def _one_of(request: Request, value, missing: str) -> None:
+    """A POST sets a value (`value` not None) or clears it (off=true): 400 `missing`
+    with neither, INVALID_ARG_OFF with both."""
     off = request.arg("off") in ("true", "1")
     if off and value is not None:
         raise HttpError(400, "INVALID_ARG_OFF")
     if not off and value is None:
-        raise HttpError(400, f"MISSING_ARG_{name}")
+        raise HttpError(400, missing)
 
 
 def _at_least(least: int, parse: Callable[[str], int]) -> Callable[[str], int]:

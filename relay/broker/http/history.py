@@ -6,7 +6,8 @@ CHANNEL_NOT_FOUND. A replay of up to INLINE_LIMIT messages runs in the request; 
 bigger one is queued as an rq job for `relay jobs` (relay-admin jobs follows it)."""
 
 from relay.broker.context import BrokerContext
-from relay.broker.http.server import HttpError, Routes, existing_topic, from_store, parsed_arg
+from relay.broker.http.server import (HttpError, Routes, existing_channel, existing_topic,
+                                      from_store, parsed_arg)
 from relay.options import parse_duration, parse_moment, parse_size
 from relay.store.history import ReplayPlan, ReplayRefused, iso_ms
 from workers import operations
@@ -42,9 +43,7 @@ class HistoryApi:
         """The retained messages from `since` (a duration), `from_time` (ISO 8601, or ms)
         or `from_id` to `to_time` (else the newest) back in the channel's queue."""
         topic, channel = request.topic_channel()
-        existing_topic(self.broker, topic)
-        if channel not in from_store(self.broker, lambda s: s.channel_names(topic)):
-            raise HttpError(404, "CHANNEL_NOT_FOUND")
+        existing_channel(self.broker, topic, channel)
         since = parsed_arg(request, "since", parse_duration, "INVALID_ARG_SINCE", None)
         from_time = parsed_arg(request, "from_time", parse_moment, "INVALID_ARG_FROM_TIME", None)
         from_id = request.arg("from_id")

@@ -20,8 +20,9 @@ from relay.errors import ClientError, StoreError
 from relay.broker.http.controls import ControlsApi
 from relay.broker.http.history import HistoryApi
 from relay.broker.http.lookupd import LookupdApi
-from relay.broker.http.server import (JSON, HttpError, HttpServer, Routes, Typed, existing_topic,
-                               from_registry, from_store)
+from relay.broker.http.server import (JSON, HttpError, HttpServer, Routes, Typed,
+                                      existing_channel, existing_topic, from_registry,
+                                      from_store)
 from relay.broker.metrics import CONTENT_TYPE
 from relay.log import LEVELS, set_level
 from relay.options import DURATION
@@ -255,9 +256,7 @@ class NsqdApi:
 
     def _existing_channel(self, request) -> tuple[str, str]:
         topic, channel = request.topic_channel()
-        existing_topic(self.broker, topic)
-        if channel not in from_store(self.broker, lambda s: s.channel_names(topic)):
-            raise HttpError(404, "CHANNEL_NOT_FOUND")
+        existing_channel(self.broker, topic, channel)
         return topic, channel
 
     # -- configuration and figures ---------------------------------------------------

@@ -34,7 +34,7 @@ AUTHORIZED_PATHS = {
                               "/topic/dedup")},
     **{p: "subscribe" for p in ("/channel/create", "/channel/delete", "/channel/empty",
                                 "/channel/pause", "/channel/unpause", "/channel/replay",
-                                "/channel/limit")}}
+                                "/channel/ttl", "/channel/limit")}}
 IDENTIFIED = "identified"
 MAX_CACHED_GRANTS = 10_000
 TLS_REQUIRED_EVERYWHERE = 2     # --tls-required true: no plain HTTP API either
@@ -154,6 +154,13 @@ def existing_topic(broker, topic: str) -> str:
     if topic not in from_store(broker, lambda s: s.topic_names()):
         raise HttpError(404, "TOPIC_NOT_FOUND")
     return topic
+
+
+def existing_channel(broker, topic: str, channel: str) -> None:
+    """404 TOPIC_NOT_FOUND or CHANNEL_NOT_FOUND unless both are known."""
+    existing_topic(broker, topic)
+    if channel not in from_store(broker, lambda s: s.channel_names(topic)):
+        raise HttpError(404, "CHANNEL_NOT_FOUND")
 
 
 class HttpServer:

@@ -1,10 +1,12 @@
--- include: fanout.lua, time.lua, chunked.lua, record.lua, deadletter.lua, node.lua
+-- include: fanout.lua, time.lua, record.lua, deadletter.lua, node.lua
 -- expire: the scanner's sweep of expired messages that nobody consumes. From the head
 -- of the queue of each of a part's channels with a TTL (ttl_ms in its meta: ttl.lua),
 -- the records published before now - TTL go as deliver.lua sends them when it pops
--- them: to the dead-letter outbox tagged `expired` when the channel has a dead-letter
--- topic (max attempts in force, or a dead_letter_topic of its own), the channel then
--- due at once so a scanner forwards them, else dropped; expired_count counts both. A
+-- them: one already delivered max-attempts times to the outbox as a plain entry
+-- (dead_count), the others to the outbox tagged `expired` when the channel has a
+-- dead-letter topic (max attempts in force, or a dead_letter_topic of its own), else
+-- dropped (expired_count counts both); the channel is then due at once, so a scanner
+-- forwards its letters. A paused channel is left alone, as deliver.lua leaves it. A
 -- queue is in publish order but for the messages requeued to its tail, so the sweep
 -- stops at the first live record: an expired one behind it goes when it is delivered.
 --
@@ -13,7 +15,7 @@
 -- ARGV[1..ARG0] the channels (fanout.lua), then: the most records to expire in this
 -- call, the scanner's max attempts (0: unlimited; a channel's max_attempts wins), the
 -- node keys' prefix (node.lua)
--- Returns {expired, more}: more is 1 when the call stopped at its bound (`most`).
+-- Returns {taken out, more}: more is 1 when the call stopped at its bound (`most`).
 local STEP = 100   -- records read per LRANGE
 
 local stale = stale_channels(KEYS[2])
@@ -23,41 +25,48 @@ local now = now_ms()
 local total, more = 0, 0
 
 -- The expired records at the head of channel c's queue, at most `most`, out of it:
--- their count.
-local function expire_head(c, oldest_live, dead_letters)
-  local queue, expired = channel_key(c, 'queue'), 0
-  while expired < most do
-    local want = math.min(STEP, most - expired)
+-- how many expired, and how many were spent (delivered max_attempts times already).
+local function expire_head(c, oldest_live, attempts, dead_letters)
+  local queue, expired, spent = channel_key(c, 'queue'), 0, 0
+  while expired + spent < most do
+    local want = math.min(STEP, most - expired - spent)
     local records = redis.call('LRANGE', queue, 0, want - 1)
-    local n = 0
+    local n, dead = 0, {}
     while n < #records and timestamp_ms(records[n + 1]) < oldest_live do
       n = n + 1
-      if dead_letters then records[n] = dead_entry('expired', records[n]) end
+      local r = records[n]
+      if attempts > 0 and record_attempts(r) >= attempts then
+        dead[#dead + 1], spent = r, spent + 1
+      elseif dead_letters then
+        dead[#dead + 1], expired = dead_entry('expired', r), expired + 1
+      else
+        expired = expired + 1
+      end
     end
-    if n > 0 then
-      if dead_letters then redis.call('RPUSH', channel_key(c, 'dead'), unpack(records, 1, n)) end
-      redis.call('LTRIM', queue, n, -1)
-      expired = expired + n
-    end
-    if n < want then return expired end   -- a live record, or the queue's end
+    if #dead > 0 then redis.call('RPUSH', channel_key(c, 'dead'), unpack(dead)) end
+    if n > 0 then redis.call('LTRIM', queue, n, -1) end
+    if n < want then return expired, spent end   -- a live record, or the queue's end
   end
   more = 1
-  return expired
+  return expired, spent
 end
 
 for c = 1, N_CHANNELS do
   local meta = channel_key(c, 'meta')
-  local got = redis.call('HMGET', meta, 'ttl_ms', 'max_attempts', 'dead_letter_topic')
+  local got = redis.call('HMGET', meta, 'ttl_ms', 'max_attempts', 'dead_letter_topic',
+                         'paused')
   local ttl = tonumber(got[1] or '0')
-  if ttl > 0 and most > 0 then
-    local dead_letters = tonumber(got[2] or max_attempts) > 0 or got[3] ~= false
-    local expired = expire_head(c, now - ttl, dead_letters)
-    if expired > 0 then
-      redis.call('HINCRBY', meta, 'expired_count', expired)
-      if dead_letters then due_lower(node, KEYS[3], channel_name(c), now) end
-      total, most = total + expired, most - expired
+  if ttl > 0 and not got[4] and most > 0 then
+    local attempts = tonumber(got[2] or max_attempts)
+    local dead_letters = attempts > 0 or got[3] ~= false
+    local expired, spent = expire_head(c, now - ttl, attempts, dead_letters)
+    if expired > 0 then redis.call('HINCRBY', meta, 'expired_count', expired) end
+    if spent > 0 then redis.call('HINCRBY', meta, 'dead_count', spent) end
+    if spent > 0 or (dead_letters and expired > 0) then
+      due_lower(node, KEYS[3], channel_name(c), now)
     end
-  elseif ttl > 0 then
+    total, most = total + expired + spent, most - expired - spent
+  elseif ttl > 0 and not got[4] then
     more = 1
   end
 end
