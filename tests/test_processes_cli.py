@@ -130,7 +130,7 @@ SCANNER_ONLY = {"--queue-scan-interval", "--queue-scan-limit", "--dead-letter-to
 
 @pytest.mark.parametrize("process, flags", [
     ("scanner", {"--config", "--redis-url", "--redis-timeout", "--wait-replicas",
-                 "--topic-partitions", "--retention-time",
+                 "--topic-partitions", "--retention-time", "--max-attempts",
                  "--log-level", "--help", *SCANNER_ONLY}),
     ("jobs", {"--config", "--redis-url", "--log-level", "--help"}),
     ("redis", {"--config", "--redis-url", "--redis-conf", "--data-dir", "--cluster",
