@@ -144,16 +144,22 @@ def _run_cluster(ports: list, data_dir: str, conf: str | None, replicas: int = 0
     from relay.cluster_supervisor import ClusterSupervisor
     for port in ports:
         embedded.lock_data_dir(os.path.join(data_dir, str(port)))
-    for sig in (signal.SIGTERM, signal.SIGINT):  # while it forms: stop the nodes, exit 0
-        signal.signal(sig, lambda *_: sys.exit(0))
+    def stop_forming(*_):
+        """While it forms: stop the nodes and exit 0, with no second stop cutting in."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+        sys.exit(0)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop_forming)
     started = time.monotonic()
-    procs = embedded.start_cluster(ports, data_dir, conf=conf, replicas=replicas)
+    procs: list = []
     stopping: list = []
     try:
+        embedded.start_cluster(ports, data_dir, conf=conf, replicas=replicas, procs=procs)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stopping.append(True))
         supervisor = ClusterSupervisor(ports, data_dir, conf, replicas, procs, started)
-    except BaseException:  # a stop that came between the start and these handlers
+    except BaseException:  # a stop while they form or before these handlers
         embedded.stop_nodes(procs)
         raise
     masters = len(ports) // (1 + replicas)

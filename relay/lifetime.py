@@ -1,11 +1,14 @@
 """Child processes that end with their parent: a broker's forked workers and the rq
 worker of `relay jobs` get SIGTERM from the kernel when the process that started them
 dies, however it dies (kill -9 included), so none is left behind serving or retrying
-on its own."""
+on its own. A stop that comes while a child starts waits until its parent has it in
+hand (`stops_held`), so it is stopped with the others."""
 
+import contextlib
 import ctypes
 import signal
 import sys
+import threading
 
 PR_SET_PDEATHSIG = 1    # prctl(2), linux/prctl.h
 
@@ -15,3 +18,25 @@ def end_with_parent() -> None:
     in the child, after fork (or as Popen's preexec_fn)."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+STOPS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def stops_held():
+    """Hold SIGTERM and SIGINT until the block ends, then act on them as their handlers
+    would have: a stop raised between Popen and the list the process goes in would lose
+    the process. Off the main thread (no handlers there) it holds nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list = []
+    before = {sig: signal.signal(sig, lambda sig, _: held.append(sig)) for sig in STOPS}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        for sig in held:
+            signal.raise_signal(sig)

@@ -330,3 +330,33 @@ def test_sigterm_while_the_cluster_forms_stops_the_nodes_started_so_far(tmp_path
     assert gone([node])
     assert [port for port in range(first, first + 6) if embedded.listens("127.0.0.1", port)] == []
 
+
+
+def test_a_stop_just_after_a_node_is_spawned_still_stops_it(tmp_path, monkeypatch):
+    """SIGTERM the instant a node's process exists, before start_cluster has it in its
+    list: the stop waits for the list (stops_held), and no node outlives the call."""
+    spawn, spawned = embedded.spawn_cluster_node, []
+
+    def spawn_then_stop(*args, **kwargs):
+        proc, bus = spawn(*args, **kwargs)
+        spawned.append(proc)
+        os.kill(os.getpid(), signal.SIGTERM)   # its handler runs before this returns
+        time.sleep(0.1)
+        return proc, bus
+
+    def exit_on_stop(*_):
+        sys.exit(0)
+    monkeypatch.setattr(embedded, "spawn_cluster_node", spawn_then_stop)
+    before = signal.signal(signal.SIGTERM, exit_on_stop)
+    first = embedded.free_ports(3)
+    try:
+        with pytest.raises(SystemExit):
+            embedded.start_cluster([first, first + 1, first + 2], str(tmp_path))
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        for proc in spawned:
+            left_running = proc.poll() is None
+            proc.kill()
+            proc.wait()
+            assert not left_running
+    assert len(spawned) == 1
