@@ -14,6 +14,7 @@ from relay.codec import CLOSE_WAIT
 from relay.store import keys
 from relay.store.connection import connect
 from workers import operations
+from workers.jobs import run_worker
 from tests.helpers.api import Api
 from tests.helpers.wait import wait_for
 from tests.helpers.wire import FRAME_RESPONSE, Wire
@@ -125,3 +126,31 @@ def test_a_sigterm_before_rq_handles_signals_still_stops_it_cleanly(processes, t
     finally:
         jobs.kill()
     assert not operations.has_worker(connection)
+
+
+def test_a_sigterm_while_the_rq_worker_is_spawned_reaches_it(processes, monkeypatch):
+    """The stop comes inside Popen, before run_worker holds the process: it is held
+    (stops_held) and forwarded once the worker is in hand, and the jobs exit 0."""
+    forwarded: list = []
+
+    class Spawning:
+        pid = 4_000_000     # no such process: nothing to deregister
+
+        def __init__(self, *args, **kwargs):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)  # the handler would run here, with no worker to forward to
+
+        def send_signal(self, signum):
+            forwarded.append(signum)
+
+        def wait(self, timeout=None):
+            assert forwarded, "the stop never reached the rq worker"
+            return -forwarded[0]
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    monkeypatch.setattr(subprocess, "Popen", Spawning)
+    try:
+        assert run_worker("rq", processes.redis_url) == 0
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert forwarded == [signal.SIGTERM]

@@ -12,7 +12,7 @@ import redis
 from redis.exceptions import RedisClusterException
 from rq import Queue, Worker
 
-from relay.lifetime import end_with_parent
+from relay.lifetime import end_with_parent, stops_held
 from relay.options import redacted_url
 from relay.store.connection import (UNREACHABLE, connect, is_cluster, node_url, unready,
                                     wait_until_ready)
@@ -57,8 +57,11 @@ def run_worker(rq: str, redis_url: str) -> int:
             url = worker_url(redis_url)
         except UNREACHABLE:
             continue  # gone again since it was ready: wait again
-        worker = state["worker"] = subprocess.Popen([rq, "worker", "--url", url, QUEUE],
-                                                    preexec_fn=end_with_parent)
+        with stops_held():   # a stop during the Popen must reach the worker it starts
+            if state["stopping"]:
+                break
+            worker = state["worker"] = subprocess.Popen(
+                [rq, "worker", "--url", url, QUEUE], preexec_fn=end_with_parent)
         # on one server there is nowhere to follow: no look every FOLLOW_INTERVAL
         code = _wait_while_served(worker, url, redis_url) if _clustered(redis_url) \
             else worker.wait()
