@@ -393,7 +393,7 @@ def test_building_an_op_counts_against_its_patience(fake_store):
         started = time.monotonic()
         with pytest.raises(StoreConnectionError):
             commit.submit_made(slow_to_build).get()
-        assert time.monotonic() - started < 0.3
+        assert time.monotonic() - started < 0.4   # not 0.25 s and the patience again
         assert commit.submit_made(lambda: fake_store.publish_op("t", [b"quick"])).get() == 1
     finally:
         commit.stop()

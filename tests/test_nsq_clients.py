@@ -25,9 +25,10 @@ def test_gnsq_publish_consume_finish(broker, redis_url):
     publish(broker, "orders", [b"one", b"two", b"three"])
     assert wait_for(lambda: len(got) == 3)
     stop(c)
-    stats = Store(connect(redis_url)).read_channel("orders", "billing")
+    store = Store(connect(redis_url))
     assert sorted(got) == [b"one", b"three", b"two"]
-    assert (stats["depth"], stats["in_flight_count"], stats["message_count"]) == (0, 0, 3)
+    assert wait_for(lambda: [store.read_channel("orders", "billing")[field] for field in (
+        "depth", "in_flight_count", "message_count")] == [0, 0, 3])   # the FINs committed
 
 
 def test_gnsq_multipublish_fans_out_to_two_channels(broker, processes):
@@ -104,15 +105,15 @@ def test_unfinished_message_is_redelivered_after_msg_timeout(processes):
 
 
 def test_touch_keeps_a_message_in_flight(processes):
-    _, broker = processes.broker("--msg-timeout", "1s")
+    _, broker = processes.broker("--msg-timeout", "2s")
     processes.scanner()
     seen = []
 
     def handle(m):
         seen.append(m.attempts)
         if m.attempts == 1:
-            def keep_alive():
-                for _ in range(4):
+            def keep_alive():   # held 3.5 s, past the timeout, each TOUCH 1.5 s early
+                for _ in range(7):
                     gevent.sleep(0.5)
                     m.touch()
                 m.finish()
@@ -120,7 +121,7 @@ def test_touch_keeps_a_message_in_flight(processes):
 
     c = consumer(broker, "touchy", "c", handle)
     publish(broker, "touchy", [b"long job"])
-    gevent.sleep(3.0)
+    gevent.sleep(4.5)
     stop(c)
     assert seen == [1]
 
@@ -211,8 +212,9 @@ def test_restart_of_every_broker_loses_no_message(processes, redis_url):
     assert wait_for(lambda: len(done) == 500, timeout=20)
     stop(c2)
     assert done == set(bodies)
-    stats = Store(connect(redis_url)).read_channel("durable", "c")
-    assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
+    store = Store(connect(redis_url))
+    assert wait_for(lambda: [store.read_channel("durable", "c")[field] for field in (
+        "depth", "in_flight_count", "deferred_count")] == [0, 0, 0])   # the FINs committed
 
 
 def test_deferred_message_survives_broker_restart(processes):

@@ -114,7 +114,7 @@ def test_every_publish_to_a_hung_redis_is_refused_within_the_timeout(processes, 
         server["proc"].send_signal(signal.SIGCONT)
     assert {answer[:2] for answer in answers} == {(FRAME_ERROR, b"E_PUB_FAILED")}
     assert len(answers) == 18
-    assert max(took for _, _, took in answers) < 1.4
+    assert max(took for _, _, took in answers) < 1.8  # not behind another's 1 s wait
 
 
 def test_ping_and_pub_say_why_when_redis_went_away(processes, own_redis):

@@ -156,9 +156,9 @@ def test_idle_broker_with_a_waiting_consumer_barely_touches_redis(processes, red
     consumer = Wire(port)
     assert consumer.sub("quiet", "c", rdy=10) == (0, b"OK")
     client = connect(redis_url)
-    time.sleep(2.0)  # past the first catch-up read, whose Store loads the scripts once
+    time.sleep(1.5)  # past the first catch-up read, whose Store loads the scripts once
     before = commands_run(client)
-    time.sleep(3.0)
+    time.sleep(2.5)  # ends before the heartbeat: 5 s after the SUB's announcement
     during = commands_run(client) - before
     # the only traffic is the once-a-second read of the topics' versions: one script
     # that runs a command per topic
@@ -297,7 +297,7 @@ def test_a_redis_6_cluster_wakes_brokers_by_classic_pubsub(redis6_cluster, tmp_p
         stop(*consumers)
         assert {t: [b for b, _ in got[t]] for t in topics} == \
             {t: [b"hello 0", b"hello 1", b"hello 2"] for t in topics}
-        assert max(latencies) < 0.3, latencies
+        assert max(latencies) < 0.7, latencies   # not the 1 s catch-up read's
     finally:
         processes.stop_all()
 
