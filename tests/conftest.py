@@ -12,12 +12,13 @@ import pytest
 from relay import embedded
 from relay.store import Store
 from relay.store.connection import connect
-from tests.helpers.ports import worker_free_port
+from tests.helpers.ports import worker_ports
 from tests.helpers.processes import Processes
 from tests.helpers.servers import flush, local_cluster, replicated_cluster
 from tests.helpers.tls import write_pki
 
-embedded.free_port = worker_free_port(embedded.free_port)
+if (ports := worker_ports()) is not None:
+    embedded.free_port, embedded.free_ports = ports.free_port, ports.free_ports
 
 
 # Modules whose tests run against a one-node Redis and again against a 3-master

@@ -3,33 +3,53 @@
 Brokers listen with SO_REUSEPORT, so two workers handed the same free port by the
 kernel (between one's check and its broker's bind) would both bind it and answer each
 other's requests. Each worker therefore takes its ports from a range of its own, below
-the kernel's ephemeral range (and with room for the cluster bus ports, port + 10000).
+the kernel's ephemeral range, with each port's cluster bus port (port + 10000) free too:
+an outgoing connection can take no port there between the check and a node's bind.
 """
 
-import itertools
 import os
 import socket
 
 FIRST = 10_000
 SPAN = 2_000
 RANGES = 5      # 10000-19999; bus ports 20000-29999; the ephemeral range starts at 32768
+BUS = 10_000
 
 
-def worker_free_port(fallback):
-    """A free_port() for this xdist worker, or `fallback` outside xdist."""
+def bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+class WorkerPorts:
+    """This worker's range, handed out from one cursor that wraps: free_port and
+    free_ports never give a port again before the range has gone round."""
+
+    def __init__(self, start: int):
+        self.start, self.cursor = start, start
+
+    def free_ports(self, count: int) -> int:
+        """The first of `count` consecutive free ports, their bus ports free too."""
+        for _ in range(SPAN):
+            if self.cursor + count > self.start + SPAN:
+                self.cursor = self.start
+            first, self.cursor = self.cursor, self.cursor + 1
+            if all(bindable(p) and bindable(p + BUS) for p in range(first, first + count)):
+                self.cursor = first + count
+                return first
+        raise AssertionError(f"no {count} consecutive free ports in {self.start}+{SPAN}")
+
+    def free_port(self) -> int:
+        return self.free_ports(1)
+
+
+def worker_ports() -> WorkerPorts | None:
+    """This xdist worker's ports, or None outside xdist."""
     name = os.environ.get("PYTEST_XDIST_WORKER", "")
     if not name.startswith("gw"):
-        return fallback
-    start = FIRST + SPAN * (int(name[2:]) % RANGES)
-    candidates = itertools.cycle(range(start, start + SPAN))
-
-    def free_port() -> int:
-        for port in candidates:
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                return port
-        raise AssertionError("unreachable: the cycle never ends")
-    return free_port
+        return None
+    return WorkerPorts(FIRST + SPAN * (int(name[2:]) % RANGES))
