@@ -73,7 +73,7 @@ def test_delete_right_after_sub_on_another_broker_closes_the_consumer(processes)
         consumer.identify()
         assert consumer.sub("gone", "c", rdy=1) == (FRAME_RESPONSE, b"OK")
         assert api.request("POST", "/channel/delete?topic=gone&channel=c")[0] == 200
-        assert consumer.closed(timeout=2.0), attempt
+        assert consumer.closed(timeout=5.0), attempt
         consumer.close()
 
 
