@@ -11,6 +11,7 @@ this checkout's (scripts/bench.py's Stack and run_workload).
 """
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -34,6 +35,20 @@ def checkout(rev: str, parent: str) -> str:
     return path
 
 
+@contextlib.contextmanager
+def checked_out(rev: str | None, prefix: str, source: str | None = None):
+    """The checkout to run from: `rev` in a temporary worktree, removed after; without a
+    rev, `source` or this checkout."""
+    if not rev:
+        yield source or ROOT
+        return
+    path = checkout(rev, tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", path])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("before")
@@ -44,31 +59,32 @@ def main():
                         help="workloads whose title contains this (repeatable; default all)")
     args = parser.parse_args()
     workloads = [w for w in WORKLOADS if not args.only or any(o in w[0] for o in args.only)]
-    parent = tempfile.mkdtemp(prefix="relay-compare-")
-    sources = {rev: checkout(rev, parent) for rev in (args.before, args.after)}
-    try:
-        print(f"| workload | {args.before} msgs/s | {args.after} msgs/s | after / before "
-              "| broker µs/msg before / after | Redis µs/msg before / after "
-              "| p99 ms before / after |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
-        for title, loadgen_args, brokers in workloads:
-            runs = alternately(loadgen_args, brokers, args.seconds, args.runs,
-                               {rev: {"source": source} for rev, source in sources.items()})
-            rate, cost = {}, {}
-            for rev, results in runs.items():
-                rate[rev] = statistics.median(r["msgs_per_s"] for r in results)
-                cost[rev] = {k: statistics.median(r[f"{k}_us_per_msg"] for r in results)
-                             for k in ("broker", "redis")}
-            cells = [" / ".join(f"{r['msgs_per_s']:,.0f}" for r in runs[rev]) for rev in sources]
-            before, after = args.before, args.after
-            p99 = " / ".join(f"{statistics.median(r['p99_ms'] for r in runs[rev]):.2f}"
-                             if "p99_ms" in runs[rev][0] else "-" for rev in sources)
-            print(f"| {title} | {cells[0]} | {cells[1]} | {rate[after] / rate[before]:.2f} | "
-                  + " | ".join(f"{cost[before][k]:.1f} / {cost[after][k]:.1f}"
-                               for k in ("broker", "redis")) + f" | {p99} |", flush=True)
-    finally:
-        for source in sources.values():
-            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", source])
+    with checked_out(args.before, "relay-compare-") as before, \
+            checked_out(args.after, "relay-compare-") as after:
+        compare({args.before: before, args.after: after}, workloads, args)
+
+
+def compare(sources: dict, workloads: list, args) -> None:
+    """Print the table's rows, one workload at a time."""
+    print(f"| workload | {args.before} msgs/s | {args.after} msgs/s | after / before "
+          "| broker µs/msg before / after | Redis µs/msg before / after "
+          "| p99 ms before / after |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for title, loadgen_args, brokers in workloads:
+        runs = alternately(loadgen_args, brokers, args.seconds, args.runs,
+                           {rev: {"source": source} for rev, source in sources.items()})
+        rate, cost = {}, {}
+        for rev, results in runs.items():
+            rate[rev] = statistics.median(r["msgs_per_s"] for r in results)
+            cost[rev] = {k: statistics.median(r[f"{k}_us_per_msg"] for r in results)
+                         for k in ("broker", "redis")}
+        cells = [" / ".join(f"{r['msgs_per_s']:,.0f}" for r in runs[rev]) for rev in sources]
+        before, after = args.before, args.after
+        p99 = " / ".join(f"{statistics.median(r['p99_ms'] for r in runs[rev]):.2f}"
+                         if "p99_ms" in runs[rev][0] else "-" for rev in sources)
+        print(f"| {title} | {cells[0]} | {cells[1]} | {rate[after] / rate[before]:.2f} | "
+              + " | ".join(f"{cost[before][k]:.1f} / {cost[after][k]:.1f}"
+                           for k in ("broker", "redis")) + f" | {p99} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import redis  # noqa: E402
 
 from relay import embedded  # noqa: E402
-from scripts.compare import ROOT, checkout  # noqa: E402
+from scripts.compare import checked_out  # noqa: E402
 from scripts.idle_latency import Connection, cpu_seconds  # noqa: E402
 
 
@@ -105,11 +105,15 @@ def main():
     args = parser.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    with checked_out(args.rev, "relay-idle-cost-src-", args.source) as source:
+        result = run(source, args)
+    print(json.dumps({**result, "revision": args.rev or args.source or "this checkout"}))
+
+
+def run(source: str, args) -> dict:
+    """A Redis, a broker and a scanner of `source`, the consumers; the measurement."""
     redis_port, tcp_port = embedded.free_port(), embedded.free_port()
     data = tempfile.mkdtemp(prefix="relay-idle-cost-")
-    source = args.source or ROOT
-    if args.rev:
-        source = checkout(args.rev, tempfile.mkdtemp(prefix="relay-idle-cost-src-"))
     redis_proc = embedded.start(redis_port, data, extra=("--save", "", "--appendonly", "no"))
     env = {**os.environ, "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
            "PYTHONPATH": source, "RELAY_LOG_LEVEL": "warning"}
@@ -132,7 +136,7 @@ def main():
             raise
         for consumer in consumers:
             consumer.sock.close()
-        print(json.dumps({**result, "revision": args.rev or args.source or "this checkout"}))
+        return result
     finally:
         for proc in procs.values():
             proc.terminate()
@@ -140,8 +144,6 @@ def main():
             proc.wait(30)
         redis_proc.terminate()
         redis_proc.wait(10)
-        if args.rev:
-            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", source])
 
 
 if __name__ == "__main__":

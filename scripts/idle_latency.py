@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import redis  # noqa: E402
 
 from relay import embedded  # noqa: E402
-from scripts.compare import ROOT, checkout  # noqa: E402
+from scripts.compare import checked_out  # noqa: E402
 
 SETTLE = 3.0
 
@@ -145,9 +145,15 @@ def main():
     args = parser.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    with checked_out(args.rev, "relay-idle-") as source:
+        result = run(source, args)
+    print(json.dumps({**result, "revision": args.rev or "this checkout"}))
+
+
+def run(source: str, args) -> dict:
+    """A Redis and a broker of `source`; the measurement."""
     redis_port, tcp_port = embedded.free_port(), embedded.free_port()
     data = tempfile.mkdtemp()
-    source = checkout(args.rev, tempfile.mkdtemp(prefix="relay-idle-")) if args.rev else ROOT
     redis_proc = embedded.start(redis_port, data, extra=("--save", "", "--appendonly", "no"))
     env = {**os.environ, "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
            "PYTHONPATH": source}
@@ -159,18 +165,15 @@ def main():
         embedded.wait_for_port("127.0.0.1", tcp_port, broker)
         client = redis.Redis(port=redis_port)
         try:
-            result = measure(tcp_port, broker.pid, client, args)
+            return measure(tcp_port, broker.pid, client, args)
         except Exception:
             print(f"the broker's log: {data}/broker.log", file=sys.stderr)
             raise
-        print(json.dumps({**result, "revision": args.rev or "this checkout"}))
     finally:
         broker.terminate()
         broker.wait(30)
         redis_proc.terminate()
         redis_proc.wait(10)
-        if args.rev:
-            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", source])
 
 
 if __name__ == "__main__":
