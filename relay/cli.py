@@ -142,21 +142,23 @@ def _run_cluster(ports: list, data_dir: str, conf: str | None, replicas: int = 0
     import signal
     from relay import embedded
     from relay.cluster_supervisor import ClusterSupervisor
+    from relay.lifetime import STOPS
     for port in ports:
         embedded.lock_data_dir(os.path.join(data_dir, str(port)))
+
     def stop_forming(*_):
         """While it forms: stop the nodes and exit 0, with no second stop cutting in."""
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOPS:
             signal.signal(sig, signal.SIG_IGN)
         sys.exit(0)
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOPS:
         signal.signal(sig, stop_forming)
     started = time.monotonic()
     procs: list = []
     stopping: list = []
     try:
         embedded.start_cluster(ports, data_dir, conf=conf, replicas=replicas, procs=procs)
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOPS:
             signal.signal(sig, lambda *_: stopping.append(True))
         supervisor = ClusterSupervisor(ports, data_dir, conf, replicas, procs, started)
     except BaseException:  # a stop while they form or before these handlers

@@ -89,6 +89,9 @@ def listens(host: str, port: int) -> bool:
         return False
 
 
+BUS_OFFSET = 10_000    # a cluster node's bus port is its port + this, as Redis has it
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -102,7 +105,7 @@ def free_ports(count: int) -> int:
         first = random.randrange(20000, 45000)
         try:
             for port in range(first, first + count):
-                for p in (port, port + 10000):
+                for p in (port, port + BUS_OFFSET):
                     with socket.socket() as s:
                         s.bind(("127.0.0.1", p))
             return first
@@ -261,7 +264,7 @@ def add_master(port: int, data_dir: str, cluster_ports: list,
     import redis as redis_py
     seed = redis_py.Redis(port=cluster_ports[0], socket_timeout=5)
     seed_bus = (int(seed.config_get("cluster-port")["cluster-port"])  # type: ignore[arg-type]
-                or cluster_ports[0] + 10000)
+                or cluster_ports[0] + BUS_OFFSET)
     node = redis_py.Redis(port=port, socket_timeout=5)
     node.execute_command("CLUSTER MEET", "127.0.0.1", cluster_ports[0], seed_bus)
     wait_for_cluster([redis_py.Redis(port=p, socket_timeout=5) for p in cluster_ports] + [node])
@@ -285,12 +288,12 @@ def spawn_cluster_node(port: int, data_dir: str, extra: tuple = (), conf: str | 
     in its folder, which says why it died if it did of itself."""
     node_dir = os.path.join(data_dir, str(port))
     os.makedirs(node_dir, exist_ok=True)
-    bus = port + 10000 if port + 10000 < 65536 else free_port()
+    bus = port + BUS_OFFSET if port + BUS_OFFSET < 65536 else free_port()
     proc = subprocess.Popen(
         [binary or cluster_binary(), *([os.path.abspath(conf)] if conf else []),
          "--port", str(port), "--bind", "127.0.0.1", "--dir", node_dir,
          "--cluster-enabled", "yes",
-         *(["--cluster-port", str(bus)] if bus != port + 10000 else []),
+         *(["--cluster-port", str(bus)] if bus != port + BUS_OFFSET else []),
          "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", str(node_timeout),
          "--repl-diskless-sync-delay", "0",
          "--logfile", os.path.abspath(os.path.join(node_dir, NODE_LOG)), *extra],

@@ -27,13 +27,17 @@ STOPS = (signal.SIGTERM, signal.SIGINT)
 def stops_held():
     """Hold SIGTERM and SIGINT until the block ends, then act on them as their handlers
     would have: a stop raised between Popen and the list the process goes in would lose
-    the process. Off the main thread (no handlers there) it holds nothing."""
+    the process. Off the main thread (no handlers there) it holds nothing, nor does it
+    hold an ignored signal (a child started in the block still inherits SIG_IGN)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     held: list = []
-    before = {sig: signal.signal(sig, lambda sig, _: held.append(sig)) for sig in STOPS}
+    before: dict = {}
     try:
+        for sig in STOPS:
+            if signal.getsignal(sig) not in (None, signal.SIG_IGN):   # None: not Python's
+                before[sig] = signal.signal(sig, lambda sig, _: held.append(sig))
         yield
     finally:
         for sig, handler in before.items():

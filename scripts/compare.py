@@ -42,11 +42,12 @@ def checked_out(rev: str | None, prefix: str, source: str | None = None):
     if not rev:
         yield source or ROOT
         return
-    path = checkout(rev, tempfile.mkdtemp(prefix=prefix))
-    try:
-        yield path
-    finally:
-        subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", path])
+    with tempfile.TemporaryDirectory(prefix=prefix) as parent:
+        path = checkout(rev, parent)
+        try:
+            yield path
+        finally:
+            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", path])
 
 
 def main():
@@ -58,6 +59,8 @@ def main():
     parser.add_argument("--only", action="append", default=[],
                         help="workloads whose title contains this (repeatable; default all)")
     args = parser.parse_args()
+    if args.before == args.after:
+        parser.error("BEFORE and AFTER name the same revision")
     workloads = [w for w in WORKLOADS if not args.only or any(o in w[0] for o in args.only)]
     with checked_out(args.before, "relay-compare-") as before, \
             checked_out(args.after, "relay-compare-") as after:

@@ -331,7 +331,6 @@ def test_sigterm_while_the_cluster_forms_stops_the_nodes_started_so_far(tmp_path
     assert [port for port in range(first, first + 6) if embedded.listens("127.0.0.1", port)] == []
 
 
-
 def test_a_stop_just_after_a_node_is_spawned_still_stops_it(tmp_path, monkeypatch):
     """SIGTERM the instant a node's process exists, before start_cluster has it in its
     list: the stop waits for the list (stops_held), and no node outlives the call."""
@@ -341,7 +340,6 @@ def test_a_stop_just_after_a_node_is_spawned_still_stops_it(tmp_path, monkeypatc
         proc, bus = spawn(*args, **kwargs)
         spawned.append(proc)
         os.kill(os.getpid(), signal.SIGTERM)   # its handler runs before this returns
-        time.sleep(0.1)
         return proc, bus
 
     def exit_on_stop(*_):

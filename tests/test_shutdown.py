@@ -134,11 +134,10 @@ def test_a_sigterm_while_the_rq_worker_is_spawned_reaches_it(processes, monkeypa
     forwarded: list = []
 
     class Spawning:
-        pid = 4_000_000     # no such process: nothing to deregister
+        pid = 1 << 22       # above any pid_max: no rq registration to take back
 
         def __init__(self, *args, **kwargs):
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.1)  # the handler would run here, with no worker to forward to
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before this returns
 
         def send_signal(self, signum):
             forwarded.append(signum)

@@ -12,7 +12,7 @@ import redis
 from redis.exceptions import RedisClusterException
 from rq import Queue, Worker
 
-from relay.lifetime import end_with_parent, stops_held
+from relay.lifetime import STOPS, end_with_parent, stops_held
 from relay.options import redacted_url
 from relay.store.connection import (UNREACHABLE, connect, is_cluster, node_url, unready,
                                     wait_until_ready)
@@ -50,7 +50,7 @@ def run_worker(rq: str, redis_url: str) -> int:
         state["stopping"], state["signal"] = True, signum
         if state["worker"] is not None:
             state["worker"].send_signal(signum)
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOPS:
         signal.signal(sig, forward)
     while wait_until_ready(redis_url, lambda: state["stopping"], log):
         try:
@@ -59,7 +59,8 @@ def run_worker(rq: str, redis_url: str) -> int:
             continue  # gone again since it was ready: wait again
         with stops_held():   # a stop during the Popen must reach the worker it starts
             if state["stopping"]:
-                break
+                log.info("jobs stopped before their rq worker started")
+                return 0
             worker = state["worker"] = subprocess.Popen(
                 [rq, "worker", "--url", url, QUEUE], preexec_fn=end_with_parent)
         # on one server there is nowhere to follow: no look every FOLLOW_INTERVAL

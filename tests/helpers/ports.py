@@ -10,10 +10,11 @@ an outgoing connection can take no port there between the check and a node's bin
 import os
 import socket
 
+from relay.embedded import BUS_OFFSET
+
 FIRST = 10_000
 SPAN = 2_000
 RANGES = 5      # 10000-19999; bus ports 20000-29999; the ephemeral range starts at 32768
-BUS = 10_000
 
 
 def bindable(port: int) -> bool:
@@ -38,7 +39,8 @@ class WorkerPorts:
             if self.cursor + count > self.start + SPAN:
                 self.cursor = self.start
             first, self.cursor = self.cursor, self.cursor + 1
-            if all(bindable(p) and bindable(p + BUS) for p in range(first, first + count)):
+            if all(bindable(p) and bindable(p + BUS_OFFSET)
+                   for p in range(first, first + count)):
                 self.cursor = first + count
                 return first
         raise AssertionError(f"no {count} consecutive free ports in {self.start}+{SPAN}")
@@ -52,4 +54,6 @@ def worker_ports() -> WorkerPorts | None:
     name = os.environ.get("PYTEST_XDIST_WORKER", "")
     if not name.startswith("gw"):
         return None
-    return WorkerPorts(FIRST + SPAN * (int(name[2:]) % RANGES))
+    if int(name[2:]) >= RANGES:    # a shared range: two brokers on one port
+        raise RuntimeError(f"at most {RANGES} xdist workers (pytest -n {RANGES})")
+    return WorkerPorts(FIRST + SPAN * int(name[2:]))
