@@ -11,10 +11,12 @@ for BENCHMARKS.md.
 With --sweep N, instead: the scanner's sweep of expired messages (expire.lua) over a
 channel holding N expired messages and 1,000 live ones, dropped and dead-lettered: the
 calls it takes and how long each holds Redis (SLOWLOG: the script's own time).
+--no-aof turns Redis's AOF off for it: an AOF rewrite (a fork) makes the calls that
+write while it runs pay copy-on-write.
 
     .venv/bin/python scripts/bench_controls.py [--runs 5] [--seconds 5] [--only TITLE-PART]
         [--calls 4000]
-    .venv/bin/python scripts/bench_controls.py --sweep 1000000
+    .venv/bin/python scripts/bench_controls.py --sweep 1000000 [--no-aof]
 """
 
 import argparse
@@ -96,13 +98,15 @@ def script_cost(calls: int, blocks: int = 20) -> list[str]:
                 for name, c in costs.items()]
 
 
-def sweep_cost(count: int) -> list[str]:
+def sweep_cost(count: int, aof: bool = True) -> list[str]:
     """A row per way expired messages go (dropped; dead-lettered: the scanner's max
     attempts 3): `count` messages published two hours ago in MPUBs of 100 and 1,000
     new ones, a TTL of 10 min, then expire.lua calls until none is left to do."""
     rows = []
     with own_redis("sweep") as url:
         store = Store(redis.Redis.from_url(url))
+        if not aof:
+            store.redis.config_set("appendonly", "no")
         for way, max_attempts in (("dropped", 0), ("dead-lettered", 3)):
             store.redis.flushall()
             store.create_channel(TOPIC, CHANNEL)
@@ -140,12 +144,14 @@ def main() -> None:
                         help="MPUB calls per control of publish.lua's cost")
     parser.add_argument("--sweep", type=int, default=0,
                         help="measure the sweep of this many expired messages instead")
+    parser.add_argument("--no-aof", action="store_true",
+                        help="with --sweep: Redis without its AOF (no rewrite's fork)")
     args = parser.parse_args()
     if args.sweep:
         print("| expired messages | taken out | expire.lua calls | Redis ms in all | "
               "a call's ms: median / p99 / longest | messages per Redis second |")
         print("| --- | --- | --- | --- | --- | --- |")
-        print("\n".join(sweep_cost(args.sweep)))
+        print("\n".join(sweep_cost(args.sweep, aof=not args.no_aof)))
         return
     others = [c for c in CONTROLS if c != "none"]
     print("| workload | " + " | ".join(f"{c}, msgs/s" for c in CONTROLS) + " | "
