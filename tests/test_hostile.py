@@ -23,6 +23,7 @@ from tests.helpers.processes import rss_kb
 from tests.helpers.servers import all_keys
 from tests.helpers.wait import wait_for
 from tests.helpers.wire import Wire
+from tests.helpers.witness import Witness
 
 pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
 
@@ -192,36 +193,6 @@ def test_hostile_clients_get_nsqd_errors_and_hurt_nobody(processes):
 # The slowest answer an innocent PUB may get during a flood: the defects took 5 s and
 # more; on a loaded 2-core machine a healthy broker's slowest was 0.13 s.
 SLOWEST_PUB = 0.5
-
-
-class Witness(threading.Thread):
-    """An innocent producer on its own connection: a PUB every 20 ms, each timed."""
-
-    def __init__(self, port: int):
-        super().__init__(daemon=True)
-        self.wire = Wire(port, timeout=30)
-        # a broker's first publish loads its scripts: not what is measured here
-        assert self.wire.pub("witness", b"first") == (FRAME_RESPONSE, b"OK")
-        self.times: list[float] = []
-        self.replies: set = set()
-        self.done = threading.Event()
-        self.start()
-
-    def run(self):
-        while not self.done.is_set():
-            started = time.perf_counter()
-            self.replies.add(self.wire.pub("witness", b"alive"))
-            self.times.append(time.perf_counter() - started)
-            time.sleep(0.02)
-
-    def stop(self) -> float:
-        """The slowest PUB; every PUB must have been answered OK."""
-        self.done.set()
-        self.join(30)
-        self.wire.close()
-        assert self.replies == {(FRAME_RESPONSE, b"OK")}, self.replies
-        assert len(self.times) >= 10, self.times
-        return max(self.times)
 
 
 def flood(port: int, seconds: float, data: bytes, first: bytes = b"") -> None:

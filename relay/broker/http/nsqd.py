@@ -39,7 +39,9 @@ def nsqd_server(broker: BrokerContext) -> HttpServer:
     api = NsqdApi(broker)
     return HttpServer(broker, {**api.routes(), **LookupdApi(broker).queries(),
                                **HistoryApi(broker).routes(), **ControlsApi(broker).routes()},
-                      prefixes={"/config/": {"GET": api.config, "PUT": api.config}})
+                      prefixes={"/config/": {"GET": api.config, "PUT": api.config}},
+                      body_limits={"/pub": ("max_msg_size", "MSG_TOO_BIG"),
+                                   "/mpub": ("max_body_size", "BODY_TOO_BIG")})
 
 
 class NsqdApi:
@@ -123,9 +125,6 @@ class NsqdApi:
         return self._publish_keyed(request, topic, [body], [key], defer)
 
     def mpub(self, request):
-        declared = request.environ.get("CONTENT_LENGTH")
-        if declared and declared.isdigit() and int(declared) > self.options.max_body_size:
-            raise HttpError(413, "BODY_TOO_BIG")
         topic = self._topic(request)
         raw = request.arg("binary")
         binary = raw is not None and BOOLS.get(raw, True)
@@ -319,4 +318,4 @@ class NsqdApi:
 
 def _pausing(request) -> bool:
     """/pause or /unpause (nsqd tells them apart the same way)."""
-    return not request.path.rstrip("/").endswith("unpause")
+    return not request.path.endswith("unpause")

@@ -1,23 +1,25 @@
-"""The WSGI plumbing both HTTP APIs share (nsqd's internal/http_api), on gevent's server.
+"""The WSGI app both HTTP APIs share (nsqd's internal/http_api), served by http1.py.
 
 Responses follow http_api.V1: 200 with the text or JSON, errors as
 `{"message":"CODE"}`, 404 NOT_FOUND for unknown paths and 405 METHOD_NOT_ALLOWED
-for a known path with the wrong method. Bodies are bounded by max-msg-size /
-max-body-size: a declared Content-Length over the limit is refused before
-reading, and a chunked body is read only up to the limit plus one byte.
+for a known path with the wrong method; paths are routed as nsqd's httprouter does,
+with its redirects (301 for GET, 307 else) to the route a path means (`/ping/`,
+`//ping`, `/PING`). Bodies are bounded by max-msg-size / max-body-size: the
+server refuses a body past its path's limit before reading it (body_limit).
 """
 
 import json
 import logging
 from typing import Callable, NamedTuple
+import re
 from urllib.parse import parse_qs
 
 import redis
-from gevent.pywsgi import WSGIServer
 
 from relay import codec
 from relay.broker.auth import AuthError
 from relay.broker.context import BrokerContext
+from relay.broker.http.http1 import Http1Server, Reply
 from relay.errors import RelayError, StoreError
 from relay.sockio import listen
 from relay.store.causes import cause
@@ -38,11 +40,11 @@ AUTHORIZED_PATHS = {
 IDENTIFIED = "identified"
 MAX_CACHED_GRANTS = 10_000
 TLS_REQUIRED_EVERYWHERE = 2     # --tls-required true: no plain HTTP API either
-REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
-           404: "Not Found",
-           405: "Method Not Allowed",
-           413: "Request Entity Too Large", 500: "Internal Server Error",
-           503: "Service Unavailable"}
+REASONS = {200: "OK", 301: "Moved Permanently", 307: "Temporary Redirect",
+           400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+           405: "Method Not Allowed", 413: "Request Entity Too Large",
+           500: "Internal Server Error", 503: "Service Unavailable"}
+BAD_QUERY = re.compile(r"%(?![0-9A-Fa-f]{2})|;")     # what Go's url.ParseQuery refuses
 
 Routes = dict[str, dict[str, Callable]]     # path -> method -> handler(request)
 
@@ -55,6 +57,15 @@ class HttpError(RelayError):
         self.code = code
         self.text = text
         self.plain = plain
+
+
+class Moved(RelayError):
+    """httprouter's redirect to the route a path means."""
+
+    def __init__(self, method: str, location: str):
+        super().__init__(location)
+        self.code = 301 if method == "GET" else 307
+        self.location = location
 
 
 class Typed(NamedTuple):
@@ -70,14 +81,25 @@ class Request:
         self.environ = environ
         self.method = environ["REQUEST_METHOD"]
         self.path = environ.get("PATH_INFO", "/")
-        self.query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+        self.raw_query = environ.get("QUERY_STRING", "")
+        self._query: dict[str, list[str]] | None = None
         self.reply_headers: list[tuple[str, str]] = []    # a handler's own, e.g. X-Relay-*
+
+    @property
+    def query(self) -> dict[str, list[str]]:
+        """The arguments, read when a handler first asks (as nsqd's NewReqParams): a bad
+        escape or a semicolon is nsqd's 400 INVALID_REQUEST."""
+        if self._query is None:
+            if BAD_QUERY.search(self.raw_query):
+                raise HttpError(400, "INVALID_REQUEST")
+            self._query = parse_qs(self.raw_query, keep_blank_values=True)
+        return self._query
 
     def arg_bytes(self, name: str) -> bytes | None:
         """An argument's bytes as sent (percent-decoded), where arg() would replace
         what is not UTF-8."""
-        values = parse_qs(self.environ.get("QUERY_STRING", ""), keep_blank_values=True,
-                          encoding="latin-1").get(name)
+        self.query      # noqa: B018 - refuses a query Go would not parse
+        values = parse_qs(self.raw_query, keep_blank_values=True, encoding="latin-1").get(name)
         return values[0].encode("latin-1") if values else None
 
     def arg(self, name: str) -> str | None:
@@ -109,10 +131,8 @@ class Request:
         return topic, channel
 
     def body(self, limit: int, too_big: str) -> bytes:
-        """The body, or 413 too_big past `limit` bytes, without reading more than limit+1."""
-        declared = self.environ.get("CONTENT_LENGTH")
-        if declared and declared.isdigit() and int(declared) > limit:
-            raise HttpError(413, too_big)
+        """The body, or 413 too_big past `limit` bytes (the server read it whole, up to
+        the path's body_limit)."""
         data = self.environ["wsgi.input"].read(limit + 1)
         if len(data) > limit:
             raise HttpError(413, too_big)
@@ -167,18 +187,19 @@ class HttpServer:
     """One API's routes on one or more listening addresses (nsqd's API also on
     --https-address), with the TLS and Bearer auth checks in front of every route."""
 
-    def __init__(self, broker: BrokerContext, routes: Routes, prefixes: Routes | None = None):
+    def __init__(self, broker: BrokerContext, routes: Routes, prefixes: Routes | None = None,
+                 body_limits: dict[str, tuple[str, str]] | None = None):
         self.broker = broker
         self.routes = routes
         self.prefixes = prefixes or {}      # routes for every path under a prefix
+        self.body_limits = body_limits or {}    # path -> (option, 413 text); else BODY_TOO_BIG
         self.bearer = BearerAuth(broker)
-        self.servers: list[WSGIServer] = []
+        self.servers: list[Http1Server] = []
         self.port = 0
 
     def start(self, address: str, ssl_context=None) -> tuple:
         """Serve on address, over TLS with an ssl_context (--https-address)."""
-        extra = {"ssl_context": ssl_context} if ssl_context else {}
-        server = WSGIServer(listen(address), self.app, log=None, error_log=log, **extra)
+        server = Http1Server(listen(address), self.app, self.body_limit, ssl_context)
         server.start()
         self.servers.append(server)
         bound = server.socket.getsockname()[:2]
@@ -189,6 +210,12 @@ class HttpServer:
     def stop(self) -> None:
         for server in self.servers:
             server.stop(timeout=1)
+
+    def body_limit(self, method: str, path: str) -> tuple[int, Reply]:
+        """The most body bytes `path` takes (max-body-size unless body_limits says), and
+        nsqd's 413 past them."""
+        option, text = self.body_limits.get(path, ("max_body_size", "BODY_TOO_BIG"))
+        return getattr(self.broker.options, option), Reply(*encode(413, {"message": text}))
 
     def app(self, environ, start_response):
         request = Request(environ)
@@ -209,6 +236,12 @@ class HttpServer:
             if request.method != "OPTIONS":
                 self.bearer.check(request)
             return 200, handler(request)
+        except Moved as e:
+            request.reply_headers.append(("Location", e.location))
+            if request.method != "GET":
+                return e.code, None
+            link = f'<a href="{e.location}">{REASONS[e.code]}</a>.\n\n'
+            return e.code, Typed(link.encode(), "text/html; charset=utf-8")
         except HttpError as e:
             return e.code, e.text if e.plain else {"message": e.text}
         except Exception:
@@ -222,31 +255,61 @@ class HttpServer:
                 and request.environ.get("wsgi.url_scheme") != "https"):
             raise HttpError(403, "TLS_REQUIRED")
 
-    def _methods(self, request: Request) -> dict | None:
+    def _methods(self, path: str) -> dict | None:
         """The path's handlers by method, None for an unknown path."""
-        methods = self.routes.get(request.path.rstrip("/") or "/")
+        methods = self.routes.get(path)
         for prefix, by_method in self.prefixes.items():
-            if request.path.startswith(prefix) and len(request.path) > len(prefix):
+            if path.startswith(prefix) and len(path) > len(prefix):
                 methods = by_method
         return methods
 
+    def _moved(self, request: Request) -> Moved | None:
+        """httprouter's redirect for a path no route has: to the path with its trailing
+        slash toggled, or to the cleaned path in any case ("//ping", "/../PING")."""
+        path = request.path
+        if request.method == "CONNECT" or path == "/":
+            return None
+        toggled = path[:-1] if path.endswith("/") else path + "/"
+        cleaned = clean_path(path).lower()
+        for target in (toggled, cleaned, cleaned[:-1] if cleaned.endswith("/") else cleaned + "/"):
+            if target != path and request.method in (self._methods(target) or {}):
+                query = f"?{request.raw_query}" if request.raw_query else ""
+                return Moved(request.method, target + query)
+        return None
+
     def _allowed(self, request: Request) -> str:
         """The Allow header of the path as nsqd's router gives it ("" when unknown)."""
-        methods = self._methods(request)
+        methods = self._methods(request.path)
         return ", ".join(sorted({*methods, "OPTIONS"})) if methods else ""
 
     def _handler(self, request: Request) -> Callable:
         """The route's handler: 404 for an unknown path, 405 for a known one's wrong
         method; OPTIONS on a known path answers 200 with nothing (and Allow, see app)."""
-        methods = self._methods(request)
+        methods = self._methods(request.path)
+        handler = (methods or {}).get(request.method)
+        moved = None if handler else self._moved(request)
+        if moved:
+            raise moved
         if methods is None:
             raise HttpError(404, "NOT_FOUND")
-        handler = methods.get(request.method)
         if handler is None and request.method == "OPTIONS":
             return lambda request: None
         if handler is None:
             raise HttpError(405, "METHOD_NOT_ALLOWED")
         return handler
+
+
+def clean_path(path: str) -> str:
+    """httprouter's CleanPath: one slash between segments, "." and ".." resolved, a
+    trailing slash kept."""
+    parts: list[str] = []
+    for segment in path.split("/"):
+        if segment == "..":
+            parts = parts[:-1]
+        elif segment not in ("", "."):
+            parts.append(segment)
+    cleaned = "/" + "/".join(parts)
+    return cleaned + "/" if path.endswith("/") and cleaned != "/" else cleaned
 
 
 def encode(code: int, data) -> tuple[str, list, bytes]:
@@ -283,7 +346,7 @@ class BearerAuth:
         PUT /config/... a secret with any grant."""
         if not self.broker.auth.enabled:
             return
-        kind = AUTHORIZED_PATHS.get(request.path.rstrip("/"))
+        kind = AUTHORIZED_PATHS.get(request.path)
         if request.method == "PUT" and request.path.startswith("/config/"):
             kind = IDENTIFIED
         topic = request.arg("topic")
