@@ -29,6 +29,7 @@ import httptools
 from gevent.server import StreamServer
 
 from relay.log import ClientFaults
+from relay.sockio import send_all
 
 log = logging.getLogger("relay.http")
 
@@ -233,7 +234,7 @@ class Connection:
         if keep and self.refusal is not None:
             self.server.faults.note(self.refusal.fault, self.address,
                                     self.refusal.reply.status)
-            self.sock.sendall(self.server.render(self.refusal.reply, close=True, head=False))
+            send_all(self.sock, self.server.render(self.refusal.reply, close=True, head=False))
         return False
 
     def _parse_refusal(self, text: str, data: bytes) -> Refusal:
@@ -261,7 +262,7 @@ class Connection:
                 break
         self.complete.clear()
         if out:
-            self.sock.sendall(b"".join(out))
+            send_all(self.sock, b"".join(out))
         return keep
 
     def _continue(self) -> None:
@@ -269,7 +270,7 @@ class Connection:
         request = self.current
         if request is not None and request.wants_continue and not request.body:
             request.wants_continue = False
-            self.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+            send_all(self.sock, b"HTTP/1.1 100 Continue\r\n\r\n")
 
 
 class Http1Server(StreamServer):
@@ -282,6 +283,7 @@ class Http1Server(StreamServer):
         self.body_limit = body_limit
         self.scheme = "https" if ssl_context else "http"
         self.faults = ClientFaults(log, "HTTP requests")
+        self.port = str(self.socket.getsockname()[1])
         self._date = (0, "")
 
     def _serve(self, sock, address) -> None:
@@ -334,7 +336,7 @@ class Http1Server(StreamServer):
             "QUERY_STRING": query.decode("latin-1"),
             "RAW_URI": request.url.decode("latin-1"),
             "SERVER_PROTOCOL": f"HTTP/{request.version}",
-            "SERVER_NAME": "", "SERVER_PORT": str(self.server_port),
+            "SERVER_NAME": "", "SERVER_PORT": self.port,
             "REMOTE_ADDR": address[0] if isinstance(address, tuple) else "",
             "REMOTE_PORT": str(address[1]) if isinstance(address, tuple) else "",
             "wsgi.version": (1, 0), "wsgi.url_scheme": self.scheme,
@@ -374,7 +376,3 @@ class Http1Server(StreamServer):
         if self._date[0] != second:
             self._date = (second, email.utils.formatdate(second, usegmt=True))
         return self._date[1]
-
-    @property
-    def server_port(self) -> int:
-        return self.socket.getsockname()[1]

@@ -9,6 +9,7 @@ import json
 import logging
 import socket
 import time
+from contextlib import contextmanager
 
 from relay.broker import registry
 from relay.store import stats
@@ -106,26 +107,42 @@ class NsqdApi:
         body = request.body(self.options.max_msg_size, "MSG_TOO_BIG")
         if not body:
             raise HttpError(400, "MSG_EMPTY")
-        topic = self._topic(request)
-        defer = 0
-        raw = request.arg("defer")
-        if raw is not None:
-            try:
-                defer = parse_int64(raw)
-            except ValueError:
-                raise HttpError(400, "INVALID_DEFER") from None
-            if not 0 <= defer <= self.options.max_defer_timeout:
-                raise HttpError(400, "INVALID_DEFER")
-        key = request.arg_bytes("id")
+        topic = request.topic()
+        with self._made_if_refused(topic):
+            defer = self._defer(request)
+            key = request.arg_bytes("id")
+            problem = key_problem(key) if key is not None else None
+            if problem:
+                raise HttpError(400, problem)
         if key is None:
             return self._publish(topic, [body], defer)
-        problem = key_problem(key)
-        if problem:
-            raise HttpError(400, problem)
         return self._publish_keyed(request, topic, [body], [key], defer)
 
+    def _defer(self, request) -> int:
+        raw = request.arg("defer")
+        if raw is None:
+            return 0
+        try:
+            defer = parse_int64(raw)
+        except ValueError:
+            raise HttpError(400, "INVALID_DEFER") from None
+        if not 0 <= defer <= self.options.max_defer_timeout:
+            raise HttpError(400, "INVALID_DEFER")
+        return defer
+
     def mpub(self, request):
-        topic = self._topic(request)
+        topic = request.topic()
+        with self._made_if_refused(topic):
+            bodies, publish_keys = self._mpub_messages(request)
+        if not bodies:
+            self._publishing(topic, lambda: self.broker.store.create_topic(topic))
+            return "OK"
+        if publish_keys is not None:
+            return self._publish_keyed(request, topic, bodies, publish_keys)
+        return self._publish(topic, bodies)
+
+    def _mpub_messages(self, request) -> tuple[list, list | None]:
+        """The bodies of an /mpub, and their publish keys with keyed=true."""
         raw = request.arg("binary")
         binary = raw is not None and BOOLS.get(raw, True)
         body = request.body(self.options.max_body_size, "BODY_TOO_BIG")
@@ -138,23 +155,24 @@ class NsqdApi:
             bodies = [line for line in body.split(b"\n") if line]
             if any(len(b) > self.options.max_msg_size for b in bodies):
                 raise HttpError(413, "MSG_TOO_BIG")
-        if not bodies:
-            return "OK"
         raw = request.arg("keyed")
-        if raw is not None and BOOLS.get(raw, True):
-            try:
-                bodies, publish_keys = keyed_messages(bodies)
-            except BadKeyedMessage as e:
-                raise HttpError(400, e.code) from None
-            return self._publish_keyed(request, topic, bodies, publish_keys)
-        return self._publish(topic, bodies)
+        if not bodies or raw is None or not BOOLS.get(raw, True):
+            return bodies, None
+        try:
+            return keyed_messages(bodies)
+        except BadKeyedMessage as e:
+            raise HttpError(400, e.code) from None
 
-    def _topic(self, request) -> str:
-        """The topic of /pub or /mpub, created as nsqd's getTopicFromQuery creates it:
-        before the arguments or body after it are checked, so a rejected publish leaves it."""
-        topic = request.topic()
-        self._publishing(topic, lambda: self.broker.store.create_topic(topic))
-        return topic
+    @contextmanager
+    def _made_if_refused(self, topic: str):
+        """nsqd's getTopicFromQuery creates the topic before the arguments and body after
+        it are checked, so a publish refused there leaves the topic; one that goes ahead
+        creates it itself, without a call of its own."""
+        try:
+            yield
+        except HttpError:
+            self._publishing(topic, lambda: self.broker.store.create_topic(topic))
+            raise
 
     def _publish(self, topic: str, bodies: list, defer: int = 0) -> str:
         broker = self.broker

@@ -8,6 +8,7 @@ with its redirects (301 for GET, 307 else) to the route a path means (`/ping/`,
 server refuses a body past its path's limit before reading it (body_limit).
 """
 
+import functools
 import json
 import logging
 from typing import Callable, NamedTuple
@@ -215,7 +216,7 @@ class HttpServer:
         """The most body bytes `path` takes (max-body-size unless body_limits says), and
         nsqd's 413 past them."""
         option, text = self.body_limits.get(path, ("max_body_size", "BODY_TOO_BIG"))
-        return getattr(self.broker.options, option), Reply(*encode(413, {"message": text}))
+        return getattr(self.broker.options, option), too_big(text)
 
     def app(self, environ, start_response):
         request = Request(environ)
@@ -297,6 +298,12 @@ class HttpServer:
         if handler is None:
             raise HttpError(405, "METHOD_NOT_ALLOWED")
         return handler
+
+
+@functools.cache
+def too_big(text: str) -> Reply:
+    """nsqd's 413 with its message."""
+    return Reply(*encode(413, {"message": text}))
 
 
 def clean_path(path: str) -> str:
