@@ -102,11 +102,12 @@ class Stack:
     (SO_REUSEPORT), each on an HTTP port of its own."""
 
     def __init__(self, brokers: int, source: str | None = None, workers: int = 1,
-                 cluster: int = 0, broker_args: tuple = ()):
+                 cluster: int = 0, broker_args: tuple = (), log_level: str | None = None):
         """`source`: a checkout whose relay the brokers and scanner run (default: this one);
         `workers`: each broker's --workers; `cluster`: a local cluster of that many
         masters with a replica each instead of one Redis (both with conf/redis.conf);
-        `broker_args`: more options for the brokers."""
+        `broker_args`: more options for the brokers; `log_level`: the brokers log at
+        this level into files of their own (log_size), instead of warnings to stderr."""
         self.dir = tempfile.mkdtemp(prefix="relay-bench-")
         conf = os.path.join(ROOT, "conf", "redis.conf")
         if cluster:
@@ -121,13 +122,17 @@ class Stack:
         self.tcp_port = embedded.free_port()
         self.http_ports = [embedded.free_port() for _ in range(brokers)]
         env = {**os.environ, "REDIS_URL": self.url, "RELAY_LOG_LEVEL": "warning"}
+        self.logs = [open(os.path.join(self.dir, f"broker-{i}.log"), "wb") if log_level
+                     else None for i in range(brokers)]
         if source:
             env["PYTHONPATH"] = source
         self.brokers = [subprocess.Popen(
             [sys.executable, "-m", "relay", "broker", "--tcp-address",
              f"127.0.0.1:{self.tcp_port}", "--http-address", f"127.0.0.1:{http}",
-             *(["--workers", str(workers)] if workers > 1 else []), *broker_args],
-            env=env, cwd=self.dir) for http in self.http_ports]
+             *(["--workers", str(workers)] if workers > 1 else []), *broker_args,
+             *(["--log-level", log_level] if log_level else [])],
+            env=env, cwd=self.dir, stderr=log)
+            for http, log in zip(self.http_ports, self.logs)]
         self.scanner = subprocess.Popen([sys.executable, "-m", "relay", "scanner"], env=env,
                                         cwd=self.dir)
         for proc, http in zip(self.brokers, self.http_ports):
@@ -143,6 +148,10 @@ class Stack:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"fewer than {count} brokers registered after 30 s")
             time.sleep(0.1)
+
+    def log_size(self, index: int) -> int:
+        """How many bytes broker `index` has logged (with a log_level)."""
+        return os.path.getsize(os.path.join(self.dir, f"broker-{index}.log"))
 
     def broker_pids(self) -> list[int]:
         """The broker processes and, with --workers, their workers (what CPU counts)."""
@@ -187,6 +196,9 @@ class Stack:
                 p.terminate()
             for p in group:
                 p.wait(10)
+        for log in self.logs:
+            if log:
+                log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

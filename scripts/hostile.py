@@ -10,7 +10,9 @@ every 20 ms throughout; its slowest PUB and failed PUBs are reported.
 """
 
 import argparse
+import http.client
 import json
+import re
 import socket
 import struct
 import threading
@@ -108,22 +110,44 @@ class Witness(threading.Thread):
         self.failed: list[str] = []
         self.count = 0
 
+    def connect(self):
+        return Conn(self.port, timeout=60)
+
+    def publish(self, conn) -> str | None:
+        """One PUB: None if it was answered OK, else what came back."""
+        conn.command(b"PUB witness", b"alive")
+        kind, data = conn.reply()
+        return data.decode("latin-1")[:100] if kind != 0 else None
+
     def run(self) -> None:
-        conn = Conn(self.port, timeout=60)
+        conn = self.connect()
         while not self.stop.is_set():
             started = time.perf_counter()
             try:
-                conn.command(b"PUB witness", b"alive")
-                kind, data = conn.reply()
-                if kind != 0:
-                    self.failed.append(data.decode("latin-1")[:100])
-            except (OSError, EOFError) as e:
+                failure = self.publish(conn)
+                if failure:
+                    self.failed.append(failure)
+            except (OSError, EOFError, http.client.HTTPException) as e:
                 self.failed.append(str(e) or type(e).__name__)
-                conn = Conn(self.port, timeout=60)
+                conn.close()
+                conn = self.connect()
             self.worst = max(self.worst, time.perf_counter() - started)
             self.count += 1
             time.sleep(0.02)
         conn.close()
+
+
+class HttpWitness(Witness):
+    """The same over one keep-alive HTTP connection: POST /pub every 20 ms."""
+
+    def connect(self):
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+
+    def publish(self, conn) -> str | None:
+        conn.request("POST", "/pub?topic=witness", b"alive")
+        reply = conn.getresponse()
+        data = reply.read()
+        return None if reply.status == 200 else f"{reply.status} {data[:80].decode()}"
 
 
 class Memory(threading.Thread):
@@ -244,6 +268,81 @@ def big_http_mpub(port: int, seconds: float, http_port: int = 0) -> str:
         return f"{e.code} {e.read()[:80].decode()}"
 
 
+def http_aborts(port: int, seconds: float, http_port: int = 0) -> str:
+    """Connect, send part of a /pub, close; over and over."""
+    deadline = time.monotonic() + seconds
+    count = 0
+    while time.monotonic() < deadline:
+        sock = socket.create_connection(("127.0.0.1", http_port))
+        sock.sendall(b"POST /pub?topic=lf HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nab")
+        sock.close()
+        count += 1
+    return f"{count:,} aborted uploads"
+
+
+def http_drip(port: int, seconds: float, http_port: int = 0) -> str:
+    """500 connections dripping a /topic/create a few bytes at a time, its body never
+    sent, then all closed at once."""
+    request = b"POST /topic/create?topic=drip HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n"
+    socks = [socket.create_connection(("127.0.0.1", http_port)) for _ in range(500)]
+    pause = seconds / (len(request) / 4)
+    for i in range(0, len(request), 4):
+        for sock in socks:
+            sock.send(request[i:i + 4])
+        time.sleep(pause)
+    for sock in socks:
+        sock.close()
+    return "500 dripped, closed together"
+
+
+def http_exchange(http_port: int, data: bytes, timeout: float = 5.0) -> str:
+    """The status lines the broker answers `data` with, and whether it closed."""
+    sock = socket.create_connection(("127.0.0.1", http_port), timeout=timeout)
+    sock.sendall(data)
+    got, closed = b"", "open"
+    try:
+        while chunk := sock.recv(1 << 16):
+            got += chunk
+        closed = "closed"
+    except OSError:
+        pass
+    sock.close()
+    statuses = re.findall(rb"HTTP/1\.[01] (\d{3})", got)
+    return ",".join(s.decode() for s in statuses) + f" {closed}"
+
+
+def topic_made(url: str, topic: str) -> str:
+    made = redis.Redis.from_url(url).sismember("relay:topics", topic)
+    return f"{topic} {'CREATED' if made else 'not created'}"
+
+
+def http_smuggle(port: int, seconds: float, http_port: int = 0, url: str = "") -> str:
+    """Two Content-Lengths (3 and 74): the rest of the body is a /pub to `smuggled`."""
+    hidden = b"POST /pub?topic=smuggled HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\nx"
+    answer = http_exchange(http_port, b"POST /pub?topic=front HTTP/1.1\r\nHost: a\r\n"
+                                      b"Content-Length: 3\r\nContent-Length: 74\r\n\r\nabc" +
+                           hidden)
+    return f"{answer}; {topic_made(url, 'smuggled')}"
+
+
+def http_half_sent(port: int, seconds: float, http_port: int = 0, url: str = "") -> str:
+    """A /topic/create without its blank line, then the client hangs up."""
+    sock = socket.create_connection(("127.0.0.1", http_port), timeout=5)
+    sock.sendall(b"POST /topic/create?topic=trunc HTTP/1.1\r\nHost: a\r\n")
+    sock.shutdown(socket.SHUT_WR)
+    sock.recv(100)
+    sock.close()
+    time.sleep(0.5)
+    return topic_made(url, "trunc")
+
+
+def http_413_then_ping(port: int, seconds: float, http_port: int = 0) -> str:
+    """Content-Length 2,000,000 without the body, then GET /ping on the same connection."""
+    return http_exchange(http_port, b"POST /pub?topic=big HTTP/1.1\r\nHost: a\r\n"
+                                    b"Content-Length: 2000000\r\n\r\n"
+                                    b"GET /ping HTTP/1.1\r\nHost: a\r\n\r\n")
+
+
 def stuck_consumers(port: int, seconds: float, consumers: int = 1) -> str:
     """Consumers at RDY 2500 that never read, on channels of 100 messages of 1 MB."""
     producer = Conn(port, timeout=60)
@@ -275,7 +374,13 @@ ATTACKS = {
     "deflate-line": deflate_line, "fin-flood": fin_flood, "deflate-fins": deflate_fins,
     "big-mpub": big_mpub, "big-http-mpub": big_http_mpub,
     "stuck-consumer": stuck_consumers, "ten-stuck-consumers": ten_stuck_consumers,
+    "http-aborts": http_aborts, "http-drip": http_drip, "http-smuggle": http_smuggle,
+    "http-half-sent": http_half_sent, "http-413-then-ping": http_413_then_ping,
 }
+# what an attack takes beyond the TCP port and its length: the HTTP port, Redis's URL
+NEEDS = {"big-http-mpub": ("http_port",), "http-aborts": ("http_port",),
+         "http-drip": ("http_port",), "http-smuggle": ("http_port", "url"),
+         "http-half-sent": ("http_port", "url"), "http-413-then-ping": ("http_port",)}
 
 
 def registration_lapsed(url: str) -> bool | str:
@@ -287,30 +392,37 @@ def registration_lapsed(url: str) -> bool | str:
 
 
 def run(name: str, seconds: float, source: str | None = None) -> dict:
-    stack = Stack(1, source=source)
+    """One attack on a fresh stack whose broker logs at info (its default), with a TCP
+    and an HTTP witness."""
+    stack = Stack(1, source=source, log_level="info")
     try:
         pid = stack.brokers[0].pid
         time.sleep(1)
         before = rss_kb(pid)
-        witness, memory = Witness(stack.tcp_port), Memory(pid)
-        witness.start()
-        memory.start()
+        witness, http_witness = Witness(stack.tcp_port), HttpWitness(stack.http_ports[0])
+        memory = Memory(pid)
+        for thread in (witness, http_witness, memory):
+            thread.start()
         time.sleep(0.2)
-        attack = ATTACKS[name]
-        kwargs = {"http_port": stack.http_ports[0]} if name == "big-http-mpub" else {}
+        logged = stack.log_size(0)
+        given = {"http_port": stack.http_ports[0], "url": stack.url}
         started = time.monotonic()
-        outcome = attack(stack.tcp_port, seconds, **kwargs)
+        outcome = ATTACKS[name](stack.tcp_port, seconds,
+                                **{k: given[k] for k in NEEDS.get(name, ())})
         took = time.monotonic() - started
         lapsed = registration_lapsed(stack.url)
         time.sleep(2)
-        witness.stop.set()
-        memory.stop.set()
-        witness.join(70)
-        memory.join()
+        for thread in (witness, http_witness, memory):
+            thread.stop.set()
+            thread.join(70)
         return {"attack": name, "outcome": outcome, "seconds": round(took, 1),
                 "witness_pubs": witness.count, "witness_worst_ms": round(witness.worst * 1000),
                 "witness_failed": len(witness.failed),
                 "witness_error": witness.failed[0] if witness.failed else "",
+                "http_witness_worst_ms": round(http_witness.worst * 1000),
+                "http_witness_failed": len(http_witness.failed),
+                "http_witness_error": http_witness.failed[0] if http_witness.failed else "",
+                "log_kb": round((stack.log_size(0) - logged) / 1024, 1),
                 "rss_before_mb": before // 1024, "rss_peak_mb": memory.peak // 1024,
                 "rss_after_mb": rss_kb(pid) // 1024, "registration_lapsed": lapsed,
                 "broker_alive": stack.brokers[0].poll() is None}
@@ -327,7 +439,8 @@ def main() -> None:
                                          "to compare with)")
     parser.add_argument("--json", action="store_true", help="one JSON object per attack")
     args = parser.parse_args()
-    columns = ("attack", "outcome", "witness_worst_ms", "witness_failed", "rss_before_mb",
+    columns = ("attack", "outcome", "witness_worst_ms", "witness_failed",
+               "http_witness_worst_ms", "http_witness_failed", "log_kb", "rss_before_mb",
                "rss_peak_mb", "rss_after_mb", "registration_lapsed")
     if not args.json:
         print(" | ".join(columns))
