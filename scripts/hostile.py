@@ -268,8 +268,8 @@ def big_http_mpub(port: int, seconds: float, http_port: int = 0) -> str:
         return f"{e.code} {e.read()[:80].decode()}"
 
 
-def http_aborts(port: int, seconds: float, http_port: int = 0) -> str:
-    """Connect, send part of a /pub, close; over and over."""
+def aborted_uploads(http_port: int, seconds: float) -> int:
+    """Connect, send 2 bytes of a 10-byte /pub body, close; over and over: how many."""
     deadline = time.monotonic() + seconds
     count = 0
     while time.monotonic() < deadline:
@@ -277,7 +277,11 @@ def http_aborts(port: int, seconds: float, http_port: int = 0) -> str:
         sock.sendall(b"POST /pub?topic=lf HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nab")
         sock.close()
         count += 1
-    return f"{count:,} aborted uploads"
+    return count
+
+
+def http_aborts(port: int, seconds: float, http_port: int = 0) -> str:
+    return f"{aborted_uploads(http_port, seconds):,} aborted uploads"
 
 
 def http_drip(port: int, seconds: float, http_port: int = 0) -> str:

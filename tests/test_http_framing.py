@@ -14,6 +14,7 @@ import pytest
 
 from relay.store.connection import connect
 from relay.store.keys import TopicKeys
+from scripts.hostile import aborted_uploads
 from tests.helpers.witness import HttpWitness, Witness
 
 STATUS = re.compile(rb"HTTP/1\.1 (\d{3} [^\r:]*)")
@@ -244,18 +245,6 @@ def broker_log(processes) -> bytes:
         return f.read()
 
 
-def abort_flood(http_port: int, seconds: float) -> int:
-    """Connect, send part of a /pub, hang up; over and over. How many times."""
-    deadline = time.monotonic() + seconds
-    count = 0
-    while time.monotonic() < deadline:
-        sock = socket.create_connection(("127.0.0.1", http_port))
-        sock.sendall(b"POST /pub?topic=lf HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nab")
-        sock.close()
-        count += 1
-    return count
-
-
 def test_an_abort_flood_stalls_no_one_and_stays_out_of_the_log(broker, processes, redis_url):
     """Each aborted upload logged a traceback (1 KB): 17,488 aborts in 15 s wrote 18 MB,
     held innocent publishes up to 6 s and failed some. Now an abort is a counted fault:
@@ -263,7 +252,7 @@ def test_an_abort_flood_stalls_no_one_and_stays_out_of_the_log(broker, processes
     port, http_port = broker
     witnesses = [Witness(port), HttpWitness(http_port)]
     before = len(broker_log(processes))
-    aborts = abort_flood(http_port, 15.0)
+    aborts = aborted_uploads(http_port, 15.0)
     slowest = [w.stop() for w in witnesses]
     time.sleep(10.5)    # the fault window ends: its summary
     assert max(slowest) < SLOWEST, (slowest, aborts)
