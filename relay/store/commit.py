@@ -80,7 +80,8 @@ class _All:
 class GroupCommit:
     """`lanes` pipelines may be in flight at once, each on its own connection. An op's
     `order` key picks its lane, so ops of the same key (a connection or a channel, as the
-    caller chooses) stay in the order they were submitted."""
+    caller chooses) stay in the order they were submitted; ops of no order (None: an HTTP
+    publish, a lookup) go on lane 0 and keep none."""
 
     def __init__(self, store: Store, lanes: int = 1, max_batch: int = 2000,
                  observe: Callable[[float], object] | None = None,
@@ -92,31 +93,33 @@ class GroupCommit:
         self.lanes = [_Lane(s, max_batch, observe, lambda: self.quiet) for s in stores]
         self.patience = patience
 
-    def submit(self, op: Op, order: int = 0, since: float | None = None) -> Submitted:
+    def submit(self, op: Op, order: int | None = None,
+               since: float | None = None) -> Submitted:
         """`since`: the time (monotonic) the patience counts from, if not now. Each call's
         worth of arguments the op stages first has the patience too: a 5 MB MPUB may take
         that much longer, and still gets an answer in bounded time."""
-        result = self.lanes[order % len(self.lanes)].submit(op, order)
+        result = self.lanes[0 if order is None else order % len(self.lanes)].submit(op, order)
         if self.patience is None:
             return result
         staged = sum(len(command) for command in op.pre) // MAX_CALL_ARGS
         return Bounded(result, self.patience * (1 + staged),
                        time.monotonic() if since is None else since)
 
-    def submit_made(self, make: Callable[[], Op], order: int = 0) -> Submitted:
+    def submit_made(self, make: Callable[[], Op], order: int | None = None) -> Submitted:
         """Submit the op make() builds, its patience counting from before: what building
         it waits for (a topic's partition count, read through this commit) is part of
         the client's wait."""
         since = time.monotonic()
         return self.submit(make(), order, since)
 
-    def submit_all_made(self, make: Callable[[], list[Op]], order: int = 0) -> Submitted:
+    def submit_all_made(self, make: Callable[[], list[Op]],
+                        order: int | None = None) -> Submitted:
         """submit_made for the ops make() builds (a keyed publish's, one per part it
         reaches): one result, the list of theirs; the first error raises."""
         since = time.monotonic()
         return _All([self.submit(op, order, since) for op in make()])
 
-    def call(self, op: Op, order: int = 0) -> Any:
+    def call(self, op: Op, order: int | None = None) -> Any:
         """Submit and wait; raises the op's error."""
         return self.submit(op, order).get()
 
@@ -128,7 +131,7 @@ class GroupCommit:
 class _Queued(NamedTuple):
     op: Op
     result: "AsyncResult[Any]"
-    order: int
+    order: int | None
     step: bool = False  # the next step of a staged publish under way
 
 
@@ -145,11 +148,11 @@ class _Lane:
         self.max_batch = max_batch
         self.observe = observe
         self._queue: deque[_Queued] = deque()
-        self._stepping: set[int] = set()     # orders whose staged publish is under way
+        self._stepping: set[int | None] = set()     # orders whose staged publish is under way
         self._ready = Event()
         self.greenlet = gevent.spawn(self._loop)
 
-    def submit(self, op: Op, order: int = 0) -> "AsyncResult[Any]":
+    def submit(self, op: Op, order: int | None = None) -> "AsyncResult[Any]":
         result: AsyncResult[Any] = AsyncResult()
         self._queue.append(_Queued(op, result, order))
         self._ready.set()
@@ -176,8 +179,8 @@ class _Lane:
                 held.append(item)
             else:
                 batch.append(item)
-                if item.op.then is not None:    # a staged publish: it may go on
-                    self._stepping.add(item.order)
+                if item.op.then is not None and item.order is not None:
+                    self._stepping.add(item.order)  # a staged publish: it may go on
         self._queue.extendleft(reversed(held))
         return batch
 
@@ -204,7 +207,6 @@ class _Lane:
             value, result = results[op_index], item.result
             if isinstance(value, Continued):
                 going_on.append(_Queued(value.op, result, item.order, True))
-                self._stepping.add(item.order)
                 continue
             if item.op.then is not None:
                 self._stepping.discard(item.order)
