@@ -6,7 +6,8 @@ after. RELIABILITY.md's table of attacks comes from this script.
 
 Each attack runs against a fresh stack (embedded Redis, one broker, one scanner) so the
 memory figures of one do not carry over to the next. A witness connection publishes
-every 20 ms throughout; its slowest PUB and failed PUBs are reported.
+every 20 ms throughout; its slowest PUB and failed PUBs are reported, and Redis'
+slowest command meanwhile (SLOWLOG).
 """
 
 import argparse
@@ -23,6 +24,7 @@ import zlib
 
 import redis
 
+from relay.store.runner import load_scripts
 from scripts.bench import Stack
 
 MAGIC = b"  V2"
@@ -387,6 +389,30 @@ NEEDS = {"big-http-mpub": ("http_port",), "http-aborts": ("http_port",),
          "http-half-sent": ("http_port", "url"), "http-413-then-ping": ("http_port",)}
 
 
+def slowlog_reset(url: str) -> None:
+    """Redis logs every command of 1 ms or more from now on."""
+    client = redis.Redis.from_url(url, socket_timeout=30)
+    client.config_set("slowlog-log-slower-than", 1000)
+    client.config_set("slowlog-max-len", 1024)
+    client.slowlog_reset()
+
+
+def slowest_call(url: str) -> str:
+    """The longest command SLOWLOG holds: its ms and what it was (an EVALSHA's script by
+    its first key)."""
+    entries = redis.Redis.from_url(url, socket_timeout=30).slowlog_get(1024)
+    if not entries:
+        return "none over 1 ms"
+    worst = max(entries, key=lambda e: e["duration"])
+    words = worst["command"].split(b" ")
+    if words[0] == b"EVALSHA":
+        names = {script.sha: name for name, script in load_scripts().items()}
+        what = names.get(words[1].decode(), words[1].decode()[:12])
+    else:
+        what = b" ".join(words[:2]).decode("latin-1")
+    return f"{worst['duration'] / 1000:.1f} ms ({what[:60]}), {len(entries)} over 1 ms"
+
+
 def registration_lapsed(url: str) -> bool | str:
     """Whether the broker's registration expired (it dropped off relay:brokers)."""
     try:
@@ -410,18 +436,20 @@ def run(name: str, seconds: float, source: str | None = None) -> dict:
         time.sleep(0.2)
         logged = stack.log_size(0)
         given = {"http_port": stack.http_ports[0], "url": stack.url}
+        slowlog_reset(stack.url)
         started = time.monotonic()
         outcome = ATTACKS[name](stack.tcp_port, seconds,
                                 **{k: given[k] for k in NEEDS.get(name, ())})
         took = time.monotonic() - started
         lapsed = registration_lapsed(stack.url)
+        slowest = slowest_call(stack.url)
         time.sleep(2)
         for thread in (witness, http_witness, memory):
             thread.stop.set()
             thread.join(70)
         return {"attack": name, "outcome": outcome, "seconds": round(took, 1),
                 "witness_pubs": witness.count, "witness_worst_ms": round(witness.worst * 1000),
-                "witness_failed": len(witness.failed),
+                "witness_failed": len(witness.failed), "redis_slowest": slowest,
                 "witness_error": witness.failed[0] if witness.failed else "",
                 "http_witness_worst_ms": round(http_witness.worst * 1000),
                 "http_witness_failed": len(http_witness.failed),
@@ -443,8 +471,9 @@ def main() -> None:
                                          "to compare with)")
     parser.add_argument("--json", action="store_true", help="one JSON object per attack")
     args = parser.parse_args()
-    columns = ("attack", "outcome", "witness_worst_ms", "witness_failed",
-               "http_witness_worst_ms", "http_witness_failed", "log_kb", "rss_before_mb",
+    columns = ("attack", "outcome", "seconds", "witness_worst_ms", "witness_failed",
+               "http_witness_worst_ms", "http_witness_failed", "redis_slowest", "log_kb",
+               "rss_before_mb",
                "rss_peak_mb", "rss_after_mb", "registration_lapsed")
     if not args.json:
         print(" | ".join(columns))

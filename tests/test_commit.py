@@ -217,9 +217,9 @@ class Recorder:
         self._run_many = store.run_many
         store.run_many = self
 
-    def __call__(self, ops):
+    def __call__(self, ops, follow=True):
         self.batches.append([op.script for op in ops])
-        return self._run_many(ops)
+        return self._run_many(ops, follow)
 
 
 @pytest.fixture
@@ -408,5 +408,27 @@ def test_lanes_keep_the_order_of_each_key(fake_store):
                          for _ in range(30)] for key in range(6)}
         for key, pending in results.items():
             assert [r.get(timeout=5) for r in pending] == list(range(1, 31))
+    finally:
+        commit.stop()
+
+
+def test_a_staged_publish_goes_on_a_step_a_pipeline_holding_up_only_its_own_order(fake_store):
+    """Its steps share pipelines with the other connections' ops, which are answered
+    meanwhile; a later publish of its own connection (order) waits for its last step,
+    so that connection's messages stay in order."""
+    fake_store.subscribe("t", "c", "b1")
+    commit = GroupCommit(fake_store)
+    recorder = Recorder(commit.lanes[0].store)
+    try:
+        big = commit.submit(fake_store.publish_op("t", [b"big"] * 20_000), order=1)
+        mine = commit.submit(fake_store.publish_op("t", [b"mine"]), order=1)
+        other = commit.submit(fake_store.publish_op("t", [b"other"]), order=2)
+        assert (big.get(), other.get(), mine.get()) == (20_000, 20_001, 20_002)
+        steps = -(-20_000 // 1000)
+        assert recorder.batches == [["publish_commit", "publish"],
+                                    *[["publish_step"]] * steps, ["publish"]]
+        queued = fake_store.redis.lrange(ChannelKeys.of("t", "c").queue, 0, -1)
+        assert [parse_record(r)[3] for r in (queued[0], queued[1], queued[-1])] == [
+            b"other", b"big", b"mine"]
     finally:
         commit.stop()

@@ -62,13 +62,16 @@ def topic_exists(redis_url: str, topic: str) -> bool:
     return bool(connect(redis_url).exists(TopicKeys.of(topic).meta))
 
 
-def test_a_keep_alive_client_is_answered_at_once(broker):
+def test_a_keep_alive_client_is_answered_at_once(broker, processes):
     """Headers and body went out in two writes without TCP_NODELAY: Nagle held the body
-    until the client's delayed ACK, 41-44 ms per answer on one keep-alive connection."""
-    _, http_port = broker
-    conn = http.client.HTTPConnection("127.0.0.1", http_port, timeout=10)
+    until the client's delayed ACK, 41-44 ms per answer on one keep-alive connection.
+    Both HTTP servers: nsqd's API and the lookupd port."""
+    port, http_port = broker
     times = []
-    for path, body in [("/pub?topic=ka", b"x" * 200), ("/ping", None), ("/info", None)]:
+    for server, path, body in [(http_port, "/pub?topic=ka", b"x" * 200),
+                               (http_port, "/ping", None), (http_port, "/info", None),
+                               (processes.lookupd_ports[port], "/nodes", None)]:
+        conn = http.client.HTTPConnection("127.0.0.1", server, timeout=10)
         for _ in range(50):
             started = time.perf_counter()
             conn.request("POST" if body else "GET", path, body)
@@ -76,9 +79,9 @@ def test_a_keep_alive_client_is_answered_at_once(broker):
             response.read()
             times.append(time.perf_counter() - started)
             assert response.status == 200
-    conn.close()
+        conn.close()
     assert statistics.median(times) < 0.02, times
-    assert sum(t >= 0.04 for t in times) < 15, times
+    assert sum(t >= 0.04 for t in times) < 20, times
 
 
 SMUGGLED = b"POST /pub?topic=smuggled HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\nx"

@@ -222,35 +222,6 @@ def test_large_mpub_to_backlog_then_first_channel(store):
     assert bodies(queue(store, "t", "c")) == sent
 
 
-@pytest.mark.parametrize("defer_ms", [0, 60_000], ids=["now", "deferred"])
-def test_an_mpub_too_big_for_one_call_is_staged_and_published_whole(store, defer_ms):
-    """More bodies than a call may carry (runner.MAX_CALL_ARGS) are staged first, then
-    published by one call, once, even when the channel list it was sent with was stale
-    (the call is sent again, staging and all); the stage is gone after."""
-    subscribed(store, "t", "c")
-    other = store.sibling()
-    other._channels = {"t": []}     # a Store that does not know channel c yet: stale
-    n = 3 * data_path.INLINE_BODIES + 7
-    sent = [b"%d" % i for i in range(n)]
-    executed = []
-    real_execute = other.runner._execute
-    other.runner._execute = lambda ops: executed.append(ops) or real_execute(ops)
-    assert other.publish("t", sent, defer_ms=defer_ms) == n
-    assert len(executed) == 2           # stale, then again with channel c
-    longest = max(len(c) for ops in executed for op in ops for c in op.pre)
-    assert longest <= runner.MAX_CALL_ARGS
-    c = ChannelKeys.of("t", "c")
-    if defer_ms:
-        assert store.redis.zcard(c.deferred) == n
-        assert bodies(store.redis.hmget(c.msgs, [mid(1), mid(n)])) == [b"0", sent[-1]]
-    else:
-        q = queue(store, "t", "c")
-        assert bodies(q) == sent
-        assert ids(q) == [mid(i) for i in range(1, n + 1)]
-    assert store.read_channel("t", "c")["message_count"] == n
-    assert all_keys(store.redis, "relay:{t}:staging:*") == []
-
-
 def test_a_call_redis_would_refuse_fails_alone(store):
     """Redis closes the connection on a command of more than 1024 * 1024 arguments, which
     failed every call of the pipeline: such a call now fails before it is sent."""
@@ -649,11 +620,11 @@ def test_included_files_come_first_and_no_script_has_flags():
     node keys are (relay/store/nodes.py)."""
     plain, sharded = runner.load_scripts(), runner.load_scripts(sharded=True)
     libs = b"".join(lua_lib(n) for n in ("fanout.lua", "time.lua", "chunked.lua", "record.lua",
-                                         "node.lua", "news.lua", "history.lua", "dedup.lua",
-                                         "deadletter.lua", "limit.lua"))
+                                         "node.lua", "news.lua", "history.lua",
+                                         "deadletter.lua", "limit.lua", "append.lua",
+                                         "dedup.lua"))
     own = (resources.files("relay.store") / "scripts" / "publish.lua").read_bytes()
-    assert own.startswith(b"-- include: fanout.lua, time.lua, chunked.lua, record.lua, news.lua, "
-                          b"history.lua, dedup.lua, limit.lua\n")
+    assert own.startswith(b"-- include: append.lua, dedup.lua\n")
     assert plain["publish"].source == libs + own
     assert sharded["publish"].source == plain["publish"].source.replace(
         b"redis.call('PUBLISH', wake", b"redis.call('SPUBLISH', wake")

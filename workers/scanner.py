@@ -27,7 +27,9 @@ node index write lost (sent to a stale node's keys, or by a broker of the layout
 before, which writes none), at a bounded cost. The sweep also trims the swept parts'
 histories (trim.lua), so a topic with retention that nobody publishes to is trimmed
 too, within SWEEP_EVERY of its due time (a big trim, in calls of a bounded cost, for up
-to TRIM_SECONDS a slice, going on at the part's next sweep), and takes the expired
+to TRIM_SECONDS a slice, going on at the part's next sweep), finishes the staged MPUBs
+that a dead broker committed but left part published (data_path.finish_stalled, in
+steps, for up to TRIM_SECONDS a slice too), and takes the expired
 messages out of the head of their channels' queues (expire.lua, in calls of a bounded
 cost too, for what is left of TRIM_SECONDS), so a channel with a TTL that nobody
 consumes does not keep them.
@@ -226,6 +228,7 @@ class Scanner:
             if self.seeded:
                 swept = self.sweep_slice()
                 self.store.seed_due(swept)
+                self._finish_stalled(swept)
                 self._trim_and_expire(swept)
                 return
             seen = self.store.seed_due(self.share.topics)
@@ -234,6 +237,18 @@ class Scanner:
                      len(self.share.topics), seen)
         except StoreError as e:
             log.warning("node due indexes not %s: %s", "swept" if self.seeded else "seeded", e)
+
+    def _finish_stalled(self, parts: list[str]) -> None:
+        """The staged publishes of `parts` whose broker died between their commit and
+        their last step, finished (rolled forward) within TRIM_SECONDS; what is left
+        goes on at the parts' next sweep."""
+        try:
+            published = self.store.finish_stalled(parts, TRIM_SECONDS)
+        except StoreError as e:
+            log.warning("stalled publishes of swept parts not finished: %s", e)
+            return
+        if published:
+            log.info("finished stalled staged publishes: %d messages published", published)
 
     def _trim_and_expire(self, parts: list[str]) -> None:
         """The histories of `parts` trimmed, then their expired messages taken out,

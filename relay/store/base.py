@@ -7,7 +7,7 @@ import itertools
 import secrets
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Self, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Self, Sequence, TypeVar
 
 from relay.errors import StoreError
 from relay.store import keys
@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from relay.options import Options
 
 PARTITIONS_TTL = 1.0    # how long a topic's partition count is taken as read
+
+_T = TypeVar("_T")
 
 
 def replication(options: "Options", socket_timeout: int | None = None) -> dict:
@@ -96,11 +98,12 @@ class StoreBase:
     def run(self, op: Op) -> Any:
         return self.runner.run(op)
 
-    def run_many(self, ops: Sequence[Op]) -> list:
-        """Run ops in one pipeline; each result is a value or the exception for that op."""
-        return self.runner.run_many(ops)
+    def run_many(self, ops: Sequence[Op], follow: bool = True) -> list:
+        """Run ops in one pipeline; each result is a value or the exception for that op
+        (ScriptRunner.run_many)."""
+        return self.runner.run_many(ops, follow)
 
-    def in_rounds(self, parts: Sequence[str], op_of: Callable[[str], Op],
+    def in_rounds(self, parts: Sequence[_T], op_of: Callable[[_T], Op],
                   seconds: float | None = None) -> int:
         """op_of(part) on each part, in one pipeline, then again on those whose reply (a
         count first, and `more`) took something and says more is left, until none does

@@ -13,7 +13,7 @@ answered within it however long the lane's pipelines wait for an unreachable Red
 import logging
 import time
 from collections import deque
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NamedTuple, Protocol
 
 import gevent
 from gevent.event import AsyncResult, Event
@@ -21,7 +21,7 @@ from gevent.event import AsyncResult, Event
 from relay.errors import StoreConnectionError, StoreError
 from relay.store.causes import cause
 from relay.store.connection import UNREACHABLE
-from relay.store.runner import MAX_CALL_ARGS, Op
+from relay.store.runner import MAX_CALL_ARGS, Continued, Op
 from relay.store.store import Store
 
 log = logging.getLogger("relay.commit")
@@ -80,7 +80,8 @@ class _All:
 class GroupCommit:
     """`lanes` pipelines may be in flight at once, each on its own connection. An op's
     `order` key picks its lane, so ops of the same key (a connection or a channel, as the
-    caller chooses) stay in the order they were submitted."""
+    caller chooses) stay in the order they were submitted; ops of no order (None: an HTTP
+    publish, a lookup) go on lane 0 and keep none."""
 
     def __init__(self, store: Store, lanes: int = 1, max_batch: int = 2000,
                  observe: Callable[[float], object] | None = None,
@@ -92,31 +93,33 @@ class GroupCommit:
         self.lanes = [_Lane(s, max_batch, observe, lambda: self.quiet) for s in stores]
         self.patience = patience
 
-    def submit(self, op: Op, order: int = 0, since: float | None = None) -> Submitted:
+    def submit(self, op: Op, order: int | None = None,
+               since: float | None = None) -> Submitted:
         """`since`: the time (monotonic) the patience counts from, if not now. Each call's
         worth of arguments the op stages first has the patience too: a 5 MB MPUB may take
         that much longer, and still gets an answer in bounded time."""
-        result = self.lanes[order % len(self.lanes)].submit(op)
+        result = self.lanes[0 if order is None else order % len(self.lanes)].submit(op, order)
         if self.patience is None:
             return result
         staged = sum(len(command) for command in op.pre) // MAX_CALL_ARGS
         return Bounded(result, self.patience * (1 + staged),
                        time.monotonic() if since is None else since)
 
-    def submit_made(self, make: Callable[[], Op], order: int = 0) -> Submitted:
+    def submit_made(self, make: Callable[[], Op], order: int | None = None) -> Submitted:
         """Submit the op make() builds, its patience counting from before: what building
         it waits for (a topic's partition count, read through this commit) is part of
         the client's wait."""
         since = time.monotonic()
         return self.submit(make(), order, since)
 
-    def submit_all_made(self, make: Callable[[], list[Op]], order: int = 0) -> Submitted:
+    def submit_all_made(self, make: Callable[[], list[Op]],
+                        order: int | None = None) -> Submitted:
         """submit_made for the ops make() builds (a keyed publish's, one per part it
         reaches): one result, the list of theirs; the first error raises."""
         since = time.monotonic()
         return _All([self.submit(op, order, since) for op in make()])
 
-    def call(self, op: Op, order: int = 0) -> Any:
+    def call(self, op: Op, order: int | None = None) -> Any:
         """Submit and wait; raises the op's error."""
         return self.submit(op, order).get()
 
@@ -125,7 +128,18 @@ class GroupCommit:
             lane.greenlet.kill()
 
 
+class _Queued(NamedTuple):
+    op: Op
+    result: "AsyncResult[Any]"
+    order: int | None
+    step: bool = False  # the next step of a staged publish under way
+
+
 class _Lane:
+    """Sends what is queued, a pipeline at a time. A staged publish goes on a step per
+    pipeline, beside the others' ops, so it holds up no one but the later ops of its
+    own order (they wait for its last step, so a connection's publishes stay in order)."""
+
     def __init__(self, store: Store, max_batch: int,
                  observe: Callable[[float], object] | None = None,
                  quiet: Callable[[], bool] = lambda: False) -> None:
@@ -133,13 +147,14 @@ class _Lane:
         self.quiet = quiet
         self.max_batch = max_batch
         self.observe = observe
-        self._queue: deque[tuple[Op, AsyncResult[Any]]] = deque()
+        self._queue: deque[_Queued] = deque()
+        self._stepping: set[int | None] = set()     # orders whose staged publish is under way
         self._ready = Event()
         self.greenlet = gevent.spawn(self._loop)
 
-    def submit(self, op: Op) -> "AsyncResult[Any]":
+    def submit(self, op: Op, order: int | None = None) -> "AsyncResult[Any]":
         result: AsyncResult[Any] = AsyncResult()
-        self._queue.append((op, result))
+        self._queue.append(_Queued(op, result, order))
         self._ready.set()
         return result
 
@@ -147,19 +162,33 @@ class _Lane:
         while True:
             self._ready.wait()
             self._ready.clear()
-            while self._queue:
-                n = min(len(self._queue), self.max_batch)
-                batch = [self._queue.popleft() for _ in range(n)]
-                # an op whose waiter gave up on it (Bounded) is never sent
-                batch = [(op, result) for op, result in batch if not result.ready()]
-                if batch:
-                    self._run(batch)
+            while batch := self._next_batch():
+                self._run(batch)
 
-    def _run(self, batch: list) -> None:
-        ops, slices = _merge([op for op, _ in batch])
+    def _next_batch(self) -> list[_Queued]:
+        """Up to max_batch queued ops, in order, less those whose waiter gave up on them
+        (Bounded: never sent) and those held behind a staged publish of their order."""
+        batch: list[_Queued] = []
+        held: list[_Queued] = []
+        while self._queue and len(batch) < self.max_batch:
+            item = self._queue.popleft()
+            if item.result.ready():
+                if item.step:
+                    self._stepping.discard(item.order)
+            elif item.order in self._stepping and not item.step:
+                held.append(item)
+            else:
+                batch.append(item)
+                if item.op.then is not None and item.order is not None:
+                    self._stepping.add(item.order)  # a staged publish: it may go on
+        self._queue.extendleft(reversed(held))
+        return batch
+
+    def _run(self, batch: list[_Queued]) -> None:
+        ops, slices = _merge([item.op for item in batch])
         started = time.perf_counter()
         try:
-            results = self.store.run_many(ops)
+            results = self.store.run_many(ops, follow=False)
             if self.observe is not None:
                 self.observe(time.perf_counter() - started)
         except (StoreConnectionError,) + UNREACHABLE as e:  # a cluster's too
@@ -173,8 +202,14 @@ class _Lane:
         except Exception as e:  # never let one batch stop the lane
             log.exception("pipeline failed")
             results = [StoreError(f"pipeline failed: {e!r}")] * len(ops)
-        for (op_index, start, stop, part), (_, result) in zip(slices, batch):
-            value = results[op_index]
+        going_on = []
+        for (op_index, start, stop, part), item in zip(slices, batch):
+            value, result = results[op_index], item.result
+            if isinstance(value, Continued):
+                going_on.append(_Queued(value.op, result, item.order, True))
+                continue
+            if item.op.then is not None:
+                self._stepping.discard(item.order)
             if result.ready():
                 continue    # its waiter gave up on it meanwhile
             if isinstance(value, Exception):
@@ -183,6 +218,7 @@ class _Lane:
             if part is not None:
                 value = getattr(value, part)
             result.set(value if start is None else value[start:stop])
+        self._queue.extendleft(reversed(going_on))
 
 
 def _merge(ops: list) -> tuple[list, list]:

@@ -13,17 +13,27 @@ from relay.errors import StoreError
 from relay.store import keys
 from relay.store.base import StoreBase
 from relay.store.keys import ChannelKeys, TopicKeys, id_part, part_name, split_part
-from relay.store.replies import Delivered, Subscribed
+from relay.store.replies import Delivered, Stepped, Subscribed
 from relay.store.runner import MAX_CALL_ARGS, Op
 
 REGISTER_EVERY = 10.0
-# an MPUB of more messages is staged in a list first (publish.lua), as one call of them
-# all would pass MAX_CALL_ARGS
+# an MPUB of more messages is staged in a list first, then committed and published in
+# steps (publish_commit.lua, publish_step.lua), as one call of them all would pass
+# MAX_CALL_ARGS and hold Redis long
 INLINE_BODIES = MAX_CALL_ARGS // 2
 # a keyed publish call's messages at most (a body and a key each); a bigger one is split
 KEYED_BODIES = INLINE_BODIES // 2
 
 STAGE_TTL_MS = 300_000
+# a committed staged publish no call advanced for this long is finished by the scanner's
+# sweep: its broker died (a live one's steps follow each other within a round trip)
+STALLED_MS = 10_000
+
+
+def _topic_keys(t: TopicKeys) -> list[str]:
+    """The topic keys of publish.lua and the staged publish's calls, in their order."""
+    return [t.ids, t.meta, t.channels, t.backlog, t.backlog_deferred, t.due, t.version,
+            t.history]
 
 
 def _leave_keys(topic: str, channel: str) -> list[str]:
@@ -33,7 +43,7 @@ def _leave_keys(topic: str, channel: str) -> list[str]:
 
 
 def _staged(stage: str, bodies: Sequence[bytes]) -> tuple[tuple[Any, ...], ...]:
-    """The commands that stage an MPUB's bodies in `stage` for its publish call: first
+    """The commands that stage an MPUB's bodies in `stage` for its commit call: first
     emptied, so a call sent again stages them once; gone by itself if the call never
     comes (its broker died in between)."""
     step = MAX_CALL_ARGS - 2
@@ -63,25 +73,55 @@ class DataPath(StoreBase):
         part = part_name(topic, index)
         t = TopicKeys.of(part)
         ts = stored_timestamp(timestamp_ns or time.time_ns())
-        topic_keys = [t.ids, t.meta, t.channels, t.backlog, t.backlog_deferred, t.due,
-                      t.version, t.history]
+        topic_keys = _topic_keys(t)
         pre = self._register(topic, count)
         if publish_keys:
             return self._fanout_op("publish", part, topic_keys,
-                                   [t.wake, ts, defer_ms, index, 0, self.node(part),
+                                   [t.wake, ts, defer_ms, index, self.node(part),
                                     len(publish_keys), *bodies, b" ".join(publish_keys)],
                                    lambda reply: int(reply[1]), pre=pre,
                                    extra_keys=lambda channels: [keys.dedup_key(part)])
         if len(bodies) <= INLINE_BODIES:
             return self._fanout_op("publish", part, topic_keys,
-                                   [t.wake, ts, defer_ms, index, 0, self.node(part), 0, *bodies],
+                                   [t.wake, ts, defer_ms, index, self.node(part), 0, *bodies],
                                    int, pre=pre)
-        stage = keys.staging_key(part, secrets.token_hex(8))
-        return self._fanout_op("publish", part, topic_keys,
-                               [t.wake, ts, defer_ms, index, len(bodies), self.node(part), 0],
-                               int,
-                               pre=pre + _staged(stage, bodies),
-                               extra_keys=lambda channels: [stage])
+        token = secrets.token_hex(8)
+        stage = keys.staging_key(part, token)
+        commit = self._fanout_op("publish_commit", part, topic_keys,
+                                 [ts, defer_ms, len(bodies), token], int,
+                                 pre=pre + _staged(stage, bodies),
+                                 extra_keys=lambda channels: [stage, t.publishing])
+        return commit._replace(then=lambda last: self._steps(part, token, int(last)))
+
+    def publish_step_op(self, part: str, token: str) -> Op:
+        """The next step of a committed staged publish (publish_step.lua): a Stepped."""
+        t = TopicKeys.of(part)
+        stage = keys.staging_key(part, token)
+        return self._fanout_op("publish_step", part, _topic_keys(t),
+                               [t.wake, split_part(part)[1], self.node(part), token],
+                               Stepped.parse, extra_keys=lambda channels: [stage, t.publishing])
+
+    def _steps(self, part: str, token: str, last: int) -> Op:
+        """publish_step calls until none is left: the count of the publish's last message."""
+        return self.publish_step_op(part, token)._replace(
+            parse=lambda _: last,
+            then=lambda raw: self._steps(part, token, last) if Stepped.parse(raw).more
+            else None)
+
+    def finish_stalled(self, parts: Sequence[str], seconds: float | None = None) -> int:
+        """Steps of the staged publishes of `parts` that no call advanced for STALLED_MS
+        (their broker died, or lost Redis, between commit and last step) until each is
+        done or, given `seconds` (the scanner's sweep), until they have passed: the
+        messages published (in_rounds)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for part in parts:
+            pipe.hgetall(TopicKeys.of(part).publishing)
+        stalled_before = self.now_ms() - STALLED_MS
+        stalled = [(part, token.decode())
+                   for part, markers in zip(parts, self._guard(pipe.execute))
+                   for token, marker in markers.items()
+                   if int(marker.split()[3]) < stalled_before]
+        return self.in_rounds(stalled, lambda pair: self.publish_step_op(*pair), seconds)
 
     def _register(self, topic: str, partitions: int = 1) -> tuple[tuple[Any, ...], ...]:
         """SADD to the topic registry (and its parts to the parts') with a publish at most
@@ -108,7 +148,7 @@ class DataPath(StoreBase):
         registry = ("SADD", keys.PARTITIONS, part) if index else ("SADD", keys.TOPICS, topic)
         return Op("subscribe",
                   [t.channels, t.backlog, t.backlog_deferred, c.queue, c.deferred, c.msgs,
-                   c.meta, c.consumers, t.due, t.meta, t.version, t.ids],
+                   c.meta, c.consumers, t.due, t.meta, t.version, t.ids, t.publishing],
                   [channel, broker_id, self.node(part)], Subscribed.parse, pre=(registry,))
 
     def subscribe(self, topic: str, channel: str, broker_id: str) -> bool:

@@ -70,7 +70,15 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
     relay:{T}:trash:X:N               any   what an empty or delete took out (drop.lua), until
                                             freed (workers/operations.py); X is one drop's token
     relay:{T}:staging:X               LIST  the bodies of one MPUB too big for one call,
-                                            staged just before its publish call (TTL)
+                                            staged just before its commit call (TTL until
+                                            then), the ones its steps have not published
+                                            yet (publish_commit.lua, publish_step.lua)
+    relay:{T}:publishing              HASH  stage token X -> "<next count> <last count>
+                                            <due ms, 0: now> <ms last advanced>
+                                            <timestamp hex>": the committed staged publishes
+                                            whose steps are not all done (lib/staged.lua);
+                                            the scanner's sweep finishes one stalled for
+                                            STALLED_MS (a dead broker's)
     relay:{T}:wake                    pub/sub: "V|" = whole topic has news, "V|C" = one
                                             channel, V the version it made
                                             (relay/broker/wakeups.py lists the rest)
@@ -195,7 +203,7 @@ def trash_prefix(topic: str, token: str) -> str:
 
 
 def staging_key(topic: str, token: str) -> str:
-    """The bodies of one MPUB too big for one call, until its publish call takes them."""
+    """The bodies of one MPUB too big for one call, until its steps have published them."""
     return topic_prefix(topic) + f"staging:{token}"
 
 
@@ -223,6 +231,7 @@ class TopicKeys:
     deregistered: str
     version: str
     history: str
+    publishing: str
 
     @classmethod
     @lru_cache(maxsize=16384)
@@ -230,7 +239,7 @@ class TopicKeys:
         p = topic_prefix(topic)
         return cls(topic, p + "meta", p + "ids", p + "channels", p + "backlog",
                    p + "backlog:deferred", p + "due", p + "wake", p + "tombstones",
-                   p + "deregistered", p + "version", p + "history")
+                   p + "deregistered", p + "version", p + "history", p + "publishing")
 
 
 @dataclass(frozen=True)

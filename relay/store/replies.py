@@ -18,6 +18,21 @@ class Dropped(NamedTuple):
         return None if reply is None else cls(reply[0], [k.decode() for k in reply[1:]])
 
 
+class Stepped(NamedTuple):
+    """publish_step.lua's reply: the messages this step published and those left."""
+
+    published: int
+    left: int
+
+    @property
+    def more(self) -> bool:
+        return self.left > 0
+
+    @classmethod
+    def parse(cls, reply: list[Any]) -> "Stepped":
+        return cls(int(reply[0]), int(reply[1]))
+
+
 class Subscribed(NamedTuple):
     """subscribe.lua's reply: whether the channel is new, what a broker compares
     to see it deleted (a new incarnation each time it is created) or emptied, and the

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
     from redis.connection import AbstractConnection
 
-REPLICATED = ("publish", "redrive")  # scripts acknowledged only once replicas hold their writes
+# scripts acknowledged only once replicas hold their writes
+REPLICATED = ("publish", "publish_commit", "publish_step", "redrive")
 SLOT_MOVE_PATIENCE = 30.0
 # The most arguments a call whose size a client drives may have (merged FINs, an MPUB's
 # messages, a channel's consumers): bigger ones are split by their builders.
@@ -55,7 +56,9 @@ def identity(value: _T) -> _T:
 
 class Op(NamedTuple):
     """One script call; `pre` are plain commands sent just before it (results ignored).
-    `redo(result)` may return another Op to send instead of accepting the result."""
+    `redo(result)` may return another Op to send instead of accepting the result.
+    `then(result)`, of a result accepted, may return the Op that goes on after it (a
+    staged publish's next step), whose result then stands for both."""
 
     script: str
     keys: Sequence[str]
@@ -63,6 +66,14 @@ class Op(NamedTuple):
     parse: Callable[[Any], Any] = identity
     pre: tuple[tuple[Any, ...], ...] = ()
     redo: "Callable[[Any], Op | None] | None" = None
+    then: "Callable[[Any], Op | None] | None" = None
+
+
+class Continued(NamedTuple):
+    """run_many's result for an op whose `then` goes on, when told not to follow it:
+    the Op to send next in its place (the group commit sends it in a later pipeline)."""
+
+    op: Op
 
 
 class Script(NamedTuple):
@@ -170,14 +181,20 @@ class ScriptRunner:
             raise result
         return result
 
-    def run_many(self, ops: Sequence[Op]) -> list:
-        """Run ops in one pipeline; each result is a value or the exception for that op."""
+    def run_many(self, ops: Sequence[Op], follow: bool = True) -> list:
+        """Run ops in one pipeline; each result is a value or the exception for that op.
+        Unless `follow`, an op whose `then` goes on is not run on: its result is a
+        Continued."""
         self.ensure_loaded()
         ops = list(ops)
         results = guarded(self._execute, ops)
-        self._again(ops, results)
-        out = []
+        self._again(ops, results, follow)
+        out: list = []
         for op, r in zip(ops, results):
+            after = op.then(r) if op.then is not None and not isinstance(r, Exception) else None
+            if after is not None:
+                out.append(Continued(after))
+                continue
             if isinstance(r, redis.exceptions.RedisError):
                 refused = refusal(r)
                 if refused and op.script in REPLICATED:
@@ -240,27 +257,36 @@ class ScriptRunner:
         except redis.exceptions.RedisError:
             pass  # the next call tries again
 
-    def _again(self, ops: list, results: list) -> None:
+    def _again(self, ops: list, results: list, follow: bool = True) -> None:
         """Send again, in place, the calls that found no script (a restarted server, or
-        a new cluster node: the scripts are loaded again first), that were refused while
-        their slot moved, and those whose redo asks for it."""
+        a new cluster node: the scripts are loaded again first) and that were refused
+        while their slot moved, for SLOT_MOVE_PATIENCE, and those whose redo asks for
+        it, then, if `follow`, the ops their `then` goes on with (a staged publish's
+        steps) until none goes on."""
         patience = time.monotonic() + SLOT_MOVE_PATIENCE
-        while time.monotonic() < patience:
+        while True:
             again = []
             if any(isinstance(r, redis.exceptions.NoScriptError) for r in results):
                 guarded(self.load_scripts)
             for i, (op, r) in enumerate(zip(ops, results)):
                 if isinstance(r, (SLOT_MOVING, redis.exceptions.NoScriptError)):
-                    again.append(i)
-                elif op.redo is not None and not isinstance(r, Exception):
-                    redo = op.redo(r)
-                    if redo is not None:
-                        ops[i] = redo
+                    if time.monotonic() < patience:
+                        again.append(i)
+                elif not isinstance(r, Exception):
+                    after = op.redo(r) if op.redo is not None else None
+                    if after is not None:
+                        after = after._replace(parse=op.parse, then=after.then or op.then)
+                    elif follow and op.then is not None:
+                        after = op.then(r)
+                    if after is not None:
+                        ops[i] = after
                         again.append(i)
             if not again:
                 return
             if any(isinstance(results[i], SLOT_MOVING) for i in again):
                 time.sleep(0.05)
+            else:
+                patience = time.monotonic() + SLOT_MOVE_PATIENCE
             for i, r in zip(again, guarded(self._execute, [ops[i] for i in again])):
                 results[i] = r
 

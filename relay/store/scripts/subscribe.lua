@@ -1,4 +1,4 @@
--- include: backlog.lua, maxmemory.lua
+-- include: backlog.lua, maxmemory.lua, staged.lua
 -- subscribe: create the channel if needed and count one more consumer on this broker
 -- (none when the broker id is empty: /channel/create).
 -- The first channel of a topic takes over the topic backlog, deferred part included.
@@ -10,9 +10,12 @@
 -- KEYS[11] topic version
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] broker id
 -- ARGV[3] the node keys' prefix (lib/node.lua)   KEYS[12] topic ids
+-- KEYS[13] the part's publishing hash (staged publishes whose steps are under way)
 -- Returns {1 if the channel was created else 0, its incarnation, its empties, the cut}:
 -- the cut is the count of the last message published before this call that is not in
--- the backlog (a channel created from the beginning replays the history up to it); the
+-- the backlog (a channel created from the beginning replays the history up to it; the
+-- ids a staged publish reserved but has not published yet come after it: its steps
+-- publish them to the channel); the
 -- incarnation (a number from the topic version key's field `channels`, new each time
 -- a channel of the topic is created; not news: brokers need not look again)
 -- and the count of empties (drop.lua) are what brokers compare to see that the
@@ -33,8 +36,11 @@ if not incarnation then
 end
 local backlog_head = redis.call('LINDEX', KEYS[2], 0)
 local cut = tonumber(redis.call('GET', KEYS[12]) or '0')
+for _, value in ipairs(redis.call('HVALS', KEYS[13])) do
+  cut = math.min(cut, read_marker(value).next - 1)
+end
 if backlog_head then
-  cut = tonumber(string.sub(record_id(backlog_head), 5), 16) - 1
+  cut = math.min(cut, tonumber(string.sub(record_id(backlog_head), 5), 16) - 1)
 end
 local reply = {created, tonumber(incarnation),
                tonumber(redis.call('HGET', KEYS[7], 'empties') or '0'), cut}

@@ -15,8 +15,9 @@
 -- (Redis 7's `#!lua flags=allow-oom` says the same, but Redis 6.2 cannot parse it.)
 -- deliver.lua, finish.lua, drop.lua and reap.lua need not call it: their first write is
 -- always one that Redis lets through (LPOP, ZREM, RENAME, HDEL, SREM).
--- The publishing scripts (publish, redrive) must not call it: refused at their first
--- write, before any other, they are the back-pressure, and an MPUB stays all or nothing.
+-- The publishing scripts (publish, publish_commit, redrive) must not call it: refused at
+-- their first write, before any other, they are the back-pressure, and an MPUB stays all
+-- or nothing. publish_step calls it: a staged MPUB committed must be published whole.
 local function past_maxmemory()
   local tag = string.match(KEYS[1], '{(.-)}')
   if not tag or tag == '' then tag = KEYS[1] end

@@ -1,0 +1,101 @@
+-- include: fanout.lua, time.lua, chunked.lua, record.lua, news.lua, history.lua, limit.lua
+-- append.lua provides publishing(), append() and appended(): how published messages are
+-- made visible, shared by publish.lua (a whole publish in one call) and publish_step.lua
+-- (a step of a staged one). The including script's KEYS[1..8] are publish.lua's.
+-- publishing(due) reads, once per call, where its messages go: `channels` (0 while the
+-- topic is paused: its backlog keeps them), the channels' depth limits (`limits`, read
+-- only when the topic meta counts one, for messages made ready now) and the history's
+-- state (`history`, only with retention on); `due` is the deferred messages' due time
+-- (ms), nil for messages ready now.
+-- append(p, first, bodies, timestamp, part) queues the bodies (counts first, first + 1,
+-- ...) and retains them; appended(p, n, bytes, wake, node) does what follows n more:
+-- the counters, the overflow of drop-oldest and dead-letter channels, the wake-up and
+-- the history's trim.
+-- what a trim removes at most, beyond what the call added: entries and record bytes;
+-- and by how much the oldest entry may be older than the retention time before a call
+-- trims by time: 1% of it, 1 s at most (a trim at every call costs a read of an entry)
+local TRIM_ENTRIES, TRIM_BYTES, TRIM_SLACK, TRIM_SLACK_MOST = 1000, 1048576, 0.01, 1000
+
+local function publishing(due)
+  local meta = redis.call('HMGET', KEYS[2], 'paused', 'retention_ms', 'retention_bytes',
+                          'limited_channels')
+  local p = {channels = N_CHANNELS, due = due, added_entries = 0, added_bytes = 0}
+  if meta[1] then
+    p.channels = 0  -- a paused topic keeps everything in its backlog (pause_topic.lua)
+  end
+  if meta[4] and meta[4] ~= '0' and p.channels > 0 and not due then
+    p.limits = channel_limits(p.channels)
+  end
+  if meta[2] or meta[3] then
+    p.history = history_state(redis.call('HMGET', KEYS[2], unpack(HISTORY_FIELDS)), 1)
+  end
+  return p
+end
+
+-- {first[1], second[1], first[2], ...}; a non-table `first` repeats.
+local function interleave(first, second)
+  local out = {}
+  for i = 1, #second do
+    out[2 * i - 1] = type(first) == 'table' and first[i] or first
+    out[2 * i] = second[i]
+  end
+  return out
+end
+
+-- The bodies queued (or deferred) in every channel, else the backlog, and retained;
+-- returns their bytes.
+local function append(p, first, bodies, timestamp, part)
+  local ids, records, counts, bytes = {}, {}, {}, 0
+  for i, body in ipairs(bodies) do
+    local count = first + i - 1
+    ids[i] = string.format('%04x%012x', part, count)
+    records[i] = new_record(timestamp, ids[i], body, count)
+    counts[i] = count
+    bytes = bytes + #body
+  end
+  if p.history then
+    local size = p.history.size
+    p.added_entries = p.added_entries + retain(KEYS[8], p.history, timestamp, records, counts)
+    p.added_bytes = p.added_bytes + p.history.size - size
+  end
+  if not p.due then
+    if p.channels == 0 then
+      call_chunked('RPUSH', KEYS[4], records)
+    end
+    for c = 1, p.channels do
+      call_chunked('RPUSH', channel_key(c, 'queue'), records)
+    end
+  else
+    if p.channels == 0 then
+      call_chunked('ZADD', KEYS[5], interleave(p.due, records))
+    end
+    for c = 1, p.channels do
+      call_chunked('HSET', channel_key(c, 'msgs'), interleave(ids, records))
+      call_chunked('ZADD', channel_key(c, 'deferred'), interleave(p.due, ids))
+    end
+  end
+  return bytes
+end
+
+local function appended(p, n, bytes, wake, node)
+  for c = 1, p.channels do
+    redis.call('HINCRBY', channel_key(c, 'meta'), 'message_count', n)
+    if p.due then
+      due_lower(node, KEYS[6], channel_name(c), p.due)
+    end
+  end
+  if p.limits then
+    overflow(p.limits, n, KEYS[6], node, now_ms())
+  end
+  if p.channels > 0 and not p.due then
+    announce(KEYS[7], wake, '', node)
+  end
+  if p.history then
+    trim_history(KEYS[8], p.history, now_ms(), TRIM_ENTRIES + p.added_entries,
+                 TRIM_BYTES + p.added_bytes,
+                 math.min(TRIM_SLACK_MOST, math.floor(p.history.ms * TRIM_SLACK)))
+    save_history(KEYS[2], p.history)
+  end
+  redis.call('HINCRBY', KEYS[2], 'message_count', n)
+  redis.call('HINCRBY', KEYS[2], 'message_bytes', bytes)
+end
