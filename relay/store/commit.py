@@ -95,14 +95,14 @@ class GroupCommit:
 
     def submit(self, op: Op, order: int | None = None,
                since: float | None = None) -> Submitted:
-        """`since`: the time (monotonic) the patience counts from, if not now. Each call's
-        worth of arguments the op stages first has the patience too: a 5 MB MPUB may take
-        that much longer, and still gets an answer in bounded time."""
+        """`since`: the time (monotonic) the patience counts from, if not now. Each call
+        the op is known to make (op.calls: a big MPUB's stage calls and commit) has the
+        patience: a 5 MB MPUB may take that much longer, and still gets an answer in
+        bounded time."""
         result = self.lanes[0 if order is None else order % len(self.lanes)].submit(op, order)
         if self.patience is None:
             return result
-        staged = sum(len(command) for command in op.pre) // MAX_CALL_ARGS
-        return Bounded(result, self.patience * (1 + staged),
+        return Bounded(result, self.patience * op.calls,
                        time.monotonic() if since is None else since)
 
     def submit_made(self, make: Callable[[], Op], order: int | None = None) -> Submitted:

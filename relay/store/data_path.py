@@ -42,14 +42,14 @@ def _leave_keys(topic: str, channel: str) -> list[str]:
     return [t.channels, t.meta, c.consumers, t.due, *(k for k in c.all() if k != c.consumers)]
 
 
-def _staged(stage: str, bodies: Sequence[bytes]) -> tuple[tuple[Any, ...], ...]:
-    """The commands that stage an MPUB's bodies in `stage` for its commit call: first
-    emptied, so a call sent again stages them once; gone by itself if the call never
-    comes (its broker died in between)."""
-    step = MAX_CALL_ARGS - 2
-    return (("DEL", stage),
-            *(("RPUSH", stage, *bodies[i:i + step]) for i in range(0, len(bodies), step)),
-            ("PEXPIRE", stage, STAGE_TTL_MS))
+def _stage_op(stage: str, bodies: Sequence[bytes], start: int, commit: Op) -> Op:
+    """A stage call (stage.lua) of the bodies from `start`, going on to the next one,
+    then to `commit`: each in a pipeline of its own."""
+    end = start + MAX_CALL_ARGS - 3     # with its key, its TTL and whether first
+    following = (lambda _: _stage_op(stage, bodies, end, commit)) if end < len(bodies) \
+        else (lambda _: commit)
+    return Op("stage", [stage], [STAGE_TTL_MS, int(start == 0), *bodies[start:end]],
+              then=following, calls=-(-(len(bodies) - start) // (end - start)) + 1)
 
 
 class DataPath(StoreBase):
@@ -88,10 +88,10 @@ class DataPath(StoreBase):
         token = secrets.token_hex(8)
         stage = keys.staging_key(part, token)
         commit = self._fanout_op("publish_commit", part, topic_keys,
-                                 [ts, defer_ms, len(bodies), token], int,
-                                 pre=pre + _staged(stage, bodies),
+                                 [ts, defer_ms, len(bodies), token], int, pre=pre,
                                  extra_keys=lambda channels: [stage, t.publishing])
-        return commit._replace(then=lambda last: self._steps(part, token, int(last)))
+        commit = commit._replace(then=lambda last: self._steps(part, token, int(last)))
+        return _stage_op(stage, bodies, 0, commit)
 
     def publish_step_op(self, part: str, token: str) -> Op:
         """The next step of a committed staged publish (publish_step.lua): a Stepped."""

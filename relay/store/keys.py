@@ -70,9 +70,10 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
     relay:{T}:trash:X:N               any   what an empty or delete took out (drop.lua), until
                                             freed (workers/operations.py); X is one drop's token
     relay:{T}:staging:X               LIST  the bodies of one MPUB too big for one call,
-                                            staged just before its commit call (TTL until
-                                            then), the ones its steps have not published
-                                            yet (publish_commit.lua, publish_step.lua)
+                                            staged by calls of 10,000 before its commit
+                                            call (stage.lua; TTL until then), the ones its
+                                            steps have not published yet
+                                            (publish_commit.lua, publish_step.lua)
     relay:{T}:publishing              HASH  stage token X -> "<next count> <last count>
                                             <due ms, 0: now> <ms last advanced>
                                             <timestamp hex>": the committed staged publishes

@@ -29,7 +29,7 @@ import httptools
 from gevent.server import StreamServer
 
 from relay.log import ClientFaults
-from relay.sockio import send_all
+from relay.sockio import Turns, send_all
 
 log = logging.getLogger("relay.http")
 
@@ -117,6 +117,7 @@ class Connection:
         self.header_bytes = 0
         self.refusal: Refusal | None = None
         self.upgrade = False
+        self.turns = Turns()    # a client pipelining without pause holds no one up
 
     # -- httptools' callbacks ------------------------------------------------------
 
@@ -206,6 +207,7 @@ class Connection:
 
     def _read(self) -> bool:
         """Read once, answer what is complete; False once the connection is done."""
+        self.turns.take()
         data = self.sock.recv(READ_SIZE)
         if not data:
             if self.current is not None:

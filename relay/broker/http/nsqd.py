@@ -15,7 +15,7 @@ from relay.broker import registry
 from relay.store import stats
 from relay.store.causes import cause
 from relay.store.dedup import BadKeyedMessage, key_problem, keyed_messages
-from relay.codec import NSQD_VERSION, parse_int64, split_mpub
+from relay.codec import NSQD_VERSION, parse_int64, split_lines, split_mpub
 from relay.broker.context import BrokerContext
 from relay.errors import ClientError, StoreError
 from relay.broker.http.controls import ControlsApi
@@ -27,6 +27,7 @@ from relay.broker.http.server import (JSON, HttpError, HttpServer, Routes, Typed
 from relay.broker.metrics import CONTENT_TYPE
 from relay.log import LEVELS, set_level
 from relay.options import DURATION
+from relay.sockio import Turns
 
 log = logging.getLogger("relay.http")
 
@@ -146,15 +147,18 @@ class NsqdApi:
         raw = request.arg("binary")
         binary = raw is not None and BOOLS.get(raw, True)
         body = request.body(self.options.max_body_size, "BODY_TOO_BIG")
+        turn = Turns().take
         if binary:
             try:
-                bodies = split_mpub(body, self.options.max_body_size, self.options.max_msg_size)
+                bodies = split_mpub(body, self.options.max_body_size, self.options.max_msg_size,
+                                    turn)
             except ClientError as e:
                 raise HttpError(413, e.code[2:]) from None
         else:
-            bodies = [line for line in body.split(b"\n") if line]
-            if any(len(b) > self.options.max_msg_size for b in bodies):
+            lines = split_lines(body, self.options.max_msg_size, turn)
+            if lines is None:
                 raise HttpError(413, "MSG_TOO_BIG")
+            bodies = lines
         raw = request.arg("keyed")
         if not bodies or raw is None or not BOOLS.get(raw, True):
             return bodies, None

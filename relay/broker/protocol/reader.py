@@ -5,11 +5,10 @@ import socket
 import time
 from typing import TYPE_CHECKING
 
-import gevent
-
 from relay import codec
 from relay.broker.client import Client
 from relay.errors import Disconnect
+from relay.sockio import Turns
 
 if TYPE_CHECKING:
     from relay.options import Options
@@ -19,13 +18,6 @@ FIN_LINE = re.compile(rb"FIN ([^ \r\n]{%d})\r?\n" % codec.MSG_ID_LENGTH)
 # FINs taken in one go from the read buffer: the group commit merges what follows, so a
 # flood of FINs never makes one huge call (nor holds more than this per queued reply)
 MAX_GATHERED_FINS = 128
-# the longest a connection's reading runs before the broker's other greenlets get a
-# turn: reads that find data waiting never block, so a client that floods NOPs, or
-# sends an MPUB of a million messages, would otherwise hold the broker. The pause is a
-# timer, not sleep(0), which runs the greenlets already woken but does not poll the
-# other sockets (their clients then waited 50 ms and more).
-YIELD_EVERY = 0.002
-YIELD_PAUSE = 0.0001
 
 
 def largest_command(options: "Options") -> int:
@@ -46,22 +38,11 @@ class Reader:
         # monotonic seconds by which the command being read must have arrived whole, as
         # nsqd's read deadline (2 heartbeats); None: no limit
         self.deadline: float | None = None
-        self._loop = gevent.get_hub().loop
-        self._iteration = -1        # of the event loop, when this turn began
-        self._turn_began = 0.0
+        self.turns = Turns()
 
     def take_turn(self) -> None:
-        """Let the broker's other greenlets run if this connection has run YIELD_EVERY
-        since they last could: since the event loop last went round (a read that waited,
-        or a turn given). A client that waits for each reply never pauses here; a loop
-        without an iteration count makes this a plain clock."""
-        iteration, now = getattr(self._loop, "iteration", 0), time.monotonic()
-        if iteration != self._iteration:
-            self._iteration, self._turn_began = iteration, now
-        elif now - self._turn_began >= YIELD_EVERY:
-            gevent.sleep(YIELD_PAUSE)
-            self._iteration = getattr(self._loop, "iteration", 0)
-            self._turn_began = time.monotonic()
+        """Let the broker's other greenlets run if this connection has run long (Turns)."""
+        self.turns.take()
 
     @property
     def buffered(self) -> int:

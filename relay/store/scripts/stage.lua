@@ -1,0 +1,16 @@
+-- include: chunked.lua
+-- stage: append one piece of a big MPUB's bodies to its stage (a LIST), before the
+-- publish_commit call that publishes them all or none. A stage is sent a piece a call,
+-- each call in its own pipeline of the broker's group commit, so the other
+-- connections' calls go between them: one pipeline of the whole stage held them up for
+-- as long as Redis took to read it (0.5 s for 5 MB of HTTP /mpub).
+-- KEYS[1] the stage
+-- ARGV[1] its time to live (ms): it goes by itself if the commit never comes (the
+-- broker died in between); ARGV[2] 1 for the first piece: the stage is emptied first,
+-- so a publish sent again stages its bodies once; ARGV[3..] the bodies.
+-- Its first write is refused at maxmemory, as publish's (lib/maxmemory.lua).
+-- Returns the stage's length.
+if ARGV[2] == '1' then redis.call('DEL', KEYS[1]) end
+call_chunked('RPUSH', KEYS[1], ARGV, 3)
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return redis.call('LLEN', KEYS[1])
