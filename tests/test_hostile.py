@@ -317,13 +317,11 @@ def test_a_fin_flood_breaks_no_one_elses_publish(processes):
 
 
 # Redis' slowest publish call while the largest MPUB is published (issue 46, item 8),
-# another broker's slowest PUB meanwhile, and the steps of it (one channel: 1,000 messages
-# a step, publish_step.lua)
+# and the steps of it (one channel: 1,000 messages a step, publish_step.lua)
 SLOWEST_CALL_US = 10_000
-SLOWEST_PUB_ELSEWHERE = 0.1
 MESSAGES_A_STEP = 1000
 PUBLISH_SCRIPTS = {runner.load_scripts()[name].sha.encode()
-                   for name in ("publish", "publish_commit", "publish_step")}
+                   for name in ("stage", "publish", "publish_commit", "publish_step")}
 
 
 def assert_no_long_publish_call(client, messages: int) -> None:
@@ -344,7 +342,8 @@ def test_publishes_bigger_than_one_redis_call_land_whole(processes, redis_url):
     an HTTP /mpub of 5 MB of 'a\\n' were refused (E_MPUB_FAILED ... Connection reset by
     peer, 503 EXITING): nsqd takes both. Their bodies are staged, committed, then
     published in steps: all or nothing, and no call holds Redis over 10 ms (one call of
-    them all held it 0.8-2.9 s), so another broker's PUB is answered within 100 ms."""
+    them all held it 0.8-2.9 s). PUBs on the same broker and on another are answered
+    meanwhile (they waited 1.2-3.3 s; RELIABILITY.md has the figures, about 0.1 s)."""
     proc, port = processes.broker()
     _, elsewhere = processes.broker()
     client = connect(redis_url)
@@ -353,17 +352,17 @@ def test_publishes_bigger_than_one_redis_call_land_whole(processes, redis_url):
     w = Wire(port, timeout=60)
     assert w.sub("big", "c") == (FRAME_RESPONSE, b"OK")
     count = 1_048_575
-    witness = Witness(elsewhere)
+    witnesses = [Witness(port), Witness(elsewhere)]
     assert w.mpub("big", [b"x"] * count) == (FRAME_RESPONSE, b"OK")
-    assert witness.stop() < SLOWEST_PUB_ELSEWHERE
+    assert max(witness.stop() for witness in witnesses) < SLOWEST_PUB
     assert_no_long_publish_call(client, count)
     queue = ChannelKeys.of("big", "c").queue
     assert client.llen(queue) == count
-    witness = Witness(elsewhere)
+    witnesses = [Witness(port), Witness(elsewhere)]
     status, data, _ = Api(port, processes.http_ports[port]).request(
         "POST", "/mpub?topic=big", b"a\n" * 2_621_440, timeout=60)
     assert (status, data) == (200, b"OK")
-    assert witness.stop() < SLOWEST_PUB_ELSEWHERE
+    assert max(witness.stop() for witness in witnesses) < SLOWEST_PUB
     assert_no_long_publish_call(client, 2_621_440)
     assert client.llen(queue) == count + 2_621_440
     assert [parse_record(r)[3] for r in client.lrange(queue, count - 1, count)] == [b"x", b"a"]
