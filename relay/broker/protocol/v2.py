@@ -22,7 +22,7 @@ from relay.broker.context import BrokerContext
 from relay.broker.protocol.keyed import param_key, published_reply, split_keyed
 from relay.broker.protocol.reader import MAX_GATHERED_FINS, Reader, largest_command
 from relay.broker.protocol.replies import Pending, Reply, Settled, Upgrade
-from relay.broker.schemas import IdentifySchema
+from relay.broker.schemas import load_identify
 from relay.broker.transport import CompressionError
 from relay.codec import NSQD_VERSION, as_text, base10, go_quote, int64, read_mpub
 from relay.errors import ClientError, Disconnect, FatalClientError, StoreError
@@ -36,8 +36,6 @@ if TYPE_CHECKING:
     from relay.store.runner import Op
 
 log = logging.getLogger("relay.protocol")
-
-_identify_schema = IdentifySchema()
 
 
 class ProtocolV2:
@@ -175,8 +173,7 @@ class ProtocolV2:
         body = self._read_body(reader, "IDENTIFY", "E_BAD_BODY", self.options.max_body_size,
                                big_first=True)
         try:
-            data = json.loads(body)
-            data = _identify_schema.load({} if data is None else data)
+            data = load_identify(body)
         except (ValueError, ValidationError, TypeError, RecursionError):
             raise FatalClientError("E_BAD_BODY", "IDENTIFY failed to decode JSON body") from None
         problem = client.identify(data, self.options)
