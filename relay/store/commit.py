@@ -18,7 +18,7 @@ from typing import Any, Callable, Protocol
 import gevent
 from gevent.event import AsyncResult, Event
 
-from relay.errors import StoreConnectionError, StoreError
+from relay.errors import NoAnswer, OutcomeUnknown, StoreConnectionError, StoreError
 from relay.store.causes import cause
 from relay.store.connection import UNREACHABLE
 from relay.store.runner import MAX_CALL_ARGS, Op
@@ -32,28 +32,43 @@ MERGEABLE = {"finish": (0, 2), "requeue": (3, 3), "touch": (0, 3)}
 MAX_MERGED_ARGS = MAX_CALL_ARGS // 2
 
 
+class _Call:
+    """An op in a lane, and its result; `sent` once a pipeline took it: from then on
+    Redis may run it, whether or not an answer comes back."""
+
+    __slots__ = ("op", "result", "sent")
+
+    def __init__(self, op: Op) -> None:
+        self.op = op
+        self.result: AsyncResult[Any] = AsyncResult()
+        self.sent = False
+
+
 class Bounded:
-    """An op's result that its waiter stops waiting for at the op's deadline: get() then
-    fails with StoreConnectionError, and the lane skips the op if it has not sent it yet
-    (it never runs). Without it, an op queued behind a pipeline that waits out its socket
-    timeout (a partition from Redis) would wait that timeout again for its own."""
+    """An op's result that its waiter stops waiting for at the op's deadline. get() then
+    fails: with StoreConnectionError if the lane had not sent the op yet (it skips it: it
+    never runs), else with NoAnswer (Redis may still run it). Without it, an op queued
+    behind a pipeline that waits out its socket timeout (a partition from Redis) would
+    wait that timeout again for its own."""
 
-    __slots__ = ("result", "expires", "patience")
+    __slots__ = ("call", "expires", "patience")
 
-    def __init__(self, result: "AsyncResult[Any]", patience: float, since: float) -> None:
-        self.result = result
+    def __init__(self, call: _Call, patience: float, since: float) -> None:
+        self.call = call
         self.patience = patience
         self.expires = since + patience
 
     def get(self) -> Any:
+        result = self.call.result
         remaining = self.expires - time.monotonic()
-        if remaining > 0 or self.result.ready():
+        if remaining > 0 or result.ready():
             try:
-                return self.result.get(timeout=max(0.0, remaining))
+                return result.get(timeout=max(0.0, remaining))
             except gevent.Timeout:
                 pass
-        error = StoreConnectionError(f"no answer from redis within {self.patience * 1000:.0f}ms")
-        self.result.set_exception(error)
+        waited = f"no answer from redis within {self.patience * 1000:.0f}ms"
+        error = NoAnswer(waited) if self.call.sent else StoreConnectionError(waited + " (not sent)")
+        result.set_exception(error)
         raise error
 
 
@@ -74,7 +89,23 @@ class _All:
         self.results = results
 
     def get(self) -> list:
-        return [result.get() for result in self.results]
+        """Their values; else an error: OutcomeUnknown where some ops were done or may
+        have been, else the first op's error."""
+        values, errors = [], []
+        for result in self.results:
+            try:
+                values.append(result.get())
+            except StoreError as e:
+                errors.append(e)
+        if not errors:
+            return values
+        unknown = [e for e in errors if isinstance(e, OutcomeUnknown)]
+        if unknown:
+            raise unknown[0]
+        if values:
+            raise OutcomeUnknown(f"{errors[0]} ({len(values)} of {len(self.results)} calls "
+                                 f"done)")
+        raise errors[0]
 
 
 class GroupCommit:
@@ -96,11 +127,11 @@ class GroupCommit:
         """`since`: the time (monotonic) the patience counts from, if not now. Each call's
         worth of arguments the op stages first has the patience too: a 5 MB MPUB may take
         that much longer, and still gets an answer in bounded time."""
-        result = self.lanes[order % len(self.lanes)].submit(op)
+        call = self.lanes[order % len(self.lanes)].submit(op)
         if self.patience is None:
-            return result
+            return call.result
         staged = sum(len(command) for command in op.pre) // MAX_CALL_ARGS
-        return Bounded(result, self.patience * (1 + staged),
+        return Bounded(call, self.patience * (1 + staged),
                        time.monotonic() if since is None else since)
 
     def submit_made(self, make: Callable[[], Op], order: int = 0) -> Submitted:
@@ -133,15 +164,15 @@ class _Lane:
         self.quiet = quiet
         self.max_batch = max_batch
         self.observe = observe
-        self._queue: deque[tuple[Op, AsyncResult[Any]]] = deque()
+        self._queue: deque[_Call] = deque()
         self._ready = Event()
         self.greenlet = gevent.spawn(self._loop)
 
-    def submit(self, op: Op) -> "AsyncResult[Any]":
-        result: AsyncResult[Any] = AsyncResult()
-        self._queue.append((op, result))
+    def submit(self, op: Op) -> _Call:
+        call = _Call(op)
+        self._queue.append(call)
         self._ready.set()
-        return result
+        return call
 
     def _loop(self) -> None:
         while True:
@@ -151,12 +182,14 @@ class _Lane:
                 n = min(len(self._queue), self.max_batch)
                 batch = [self._queue.popleft() for _ in range(n)]
                 # an op whose waiter gave up on it (Bounded) is never sent
-                batch = [(op, result) for op, result in batch if not result.ready()]
+                batch = [call for call in batch if not call.result.ready()]
+                for call in batch:
+                    call.sent = True
                 if batch:
                     self._run(batch)
 
-    def _run(self, batch: list) -> None:
-        ops, slices = _merge([op for op, _ in batch])
+    def _run(self, batch: list[_Call]) -> None:
+        ops, slices = _merge([call.op for call in batch])
         started = time.perf_counter()
         try:
             results = self.store.run_many(ops)
@@ -165,16 +198,17 @@ class _Lane:
         except (StoreConnectionError,) + UNREACHABLE as e:  # a cluster's too
             if not self.quiet():
                 log.warning("redis unreachable: %s", cause(e))
-            error = e if isinstance(e, StoreConnectionError) else StoreConnectionError(str(e))
+            # the runner says which it had not sent; one raised past it may have been
+            error = e if isinstance(e, StoreConnectionError) else NoAnswer(str(e))
             results = [error] * len(ops)
         except StoreError as e:     # refused before any call ran: a new connection's PING
             log.warning("redis refused the pipeline: %s", e)    # under MISCONF, say
             results = [e] * len(ops)
         except Exception as e:  # never let one batch stop the lane
             log.exception("pipeline failed")
-            results = [StoreError(f"pipeline failed: {e!r}")] * len(ops)
-        for (op_index, start, stop, part), (_, result) in zip(slices, batch):
-            value = results[op_index]
+            results = [OutcomeUnknown(f"pipeline failed: {e!r}")] * len(ops)
+        for (op_index, start, stop, part), call in zip(slices, batch):
+            value, result = results[op_index], call.result
             if result.ready():
                 continue    # its waiter gave up on it meanwhile
             if isinstance(value, Exception):

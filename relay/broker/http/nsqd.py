@@ -16,7 +16,7 @@ from relay.store.causes import cause
 from relay.store.dedup import BadKeyedMessage, key_problem, keyed_messages
 from relay.codec import NSQD_VERSION, parse_int64, split_mpub
 from relay.broker.context import BrokerContext
-from relay.errors import ClientError, StoreError
+from relay.errors import ClientError, OutcomeUnknown, StoreError, publish_outcome
 from relay.broker.http.controls import ControlsApi
 from relay.broker.http.history import HistoryApi
 from relay.broker.http.lookupd import LookupdApi
@@ -31,6 +31,7 @@ log = logging.getLogger("relay.http")
 
 BOOLS = {"true": True, "1": True, "false": False, "0": False}
 DUPLICATES_HEADER = "X-Relay-Duplicates"
+OUTCOME_HEADER = "X-Relay-Outcome"     # of a publish answered 503: failed, or unknown
 
 
 def nsqd_server(broker: BrokerContext) -> HttpServer:
@@ -116,7 +117,7 @@ class NsqdApi:
                 raise HttpError(400, "INVALID_DEFER")
         key = request.arg_bytes("id")
         if key is None:
-            return self._publish(topic, [body], defer)
+            return self._publish(request, topic, [body], defer)
         problem = key_problem(key)
         if problem:
             raise HttpError(400, problem)
@@ -148,19 +149,21 @@ class NsqdApi:
             except BadKeyedMessage as e:
                 raise HttpError(400, e.code) from None
             return self._publish_keyed(request, topic, bodies, publish_keys)
-        return self._publish(topic, bodies)
+        return self._publish(request, topic, bodies)
 
     def _topic(self, request) -> str:
         """The topic of /pub or /mpub, created as nsqd's getTopicFromQuery creates it:
         before the arguments or body after it are checked, so a rejected publish leaves it."""
         topic = request.topic()
-        self._publishing(topic, lambda: self.broker.store.create_topic(topic))
+        self._publishing(request, topic, lambda: self.broker.store.create_topic(topic),
+                         before=True)
         return topic
 
-    def _publish(self, topic: str, bodies: list, defer: int = 0) -> str:
+    def _publish(self, request, topic: str, bodies: list, defer: int = 0) -> str:
         broker = self.broker
-        self._publishing(topic, lambda: broker.commit.submit_made(
-            lambda: broker.store.publish_op(topic, bodies, defer)).get())
+        result = self._publishing(request, topic, lambda: broker.commit.submit_made(
+            lambda: broker.store.publish_op(topic, bodies, defer)), before=True)
+        self._publishing(request, topic, result.get)
         broker.metrics.published.inc(len(bodies))
         return "OK"
 
@@ -169,22 +172,28 @@ class NsqdApi:
         """Publish with keys (relay/store/dedup.py): "OK" all the same, and how many were
         duplicates, not published, in the header X-Relay-Duplicates."""
         broker = self.broker
-        duplicates = sum(self._publishing(topic, lambda: broker.commit.submit_all_made(
-            lambda: broker.store.keyed_publish_ops(topic, bodies, publish_keys, defer)).get()))
+        result = self._publishing(request, topic, lambda: broker.commit.submit_all_made(
+            lambda: broker.store.keyed_publish_ops(topic, bodies, publish_keys, defer)),
+            before=True)
+        duplicates = sum(self._publishing(request, topic, result.get))
         broker.metrics.published.inc(len(bodies) - duplicates)
         request.reply_headers.append((DUPLICATES_HEADER, str(duplicates)))
         return "OK"
 
     @staticmethod
-    def _publishing(topic: str, step):
+    def _publishing(request, topic: str, step, before: bool = False):
         """A step of a publish, and what it returns; Redis failing is a 503, as nsqd's
         failed publish, with the cause (nsqd's text, EXITING, would say the broker is
-        shutting down)."""
+        shutting down). X-Relay-Outcome says `unknown` where the messages may have been
+        published all the same (never `before` they were handed to Redis), else `failed`."""
         try:
             return step()
         except StoreError as e:
-            log.warning("http publish to %s failed: %s", topic, e)
-            raise HttpError(503, str(e)) from None
+            unknown = not before and isinstance(e, OutcomeUnknown)
+            log.warning("http publish to %s %s", topic,
+                        publish_outcome(e) if unknown else f"failed: {e}")
+            request.reply_headers.append((OUTCOME_HEADER, "unknown" if unknown else "failed"))
+            raise HttpError(503, publish_outcome(e) if unknown else str(e)) from None
 
     # -- topics and channels -------------------------------------------------------
 
