@@ -85,14 +85,23 @@ def test_a_publish_sent_and_not_answered_may_have_been_published(slow_calls, com
     assert wait_for(lambda: published(direct, "t") == count, timeout=DELAY + 3)
 
 
-def test_a_pub_never_sent_failed(slow_calls):
+def keyed_new(w: Wire):
+    w.identify(relay_dedup=True)
+    w.command(f"PUB {MARKER.decode()} key-1", b"m")
+    return w.frame()
+
+
+@pytest.mark.parametrize("send, cause", [
+    (lambda w: w.pub(MARKER.decode(), b"m"), b"no answer from redis within 1000ms (not sent)"),
+    (keyed_new, b"no answer from redis within 1000ms"),
+], ids=["pub", "keyed-pub"])
+def test_a_pub_never_sent_failed(slow_calls, send, cause):
     """Its topic's partition count, read first, waited out the timeout: the PUB itself
-    was never sent, so it failed."""
+    was never sent, so it failed (a keyed one closed the connection without a word)."""
     port, _, direct = slow_calls
     topic = MARKER.decode()
     w = Wire(port)
-    assert w.pub(topic, b"m") == (
-        FRAME_ERROR, b"E_PUB_FAILED PUB failed: no answer from redis within 1000ms (not sent)")
+    assert send(w) == (FRAME_ERROR, b"E_PUB_FAILED PUB failed: " + cause)
     time.sleep(DELAY + 1)   # past what the proxy held up
     assert published(direct, topic) == 0
     assert Wire(port).pub("t", b"m") == (0, b"OK")
