@@ -38,6 +38,23 @@ class StoreConnectionError(StoreError):
     """Redis could not be reached in time."""
 
 
+class OutcomeUnknown(StoreError):
+    """A write Redis may have done all the same (sent and not answered, not confirmed by
+    enough replicas, done in part): a publish retried then may be stored twice."""
+
+
+class NoAnswer(StoreConnectionError, OutcomeUnknown):
+    """Sent to Redis, and the connection was lost or timed out before the answer."""
+
+
+def publish_outcome(error: StoreError) -> str:
+    """A failed publish's outcome as told to its client: `failed: why`, or, where Redis
+    may have stored it, that it may have been published."""
+    if isinstance(error, OutcomeUnknown):
+        return f"outcome unknown, it may have been published: {error}"
+    return f"failed: {error}"
+
+
 class Disconnect(RelayError):
     """The client went away or sent something unreadable: close without a frame."""
 

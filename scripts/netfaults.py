@@ -211,6 +211,12 @@ def fault(hosts: netns.Hosts, scenario: str, on: bool) -> int:
     return 0
 
 
+def refusal(error: str) -> str:
+    """An error frame's code, command and outcome: `E_PUB_FAILED PUB failed`, or
+    `E_PUB_FAILED PUB outcome unknown` where Redis may have taken it."""
+    return error.split(":")[0].split(",")[0][:40]
+
+
 def figures(raw: dict, scenario: str, begun: float, ended: float, lone: int) -> dict:
     """The report of a scenario from the clients' tally: the fault was on from `begun`
     to `ended` (monotonic; the same clock in every process)."""
@@ -226,8 +232,7 @@ def figures(raw: dict, scenario: str, begun: float, ended: float, lone: int) -> 
         "acknowledged": raw["acknowledged"], "delivered": raw["delivered"], "lost": lost,
         "lost_by_channel": raw["lost_by_channel"], "duplicates": raw["duplicates"],
         "publishes_refused": len(raw["refused"]),
-        "refusals": dict(Counter(error.split(" failed")[0][:40]
-                                 for _, _, error in raw["refused"])),
+        "refusals": dict(Counter(refusal(error) for _, _, error in raw["refused"])),
         "slowest_refusal_s": round(max((d - s for s, d, _ in raw["refused"]), default=0), 2),
         "slowest_publish_s": round(max(d - s for s, d, _ in tries), 2),
         "median_publish_s": round(statistics.median(d - s for s, d in raw["acked_at"]), 3),

@@ -8,12 +8,13 @@ import pytest
 import redis
 
 from relay.codec import parse_record
-from relay.errors import StoreConnectionError, StoreError
+from relay.errors import NoAnswer, OutcomeUnknown, StoreConnectionError, StoreError
 from relay.store import Store
 from relay.store.commit import MAX_MERGED_ARGS, MERGEABLE, GroupCommit, _merge
-from relay.store.keys import ChannelKeys
+from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.runner import MAX_CALL_ARGS
 from tests.helpers.store import mid
+from tests.helpers.wait import wait_for
 
 
 @pytest.fixture
@@ -359,9 +360,51 @@ def test_an_op_past_its_patience_fails_and_is_never_sent(fake_store):
     try:
         late = commit.submit(fake_store.publish_op("t", [b"late"]),
                              since=time.monotonic() - 0.2)
-        with pytest.raises(StoreConnectionError, match="no answer from redis within 200ms"):
+        with pytest.raises(StoreConnectionError) as failed:
             late.get()
+        assert (str(failed.value), isinstance(failed.value, OutcomeUnknown)) == (
+            "no answer from redis within 200ms (not sent)", False)
         assert commit.call(fake_store.publish_op("t", [b"next"])) == 1    # "late" never ran
+    finally:
+        commit.stop()
+
+
+def test_an_op_sent_and_not_answered_in_its_patience_may_have_run(fake_store):
+    """Its waiter stops at the deadline, but Redis may run it (here it does, later): the
+    error says so (NoAnswer), for the publish's answer to say it may have been published."""
+    fake_store.runner.load_scripts()
+    execute = fake_store.runner._execute
+
+    def slow(ops):
+        gevent.sleep(0.4)
+        return execute(ops)
+    fake_store.runner._execute = slow
+    commit = GroupCommit(fake_store, patience=0.2)
+    try:
+        sent = commit.submit(fake_store.publish_op("t", [b"slow"]))
+        with pytest.raises(NoAnswer, match="^no answer from redis within 200ms$"):
+            sent.get()
+        assert wait_for(lambda: fake_store.redis.get(TopicKeys.of("t").ids) == b"1")
+    finally:
+        commit.stop()
+
+
+def test_several_ops_of_which_some_were_done_may_have_published(fake_store):
+    """A keyed publish over several calls (submit_all_made): one refused, one done is
+    not a failure to tell as such."""
+    fake_store.redis.set(TopicKeys.of("broken").ids, b"not a number")
+    commit = GroupCommit(fake_store, patience=5.0)
+    try:
+        both = commit.submit_all_made(lambda: [fake_store.publish_op("t", [b"x"]),
+                                               fake_store.publish_op("broken", [b"y"])])
+        with pytest.raises(OutcomeUnknown) as failed:
+            both.get()
+        assert str(failed.value) == \
+            "value is not an integer or out of range (1 of 2 calls done)"
+        alone = commit.submit_all_made(lambda: [fake_store.publish_op("broken", [b"y"])])
+        with pytest.raises(StoreError) as refused:
+            alone.get()
+        assert not isinstance(refused.value, OutcomeUnknown)
     finally:
         commit.stop()
 

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from tests.helpers.api import Api
 from tests.helpers.wire import Wire, mpub_body, size, subscribed
 
 pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
@@ -276,6 +277,22 @@ def test_e_bad_body_identify_bad_json(broker, body):
     else:
         w.command("IDENTIFY", body)  # size 0
         assert_fatal(broker, w, b"E_BAD_BODY IDENTIFY invalid body size 0")
+
+
+@pytest.mark.parametrize("body", [
+    b"\xef\xbb\xbf{}",
+    b"\xef\xbb\xbf{\"client_id\": \"c\"}",
+    "{}".encode("utf-16-le"),
+    "\ufeff{}".encode("utf-16-le"),
+    "{}".encode("utf-16-be"),
+    "{}".encode("utf-32-le"),
+], ids=["utf8-bom", "utf8-bom-field", "utf16le", "utf16le-bom", "utf16be", "utf32le"])
+def test_e_bad_body_identify_json_not_plain_utf8(broker, body):
+    """Go's encoding/json reads UTF-8 alone, with no BOM: Python's json.loads of bytes
+    skipped a BOM and decoded UTF-16 and UTF-32."""
+    w = Wire(broker)
+    w.command("IDENTIFY", body)
+    assert_fatal(broker, w, b"E_BAD_BODY IDENTIFY failed to decode JSON body")
 
 
 def test_e_bad_body_identify_number_for_bool(broker):
@@ -817,6 +834,31 @@ def test_identify_keys_unicode_case_folding_in_relay(broker):
     w = Wire(broker)
     w.command("IDENTIFY", '{"feature_negotiation": true, "\u017fample_rate": 7}'.encode())
     assert w.frame() == (RESPONSE, DEFAULT_IDENTIFY_REPLY)
+
+
+def test_identify_names_not_utf8_are_taken_with_replacement_chars(processes, broker):
+    """Go's encoding/json puts U+FFFD for each byte of invalid UTF-8 in a string and for
+    an escaped lone surrogate, so nsqd takes such names: relay refused invalid UTF-8
+    (E_BAD_BODY, a client on such a host could not connect), and a lone surrogate made
+    the text /stats a 500."""
+    w = Wire(broker)
+    w.command("IDENTIFY", b'{"client_id": "c\xff", "hostname": "h\xe2\x82x", '
+                          b'"user_agent": "u\xed\xa0\x80/\\ud800"}')
+    assert w.frame() == OK
+    assert w.pub("t", b"m") == OK
+    assert w.sub("t", "c") == OK
+    api = Api(broker, processes.http_ports[broker])
+    status, stats = api.json("GET", "/stats?format=json")
+    [client] = stats["topics"][0]["channels"][0]["clients"]
+    [producer] = stats["producers"]
+    names = ("c\ufffd", "h\ufffd\ufffdx", "u\ufffd\ufffd\ufffd/\ufffd")
+    assert [tuple(c[k] for k in ("client_id", "hostname", "user_agent"))
+             for c in (client, producer)] == [names, names]
+    status, text, _ = api.request("GET", "/stats")
+    ident = f"{names[1]}:{client['remote_address'].rpartition(':')[2]} {names[2]}"
+    assert status == 200
+    assert [line.split("]")[0] for line in text.decode().splitlines() if "[V2 " in line] \
+        == [f"        [V2 {ident:<21}", f"   [V2 {names[0]:<21}"]
 
 
 # -- heartbeats ---------------------------------------------------------------------------

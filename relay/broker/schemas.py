@@ -1,5 +1,7 @@
 """marshmallow schemas for JSON relay is sent: IDENTIFY, and auth server replies."""
 
+import codecs
+import json
 import re
 
 from marshmallow import EXCLUDE, Schema, ValidationError, fields, pre_load, validate
@@ -20,6 +22,26 @@ def _int(bits: int):
     return fields.Integer(strict=True, validate=validate.Range(min=-limit, max=limit - 1))
 
 
+def _one_byte_replaced(error: UnicodeError) -> tuple[str, int]:
+    """U+FFFD for the first byte that is not UTF-8, reading on at the next byte: Go
+    replaces each invalid byte (utf8.DecodeRune), where "replace" takes a truncated
+    sequence as one."""
+    assert isinstance(error, UnicodeDecodeError)
+    return "\ufffd", error.start + 1
+
+
+codecs.register_error("relay-go-replace", _one_byte_replaced)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class _GoString(fields.String):
+    """A JSON string as Go decodes it: an escaped lone surrogate (json.loads keeps it,
+    and it cannot be encoded to UTF-8) becomes U+FFFD."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        return _SURROGATE.sub("\ufffd", super()._deserialize(value, attr, data, **kwargs))
+
+
 class IdentifySchema(Schema):
     """identifyDataV2 (nsqd/protocol_v2.go): unknown fields are ignored, types are strict.
 
@@ -29,9 +51,9 @@ class IdentifySchema(Schema):
     class Meta:
         unknown = EXCLUDE
 
-    client_id = fields.String()
-    hostname = fields.String()
-    user_agent = fields.String()
+    client_id = _GoString()
+    hostname = _GoString()
+    user_agent = _GoString()
     feature_negotiation = _StrictBool()
     heartbeat_interval = _int(64)
     output_buffer_size = _int(64)
@@ -50,6 +72,17 @@ class IdentifySchema(Schema):
         if not isinstance(data, dict):
             raise ValidationError("not an object")
         return {k.lower(): v for k, v in data.items() if v is not None}
+
+
+_IDENTIFY = IdentifySchema()
+
+
+def load_identify(body: bytes) -> dict:
+    """IDENTIFY's body as nsqd's json.Unmarshal reads it: UTF-8 with each invalid byte
+    taken as U+FFFD (a client on a host whose name is not UTF-8 can connect), and no BOM
+    nor UTF-16 (which json.loads of bytes takes). Raises ValueError or ValidationError."""
+    data = json.loads(body.decode("utf-8", "relay-go-replace"))
+    return _IDENTIFY.load({} if data is None else data)
 
 
 def _regex(value: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Callable, NamedTuple, Protocol
 import gevent
 from gevent.event import AsyncResult, Event
 
-from relay.errors import StoreConnectionError, StoreError
+from relay.errors import NoAnswer, OutcomeUnknown, StoreConnectionError, StoreError
 from relay.store.causes import cause
 from relay.store.connection import UNREACHABLE
 from relay.store.runner import MAX_CALL_ARGS, Continued, Op
@@ -32,28 +32,48 @@ MERGEABLE = {"finish": (0, 2), "requeue": (3, 3), "touch": (0, 3)}
 MAX_MERGED_ARGS = MAX_CALL_ARGS // 2
 
 
-class Bounded:
-    """An op's result that its waiter stops waiting for at the op's deadline: get() then
-    fails with StoreConnectionError, and the lane skips the op if it has not sent it yet
-    (it never runs). Without it, an op queued behind a pipeline that waits out its socket
-    timeout (a partition from Redis) would wait that timeout again for its own."""
+class _Queued:
+    """An op in a lane, and its result; `sent` once a pipeline took it: from then on
+    Redis may run it, whether or not an answer comes back. `step`: the next call of a
+    staged publish under way."""
 
-    __slots__ = ("result", "expires", "patience")
+    __slots__ = ("op", "result", "order", "step", "sent")
 
-    def __init__(self, result: "AsyncResult[Any]", patience: float, since: float) -> None:
+    def __init__(self, op: Op, result: "AsyncResult[Any]", order: int | None,
+                 step: bool = False) -> None:
+        self.op = op
         self.result = result
+        self.order = order
+        self.step = step
+        self.sent = False
+
+
+class Bounded:
+    """An op's result that its waiter stops waiting for at the op's deadline. get() then
+    fails: with StoreConnectionError if the lane had not sent the op yet (it skips it: it
+    never runs), else with NoAnswer (Redis may still run it). Without it, an op queued
+    behind a pipeline that waits out its socket timeout (a partition from Redis) would
+    wait that timeout again for its own."""
+
+    __slots__ = ("queued", "expires", "patience")
+
+    def __init__(self, queued: _Queued, patience: float, since: float) -> None:
+        self.queued = queued
         self.patience = patience
         self.expires = since + patience
 
     def get(self) -> Any:
+        result = self.queued.result
         remaining = self.expires - time.monotonic()
-        if remaining > 0 or self.result.ready():
+        if remaining > 0 or result.ready():
             try:
-                return self.result.get(timeout=max(0.0, remaining))
+                return result.get(timeout=max(0.0, remaining))
             except gevent.Timeout:
                 pass
-        error = StoreConnectionError(f"no answer from redis within {self.patience * 1000:.0f}ms")
-        self.result.set_exception(error)
+        waited = f"no answer from redis within {self.patience * 1000:.0f}ms"
+        error = NoAnswer(waited) if self.queued.sent else StoreConnectionError(
+            waited + " (not sent)")
+        result.set_exception(error)
         raise error
 
 
@@ -74,7 +94,23 @@ class _All:
         self.results = results
 
     def get(self) -> list:
-        return [result.get() for result in self.results]
+        """Their values; else an error: OutcomeUnknown where some ops were done or may
+        have been, else the first op's error."""
+        values, errors = [], []
+        for result in self.results:
+            try:
+                values.append(result.get())
+            except StoreError as e:
+                errors.append(e)
+        if not errors:
+            return values
+        unknown = [e for e in errors if isinstance(e, OutcomeUnknown)]
+        if unknown:
+            raise unknown[0]
+        if values:
+            raise OutcomeUnknown(f"{errors[0]} ({len(values)} of {len(self.results)} calls "
+                                 f"done)")
+        raise errors[0]
 
 
 class GroupCommit:
@@ -99,10 +135,10 @@ class GroupCommit:
         the op is known to make (op.calls: a big MPUB's stage calls and commit) has the
         patience: a 5 MB MPUB may take that much longer, and still gets an answer in
         bounded time."""
-        result = self.lanes[0 if order is None else order % len(self.lanes)].submit(op, order)
+        queued = self.lanes[0 if order is None else order % len(self.lanes)].submit(op, order)
         if self.patience is None:
-            return result
-        return Bounded(result, self.patience * op.calls,
+            return queued.result
+        return Bounded(queued, self.patience * op.calls,
                        time.monotonic() if since is None else since)
 
     def submit_made(self, make: Callable[[], Op], order: int | None = None) -> Submitted:
@@ -128,13 +164,6 @@ class GroupCommit:
             lane.greenlet.kill()
 
 
-class _Queued(NamedTuple):
-    op: Op
-    result: "AsyncResult[Any]"
-    order: int | None
-    step: bool = False  # the next step of a staged publish under way
-
-
 class _Lane:
     """Sends what is queued, a pipeline at a time. A staged publish goes on a step per
     pipeline, beside the others' ops, so it holds up no one but the later ops of its
@@ -152,11 +181,11 @@ class _Lane:
         self._ready = Event()
         self.greenlet = gevent.spawn(self._loop)
 
-    def submit(self, op: Op, order: int | None = None) -> "AsyncResult[Any]":
-        result: AsyncResult[Any] = AsyncResult()
-        self._queue.append(_Queued(op, result, order))
+    def submit(self, op: Op, order: int | None = None) -> _Queued:
+        queued = _Queued(op, AsyncResult(), order)
+        self._queue.append(queued)
         self._ready.set()
-        return result
+        return queued
 
     def _loop(self) -> None:
         while True:
@@ -178,6 +207,7 @@ class _Lane:
             elif item.order in self._stepping and not item.step:
                 held.append(item)
             else:
+                item.sent = True
                 batch.append(item)
                 if item.op.then is not None and item.order is not None:
                     self._stepping.add(item.order)  # a staged publish: it may go on
@@ -194,14 +224,15 @@ class _Lane:
         except (StoreConnectionError,) + UNREACHABLE as e:  # a cluster's too
             if not self.quiet():
                 log.warning("redis unreachable: %s", cause(e))
-            error = e if isinstance(e, StoreConnectionError) else StoreConnectionError(str(e))
+            # the runner says which it had not sent; one raised past it may have been
+            error = e if isinstance(e, StoreConnectionError) else NoAnswer(str(e))
             results = [error] * len(ops)
         except StoreError as e:     # refused before any call ran: a new connection's PING
             log.warning("redis refused the pipeline: %s", e)    # under MISCONF, say
             results = [e] * len(ops)
         except Exception as e:  # never let one batch stop the lane
             log.exception("pipeline failed")
-            results = [StoreError(f"pipeline failed: {e!r}")] * len(ops)
+            results = [OutcomeUnknown(f"pipeline failed: {e!r}")] * len(ops)
         going_on = []
         for (op_index, start, stop, part), item in zip(slices, batch):
             value, result = results[op_index], item.result

@@ -12,6 +12,9 @@ Store._fanout_op) is sent again as redo builds it.
 With `wait_replicas` N, a pipeline holding a publish ends with one WAIT N (WAITAOF 0 N
 where the server fsyncs every write) per node that got a publish; when fewer than N
 replicas confirm in time, that node's publishes fail (they may exist all the same).
+
+A call whose connection was lost or timed out after it was sent fails with NoAnswer:
+Redis may have run it. One that failed before (refused, not connected) did not run.
 """
 
 import hashlib
@@ -24,7 +27,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, TryAgainError
 
-from relay.errors import StoreConnectionError, StoreError
+from relay.errors import NoAnswer, OutcomeUnknown, StoreConnectionError, StoreError
 from relay.sockio import Turns, send_all
 from relay.store.causes import REFUSALS, cause, refusal
 from relay.store.connection import SLOT_MOVING, RedisClient, is_cluster, sharded_pubsub
@@ -237,14 +240,15 @@ class ScriptRunner:
         return {self.scripts[name].sha for name in REPLICATED}
 
     def _unconfirmed(self, reply: Any) -> StoreError | None:
-        """The error of the writes a WAIT (WAITAOF) reply does not cover, or None."""
+        """The error of the writes a WAIT (WAITAOF) reply does not cover, or None: the
+        writes were done on the master, and may be lost or kept."""
         if isinstance(reply, Exception):
-            return StoreError(f"replicas not confirmed: {cause(reply)}")
+            return OutcomeUnknown(f"replicas not confirmed: {cause(reply)}")
         confirmed = reply if isinstance(reply, int) else reply[1]
         if confirmed >= self.wait_replicas:
             return None
-        return StoreError(f"{confirmed} of {self.wait_replicas} replicas confirmed the write "
-                          f"within {self.wait_timeout}ms (it may exist)")
+        return OutcomeUnknown(f"{confirmed} of {self.wait_replicas} replicas confirmed the "
+                              f"write within {self.wait_timeout}ms")
 
     def _confirm(self, commands: list, raw: list, indexes: Iterable[int],
                  wait_reply: Any) -> None:
@@ -294,7 +298,11 @@ class ScriptRunner:
                 time.sleep(0.05)
             else:
                 patience = time.monotonic() + SLOT_MOVE_PATIENCE
-            for i, r in zip(again, guarded(self._execute, [ops[i] for i in again])):
+            try:
+                answers = guarded(self._execute, [ops[i] for i in again])
+            except StoreError as e:     # these fail alone: the others were answered
+                answers = [e] * len(again)
+            for i, r in zip(again, answers):
                 results[i] = r
 
     def _execute(self, ops: Sequence[Op]) -> list:
@@ -364,13 +372,15 @@ class ScriptRunner:
             try:
                 self._write(conn, commands)
             except OSError as e:
-                raise redis.exceptions.ConnectionError(f"Error writing to socket: {e}") from e
+                raise NoAnswer(f"Error writing to socket: {e}") from e
             raw = []
             for _ in commands:
                 try:
                     raw.append(conn.read_response())
                 except redis.exceptions.ResponseError as e:
                     raw.append(e)
+                except CONNECTION_ERRORS as e:
+                    raise NoAnswer(str(e)) from e
             return raw
         except BaseException:
             conn.disconnect()
@@ -400,11 +410,16 @@ class ScriptRunner:
                 pool = cluster.get_redis_connection(node).connection_pool
                 try:
                     conn = pool.get_connection()
-                    sent.append((pool, conn, indexes))
+                except CONNECTION_ERRORS as e:
+                    lost.append(indexes)
+                    self._unreachable(commands, raw, indexes, StoreConnectionError(str(e)))
+                    continue
+                sent.append((pool, conn, indexes))
+                try:
                     conn.send_packed_command(conn.pack_commands(node_commands))
                 except CONNECTION_ERRORS as e:
                     lost.append(indexes)
-                    self._unreachable(commands, raw, indexes, e)
+                    self._unreachable(commands, raw, indexes, NoAnswer(str(e)))
             for _, conn, indexes in sent:
                 if indexes in lost:
                     continue
@@ -415,7 +430,7 @@ class ScriptRunner:
                         self._confirm(commands, raw, indexes, _read(conn))
                 except CONNECTION_ERRORS as e:
                     lost.append(indexes)
-                    self._unreachable(commands, raw, indexes, e)
+                    self._unreachable(commands, raw, indexes, NoAnswer(str(e)))
         finally:
             for pool, conn, indexes in sent:
                 if indexes in lost:
@@ -431,10 +446,9 @@ class ScriptRunner:
         return raw
 
     def _unreachable(self, commands: list, raw: list, indexes: list[int],
-                     error: Exception) -> None:
+                     failed: StoreConnectionError) -> None:
         """A node's commands left unanswered, and its publishes unconfirmed, fail with
-        the lost connection's error."""
-        failed = StoreConnectionError(str(error))
+        the lost connection's error (NoAnswer once they were sent)."""
         waits = self._waits([commands[i] for i in indexes])
         shas = self._replicated_shas
         for i in indexes:
@@ -459,6 +473,8 @@ class ScriptRunner:
         be sent once more after a fresh look at the slots."""
         try:
             return self.redis.execute_command(*command)
+        except CONNECTION_ERRORS as e:  # it may have been sent, and run
+            return NoAnswer(str(e))
         except redis.exceptions.RedisError as e:
             return e
         except (RedisClusterException, AttributeError) as e:

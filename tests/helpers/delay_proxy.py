@@ -1,8 +1,10 @@
 """A TCP proxy that delays each direction by a fixed time, as a slow link would: what
 arrives at t leaves at t + delay, in order, so pipelined traffic keeps its throughput
-(the kernel here has no netem to do it).
+(the kernel here has no netem to do it). With a MARKER, only a chunk holding it is
+delayed, and what follows it on its connection waits behind it: one call held up, as by
+a Redis slow on it, and the other connections' calls answered at once.
 
-    python -m tests.helpers.delay_proxy LISTEN_HOST:PORT TARGET_HOST:PORT DELAY_MS
+    python -m tests.helpers.delay_proxy LISTEN_HOST:PORT TARGET_HOST:PORT DELAY_MS [MARKER]
 """
 
 import queue
@@ -12,14 +14,17 @@ import threading
 import time
 
 
-def pump(source: socket.socket, sink: socket.socket, delay: float) -> None:
-    """Copy source to sink, each chunk `delay` seconds after it was read."""
+def pump(source: socket.socket, sink: socket.socket, delay: float,
+         marker: bytes | None = None) -> None:
+    """Copy source to sink, each chunk (with a marker, each holding it) `delay` seconds
+    after it was read."""
     chunks: queue.Queue = queue.Queue()
 
     def read() -> None:
         try:
             while chunk := source.recv(1 << 16):
-                chunks.put((time.monotonic() + delay, chunk))
+                held = marker is None or marker in chunk
+                chunks.put((time.monotonic() + (delay if held else 0.0), chunk))
         except OSError:
             pass
         chunks.put((time.monotonic() + delay, b""))
@@ -41,7 +46,7 @@ def pump(source: socket.socket, sink: socket.socket, delay: float) -> None:
             pass
 
 
-def serve(listen: tuple, target: tuple, delay: float) -> None:
+def serve(listen: tuple, target: tuple, delay: float, marker: bytes | None = None) -> None:
     server = socket.create_server(listen, reuse_port=True)
     while True:
         client, _ = server.accept()
@@ -53,8 +58,10 @@ def serve(listen: tuple, target: tuple, delay: float) -> None:
         upstream.settimeout(None)
         for sock in (client, upstream):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=pump, args=(client, upstream, delay), daemon=True).start()
-        threading.Thread(target=pump, args=(upstream, client, delay), daemon=True).start()
+        threading.Thread(target=pump, args=(client, upstream, delay, marker),
+                         daemon=True).start()
+        threading.Thread(target=pump, args=(upstream, client, delay, marker),
+                         daemon=True).start()
 
 
 def address(text: str) -> tuple:
@@ -63,4 +70,5 @@ def address(text: str) -> tuple:
 
 
 if __name__ == "__main__":
-    serve(address(sys.argv[1]), address(sys.argv[2]), int(sys.argv[3]) / 1000)
+    serve(address(sys.argv[1]), address(sys.argv[2]), int(sys.argv[3]) / 1000,
+          sys.argv[4].encode() if len(sys.argv) > 4 else None)

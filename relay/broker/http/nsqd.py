@@ -17,7 +17,7 @@ from relay.store.causes import cause
 from relay.store.dedup import BadKeyedMessage, key_problem, keyed_messages
 from relay.codec import NSQD_VERSION, parse_int64, split_lines, split_mpub
 from relay.broker.context import BrokerContext
-from relay.errors import ClientError, StoreError
+from relay.errors import ClientError, OutcomeUnknown, StoreError, publish_outcome
 from relay.broker.http.controls import ControlsApi
 from relay.broker.http.history import HistoryApi
 from relay.broker.http.lookupd import LookupdApi
@@ -33,6 +33,7 @@ log = logging.getLogger("relay.http")
 
 BOOLS = {"true": True, "1": True, "false": False, "0": False}
 DUPLICATES_HEADER = "X-Relay-Duplicates"
+OUTCOME_HEADER = "X-Relay-Outcome"     # of a publish answered 503: failed, or unknown
 
 
 def nsqd_server(broker: BrokerContext) -> HttpServer:
@@ -109,14 +110,14 @@ class NsqdApi:
         if not body:
             raise HttpError(400, "MSG_EMPTY")
         topic = request.topic()
-        with self._made_if_refused(topic):
+        with self._made_if_refused(request, topic):
             defer = self._defer(request)
             key = request.arg_bytes("id")
             problem = key_problem(key) if key is not None else None
             if problem:
                 raise HttpError(400, problem)
         if key is None:
-            return self._publish(topic, [body], defer)
+            return self._publish(request, topic, [body], defer)
         return self._publish_keyed(request, topic, [body], [key], defer)
 
     def _defer(self, request) -> int:
@@ -133,14 +134,14 @@ class NsqdApi:
 
     def mpub(self, request):
         topic = request.topic()
-        with self._made_if_refused(topic):
+        with self._made_if_refused(request, topic):
             bodies, publish_keys = self._mpub_messages(request)
         if not bodies:
-            self._publishing(topic, lambda: self.broker.store.create_topic(topic))
+            self._create(request, topic)
             return "OK"
         if publish_keys is not None:
             return self._publish_keyed(request, topic, bodies, publish_keys)
-        return self._publish(topic, bodies)
+        return self._publish(request, topic, bodies)
 
     def _mpub_messages(self, request) -> tuple[list, list | None]:
         """The bodies of an /mpub, and their publish keys with keyed=true."""
@@ -168,20 +169,25 @@ class NsqdApi:
             raise HttpError(400, e.code) from None
 
     @contextmanager
-    def _made_if_refused(self, topic: str):
+    def _made_if_refused(self, request, topic: str):
         """nsqd's getTopicFromQuery creates the topic before the arguments and body after
         it are checked, so a publish refused there leaves the topic; one that goes ahead
         creates it itself, without a call of its own."""
         try:
             yield
         except HttpError:
-            self._publishing(topic, lambda: self.broker.store.create_topic(topic))
+            self._create(request, topic)
             raise
 
-    def _publish(self, topic: str, bodies: list, defer: int = 0) -> str:
+    def _create(self, request, topic: str) -> None:
+        self._publishing(request, topic, lambda: self.broker.store.create_topic(topic),
+                         before=True)
+
+    def _publish(self, request, topic: str, bodies: list, defer: int = 0) -> str:
         broker = self.broker
-        self._publishing(topic, lambda: broker.commit.submit_made(
-            lambda: broker.store.publish_op(topic, bodies, defer)).get())
+        result = self._publishing(request, topic, lambda: broker.commit.submit_made(
+            lambda: broker.store.publish_op(topic, bodies, defer)), before=True)
+        self._publishing(request, topic, result.get)
         broker.metrics.published.inc(len(bodies))
         return "OK"
 
@@ -190,22 +196,28 @@ class NsqdApi:
         """Publish with keys (relay/store/dedup.py): "OK" all the same, and how many were
         duplicates, not published, in the header X-Relay-Duplicates."""
         broker = self.broker
-        duplicates = sum(self._publishing(topic, lambda: broker.commit.submit_all_made(
-            lambda: broker.store.keyed_publish_ops(topic, bodies, publish_keys, defer)).get()))
+        result = self._publishing(request, topic, lambda: broker.commit.submit_all_made(
+            lambda: broker.store.keyed_publish_ops(topic, bodies, publish_keys, defer)),
+            before=True)
+        duplicates = sum(self._publishing(request, topic, result.get))
         broker.metrics.published.inc(len(bodies) - duplicates)
         request.reply_headers.append((DUPLICATES_HEADER, str(duplicates)))
         return "OK"
 
     @staticmethod
-    def _publishing(topic: str, step):
+    def _publishing(request, topic: str, step, before: bool = False):
         """A step of a publish, and what it returns; Redis failing is a 503, as nsqd's
         failed publish, with the cause (nsqd's text, EXITING, would say the broker is
-        shutting down)."""
+        shutting down). X-Relay-Outcome says `unknown` where the messages may have been
+        published all the same (never `before` they were handed to Redis), else `failed`."""
         try:
             return step()
         except StoreError as e:
-            log.warning("http publish to %s failed: %s", topic, e)
-            raise HttpError(503, str(e)) from None
+            unknown = not before and isinstance(e, OutcomeUnknown)
+            log.warning("http publish to %s %s", topic,
+                        publish_outcome(e) if unknown else f"failed: {e}")
+            request.reply_headers.append((OUTCOME_HEADER, "unknown" if unknown else "failed"))
+            raise HttpError(503, publish_outcome(e) if unknown else str(e)) from None
 
     # -- topics and channels -------------------------------------------------------
 
