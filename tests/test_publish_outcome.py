@@ -122,14 +122,14 @@ def test_an_http_publish_sent_and_not_answered_may_have_been_published(slow_call
     assert wait_for(lambda: published(direct, "t") == count, timeout=DELAY + 3)
 
 
-def test_an_http_publish_that_could_not_make_its_topic_failed(slow_calls):
-    """nsqd makes the topic first: here that call timed out, and the message was never
-    sent."""
+def test_an_http_publish_that_could_not_read_its_topic_failed(slow_calls):
+    """A new topic's partition count is read first (the publish's op is made with it):
+    here that read timed out, and the message was never sent."""
     _, api, direct = slow_calls
     topic = MARKER.decode()
     status, data, headers = api.request("POST", f"/pub?topic={topic}", b"m")
     assert (status, json.loads(data), headers["X-Relay-Outcome"]) == (
-        503, {"message": "Timeout reading from socket"}, "failed")
+        503, {"message": "no answer from redis within 1000ms (not sent)"}, "failed")
     time.sleep(DELAY + 1)   # past what the proxy held up
     assert published(direct, topic) == 0
     assert api.request("POST", "/pub?topic=t", b"m")[:2] == (200, b"OK")
