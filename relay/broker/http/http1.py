@@ -66,7 +66,7 @@ def go_error(code: int, reason: str, text: str = "") -> Reply:
 
 
 def bad_request(text: str = "") -> Refusal:
-    return Refusal(f"malformed ({text or 'bad request'})", go_error(400, "Bad Request", text))
+    return Refusal("malformed", go_error(400, "Bad Request", text))
 
 
 def unsupported_version() -> Refusal:
