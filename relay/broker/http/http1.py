@@ -204,6 +204,7 @@ class Connection:
             self.server.faults.note("reset", self.address, str(e))
         finally:
             self.sock.close()
+            del self.parser     # it holds this connection: freed now, not by the next GC
 
     def _read(self) -> bool:
         """Read once, answer what is complete; False once the connection is done."""
