@@ -9,10 +9,11 @@ server refuses a body past its path's limit before reading it (body_limit).
 """
 
 import functools
+import html
 import json
 import logging
-from typing import Callable, NamedTuple
 import re
+from typing import Callable, NamedTuple
 from urllib.parse import parse_qs
 
 import redis
@@ -241,7 +242,7 @@ class HttpServer:
             request.reply_headers.append(("Location", e.location))
             if request.method != "GET":
                 return e.code, None
-            link = f'<a href="{e.location}">{REASONS[e.code]}</a>.\n\n'
+            link = f'<a href="{html.escape(e.location)}">{REASONS[e.code]}</a>.\n\n'
             return e.code, Typed(link.encode(), "text/html; charset=utf-8")
         except HttpError as e:
             return e.code, e.text if e.plain else {"message": e.text}
