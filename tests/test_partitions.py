@@ -255,6 +255,23 @@ def test_six_parts_on_six_masters_use_them_all(six_masters):
     assert store.finish(topic, "c", [("o", parse_record(r)[2]) for r in got]) == [1] * 6
 
 
+@pytest.mark.cluster
+def test_relay_admin_create_puts_three_parts_on_three_masters(redis_url):
+    """As a user runs it: create, then stats --partitions (--json and the table) name
+    each part's master."""
+    flush(redis_url)
+    created = relay_admin(redis_url, "create", "ptest", "--partitions", "3")
+    assert (created.returncode, created.stdout) == (0, "created ptest with 3 partitions\n")
+    shown = relay_admin(redis_url, "stats", "ptest", "--partitions", "--json")
+    [topic] = json.loads(shown.stdout)["topics"]
+    store = Store(connect(redis_url))
+    assert [p["master"] for p in topic["parts"]] == masters_of(store, "ptest")
+    assert len(set(masters_of(store, "ptest"))) == (3 if is_cluster(store.redis) else 1)
+    table = relay_admin(redis_url, "stats", "ptest", "--partitions").stdout.splitlines()
+    assert table[0].split()[-1] == "master"
+    assert [line.split()[-1] for line in table[2:5]] == masters_of(store, "ptest")
+
+
 # -- brokers -----------------------------------------------------------------------------
 
 
