@@ -12,6 +12,7 @@ from collections import Counter
 import gevent
 import gnsq
 import pytest
+import redis
 
 from redis.crc import key_slot
 
@@ -253,6 +254,27 @@ def test_six_parts_on_six_masters_use_them_all(six_masters):
     assert sorted(parts_of(store, topic)) == [0, 0, 0, 0, 0, 6]
     [got] = store.deliver(topic, "c", [("o", 60_000, 6)])
     assert store.finish(topic, "c", [("o", parse_record(r)[2]) for r in got]) == [1] * 6
+
+
+def test_a_part_whose_slot_moves_keeps_its_name_and_messages(six_masters):
+    """Part 1's slot moved to part 2's master (a reshard): every process still names the
+    parts alike, 5 masters serve them, and each part's message is delivered."""
+    store = Store(six_masters)
+    store.set_partitions("moved", 6)
+    store.subscribe("moved", "c", "")
+    for index in range(6):
+        store.publish("moved", [b"%d" % index], index=index)
+    names, before = store.parts("moved"), masters_of(store, "moved")
+    by_address = {node.name: redis.Redis(host=node.host, port=node.port)
+                  for node in six_masters.get_primaries()}
+    embedded.move_slot(by_address[before[1]], by_address[before[2]],
+                       keys.part_slot(names[1]),
+                       others=[n for a, n in by_address.items() if a not in before[1:3]])
+    again = Store(connect(f"redis://{before[0]}/0"))
+    assert again.parts("moved") == names
+    assert masters_of(again, "moved") == [before[0], before[2], *before[2:]]
+    [got] = again.deliver("moved", "c", [("o", 60_000, 6)])
+    assert sorted(bodies(got)) == [b"%d" % index for index in range(6)]
 
 
 @pytest.mark.cluster
