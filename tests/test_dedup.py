@@ -12,7 +12,6 @@ from relay.codec import FRAME_ERROR, FRAME_RESPONSE
 from relay.store import keys
 from relay.store.data_path import KEYED_BODIES
 from relay.store.dedup import key_part, key_problem
-from relay.store.keys import part_name
 from tests.helpers.admin import ok, ok_json, relay_admin, run
 from tests.helpers.api import Api
 from tests.helpers.store import bodies, now_ms, queue, wait_past
@@ -104,7 +103,7 @@ def test_a_key_always_goes_to_the_part_its_hash_picks(store):
 def test_new_parts_get_the_window(store):
     store.set_dedup("t", 5000)
     store.set_partitions("t", 2)
-    assert store.redis.hget(keys.TopicKeys.of(part_name("t", 1)).meta, "dedup_ms") == b"5000"
+    assert store.redis.hget(keys.TopicKeys.of(store.parts("t")[1]).meta, "dedup_ms") == b"5000"
 
 
 def test_a_keyed_mpub_past_one_call_is_split_and_deduplicated_whole(store):

@@ -3,6 +3,8 @@ brokers started with --topic-partitions 3 over sockets, with gnsq consumers. The
 letters of every part are tested in test_deadletter.py."""
 
 import itertools
+import json
+import random
 import threading
 import time
 from collections import Counter
@@ -10,13 +12,19 @@ from collections import Counter
 import gevent
 import gnsq
 import pytest
+import redis
 
+from redis.crc import key_slot
+
+from relay import embedded
 from relay.codec import parse_record
 from relay.store import Store, keys
 from relay.store.connection import connect, is_cluster
 from relay.store.control import PartitionsRefused
-from relay.store.keys import ChannelKeys, TopicKeys, part_name
+from relay.store.keys import ChannelKeys, TopicKeys
+from relay.store.placement import placement
 from tests.helpers.admin import relay_admin
+from tests.helpers.servers import flush, local_cluster
 from tests.helpers.gnsq_clients import addr, stop
 from tests.helpers.store import bodies, channel_state, parts_of
 from tests.helpers.wait import wait_for
@@ -35,9 +43,9 @@ def test_publishes_go_to_the_parts_in_turn_and_ids_name_their_part(store):
     assert store.read_channel("t", "c")["depth"] == 6
     assert store.read_topic("t")["message_count"] == 6
     for index in range(3):
-        queued = store.redis.lrange(ChannelKeys.of(part_name("t", index), "c").queue, 0, -1)
+        queued = store.redis.lrange(ChannelKeys.of(store.parts("t")[index], "c").queue, 0, -1)
         assert [parse_record(r)[2][:4] for r in queued] == [b"%04x" % index] * 2
-    assert sorted(store.stored_parts()) == ["t", "t/1", "t/2"]
+    assert sorted(store.stored_parts()) == sorted(store.parts("t"))
     assert store.topic_names() == ["t"]
 
 
@@ -111,7 +119,7 @@ def test_new_parts_get_the_channels_their_settings_and_the_pause(store):
     store.pause_topic("t", True)
     store.publish("t", [b"old"])
     assert store.set_partitions("t", 3) == 1
-    for part in ("t/1", "t/2"):
+    for part in store.parts("t")[1:]:
         assert store.channel_names(part) == ["c1", "c2"]
         assert store.channel_setting(part, "c1", "max_attempts") == "5"
         assert store.read_channel(part, "c2")["paused"] is True
@@ -144,26 +152,34 @@ def test_empty_delete_and_in_flight_requeue_cover_every_part(store):
         store.publish("t", [b"%d" % n])
     store.deliver("t", "c", [("o", 60_000, 3)])
     dropped = store.drop("t", "c")
-    assert {key.split("}")[0] for key in dropped.trash} == {"relay:{t", "relay:{t/1", "relay:{t/2"}
+    assert {key.split("}")[0] for key in dropped.trash} == \
+        {f"relay:{{{part}" for part in store.parts("t")}
     assert channel_state(store, "c", "t") == (0, 0, 0)
     for n in range(3):
         store.publish("t", [b"%d" % n])
     assert store.delete_topic("t") is True
     assert store.topic_names() == [] and store.stored_parts() == []
-    assert store.redis.exists(*(ChannelKeys.of(part_name("t", i), "c").queue
-                                for i in range(3))) == 0
+    assert store.redis.exists(*(ChannelKeys.of(part, "c").queue
+                                for part in store.parts("t"))) == 0
 
 
-def test_a_topic_whose_parts_land_on_every_master(backend):
-    if not is_cluster(backend):
-        pytest.skip("one server: every part is on it")
+def masters_of(store, topic) -> list[str]:
+    """The master serving each part of the topic (host:port)."""
+    return [store.nodes.address(part) for part in store.parts(topic)]
+
+
+def test_parts_of_a_cluster_topic_go_to_every_master_and_work(backend):
+    """100 random topics of 3 parts on 3 masters: a part on each; every process names the
+    parts alike; publish, deliver and finish reach every part."""
     store = Store(backend)
-
-    def masters(topic):
-        return {backend.get_node_from_key(TopicKeys.of(part_name(topic, i)).ids).name
-                for i in range(3)}
-    topic = next(t for t in (f"hot{i}" for i in itertools.count()) if len(masters(t)) == 3)
-    store.set_partitions(topic, 3)
+    for n in range(100):
+        topic = f"r{random.getrandbits(40):x}"
+        store.set_partitions(topic, 3)
+        if is_cluster(backend):
+            assert len(set(masters_of(store, topic))) == 3, (topic, store.parts(topic))
+        else:
+            assert store.parts(topic) == [topic, f"{topic}/1", f"{topic}/2"]
+        assert Store(backend).parts(topic) == store.parts(topic)
     store.subscribe(topic, "c", "b1")
     for n in range(30):
         store.publish(topic, [b"%d" % n])
@@ -171,6 +187,111 @@ def test_a_topic_whose_parts_land_on_every_master(backend):
     [got] = store.deliver(topic, "c", [("o", 60_000, 30)])
     assert len(got) == 30
     assert store.finish(topic, "c", [("o", parse_record(r)[2]) for r in got]) == [1] * 30
+
+
+def test_every_key_of_a_placed_part_is_in_its_slot(backend):
+    store = Store(backend)
+    store.set_partitions("t", 3)
+    for part in store.parts("t"):
+        t, c = TopicKeys.of(part), ChannelKeys.of(part, "c")
+        named = [getattr(t, f) for f in t.__dataclass_fields__ if f != "name"] + c.all()
+        assert {key_slot(k.encode()) for k in named} == {keys.part_slot(part)}
+
+
+def test_a_raise_keeps_the_parts_names_and_places_the_new_ones(backend):
+    store = Store(backend)
+    store.set_partitions("t", 2)
+    two = store.parts("t")
+    store.set_partitions("t", 5)
+    assert store.parts("t")[:2] == two
+    if is_cluster(backend):
+        assert len(set(masters_of(store, "t"))) == 3
+        assert masters_of(store, "t")[3:] == masters_of(store, "t")[:2]
+
+
+def test_a_topic_partitioned_before_placement_keeps_its_part_names(backend):
+    """Its version has a count and no placement, as written before placements were kept:
+    its parts keep their plain names; a raise places only the new ones."""
+    store = Store(backend)
+    backend.hset(TopicKeys.of("old").version, "partitions", 3)
+    assert store.parts("old", fresh=True) == ["old", "old/1", "old/2"]
+    store.set_partitions("old", 5)
+    assert store.parts("old")[:3] == ["old", "old/1", "old/2"]
+    if is_cluster(backend):
+        first = store.nodes.owners()[keys.part_slot("old")]
+        assert [store.nodes.owners()[keys.part_slot(p)] for p in store.parts("old")[3:]] == \
+            [first, (first + 1) % 3]
+
+
+def test_placement_spreads_parts_over_six_masters():
+    """A slot map of 6 masters (slots split evenly): 6 parts use all 6, 8 parts 6 with
+    at most 2 each, part i on the master i after part 0's."""
+    owners = [slot * 6 // 16384 for slot in range(16384)]
+    for _ in range(100):
+        topic = f"r{random.getrandbits(40):x}"
+        for count in (6, 8):
+            names = keys.part_names(topic, count, placement(topic, count, owners))
+            on = [owners[keys.part_slot(name)] for name in names]
+            assert on == [(on[0] + i) % 6 for i in range(count)]
+    assert placement("t", 1, owners) == ""
+    assert placement("t", 3, [0] * 16384) == ""
+
+
+@pytest.fixture(scope="module")
+def six_masters():
+    with local_cluster([embedded.free_port() for _ in range(6)]) as url:
+        yield connect(url)
+
+
+def test_six_parts_on_six_masters_use_them_all(six_masters):
+    store = Store(six_masters)
+    for _ in range(100):
+        topic = f"r{random.getrandbits(40):x}"
+        store.set_partitions(topic, 6)
+        assert len(set(masters_of(store, topic))) == 6, (topic, store.parts(topic))
+    store.subscribe(topic, "c", "b1")
+    store.publish(topic, [b"%d" % n for n in range(6)])
+    assert sorted(parts_of(store, topic)) == [0, 0, 0, 0, 0, 6]
+    [got] = store.deliver(topic, "c", [("o", 60_000, 6)])
+    assert store.finish(topic, "c", [("o", parse_record(r)[2]) for r in got]) == [1] * 6
+
+
+def test_a_part_whose_slot_moves_keeps_its_name_and_messages(six_masters):
+    """Part 1's slot moved to part 2's master (a reshard): every process still names the
+    parts alike, 5 masters serve them, and each part's message is delivered."""
+    store = Store(six_masters)
+    store.set_partitions("moved", 6)
+    store.subscribe("moved", "c", "")
+    for index in range(6):
+        store.publish("moved", [b"%d" % index], index=index)
+    names, before = store.parts("moved"), masters_of(store, "moved")
+    by_address = {node.name: redis.Redis(host=node.host, port=node.port)
+                  for node in six_masters.get_primaries()}
+    embedded.move_slot(by_address[before[1]], by_address[before[2]],
+                       keys.part_slot(names[1]),
+                       others=[n for a, n in by_address.items() if a not in before[1:3]])
+    again = Store(connect(f"redis://{before[0]}/0"))
+    assert again.parts("moved") == names
+    assert masters_of(again, "moved") == [before[0], before[2], *before[2:]]
+    [got] = again.deliver("moved", "c", [("o", 60_000, 6)])
+    assert sorted(bodies(got)) == [b"%d" % index for index in range(6)]
+
+
+@pytest.mark.cluster
+def test_relay_admin_create_puts_three_parts_on_three_masters(redis_url):
+    """As a user runs it: create, then stats --partitions (--json and the table) name
+    each part's master."""
+    flush(redis_url)
+    created = relay_admin(redis_url, "create", "ptest", "--partitions", "3")
+    assert (created.returncode, created.stdout) == (0, "created ptest with 3 partitions\n")
+    shown = relay_admin(redis_url, "stats", "ptest", "--partitions", "--json")
+    [topic] = json.loads(shown.stdout)["topics"]
+    store = Store(connect(redis_url))
+    assert [p["master"] for p in topic["parts"]] == masters_of(store, "ptest")
+    assert len(set(masters_of(store, "ptest"))) == (3 if is_cluster(store.redis) else 1)
+    table = relay_admin(redis_url, "stats", "ptest", "--partitions").stdout.splitlines()
+    assert table[0].split()[-1] == "master"
+    assert [line.split()[-1] for line in table[2:5]] == masters_of(store, "ptest")
 
 
 # -- brokers -----------------------------------------------------------------------------
@@ -202,6 +323,7 @@ def test_consumers_on_two_brokers_get_3000_messages_exactly_once(processes):
     stop(*consumers)
     assert received == Counter(sent)
     assert store.partitions("hot") == 3
+    assert len(set(masters_of(store, "hot"))) == (3 if is_cluster(store.redis) else 1)
     assert parts_of(store, "hot", "c", "message_count") == [1000, 1000, 1000]
     assert channel_state(store, "c", "hot") == (0, 0, 0)
 

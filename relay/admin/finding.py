@@ -12,7 +12,7 @@ from relay.admin.text import show, table, utc
 from relay.broker import registry
 from relay.codec import go_quote
 from relay.store import Store, deadletter, guarded, lookup
-from relay.store.keys import PART_DIGITS, TopicKeys, id_part, part_name
+from relay.store.keys import PART_DIGITS, TopicKeys, id_part
 
 ID = re.compile(r"[0-9a-f]{16}")
 STATES = {"queued": "queued", "in_flight": "in flight", "deferred": "deferred",
@@ -59,7 +59,7 @@ def published(store: Store, topic: str, msg_id: bytes) -> bool:
     part = id_part(msg_id)
     if part >= len(store.parts(topic)):
         return False
-    last = guarded(store.redis.get, TopicKeys.of(part_name(topic, part)).ids)
+    last = guarded(store.redis.get, TopicKeys.of(store.part(topic, part)).ids)
     return 0 < int(msg_id[PART_DIGITS:], 16) <= int(last or 0)
 
 

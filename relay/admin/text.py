@@ -37,22 +37,26 @@ utc = iso_ms    # a Redis ms timestamp as UTC ISO 8601
 
 
 def stats_text(data: dict) -> str:
+    """The stats table; read --partitions, each part's row names its master."""
     rows, clients = [], []
+    by_part = any("parts" in t for t in data["topics"])
     for t in data["topics"]:
         for label, row in [(t["topic_name"], t)] + _part_rows(t):
             rows.append([label, "", row["depth"], "", row["deferred_count"],
-                         row["message_count"], *[""] * 7, row["paused"]])
+                         row["message_count"], *[""] * 7, row["paused"],
+                         *([row.get("master", "")] if by_part else [])])
         for c in t["channels"]:
             for label, row in [(c["channel_name"], c)] + _part_rows(c):
                 rows.append(["", label, row["depth"], row["in_flight_count"],
                              row["deferred_count"], row["message_count"],
                              row["requeue_count"], row["timeout_count"], row["dead_count"],
                              row["deleted_count"], row["expired_count"], row["overflow_count"],
-                             row.get("client_count", ""), row["paused"]])
+                             row.get("client_count", ""), row["paused"],
+                             *([row.get("master", "")] if by_part else [])])
             clients += c["clients"]
     if not rows:
         return "no topics"
-    text = table(rows, STATS_COLUMNS)
+    text = table(rows, STATS_COLUMNS + ["master"] * by_part)
     if any("retention" in t for t in data["topics"]):
         text += "\n\n" + retained_table(data["topics"])
     return text + "\n\n" + clients_table(clients) if clients else text

@@ -284,17 +284,18 @@ class Broker:
         channel = self.channels.get((topic, channel_name))
         if channel is not None:
             self.grow(channel)
-        joined = self._join(self.store.parts(topic), channel_name, client.number)
+        parts = self.store.parts(topic)
+        joined = self._join(parts, channel_name, client.number)
         channel = self.channels.get((topic, channel_name))  # the calls let others run
         if channel is None:
-            channel = Channel(self, topic, channel_name, joined)
+            channel = Channel(self, topic, channel_name, parts, joined)
             self.channels[(topic, channel_name)] = channel
             self.topics.setdefault(topic, {})[channel_name] = channel
             for part in channel.parts:
                 self.wakeups.watch(part.name)
         elif channel.incarnations != [j.incarnation for j in joined[:len(channel.parts)]]:
             channel.deleted()
-            channel.rejoined(joined)
+            channel.rejoined(parts, joined)
         else:
             for index, part_joined in enumerate(joined[:len(channel.parts)]):
                 channel.emptied(part_joined.empties, index)
@@ -319,7 +320,7 @@ class Broker:
         for client in list(channel.clients):
             joined = self._join(new, channel.name, client.number)
             client.incarnation = client.incarnation + [j.incarnation for j in joined]
-        channel.grow(joined)
+        channel.grow(new, joined)
         for part in new:
             self.wakeups.watch(part)
         log.info("%s/%s: %d partitions now", channel.topic, channel.name, len(parts))

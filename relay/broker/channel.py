@@ -26,7 +26,7 @@ from gevent.event import Event
 from relay.broker.client import Client
 from relay.broker.context import BrokerContext
 from relay.errors import StoreError
-from relay.store.keys import id_part, part_name
+from relay.store.keys import id_part
 from relay.store.replies import Delivered, Subscribed
 from relay.store.runner import MAX_CALL_ARGS
 
@@ -44,9 +44,10 @@ class Part:
     __slots__ = ("index", "name", "order", "maybe_ready", "arrivals", "incarnation",
                  "empties")
 
-    def __init__(self, topic: str, channel: str, index: int, joined: Subscribed):
+    def __init__(self, name: str, channel: str, index: int, joined: Subscribed):
+        """`name`: the part's (Store.parts)."""
         self.index = index
-        self.name = part_name(topic, index)
+        self.name = name
         self.order = hash((self.name, channel))
         self.maybe_ready = True
         self.arrivals = 0
@@ -55,14 +56,14 @@ class Part:
 
 
 class Channel:
-    def __init__(self, broker: BrokerContext, topic: str, name: str,
+    def __init__(self, broker: BrokerContext, topic: str, name: str, parts: list[str],
                  joined: list[Subscribed]):
-        """`joined`: what SUB returned in each part."""
+        """`joined`: what SUB returned in each of the `parts`."""
         self.broker = broker
         self.topic = topic
         self.name = name
         self.clients: list[Client] = []
-        self.parts = [Part(topic, name, i, j) for i, j in enumerate(joined)]
+        self.parts = [Part(p, name, i, j) for i, (p, j) in enumerate(zip(parts, joined))]
         self.stopped = False
         self._turn = 0
         self._look_again = Event()
@@ -80,15 +81,15 @@ class Channel:
         index = id_part(msg_id)
         return self.parts[index] if 0 <= index < len(self.parts) else self.parts[0]
 
-    def rejoined(self, joined: list[Subscribed]) -> None:
+    def rejoined(self, parts: list[str], joined: list[Subscribed]) -> None:
         """The channel was deleted and created again: the parts SUB joined now."""
-        self.parts = [Part(self.topic, self.name, i, j) for i, j in enumerate(joined)]
+        self.parts = [Part(p, self.name, i, j) for i, (p, j) in enumerate(zip(parts, joined))]
 
-    def grow(self, joined: list[Subscribed]) -> None:
+    def grow(self, parts: list[str], joined: list[Subscribed]) -> None:
         """The topic has more parts now: the local consumers joined the channel in the new
-        ones, `joined` what SUB returned there."""
-        for joined_part in joined:
-            self.parts.append(Part(self.topic, self.name, len(self.parts), joined_part))
+        `parts`, `joined` what SUB returned there."""
+        for part, joined_part in zip(parts, joined):
+            self.parts.append(Part(part, self.name, len(self.parts), joined_part))
         self.messages_arrived()
 
     def credit_changed(self) -> None:

@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Self, Sequence, TypeVar
 
 from relay.errors import StoreError
-from relay.store import keys
+from relay.store import keys, placement
 from relay.store.connection import RedisClient
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.nodes import Nodes
@@ -40,6 +40,10 @@ def _channel_keys(topic: str, channels: Iterable[str]) -> list[str]:
     return [k for c in channels for k in ChannelKeys.of(topic, c).all()]
 
 
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _stale(raw: Any) -> list[str] | None:
     """The topic's real channels if a fan-out script was given a stale list."""
     if isinstance(raw, list) and raw[:1] == [STALE]:
@@ -66,7 +70,7 @@ class StoreBase:
         self.topic_retention_ms = topic_retention_ms
         self._channels: dict[str, list[str]] = {}
         self._registered: dict[str, float] = {}
-        self._partitions: dict[str, tuple[int, float]] = {}
+        self._partitions: dict[str, tuple[tuple[str, ...], float]] = {}  # part names, when
         self._counted: dict[str, int] = {}     # topic -> its news when its count was read
         self._reading: dict[str, threading.Lock] = {}   # one read per topic at a time
         self._unread: dict[str, tuple[StoreError, float]] = {}  # a failed read, and when
@@ -144,54 +148,79 @@ class StoreBase:
         return Op(script, [*topic_keys, *extra, *_channel_keys(topic, channels)],
                   [len(channels), *channels, *args], parse, pre, redo)
 
-    def partitions_op(self, topic: str, raise_to: int = 0) -> Op:
-        """The topic's partition count, [now, before, made]; a new topic takes this
-        Store's default count and retention (made: 1 if this call gave it the latter),
-        and `raise_to` raises the count."""
+    def partitions_op(self, topic: str, raise_to: int = 0, salts: str | None = None) -> Op:
+        """The topic's partition count, [now, before, made, placement]; a new topic takes
+        this Store's default count and retention (made: 1 if this call gave it the
+        latter), and `raise_to` raises the count. The new parts take `salts` (unless
+        given, this Store's placement for the count it may set)."""
         t = TopicKeys.of(topic)
+        if salts is None:
+            salts = self.placement(topic, max(raise_to, self.topic_partitions))
         return Op("partitions", [t.version, t.meta],
                   [self.topic_partitions, raise_to, t.wake, self.node(topic),
-                   self.topic_retention_ms],
-                  lambda reply: [int(n) for n in reply])
+                   self.topic_retention_ms, salts],
+                  lambda reply: [*(int(n) for n in reply[:3]), _text(reply[3])])
+
+    def placement(self, topic: str, count: int) -> str:
+        """The salts that put `count` parts of the topic on the masters evenly, by this
+        client's slot map (placement.py); none on one server."""
+        if not self.cluster or count < 2:
+            return ""
+        return placement.placement(topic, count, self.nodes.owners())
 
     def partitions(self, topic: str, fresh: bool = False) -> int:
         """The topic's partition count, as read at most PARTITIONS_TTL ago unless `fresh`."""
         asked = time.monotonic()
         known = self._partitions.get(topic)
         if known and not fresh and asked - known[1] < PARTITIONS_TTL:
-            return known[0]
+            return len(known[0])
         # the SUBs and PUBs of a burst that meet a new topic wait for one read of it
         with self._reading.setdefault(topic, threading.Lock()):
             known = self._partitions.get(topic)
             if known and known[1] >= asked:
-                return known[0]
+                return len(known[0])
             failed = self._unread.get(topic)
             if failed and failed[1] >= asked:
                 raise failed[0]     # the read they waited for failed: so does theirs
             try:
-                count, _, made = self.lookup(self.partitions_op(topic))
+                count, _, made, salts = self.lookup(self.partitions_op(topic))
             except StoreError as e:
                 self._unread[topic] = (e, time.monotonic())
                 raise
+            names = keys.part_names(topic, count, salts)
+            self.learn_parts(topic, names)
             if made and count > 1:
-                self._retain_parts(topic, count)
-            self.learn_partitions(topic, count)
+                self._retain_parts(names[1:])
             return count
 
-    def _retain_parts(self, topic: str, count: int) -> None:
+    def _retain_parts(self, parts: list[str]) -> None:
         """The parts beyond the first of a topic new with retention get it too (part 0
         has it from partitions.lua)."""
         pipe = self.redis.pipeline(transaction=False)
-        for part in keys.part_names(topic, count)[1:]:
+        for part in parts:
             pipe.hset(TopicKeys.of(part).meta, "retention_ms", self.topic_retention_ms)
         self._guard(pipe.execute)
 
-    def learn_partitions(self, topic: str, count: int) -> None:
-        self._partitions[topic] = (count, time.monotonic())
+    def learn_partitions(self, topic: str, count: int, salts: str = "") -> None:
+        """The topic's count and placement as read (partitions.lua)."""
+        self.learn_parts(topic, keys.part_names(topic, count, salts))
+
+    def learn_parts(self, topic: str, names: Sequence[str]) -> None:
+        self._partitions[topic] = (tuple(names), time.monotonic())
 
     def parts(self, topic: str, fresh: bool = False) -> list[str]:
-        """The names the topic's parts are stored under (keys.part_name)."""
-        return keys.part_names(topic, self.partitions(topic, fresh))
+        """The names the topic's parts are stored under (keys.part_names)."""
+        self.partitions(topic, fresh)
+        return list(self._partitions[topic][0])
+
+    def part(self, topic: str, index: int) -> str:
+        """The name of part `index` of the topic (its plain name if the topic has no such
+        part: a call there finds nothing). Part 0 is the topic, with no read."""
+        if index == 0:
+            return topic
+        count = self.partitions(topic)
+        return self._partitions[topic][0][index] if 0 < index < count else \
+            keys.part_name(topic, index)
 
     def node(self, part: str) -> str:
         """The prefix of the node keys of the node serving `part` (nodes.py), which the

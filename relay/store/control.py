@@ -12,7 +12,7 @@ from relay.store.dedup import DEDUP_FIELD
 from relay.store.expiry import CHANNEL_TTL_FIELD, Expiry
 from relay.store.history import RETENTION_FIELDS
 from relay.store.inflight import member_id, member_owner
-from relay.store.keys import ChannelKeys, TopicKeys, id_part, part_name
+from relay.store.keys import ChannelKeys, TopicKeys, id_part
 from relay.store.limits import LIMIT_FIELDS, Limits
 from relay.store.replies import Dropped
 from relay.store.runner import Op
@@ -44,11 +44,12 @@ class Control(Expiry, Limits):
             raise PartitionsRefused(f"topic {topic} has {before} partitions: the count can "
                                     f"only grow (asked for {count})")
         self._guard(self.redis.sadd, keys.TOPICS, topic)
-        new = [part_name(topic, i) for i in range(before, count)]
+        salts = self.placement(topic, count)
+        new = keys.part_names(topic, count, salts)[before:]
         if new:
             self._prepare_parts(topic, new)
-        now, before, _ = self.run(self.partitions_op(topic, count))
-        self.learn_partitions(topic, now)
+        now, before, _, salts = self.run(self.partitions_op(topic, count, salts))
+        self.learn_partitions(topic, now, salts)
         for channel in self.channel_names(topic) if new else ():
             limit = self.limit(topic, channel)
             if limit:       # each part's share shrinks; the new parts get theirs
@@ -199,7 +200,7 @@ class Control(Expiry, Limits):
         if old:
             pipe = self.redis.pipeline(transaction=False)
             for msg_id in old:
-                pipe.hget(ChannelKeys.of(part_name(topic, max(id_part(msg_id), 0)),
+                pipe.hget(ChannelKeys.of(self.part(topic, max(id_part(msg_id), 0)),
                                          channel).leases, msg_id)
             leases = {m: lease for m, lease in zip(old, self._guard(pipe.execute)) if lease}
         triples, where = [], []

@@ -12,7 +12,7 @@ from relay.codec import is_ephemeral, stored_timestamp
 from relay.errors import StoreError
 from relay.store import keys
 from relay.store.base import StoreBase
-from relay.store.keys import ChannelKeys, TopicKeys, id_part, part_name, split_part
+from relay.store.keys import ChannelKeys, TopicKeys, id_part, split_part
 from relay.store.replies import Delivered, Stepped, Subscribed
 from relay.store.runner import MAX_CALL_ARGS, Op
 
@@ -70,7 +70,7 @@ class DataPath(StoreBase):
             count = 1
         if index is None:
             index = next(self._turns) % count if count > 1 else 0
-        part = part_name(topic, index)
+        part = self.part(topic, index)
         t = TopicKeys.of(part)
         ts = stored_timestamp(timestamp_ns or time.time_ns())
         topic_keys = _topic_keys(t)
@@ -134,7 +134,7 @@ class DataPath(StoreBase):
         self._registered[topic] = now
         if partitions > 1:
             return (("SADD", keys.TOPICS, topic),
-                    ("SADD", keys.PARTITIONS, *keys.part_names(topic, partitions)[1:]))
+                    ("SADD", keys.PARTITIONS, *self.parts(topic)[1:]))
         return (("SADD", keys.TOPICS, topic),)
 
     def publish(self, topic: str, bodies: Sequence[bytes], defer_ms: int = 0,
@@ -238,14 +238,13 @@ class DataPath(StoreBase):
         part their id, item[1], names), in one pipeline: the codes in items' order."""
         return self.run_by_part(self.by_part(make_op, topic, channel, items, *shared))
 
-    @staticmethod
-    def by_part(make_op: Callable[..., Op], topic: str, channel: str, items: Sequence[tuple],
-                *shared: Any) -> list[tuple[Op, list[int]]]:
+    def by_part(self, make_op: Callable[..., Op], topic: str, channel: str,
+                items: Sequence[tuple], *shared: Any) -> list[tuple[Op, list[int]]]:
         """(op, positions of its items) for each part the items' ids name."""
         positions: dict[int, list[int]] = {}
         for i, item in enumerate(items):
             positions.setdefault(max(id_part(item[1]), 0), []).append(i)
-        return [(make_op(part_name(topic, index), channel, *shared, [items[i] for i in where]),
+        return [(make_op(self.part(topic, index), channel, *shared, [items[i] for i in where]),
                  where) for index, where in positions.items()]
 
     def run_by_part(self, calls: list[tuple[Op, list[int]]]) -> list:

@@ -28,7 +28,7 @@ from relay import codec
 from relay.errors import StoreError
 from relay.options import DEFAULT_DEAD_LETTER_TOPIC
 from relay.store import Op, Store, guarded
-from relay.store.keys import ChannelKeys, TopicKeys, id_part, part_name, split_part
+from relay.store.keys import ChannelKeys, TopicKeys, id_part, split_part
 
 FORWARD_BATCH = 500
 CLAIM_MS = 10_000
@@ -162,8 +162,8 @@ def _redrive(store: Store, topic: str, channel: str, records: dict) -> int:
     by_part: dict[int, list] = {}
     for msg_id, record in records.items():
         by_part.setdefault(max(id_part(msg_id.encode()), 0), []).append(record)
-    queued = store.run_many([redrive_op(part_name(topic, i), channel, part,
-                                        store.node(part_name(topic, i)))
+    queued = store.run_many([redrive_op(store.part(topic, i), channel, part,
+                                        store.node(store.part(topic, i)))
                              for i, part in by_part.items()])
     for reply in queued:
         if isinstance(reply, Exception):

@@ -9,7 +9,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 from relay.errors import RelayError
 from relay.store.data_path import DataPath
-from relay.store.keys import ChannelKeys, TopicKeys, id_part, part_name
+from relay.store.keys import ChannelKeys, TopicKeys, id_part
 from relay.store.runner import Op
 
 TRIM_ENTRIES = 10_000   # entries a trim call removes at most (trim.lua)
@@ -257,7 +257,7 @@ class History(DataPath):
         None if its part retains nothing from it on. Ids and times grow together, so a
         bisection on the time finds it in about 40 reads of one entry."""
         index = id_part(msg_id.encode())
-        history = TopicKeys.of(part_name(topic, index)).history
+        history = TopicKeys.of(self.part(topic, index)).history
         wanted = int(msg_id[4:], 16)
         pipe = self.redis.pipeline(transaction=False)
         pipe.xrange(history, "-", "+", count=1)

@@ -15,7 +15,10 @@ undeclared, one pair per node, in a slot of the node they run on.
 Partitions. A topic of N partitions keeps its messages in N parts, each a topic of the
 layout above with a hash tag of its own, so a slot of its own: part 0 is the topic
 itself (`{T}`, so a topic of one partition is today's layout), part i is `{T/i}`
-("/" is not allowed in topic names). Message ids are 16 hex digits, the first 4 the
+("/" is not allowed in topic names), or `{T/i/s}` when the topic's placement gives it a
+salt s: on a cluster the salt puts the part's slot on the master it should go to
+(relay/store/placement.py), and the salts are kept with the count, so every process names
+the parts alike. Message ids are 16 hex digits, the first 4 the
 part's number, so FIN, REQ and TOUCH find their part with no lookup. The count only
 grows (a part dropped would strand its messages) and outlives a deleted topic.
 
@@ -93,7 +96,10 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             written); channels: the last
                                             channel incarnation handed out (subscribe.lua);
                                             partitions: the topic's partition count (part
-                                            0's only; absent: 1); never deleted
+                                            0's only; absent: 1); placement: the salt of
+                                            each part beyond the first, space-separated (0:
+                                            none; absent: all 0), which its name carries
+                                            (part_names); never deleted
     relay:{T}:ch:C:queue              LIST  ready records
     relay:{T}:ch:C:inflight           ZSET  "<id> <owner>" -> deadline (ms)
     relay:{T}:ch:C:deferred           ZSET  id -> due time (ms)
@@ -134,6 +140,8 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
 from dataclasses import dataclass
 from functools import lru_cache
 
+from redis.crc import key_slot
+
 from relay.codec import MAX_PARTITIONS  # noqa: F401  (the one limit, kept by the codec)
 
 PREFIX = "relay"
@@ -171,19 +179,31 @@ MESSAGE_SUFFIXES = ("queue", "inflight", "deferred", "msgs", "leases")
 CHANNEL_SUFFIXES = MESSAGE_SUFFIXES + ("meta", "consumers", "dead", "dead:lock")
 
 
-def part_name(topic: str, index: int) -> str:
-    """The name part `index` of a topic is stored under (TopicKeys.of takes it)."""
-    return topic if index == 0 else f"{topic}{PART_MARK}{index}"
+def part_name(topic: str, index: int, salt: int = 0) -> str:
+    """The name part `index` of a topic is stored under (TopicKeys.of takes it); a salt
+    moves its slot (relay/store/placement.py)."""
+    if index == 0:
+        return topic
+    name = f"{topic}{PART_MARK}{index}"
+    return f"{name}{PART_MARK}{salt}" if salt else name
 
 
-def part_names(topic: str, partitions: int) -> list[str]:
-    return [part_name(topic, i) for i in range(partitions)]
+def part_names(topic: str, partitions: int, placement: str = "") -> list[str]:
+    """The names of a topic's parts, given its placement (the salts of parts 1, 2, ...;
+    those it lacks are 0)."""
+    salts = [0, *(int(s) for s in placement.split())]
+    return [part_name(topic, i, salts[i] if i < len(salts) else 0) for i in range(partitions)]
 
 
 def split_part(part: str) -> tuple[str, int]:
     """(topic, index) of a part's name."""
-    topic, mark, index = part.partition(PART_MARK)
-    return topic, int(index) if mark else 0
+    topic, mark, rest = part.partition(PART_MARK)
+    return topic, int(rest.partition(PART_MARK)[0]) if mark else 0
+
+
+def part_slot(part: str) -> int:
+    """The cluster slot of a part's keys."""
+    return key_slot(topic_prefix(part).encode())
 
 
 def id_part(msg_id: bytes) -> int:

@@ -13,7 +13,7 @@ from typing import Callable, Iterable
 from relay.codec import parse_record, record_id
 from relay.store import Op, Store, deadletter, guarded
 from relay.store.inflight import member_owner
-from relay.store.keys import ChannelKeys, id_part, part_name
+from relay.store.keys import ChannelKeys, id_part
 
 SCAN_CHUNK = 10_000
 
@@ -28,7 +28,7 @@ def where(store: Store, topic: str, channel: str, msg_id: bytes,
     part = id_part(msg_id)
     if not 0 <= part < len(store.parts(topic)):
         return {"state": "absent"}
-    c = ChannelKeys.of(part_name(topic, part), channel)
+    c = ChannelKeys.of(store.part(topic, part), channel)
     pipe = store.redis.pipeline(transaction=False)
     pipe.hget(c.msgs, msg_id)
     pipe.zscore(c.deferred, msg_id)
@@ -92,7 +92,7 @@ def remove(store: Store, topic: str, channel: str, state: str, msg_id: bytes,
            record: bytes) -> bool:
     """Take a queued (its exact record) or deferred message out of the channel in one
     script call (remove.lua); False if it was no longer there."""
-    c = ChannelKeys.of(part_name(topic, id_part(msg_id)), channel)
+    c = ChannelKeys.of(store.part(topic, id_part(msg_id)), channel)
     target = record if state == "queued" else msg_id
     return bool(store.run(Op("remove", [c.queue, c.deferred, c.msgs, c.meta], [state, target])))
 

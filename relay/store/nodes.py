@@ -23,6 +23,7 @@ field for it (Reads.versions).
 from functools import lru_cache
 from typing import Any, Iterable, cast
 
+from redis import Redis
 from redis.cluster import RedisCluster
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
@@ -66,6 +67,7 @@ class Nodes:
         self._lowest: dict[str, int] = {}   # node name -> the lowest slot it serves
         self._map: Any = None                # the slots map _lowest was read from
         self._topology: Any = None           # CLUSTER SLOTS as last checked
+        self._owners: tuple[Any, list[int]] = (None, [])   # (slots map, owners())
 
     def prefix(self, part: str) -> str:
         """The prefix of the node keys of the node serving `part`."""
@@ -85,6 +87,25 @@ class Nodes:
         for part in parts:
             groups.setdefault(self.prefix(part), []).append(part)
         return groups
+
+    def owners(self) -> list[int]:
+        """The master serving each slot, as its rank among the masters in the order of
+        the lowest slot each serves (-1: none), by the client's slot map
+        (relay/store/placement.py)."""
+        slots = cast(RedisCluster, self.redis).nodes_manager.slots_cache
+        if self._owners[0] is not slots:
+            ranks = {name: rank for rank, (_, name) in
+                     enumerate(sorted((s, n) for n, s in self._table(stale=True).items()))}
+            self._owners = (slots, [ranks[slots[s][0].name] if slots.get(s) else -1
+                                    for s in range(REDIS_CLUSTER_HASH_SLOTS)])
+        return self._owners[1]
+
+    def address(self, part: str) -> str:
+        """host:port of the master serving `part` (of the server, on one server)."""
+        if self.cluster:
+            return self._node_name(TopicKeys.of(part).due)
+        kwargs = cast(Redis, self.redis).connection_pool.connection_kwargs
+        return f"{kwargs.get('host')}:{kwargs.get('port')}"
 
     def _node_name(self, key: str) -> str:
         return cast(RedisCluster, self.redis).get_node_from_key(key).name

@@ -94,8 +94,8 @@ class Reads(StoreBase):
         topics. The parts it has no field for are read from their version keys
         (versions.lua, one call per node, which sets their field), as are topics whose
         news moved since their partition count was read (raising it is news): the
-        partition counts read are learned, the others kept fresh. The topics of a read
-        that failed are left out, for the next one."""
+        partition counts and placements read are learned, the others kept fresh. The
+        topics of a read that failed are left out, for the next one."""
         groups = self.nodes.by_node(topics)
         pipe = self.redis.pipeline(transaction=False)
         for prefix, group in groups.items():
@@ -117,7 +117,7 @@ class Reads(StoreBase):
                     continue
                 known = self._partitions.get(topic)
                 if known and self._counted.get(topic) == read[topic]:
-                    self.learn_partitions(topic, known[0])
+                    self.learn_parts(topic, known[0])
                 else:
                     fallback.append(topic)
         if fallback:
@@ -136,10 +136,11 @@ class Reads(StoreBase):
                 for topic in group:
                     read.pop(topic, None)
                 continue
-            for topic, news, partitions in zip(group, reply[::2], reply[1::2]):
+            for topic, news, partitions, salts in zip(group, reply[::3], reply[1::3],
+                                                      reply[2::3]):
                 read[topic] = int(news or 0)
                 if keys.PART_MARK not in topic:
-                    self.learn_partitions(topic, int(partitions or 1))
+                    self.learn_partitions(topic, int(partitions or 1), (salts or b"").decode())
                     self._counted[topic] = read[topic]
 
     def channel_states(self, channels: Sequence[tuple]) -> list:

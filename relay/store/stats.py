@@ -27,7 +27,7 @@ def collect(store: Store, topic: str | None = None, channel: str | None = None,
             latency: E2eLatency | None = None, by_part: bool = False) -> dict:
     """{"topics": [...]} for every topic, or the one topic / channel asked for (if it
     exists); counts summed over a topic's partitions, and with `by_part` each part's
-    own under "parts" too."""
+    own under "parts" too, with the master serving it (host:port)."""
     names = store.topic_names()
     if topic:
         names = [n for n in names if n == topic]
@@ -37,6 +37,7 @@ def collect(store: Store, topic: str | None = None, channel: str | None = None,
         part_names = store.parts(name)
         parts, retention = store.read_topic_state(name, part_names)
         t = summed(parts)
+        masters = [store.nodes.address(part) for part in part_names] if by_part else []
         channels = []
         for ch in store.channel_names(name):
             if channel and ch != channel:
@@ -47,14 +48,15 @@ def collect(store: Store, topic: str | None = None, channel: str | None = None,
                              "backend_depth": c["depth"], **c,
                              "ephemeral": is_ephemeral(ch),
                              "e2e_processing_latency": NO_LATENCY,
-                             **({"parts": channel_parts} if by_part else {})})
+                             **({"parts": _with_masters(channel_parts, masters)}
+                                if by_part else {})})
         topics.append({"topic_name": name, "channels": channels, "depth": t["depth"],
                        "backend_depth": t["depth"], "deferred_count": t["deferred_count"],
                        "message_count": t["message_count"],
                        "message_bytes": t["message_bytes"], "paused": t["paused"],
                        "partitions": len(parts),
                        "e2e_processing_latency": NO_LATENCY,
-                       **({"parts": parts} if by_part else {})})
+                       **({"parts": _with_masters(parts, masters)} if by_part else {})})
         if retention != (0, 0):
             kept.append((topics[-1], retention, part_names))
     if kept:
@@ -62,6 +64,10 @@ def collect(store: Store, topic: str | None = None, channel: str | None = None,
     if latency is not None and latency.enabled:
         _add_latency(store, topics, latency)
     return {"topics": topics}
+
+
+def _with_masters(parts: list[dict], masters: list[str]) -> list[dict]:
+    return [{**part, "master": master} for part, master in zip(parts, masters)]
 
 
 def _add_retention(store: Store, kept: list[tuple]) -> None:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     import ssl
 
     from relay.broker.auth import Grant
-    from relay.broker.channel import Channel
+    from relay.broker.channel import Channel, Part
     from relay.store.commit import Submitted
     from relay.store.runner import Op
 
@@ -358,9 +358,13 @@ class ProtocolV2:
             part = channel.parts[0]
             return [(self.broker.commit.submit(make_op(part.name, channel.name, *shared, items),
                                                part.order), range(len(items)))]
-        return [(self.broker.commit.submit(op, channel.part_of(items[where[0]][1]).order), where)
-                for op, where in self.broker.store.by_part(make_op, channel.topic,
-                                                           channel.name, items, *shared)]
+        positions: dict["Part", list[int]] = {}
+        for i, item in enumerate(items):
+            positions.setdefault(channel.part_of(item[1]), []).append(i)
+        return [(self.broker.commit.submit(
+                    make_op(part.name, channel.name, *shared, [items[i] for i in where]),
+                    part.order), where)
+                for part, where in positions.items()]
 
     def cls(self, client: Client, params: list[bytes], reader: Reader) -> bytes:
         if client.state != SUBSCRIBED:

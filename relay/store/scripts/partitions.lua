@@ -1,16 +1,23 @@
 -- include: news.lua
 -- partitions: a topic's partition count (keys.py), set for a new topic from the
--- caller's default, and raised on request; never lowered.
+-- caller's default, and raised on request; never lowered. The parts' placement (the
+-- salts their names carry: keys.part_names) is written with the count: the parts there
+-- keep theirs, new ones take the caller's, so every process names them alike.
 --
--- KEYS[1] topic version (part 0's; field `partitions`, absent: 1)   KEYS[2] topic meta
+-- KEYS[1] topic version (part 0's; fields `partitions`, absent: 1, and `placement`)
+-- KEYS[2] topic meta
 -- ARGV[1] the default for a topic that is new (neither key exists)
 -- ARGV[2] the count to raise it to (0: only read)   ARGV[3] the topic's wake channel
 -- ARGV[4] the node keys' prefix (lib/node.lua): raising the count is news to brokers
 -- ARGV[5] the retention (ms) of a topic that is new (0: none, nsqd's), written to part
 -- 0's meta (lib/history.lua); the caller writes the other parts'
+-- ARGV[6] the salts of parts 1, 2, ... for the count it may set ('': none,
+-- relay/store/placement.py)
 -- Returns {the count now, the count before, 1 if this call found the topic new and
--- gave it the retention, else 0}.
-local before = tonumber(redis.call('HGET', KEYS[1], 'partitions') or '0')
+-- gave it the retention, else 0, the placement now ('' if none)}.
+local fields = redis.call('HMGET', KEYS[1], 'partitions', 'placement')
+local before = tonumber(fields[1] or '0')
+local placement = fields[2] or ''
 local wanted = tonumber(ARGV[2])
 local retention, made = tonumber(ARGV[5] or '0'), 0
 if before == 0 then
@@ -26,8 +33,19 @@ if before == 0 then
   before = 1
 end
 if wanted <= before then
-  return {before, before, made}
+  return {before, before, made, placement}
 end
 redis.call('HSET', KEYS[1], 'partitions', wanted)
+local given = ARGV[6] or ''
+if given ~= '' or placement ~= '' then
+  local salts, offered = {}, {}
+  for salt in placement:gmatch('%S+') do salts[#salts + 1] = salt end
+  for salt in given:gmatch('%S+') do offered[#offered + 1] = salt end
+  for i = #salts + 1, wanted - 1 do
+    salts[i] = (i >= before and offered[i]) or '0'
+  end
+  placement = table.concat(salts, ' ')
+  redis.call('HSET', KEYS[1], 'placement', placement)
+end
 announce(KEYS[1], ARGV[3], '', ARGV[4])
-return {wanted, before, made}
+return {wanted, before, made, placement}
