@@ -31,6 +31,7 @@ from relay.errors import NoAnswer, OutcomeUnknown, StoreConnectionError, StoreEr
 from relay.sockio import Turns, send_all
 from relay.store.causes import REFUSALS, cause, refusal
 from relay.store.connection import SLOT_MOVING, RedisClient, is_cluster, sharded_pubsub
+from relay.store.resp import Replies, pack
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -157,6 +158,7 @@ class ScriptRunner:
         self.cluster = is_cluster(client)
         self.dedicated = dedicated and not self.cluster
         self._connection: "AbstractConnection | None" = None
+        self._replies: Replies | None = None    # of _connection, made at each connect
         self.turns = Turns()
         self.scripts = load_scripts()
         self.sharded: bool | None = None
@@ -352,38 +354,35 @@ class ScriptRunner:
             batch.append(command)
             args += len(command)
             if args >= PACKED_ARGS:
-                send_all(conn._sock, b"".join(conn.pack_commands(batch)))
+                send_all(conn._sock, pack(batch))
                 batch, args = [], 0
                 self.turns.take()
         if batch:
-            send_all(conn._sock, b"".join(conn.pack_commands(batch)))
+            send_all(conn._sock, pack(batch))
 
     def _send(self, commands: list) -> list:
         """A pipeline on this runner's own connection, without redis-py's per-pipeline
-        pool checkout and health checks, written in one send (the broker's group commit
-        is its only user)."""
+        pool checkout and health checks, written in one send and read in RESP directly
+        (relay/store/resp.py; the broker's group commit is its only user)."""
         conn = self._connection
         if conn is None:
             pool = cast(redis.Redis, self.redis).connection_pool    # dedicated: one server
             conn = self._connection = cast("AbstractConnection", pool.make_connection())
         try:
-            if conn._sock is None:
+            if conn._sock is None or self._replies is None:
                 conn.connect()
+                self._replies = Replies(conn)
             try:
                 self._write(conn, commands)
             except OSError as e:
                 raise NoAnswer(f"Error writing to socket: {e}") from e
-            raw = []
-            for _ in commands:
-                try:
-                    raw.append(conn.read_response())
-                except redis.exceptions.ResponseError as e:
-                    raw.append(e)
-                except CONNECTION_ERRORS as e:
-                    raise NoAnswer(str(e)) from e
-            return raw
+            try:
+                return self._replies.read(len(commands))
+            except CONNECTION_ERRORS as e:
+                raise NoAnswer(str(e)) from e
         except BaseException:
             conn.disconnect()
+            self._replies = None
             raise
 
     def _send_per_node(self, commands: list) -> list:

@@ -1,0 +1,90 @@
+"""RESP spoken directly on the group commit's own connection (ScriptRunner._send).
+
+redis-py makes the connection (handshake, AUTH, SELECT, TLS, socket timeouts); the
+commands of a pipeline are then packed with hiredis' `pack_command` and their replies
+read with a hiredis Reader of our own, one C call per command each way. redis-py's
+`pack_commands` and `read_response` wrap the same C calls in a generator per command
+and, per reply, checks, exception handlers and a health-check clock: under one-message
+PUBs they were a fifth of the broker's CPU.
+
+Errors are what redis-py's own read gives: a command's error reply is its reply (the
+exception redis-py's parser maps it to: NoScriptError, ...), a lost or timed-out
+connection raises redis' ConnectionError or TimeoutError with redis-py's texts.
+"""
+
+import socket
+from typing import TYPE_CHECKING, Any, Sequence, cast
+
+import hiredis
+from redis._parsers.base import BaseParser
+from redis.exceptions import ConnectionError, DataError, InvalidResponse, TimeoutError
+
+if TYPE_CHECKING:
+    from redis.connection import AbstractConnection
+
+READ_SIZE = 65536       # redis-py's socket_read_size
+NOT_ENOUGH_DATA = object()
+
+
+def pack(commands: Sequence[Sequence[Any]]) -> bytes:
+    """The commands in RESP, as redis-py packs them."""
+    try:
+        return b"".join([hiredis.pack_command(cast(Any, tuple(c))) for c in commands])
+    except TypeError:   # an argument only redis-py's packer converts, or a bad one
+        return b"".join([_pack_converted(c) for c in commands])
+
+
+def _pack_converted(command: Sequence[Any]) -> bytes:
+    """One command with bytearray and memoryview arguments as bytes (redis-py converts
+    them); anything else hiredis refuses (None, bool...) is redis-py's DataError."""
+    args = tuple(bytes(a) if isinstance(a, (bytearray, memoryview)) else a for a in command)
+    try:
+        return hiredis.pack_command(cast(Any, args))    # its stub takes 1-tuples only
+    except TypeError as e:
+        raise DataError(str(e)) from None
+
+
+class Replies:
+    """The replies of a connection's pipelines, read from its socket. Made after each
+    connect: a reader left with part of a reply from a lost connection is dropped with
+    it."""
+
+    def __init__(self, conn: "AbstractConnection") -> None:
+        encoder = getattr(conn, "encoder")
+        options: dict[str, Any] = {
+            "protocolError": InvalidResponse, "replyError": BaseParser.parse_error,
+            "errors": encoder.encoding_errors, "notEnoughData": NOT_ENOUGH_DATA}
+        if encoder.decode_responses:
+            options["encoding"] = encoder.encoding
+        self.reader = hiredis.Reader(**options)
+        self.sock = getattr(conn, "_sock")
+        self.buffer = bytearray(READ_SIZE)
+
+    def read(self, count: int) -> list:
+        """The next `count` replies; an error reply is its exception, as a value. A
+        reply that says the connection is unusable (LOADING, ...) raises, as redis-py's
+        read does."""
+        replies: list = []
+        gets = self.reader.gets
+        while len(replies) < count:
+            reply = gets()
+            if reply is NOT_ENOUGH_DATA:
+                self._fill()
+                continue
+            if isinstance(reply, ConnectionError):
+                raise reply
+            if isinstance(reply, list) and reply and isinstance(reply[0], ConnectionError):
+                raise reply[0]
+            replies.append(reply)
+        return replies
+
+    def _fill(self) -> None:
+        try:
+            size = self.sock.recv_into(self.buffer)
+        except socket.timeout:
+            raise TimeoutError("Timeout reading from socket") from None
+        except OSError as e:
+            raise ConnectionError(f"Error while reading from socket: {e.args}") from None
+        if size == 0:
+            raise ConnectionError("Connection closed by server.")
+        self.reader.feed(cast(bytes, self.buffer), 0, size)    # it reads any buffer
