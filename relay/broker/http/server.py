@@ -100,7 +100,8 @@ class Request:
     def arg_bytes(self, name: str) -> bytes | None:
         """An argument's bytes as sent (percent-decoded), where arg() would replace
         what is not UTF-8."""
-        self.query      # noqa: B018 - refuses a query Go would not parse
+        if name not in self.query:  # refuses a query Go would not parse; an ASCII name
+            return None             # absent from it is absent from the latin-1 reading too
         values = parse_qs(self.raw_query, keep_blank_values=True, encoding="latin-1").get(name)
         return values[0].encode("latin-1") if values else None
 
@@ -224,9 +225,10 @@ class HttpServer:
         code, data = self._answer(request)
         status, headers, body = encode(code, data)
         headers += request.reply_headers
-        allowed = self._allowed(request)
-        if allowed and (code == 405 or request.method == "OPTIONS"):
-            headers.append(("Allow", allowed))
+        if code == 405 or request.method == "OPTIONS":
+            allowed = self._allowed(request)
+            if allowed:
+                headers.append(("Allow", allowed))
         start_response(status, headers)
         return [] if request.method == "HEAD" else [body]
 
