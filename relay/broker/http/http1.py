@@ -87,12 +87,13 @@ def head_too_big() -> Refusal:
 class Incoming:
     """One request as the parser hands it over."""
 
-    __slots__ = ("url", "headers", "body", "method", "version", "keep_alive", "limit",
-                 "too_big", "wants_continue")
+    __slots__ = ("url", "headers", "head_size", "body", "method", "version", "keep_alive",
+                 "limit", "too_big", "wants_continue")
 
     def __init__(self) -> None:
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
+        self.head_size = 0      # the target's bytes and each header's, with ": " and CRLF
         self.body: list[bytes] = []
         self.method = ""
         self.version = "1.1"
@@ -128,10 +129,12 @@ class Connection:
     def on_url(self, url: bytes) -> None:
         assert self.current is not None
         self.current.url += url
+        self.current.head_size += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         assert self.current is not None
         self.current.headers.append((name, value))
+        self.current.head_size += len(name) + len(value) + 4
 
     def on_headers_complete(self) -> None:
         request = self.current
@@ -162,8 +165,7 @@ class Connection:
 
     def _check(self, request: Incoming) -> None:
         """Go's checks of the head, in its order; the body's limit, before any of it."""
-        if len(request.url) + sum(len(n) + len(v) + 4 for n, v in request.headers) \
-                > MAX_HEADER_BYTES:
+        if request.head_size > MAX_HEADER_BYTES:
             raise head_too_big()
         if request.version[0] != "1":
             raise unsupported_version()
