@@ -50,6 +50,7 @@ WORK = {"pub": "publish", "mpub": "publish", "sub": "consume", "e2e": "loop"}
 WORKLOADS = [
     ("pub P=1, 100 B", ["pub", "--producers", "1", "--size", "100"], 1),
     ("pub P=4, 100 B", ["pub", "--producers", "4", "--size", "100"], 1),
+    ("pub P=16, 100 B", ["pub", "--producers", "16", "--size", "100"], 1),
     ("mpub K=100 P=1, 100 B", ["mpub", "--producers", "1", "--batch", "100", "--size", "100"], 1),
     ("mpub K=100 P=2, 100 B", ["mpub", "--producers", "2", "--batch", "100", "--size", "100"], 1),
     ("mpub K=100 P=1, 1 KiB", ["mpub", "--producers", "1", "--batch", "100", "--size", "1024"], 1),

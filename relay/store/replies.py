@@ -4,6 +4,7 @@ Op's), and the sum of a topic's or channel's parts."""
 from typing import Any, NamedTuple
 
 from relay import codec
+from relay.errors import StoreError
 
 
 class Dropped(NamedTuple):
@@ -16,6 +17,24 @@ class Dropped(NamedTuple):
     @classmethod
     def parse(cls, reply: list[Any] | None) -> "Dropped | None":
         return None if reply is None else cls(reply[0], [k.decode() for k in reply[1:]])
+
+
+class Published:
+    """publish.lua's reply to the publishes merged into one call: per publish, (the
+    count of its last message or 0, its duplicates), or the StoreError of its refusal
+    (a full channel's: the others of the call went ahead)."""
+
+    @staticmethod
+    def parse(reply: list[Any]) -> list:
+        return [StoreError(codec.as_text(answer[2])) if len(answer) > 2
+                else (int(answer[0]), int(answer[1])) for answer in reply]
+
+    @staticmethod
+    def split(answers: list, keyed: bool) -> list:
+        """Each publish's result, as its own call's parse gives it: with keys its
+        duplicates, else the count of its last message."""
+        return [answer if isinstance(answer, StoreError) else answer[1 if keyed else 0]
+                for answer in answers]
 
 
 class Stepped(NamedTuple):

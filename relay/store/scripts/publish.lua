@@ -14,21 +14,27 @@
 -- so; then the channels' keys (fanout.lua)
 -- ARGV[1..ARG0] the channels (fanout.lua), then: wake pub/sub channel,
 -- 8-byte timestamp, defer ms (0 = now), the part's number (keys.py), the node keys'
--- prefix (lib/node.lua), the number of publish keys (0: none), bodies...,
--- then with keys one more: a key per body, joined by spaces (one argument costs less
--- to send than one per key; keys have no spaces). With keys, it returns {the count of
--- the last message or 0 if none was published, the number of duplicates}: a key the
--- part's dedup window remembers is not published again (lib/dedup.lua).
+-- prefix (lib/node.lua), the number of publish keys (0: none), the groups ('' for one),
+-- bodies..., then with keys one more: a key per body, joined by spaces (one argument
+-- costs less to send than one per key; keys have no spaces). A key the part's dedup
+-- window remembers, or an earlier message of the call has, is not published again
+-- (lib/dedup.lua).
+-- Groups: the publishes of several clients merged into this one call (the broker's
+-- group commit), as their message counts joined by spaces. Each group is published or
+-- refused as its own call would be, in order, and gets its own answer: {the count of its
+-- last message or 0 if it published none, its duplicates}, or {0, 0, why refused}.
+-- Without groups it returns, with keys, {the count of the last message or 0, the number
+-- of duplicates}, else the count of the last message; a refusal is an error reply.
 -- A call's arguments are bounded (runner.MAX_CALL_ARGS): a bigger MPUB is staged and
 -- published by publish_commit.lua and publish_step.lua instead.
 -- Its first write is INCRBY: at maxmemory Redis refuses it before anything is written
 -- (lib/maxmemory.lua).
 -- With a channel's depth limit (lib/limit.lua; only read when the topic meta counts
--- one) a publish to the queues is refused before that write when a `reject` channel
--- has no room for all of it, and each `drop-oldest` or `dead-letter` channel's oldest
--- go after it.
+-- one) a group's publish to the queues is refused before that write when a `reject`
+-- channel has no room for all of it (after the groups before it), and each `drop-oldest`
+-- or `dead-letter` channel's oldest go after it.
 -- Ids are the part's number in 4 hex digits, then the topic's count in 12.
--- Returns the count of the last message (ids are consecutive), or the stale reply.
+-- The stale reply (fanout.lua) comes before anything is done.
 local stale = stale_channels(KEYS[3])
 if stale then return stale end
 local wake, timestamp = ARGV[ARG0 + 1], ARGV[ARG0 + 2]
@@ -36,29 +42,56 @@ local defer = tonumber(ARGV[ARG0 + 3])
 local part = tonumber(ARGV[ARG0 + 4])
 local NODE = ARGV[ARG0 + 5]
 local keyed = tonumber(ARGV[ARG0 + 6])
-local FIRST_BODY = ARG0 + 7
-local n = #ARGV - FIRST_BODY + 1 - math.min(keyed, 1)
-local fresh, duplicates, window = nil, 0, nil   -- positions to publish, with keys
-local publish_keys = nil
+local grouped = ARGV[ARG0 + 7] ~= ''
+local FIRST_BODY = ARG0 + 8
+local sizes = {#ARGV - FIRST_BODY + 1 - math.min(keyed, 1)}
+if grouped then
+  sizes = dedup_split(ARGV[ARG0 + 7])
+end
+local publish_keys, known, window = nil, nil, nil
 if keyed > 0 then
   publish_keys = dedup_split(ARGV[#ARGV])
-  fresh, duplicates, window = dedup_fresh(KEYS[2], KEYS[9], publish_keys)
-  n = #fresh
-  if n == 0 then return {0, duplicates} end
+  known, window = dedup_known(KEYS[2], KEYS[9], publish_keys)
 end
 local due = nil
 if defer > 0 then due = now_ms() + defer end
 local p = publishing(due)
-if p.limits then
-  local full = full_channel(p.limits, n, part_of(KEYS[2]))
-  if full then return redis.error_reply(full) end
+-- per group, what to publish (positions), or its refusal
+local fresh, answers, seen, n, from = {}, {}, {}, 0, 0
+for g, size in ipairs(sizes) do
+  size = tonumber(size)
+  local mine, taken = {}, {}
+  for i = from + 1, from + size do
+    local key = known and publish_keys[i]
+    if not key or not (known[i] or seen[key] or taken[key]) then
+      mine[#mine + 1] = i
+      if key then taken[key] = true end
+    end
+  end
+  local full = p.limits and #mine > 0 and full_channel(p.limits, n + #mine, part_of(KEYS[2]))
+  if full then
+    answers[g] = {0, 0, full}
+  else
+    for _, i in ipairs(mine) do fresh[#fresh + 1] = i end
+    for key in pairs(taken) do seen[key] = true end
+    n = n + #mine
+    answers[g] = {#mine > 0 and n or 0, size - #mine}
+  end
+  from = from + size
 end
-local last = redis.call('INCRBY', KEYS[1], n)
-local first = last - n + 1
-if window then dedup_remember(KEYS[9], window, publish_keys, fresh) end
-local bodies = {}
-for i = 1, n do bodies[i] = ARGV[FIRST_BODY + (fresh and fresh[i] or i) - 1] end
-local bytes = append(p, first, bodies, timestamp, part)
-appended(p, n, bytes, wake, NODE)
-if keyed > 0 then return {last, duplicates} end
+local last = 0
+if n > 0 then
+  last = redis.call('INCRBY', KEYS[1], n)
+  if window then dedup_remember(KEYS[9], window, publish_keys, fresh) end
+  local bodies = {}
+  for i = 1, n do bodies[i] = ARGV[FIRST_BODY + fresh[i] - 1] end
+  local bytes = append(p, last - n + 1, bodies, timestamp, part)
+  appended(p, n, bytes, wake, NODE)
+end
+for _, answer in ipairs(answers) do
+  if answer[1] > 0 then answer[1] = last - n + answer[1] end
+end
+if grouped then return answers end
+if answers[1][3] then return redis.error_reply(answers[1][3]) end
+if keyed > 0 then return {answers[1][1], answers[1][2]} end
 return last
