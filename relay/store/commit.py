@@ -189,11 +189,16 @@ class _Lane:
         return queued
 
     def _loop(self) -> None:
+        """Before it takes a batch, the lane lets the connections whose commands have
+        arrived meanwhile submit them (gevent.sleep(0): the events the hub has seen run
+        first), so that they share the pipeline, and merge; it waits for nothing else."""
         while True:
             self._ready.wait()
             self._ready.clear()
+            gevent.sleep(0)
             while batch := self._next_batch():
                 self._run(batch)
+                gevent.sleep(0)
 
     def _next_batch(self) -> list[_Queued]:
         """Up to max_batch queued ops, in order, less those whose waiter gave up on them
