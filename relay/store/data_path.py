@@ -138,7 +138,8 @@ class DataPath(StoreBase):
         return op._replace(lane=part, merge=Merge(
             ("publish", part, defer_ms, keyed), groups[0], _publish_size(groups[0][0], keyed),
             lambda items: self._inline_publish_op(part, index, ts, defer_ms, items),
-            lambda published, items: Published.split(published, keyed)))
+            lambda published, items: Published.split(
+                published, [len(item[0]) for item in items], keyed)))
 
     def publish_step_op(self, part: str, token: str) -> Op:
         """The next step of a committed staged publish (publish_step.lua): a Stepped."""

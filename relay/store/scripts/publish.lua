@@ -21,8 +21,10 @@
 -- (lib/dedup.lua).
 -- Groups: the publishes of several clients merged into this one call (the broker's
 -- group commit), as their message counts joined by spaces. Each group is published or
--- refused as its own call would be, in order, and gets its own answer: {the count of its
--- last message or 0 if it published none, its duplicates}, or {0, 0, why refused}.
+-- refused as its own call would be, in order. With keys or a depth limit to apply, it
+-- returns per group two values: the count of its last message (0 if it published none)
+-- and its duplicates, or 0 and why it was refused; else (every group published whole)
+-- the count of the last message, from which each group's follows.
 -- Without groups it returns, with keys, {the count of the last message or 0, the number
 -- of duplicates}, else the count of the last message; a refusal is an error reply.
 -- A call's arguments are bounded (runner.MAX_CALL_ARGS): a bigger MPUB is staged and
@@ -44,10 +46,7 @@ local NODE = ARGV[ARG0 + 5]
 local keyed = tonumber(ARGV[ARG0 + 6])
 local grouped = ARGV[ARG0 + 7] ~= ''
 local FIRST_BODY = ARG0 + 8
-local sizes = {#ARGV - FIRST_BODY + 1 - math.min(keyed, 1)}
-if grouped then
-  sizes = dedup_split(ARGV[ARG0 + 7])
-end
+local n = #ARGV - FIRST_BODY + 1 - math.min(keyed, 1)
 local publish_keys, known, window = nil, nil, nil
 if keyed > 0 then
   publish_keys = dedup_split(ARGV[#ARGV])
@@ -56,42 +55,64 @@ end
 local due = nil
 if defer > 0 then due = now_ms() + defer end
 local p = publishing(due)
--- per group, what to publish (positions), or its refusal
-local fresh, answers, seen, n, from = {}, {}, {}, 0, 0
-for g, size in ipairs(sizes) do
-  size = tonumber(size)
-  local mine, taken = {}, {}
-  for i = from + 1, from + size do
-    local key = known and publish_keys[i]
-    if not key or not (known[i] or seen[key] or taken[key]) then
-      mine[#mine + 1] = i
-      if key then taken[key] = true end
+
+-- Per group (sizes), what to publish, and its answer: {its last message's place among
+-- those published or 0, its duplicates}, or {0, why refused}. Returns the places of the
+-- messages to publish, in order.
+local function admit(sizes, answers)
+  local fresh, seen, from, count = {}, {}, 0, 0
+  for g, size in ipairs(sizes) do
+    size = tonumber(size)
+    local mine, taken = {}, {}
+    for i = from + 1, from + size do
+      local key = known and publish_keys[i]
+      if not key or not (known[i] or seen[key] or taken[key]) then
+        mine[#mine + 1] = i
+        if key then taken[key] = true end
+      end
     end
+    local full = p.limits and #mine > 0 and
+        full_channel(p.limits, count + #mine, part_of(KEYS[2]))
+    if full then
+      answers[g] = {0, full}
+    else
+      for _, i in ipairs(mine) do fresh[#fresh + 1] = i end
+      for key in pairs(taken) do seen[key] = true end
+      count = count + #mine
+      answers[g] = {#mine > 0 and count or 0, size - #mine}
+    end
+    from = from + size
   end
-  local full = p.limits and #mine > 0 and full_channel(p.limits, n + #mine, part_of(KEYS[2]))
-  if full then
-    answers[g] = {0, 0, full}
-  else
-    for _, i in ipairs(mine) do fresh[#fresh + 1] = i end
-    for key in pairs(taken) do seen[key] = true end
-    n = n + #mine
-    answers[g] = {#mine > 0 and n or 0, size - #mine}
-  end
-  from = from + size
+  return fresh
+end
+
+local fresh, answers = nil, nil
+if known or p.limits then
+  answers = {}
+  fresh = admit(grouped and dedup_split(ARGV[ARG0 + 7]) or {n}, answers)
+  n = #fresh
 end
 local last = 0
 if n > 0 then
   last = redis.call('INCRBY', KEYS[1], n)
   if window then dedup_remember(KEYS[9], window, publish_keys, fresh) end
   local bodies = {}
-  for i = 1, n do bodies[i] = ARGV[FIRST_BODY + fresh[i] - 1] end
+  for i = 1, n do bodies[i] = ARGV[FIRST_BODY + (fresh and fresh[i] or i) - 1] end
   local bytes = append(p, last - n + 1, bodies, timestamp, part)
   appended(p, n, bytes, wake, NODE)
 end
-for _, answer in ipairs(answers) do
-  if answer[1] > 0 then answer[1] = last - n + answer[1] end
+if not answers then
+  if keyed > 0 and not grouped then return {last, 0} end
+  return last
 end
-if grouped then return answers end
-if answers[1][3] then return redis.error_reply(answers[1][3]) end
+local out = {}
+for g, answer in ipairs(answers) do
+  if type(answer[2]) == 'number' and answer[1] > 0 then answer[1] = last - n + answer[1] end
+  out[2 * g - 1], out[2 * g] = answer[1], answer[2]
+end
+if grouped then return out end
+if answers[1][1] == 0 and type(answers[1][2]) == 'string' then
+  return redis.error_reply(answers[1][2])
+end
 if keyed > 0 then return {answers[1][1], answers[1][2]} end
 return last
