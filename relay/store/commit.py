@@ -12,7 +12,7 @@ answered within it however long the lane's pipelines wait for an unreachable Red
 
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import Any, Callable, NamedTuple, Protocol
 
 import gevent
@@ -126,7 +126,9 @@ class GroupCommit:
         the seconds an op's result is waited for at most (see Bounded), None: no bound."""
         stores = [store] + [store.sibling() for _ in range(lanes - 1)]
         self.quiet = False    # a stopping broker's: its stop says in one line what failed
-        self.lanes = [_Lane(s, max_batch, observe, lambda: self.quiet) for s in stores]
+        self.calls: Counter[str] = Counter()    # script calls sent, by script (/metrics)
+        self.lanes = [_Lane(s, max_batch, observe, lambda: self.quiet, self.calls)
+                      for s in stores]
         self.patience = patience
 
     def submit(self, op: Op, order: int | None = None,
@@ -172,8 +174,10 @@ class _Lane:
 
     def __init__(self, store: Store, max_batch: int,
                  observe: Callable[[float], object] | None = None,
-                 quiet: Callable[[], bool] = lambda: False) -> None:
+                 quiet: Callable[[], bool] = lambda: False,
+                 calls: "Counter[str] | None" = None) -> None:
         self.store = store
+        self.calls = Counter() if calls is None else calls
         self.quiet = quiet
         self.max_batch = max_batch
         self.observe = observe
@@ -222,6 +226,7 @@ class _Lane:
 
     def _run(self, batch: list[_Queued]) -> None:
         calls = _merge([item.op for item in batch])
+        self.calls.update(call.op.script for call in calls)
         started = time.perf_counter()
         try:
             results = self.store.run_many([call.op for call in calls], follow=False)
