@@ -486,3 +486,17 @@ def test_a_staged_publish_goes_on_a_step_a_pipeline_holding_up_only_its_own_orde
             b"other", b"big", b"mine"]
     finally:
         commit.stop()
+
+
+def test_a_connections_publishes_to_a_part_keep_their_order_over_lanes(fake_store):
+    """With 4 lanes, a connection's big (staged) MPUB and the PUB after it go on their
+    part's lane, whatever the connection's: the PUB waits for the MPUB's last step."""
+    fake_store.subscribe("t", "c", "b1")
+    commit = GroupCommit(fake_store, lanes=4)
+    try:
+        for order in range(8):
+            big = commit.submit(fake_store.publish_op("t", [b"big"] * 12_000), order=order)
+            mine = commit.submit(fake_store.publish_op("t", [b"mine"]), order=order)
+            assert mine.get() == big.get() + 1
+    finally:
+        commit.stop()
