@@ -109,6 +109,30 @@ def test_a_refused_publish_leaves_its_keys_for_a_later_one(store):
     assert store.publish_keyed("t", [b"a"], [b"ka"]) == 1
 
 
+def test_merged_publishes_are_retained_each(store):
+    """With retention on, the history keeps every message of a merged call, in order."""
+    store.subscribe("t", "c", "b1")
+    store.set_retention("t", 60_000, 0)
+    ops = [store.publish_op("t", [b"a"]), store.publish_op("t", [b"b", b"c"])]
+    assert merged_run(store, ops) == ([1, 3], 1)
+    assert [parse_record(r)[3] for chunk in store.history_records("t")
+            for r in chunk] == [b"a", b"b", b"c"]
+
+
+def test_publishes_to_a_partitioned_topic_merge_per_part(store):
+    """Each publish goes to the next part in turn: one call per part, each publish
+    answered its part's count."""
+    store.subscribe("t", "c", "b1")
+    store.set_partitions("t", 3)
+    store.subscribe("t", "c", "b1")
+    ops = [store.publish_op("t", [b"%d" % i]) for i in range(9)]
+    answers, calls = merged_run(store, ops)
+    assert calls == 3
+    assert sorted(answers) == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert sorted(parse_record(r)[3] for part in store.parts("t") for r in store.redis.lrange(
+        ChannelKeys.of(part, "c").queue, 0, -1)) == [b"%d" % i for i in range(9)]
+
+
 def test_a_merged_call_with_a_stale_channel_list_is_sent_again(backend):
     """Built by a broker that has not seen the topic's new channel: the call is sent
     again with the real channels, and every publish reaches it."""
