@@ -193,13 +193,13 @@ class _Lane:
         return queued
 
     def _loop(self) -> None:
-        """Before it takes a batch, the lane lets the connections whose commands have
-        arrived meanwhile submit them (gevent.sleep(0): the events the hub has seen run
-        first), so that they share the pipeline, and merge; it waits for nothing else."""
+        """After a pipeline, before it takes the next batch, the lane lets the
+        connections whose commands arrived meanwhile submit them (gevent.sleep(0): the
+        events the hub has seen run first), so that they share the pipeline and merge (a
+        FIN with the deliver that follows it); it waits for nothing else."""
         while True:
             self._ready.wait()
             self._ready.clear()
-            gevent.sleep(0)
             while batch := self._next_batch():
                 self._run(batch)
                 gevent.sleep(0)
