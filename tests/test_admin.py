@@ -13,11 +13,11 @@ from click.testing import CliRunner
 from relay import admin, embedded
 from relay.admin import messages, reading, steering, text
 from relay.broker import transport
+from relay.broker.client import announcement, client_stats
 from relay.broker.registry import Registry
 from relay.store import stats
 from relay.store import Store
 from relay.store.connection import connect
-from relay.store.stats import client_stats
 from workers import operations
 from tests.helpers.admin import ok, ok_json, run
 from tests.helpers.jobs import work
@@ -37,7 +37,7 @@ def announce(backend, broker_id, port, *clients):
 
 
 def client(topic, channel, owner, client_id, port, **counts):
-    """What a broker announces for one client (stats.client_stats of a connection)."""
+    """What a broker announces for one client (client_stats of a connection)."""
     conn = SimpleNamespace(client_id=client_id, hostname=client_id,
                            remote_address=f"10.0.0.1:{port}", ready_count=10,
                            in_flight=[b"x"] * counts.get("in_flight", 0),
@@ -79,16 +79,16 @@ def test_a_clients_announcement_is_encoded_again_when_its_figures_change():
                               if k not in ("in_flight_count", "topic", "channel")},
                            in_flight=[], tls_details=transport.NO_TLS, announced=None,
                            channel=SimpleNamespace(topic="t", name="c"))
-    first = stats.announcement(conn)
+    first = announcement(conn)
     assert json.loads(first) == client("t", "c", "b1:1", "w", 5001)
-    assert stats.announcement(conn) is first    # unchanged: not encoded again
+    assert announcement(conn) is first    # unchanged: not encoded again
     conn.in_flight = [b"x"]
     conn.message_count = 1
-    assert json.loads(stats.announcement(conn)) == client("t", "c", "b1:1", "w", 5001,
+    assert json.loads(announcement(conn)) == client("t", "c", "b1:1", "w", 5001,
                                                           in_flight=1, messages=1)
     for figure in ("ready_count", "finish_count", "requeue_count"):
         setattr(conn, figure, 7)
-        assert json.loads(stats.announcement(conn))[figure] == 7
+        assert json.loads(announcement(conn))[figure] == 7
 
 
 def test_stats_and_brokers_show_every_brokers_clients(store, backend):

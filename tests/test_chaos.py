@@ -33,6 +33,21 @@ def test_every_acknowledged_message_is_delivered_through_kills():
     assert report["seconds"] < 120
 
 
+def test_one_message_producers_lose_nothing_acknowledged_through_kills():
+    """16 producers of one PUB at a time, whose publishes the brokers merge into shared
+    calls (issue 47): a broker, scanner or Redis killed under them loses nothing a
+    producer was told OK."""
+    report = chaos("--messages", "8000", "--producers", "16", "--batch", "1", "--rate", "2000",
+                   "--brokers", "2", "--scanners", "1", "--kill-interval", "1",
+                   "--redis-kills", "1", "--appendfsync", "always", timeout=120)
+    assert (report["messages"], report["acknowledged"], report["delivered"]) == (
+        8000, 8000, 8000)
+    assert (report["lost"], report["left_queued"], report["left_in_flight"],
+            report["left_deferred"]) == (0, 0, 0, 0)
+    assert report["kills"]["redis"] == 1
+    assert sum(report["kills"].values()) >= 4
+
+
 CLUSTER_RUN = ("--messages", "15000", "--rate", "1000", "--cluster", "3", "--replicas", "1",
                "--master-kills", "2", "--kill-interval", "1.5", "--cut-replication", "0.5",
                "--appendfsync", "everysec")

@@ -10,10 +10,10 @@ import redis
 from relay.codec import parse_record
 from relay.errors import NoAnswer, OutcomeUnknown, StoreConnectionError, StoreError
 from relay.store import Store
-from relay.store.commit import MAX_MERGED_ARGS, MERGEABLE, GroupCommit, _merge
+from relay.store.commit import MAX_MERGED_ARGS, GroupCommit, _answers, _merge
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.runner import MAX_CALL_ARGS
-from tests.helpers.store import mid
+from tests.helpers.store import ids, mid
 from tests.helpers.wait import wait_for
 
 
@@ -22,19 +22,34 @@ def fake_store():
     return Store(fakeredis.FakeRedis())
 
 
-def answer(merged, slices, results):
-    """What each input op gets back, as GroupCommit._run hands it out."""
-    out = []
-    for index, start, stop, part in slices:
-        value = results[index] if part is None else getattr(results[index], part)
-        out.append(value if start is None else value[start:stop])
-    return out
+def merge(ops):
+    """The merged calls' ops, and what each input op gets from their results, as
+    GroupCommit._run hands it out."""
+    calls = _merge(ops)
+    return [call.op for call in calls], lambda results: _answers(calls, results, len(ops))
+
+
+def carried(ops):
+    """Per merged call, the input ops it answers (their indexes), and from which part."""
+    return [[(members, part) for members, _, part in call.answers] for call in _merge(ops)]
 
 
 # -- _merge ----------------------------------------------------------------------
 
-def test_mergeable_scripts_and_their_shapes():
-    assert MERGEABLE == {"finish": (0, 2), "requeue": (3, 3), "touch": (0, 3)}
+def test_only_fin_req_touch_and_small_publishes_merge(fake_store):
+    s = fake_store
+    mergeable = [s.finish_op("t", "c", [("a", "1")]),
+                 s.requeue_op("t", "c", [("a", "1", 0)]),
+                 s.touch_op("t", "c", [("a", "1", 1)]),
+                 s.publish_op("t", [b"x"]),
+                 s.publish_op("t", [b"x"] * 5000, defer_ms=10),
+                 s.publish_op("t", [b"x"], publish_keys=[b"k"])]
+    alone = [s.publish_op("t", [b"x"] * 5001),
+             s.deliver_op("t", "c", [("a", 1, 1)]),
+             s.subscribe_op("t", "c", "b1"),
+             s.scan_op("t", "c", 10)]
+    assert all(op.merge is not None for op in mergeable)
+    assert [op.merge for op in alone] == [None] * 4
 
 
 def test_finish_ops_on_one_channel_become_one_call(fake_store):
@@ -43,15 +58,15 @@ def test_finish_ops_on_one_channel_become_one_call(fake_store):
            s.finish_op("t", "c", [("b", "2"), ("b", "3")]),
            s.finish_op("t", "c", [("c", "4")])]
     original_args = [list(op.args) for op in ops]
-    merged, slices = _merge(ops)
+    merged, answer = merge(ops)
     assert len(merged) == 1
     assert merged[0].script == "finish"
     assert list(merged[0].keys) == list(ops[0].keys)
     assert list(merged[0].args) == ["a", "1", "b", "2", "b", "3", "c", "4"]
-    assert slices == [(0, 0, 1, None), (0, 1, 3, None), (0, 3, 4, None)]
+    assert carried(ops) == [[([0, 1, 2], None)]]
     # the submitted ops are not changed
     assert [list(op.args) for op in ops] == original_args
-    assert answer(merged, slices, [[1, 0, -1, 1]]) == [[1], [0, -1], [1]]
+    assert answer([[1, 0, -1, 1]]) == [[1], [0, -1], [1]]
 
 
 def test_merged_calls_stop_growing_at_the_bound(fake_store):
@@ -61,13 +76,13 @@ def test_merged_calls_stop_growing_at_the_bound(fake_store):
     s = fake_store
     ops = [s.finish_op("t", "c", [("a", mid(i)) for i in range(j * 128, (j + 1) * 128)])
            for j in range(5000)]
-    merged, slices = _merge(ops)
+    merged, answer = merge(ops)
     assert {op.script for op in merged} == {"finish"}
     assert max(len(op.keys) + len(op.args) for op in merged) <= MAX_CALL_ARGS
     per_call = MAX_MERGED_ARGS // (128 * 2)      # whole ops
     assert len(merged) == -(-5000 // per_call)
     codes = [[i for i in range(len(op.args) // 2)] for op in merged]
-    got = answer(merged, slices, codes)
+    got = answer(codes)
     assert [len(g) for g in got] == [128] * 5000
     assert [a for op in merged for a in op.args[1::2]] == [mid(i) for i in range(640_000)]
 
@@ -76,13 +91,12 @@ def test_requeue_ops_share_their_three_leading_args(fake_store):
     s = fake_store
     ops = [s.requeue_op("t", "c", [("a", "1", 0)]),
            s.requeue_op("t", "c", [("b", "2", 100), ("b", "3", 0)])]
-    merged, slices = _merge(ops)
+    merged, answer = merge(ops)
     assert len(merged) == 1
     leading = list(ops[0].args[:3])
     assert leading == list(ops[1].args[:3]) == ["c", "relay:{t}:wake", "relay:"]
     assert list(merged[0].args) == leading + ["a", "1", 0, "b", "2", 100, "b", "3", 0]
-    assert slices == [(0, 0, 1, None), (0, 1, 3, None)]
-    assert answer(merged, slices, [[1, 1, 0]]) == [[1], [1, 0]]
+    assert answer([[1, 1, 0]]) == [[1], [1, 0]]
 
 
 def test_touch_ops_of_one_channel_merge(fake_store):
@@ -90,12 +104,12 @@ def test_touch_ops_of_one_channel_merge(fake_store):
     ops = [s.touch_op("t", "c", [("a", "1", 60_000)]),
            s.touch_op("t", "c2", [("b", "2", 60_000)]),
            s.touch_op("t", "c", [("c", "3", 1_000), ("c", "4", 2_000)])]
-    merged, slices = _merge(ops)
+    merged, answer = merge(ops)
     assert len(merged) == 2
     assert list(merged[0].args) == ["a", "1", 60_000, "c", "3", 1_000, "c", "4", 2_000]
     assert list(merged[1].args) == ["b", "2", 60_000]
-    assert slices == [(0, 0, 1, None), (1, 0, 1, None), (0, 1, 3, None)]
-    assert answer(merged, slices, [[11, 13, 14], [12]]) == [[11], [12], [13, 14]]
+    assert carried(ops) == [[([0, 2], None)], [([1], None)]]
+    assert answer([[11, 13, 14], [12]]) == [[11], [12], [13, 14]]
 
 
 def test_different_keys_are_not_merged(fake_store):
@@ -105,35 +119,33 @@ def test_different_keys_are_not_merged(fake_store):
            s.finish_op("u", "c1", [("a", "1")]),
            s.requeue_op("t", "c1", [("a", "1", 0)]),
            s.finish_op("t", "c1", [("a", "2")])]
-    merged, slices = _merge(ops)
+    merged, answer = merge(ops)
     assert [op.script for op in merged] == ["finish", "finish", "finish", "requeue"]
     assert [list(op.args) for op in merged] == [["a", "1", "a", "2"], ["a", "1"], ["a", "1"],
                                                 list(ops[3].args)]
-    assert slices == [(0, 0, 1, None), (1, 0, 1, None), (2, 0, 1, None), (3, 0, 1, None), (0, 1, 2, None)]
-    assert answer(merged, slices, [[1, -1], [0], [1], [1]]) == [[1], [0], [1], [1], [-1]]
+    assert carried(ops) == [[([0, 4], None)], [([1], None)], [([2], None)], [([3], None)]]
+    assert answer([[1, -1], [0], [1], [1]]) == [[1], [0], [1], [1], [-1]]
 
 
-def test_non_mergeable_ops_are_untouched(fake_store):
+def test_ops_that_cannot_merge_are_untouched(fake_store):
     s = fake_store
-    ops = [s.publish_op("t", [b"x"], timestamp_ns=1),
+    ops = [s.publish_op("t", [b"x"] * 6000, timestamp_ns=1),
            s.finish_op("t", "c", [("a", "1")]),
-           s.publish_op("t", [b"y"], timestamp_ns=1),
+           s.publish_op("u", [b"y"], timestamp_ns=1),
            s.deliver_op("t", "d", [("a", 1_000, 5)]),
            s.deliver_op("t", "d", [("b", 1_000, 5)]),
            s.subscribe_op("t", "c", "b1"),
            s.scan_op("t", "c", 10),
            s.finish_op("t", "c", [("b", "2")])]
-    merged, slices = _merge(ops)
+    merged, answer = merge(ops)
     assert merged[0] == ops[0]
     assert [merged[i] for i in (2, 3, 4, 5, 6)] == [ops[2], ops[3], ops[4], ops[5], ops[6]]
     assert merged[1].script == "finish" and list(merged[1].args) == ["a", "1", "b", "2"]
     assert len(merged) == 7
-    assert slices == [(0, None, None, None), (1, 0, 1, None), (2, None, None, None),
-                      (3, None, None, None), (4, None, None, None), (5, None, None, None),
-                      (6, None, None, None), (1, 1, 2, None)]
+    assert carried(ops) == [[([0], None)], [([1, 7], None)], [([2], None)], [([3], None)],
+                            [([4], None)], [([5], None)], [([6], None)]]
     results = [7, [1, 0], 8, [[b"r"]], [[]], True, (0, 0, -1)]
-    assert answer(merged, slices, results) == [7, [1], 8, [[b"r"]], [[]], True, (0, 0, -1),
-                                               [0]]
+    assert answer(results) == [7, [1], 8, [[b"r"]], [[]], True, (0, 0, -1), [0]]
 
 
 def test_finishes_fold_into_the_deliver_of_their_channel_that_follows(fake_store):
@@ -147,13 +159,12 @@ def test_finishes_fold_into_the_deliver_of_their_channel_that_follows(fake_store
            s.finish_op("t", "c", [("b", "2"), ("b", "3")]),
            deliver,
            s.finish_op("t", "c", [("a", "4")])]
-    merged, slices = _merge(ops)
+    merged, _ = merge(ops)
     assert [op.script for op in merged] == ["publish", "deliver"]
     assert list(merged[1].args) == ["c", 5, 4, "a", "1", "b", "2", "b", "3", "a", "4",
                                     "a", 1_000, 2, 0, "b", 1_000, 1, 0, "relay:"]
     assert list(deliver.args) == ["c", 5, 0, "a", 1_000, 2, 0, "b", 1_000, 1, 0, "relay:"]
-    assert slices == [(1, 0, 1, "finished"), (0, None, None, None), (1, 1, 3, "finished"),
-                      (1, None, None, None), (1, 3, 4, "finished")]
+    assert carried(ops) == [[([1], None)], [([3], None), ([0, 2, 4], "finished")]]
 
 
 @pytest.mark.parametrize("between", ["requeue", "touch", "drop"])
@@ -164,13 +175,13 @@ def test_finishes_do_not_fold_past_another_change_of_their_channel(fake_store, b
              "touch": lambda: s.touch_op("t", "c", [("a", "1", 60_000)]),
              "drop": lambda: s.drop_op("t", "c")}[between]()
     ops = [s.finish_op("t", "c", [("a", "1")]), other, s.deliver_op("t", "c", [("a", 1, 1)])]
-    merged, slices = _merge(ops)
+    merged, _ = merge(ops)
     assert [op.script for op in merged] == ["finish", other.script, "deliver"]
-    assert [part for *_, part in slices] == [None, None, None]
+    assert carried(ops) == [[([0], None)], [([1], None)], [([2], None)]]
 
 
 def test_merge_of_nothing():
-    assert _merge([]) == ([], [])
+    assert _merge([]) == []
 
 
 def test_merged_call_runs_as_the_separate_calls_would(fake_store):
@@ -183,9 +194,9 @@ def test_merged_call_runs_as_the_separate_calls_would(fake_store):
            s.finish_op("t", "c", [("a", mid(3)), ("b", mid(3))]),
            s.requeue_op("t", "c", [("b", mid(4), 0)]),
            s.requeue_op("t", "c", [("a", mid(2), 0), ("a", mid(9), 0)])]
-    merged, slices = _merge(ops)
+    merged, answer = merge(ops)
     assert len(merged) == 2
-    assert answer(merged, slices, s.run_many(merged)) == [[1], [-1, 1], [1], [1, 0]]
+    assert answer(s.run_many(merged)) == [[1], [-1, 1], [1], [1, 0]]
     state = s.read_channel("t", "c")
     assert (state["depth"], state["in_flight_count"], state["requeue_count"]) == (2, 0, 2)
 
@@ -199,9 +210,9 @@ def test_folded_call_runs_as_the_separate_calls_would(backend):
     s.deliver("t", "c", [("a", 60_000, 1), ("b", 60_000, 1)])
     ops = [s.finish_op("t", "c", [("a", mid(1)), ("a", mid(2)), ("a", mid(9))]),
            s.deliver_op("t", "c", [("a", 60_000, 2)])]
-    merged, slices = _merge(ops)
+    merged, answer = merge(ops)
     assert [op.script for op in merged] == ["deliver"]
-    finished, delivered = answer(merged, slices, s.run_many(merged))
+    finished, delivered = answer(s.run_many(merged))
     assert finished == [1, -1, 0]
     assert [parse_record(r)[2] for r in delivered[0]] == [mid(3)]
     state = s.read_channel("t", "c")
@@ -329,6 +340,38 @@ def test_later_submits_form_the_next_batch(fake_store, commit):
     assert commit.call(s.publish_op("t", [b"1"])) == 1
     assert commit.call(s.publish_op("t", [b"2"])) == 2
     assert len(recorder.batches) == 2
+
+
+class SlowRecorder(Recorder):
+    """A Recorder whose pipelines take a round trip: what is submitted meanwhile queues."""
+
+    def __call__(self, ops, follow=True):
+        gevent.sleep(0.01)
+        return super().__call__(ops, follow)
+
+
+def test_a_fin_sent_during_a_deliver_folds_into_the_deliver_its_answer_sets_off(
+        fake_store, commit):
+    """At RDY 1 with several consumers: a FIN that comes while its channel's deliver is
+    in flight, and the deliver the channel makes on that answer for the credit the FIN
+    freed, go in one call, not a call each."""
+    s = fake_store
+    s.subscribe("t", "c", "b1")
+    s.publish("t", [b"1", b"2", b"3"])
+    (held,) = s.deliver("t", "c", [("a", 60_000, 1)])
+    recorder = SlowRecorder(s)
+
+    def channel():
+        first = commit.call(s.deliver_op("t", "c", [("b", 60_000, 1)]))
+        return first, commit.call(s.deliver_op("t", "c", [("a", 60_000, 1)]))
+
+    loop = gevent.spawn(channel)
+    gevent.sleep(0.005)     # the first deliver is in flight
+    fin = commit.submit(s.finish_op("t", "c", [("a", parse_record(held[0])[2])]))
+    first, second = loop.get(timeout=5)
+    assert fin.get() == [1]
+    assert [ids(records) for records in first + second] == [[mid(2)], [mid(3)]]
+    assert recorder.batches == [["deliver"], ["deliver"]]
 
 
 def test_unreachable_redis_fails_every_submit(fake_store):
@@ -473,5 +516,19 @@ def test_a_staged_publish_goes_on_a_step_a_pipeline_holding_up_only_its_own_orde
         queued = fake_store.redis.lrange(ChannelKeys.of("t", "c").queue, 0, -1)
         assert [parse_record(r)[3] for r in (queued[0], queued[1], queued[-1])] == [
             b"other", b"big", b"mine"]
+    finally:
+        commit.stop()
+
+
+def test_a_connections_publishes_to_a_part_keep_their_order_over_lanes(fake_store):
+    """With 4 lanes, a connection's big (staged) MPUB and the PUB after it go on their
+    part's lane, whatever the connection's: the PUB waits for the MPUB's last step."""
+    fake_store.subscribe("t", "c", "b1")
+    commit = GroupCommit(fake_store, lanes=4)
+    try:
+        for order in range(8):
+            big = commit.submit(fake_store.publish_op("t", [b"big"] * 12_000), order=order)
+            mine = commit.submit(fake_store.publish_op("t", [b"mine"]), order=order)
+            assert mine.get() == big.get() + 1
     finally:
         commit.stop()

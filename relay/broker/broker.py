@@ -27,7 +27,7 @@ from relay import codec
 from relay.broker import collector, transport
 from relay.broker.auth import Authorizer
 from relay.broker.channel import Channel
-from relay.broker.client import CLOSING, SUBSCRIBED, Client
+from relay.broker.client import CLOSING, SUBSCRIBED, Client, announcement
 from relay.broker.http.lookupd import lookupd_server
 from relay.broker.http.nsqd import nsqd_server
 from relay.broker.metrics import Metrics
@@ -40,7 +40,6 @@ from relay.codec import NSQD_VERSION
 from relay.errors import StoreError
 from relay.options import Options, redacted_url
 from relay.sockio import listen, raise_open_file_limit, reserve
-from relay.store import stats
 from relay.store import Store, connect_redis, replication
 from relay.store.commit import GroupCommit
 from relay.store.connection import UNREACHABLE, RedisClient, connect_when_ready
@@ -330,14 +329,14 @@ class Broker:
                 if c.state == SUBSCRIBED and c.channel is not None]
 
     def announced_clients(self) -> str:
-        """What the registry announces, as one JSON list (stats.announcement), encoded in
+        """What the registry announces, as one JSON list (client.announcement), encoded in
         slices with the other greenlets let run in between."""
         entries = []
         for n, client in enumerate(self.subscribed_clients(), 1):
             if n % ANNOUNCE_SLICE == 0:
                 gevent.sleep(0)
             if client.channel is not None:      # it may have left meanwhile
-                entries.append(stats.announcement(client))
+                entries.append(announcement(client))
         return "[" + ", ".join(entries) + "]"
 
     def _disconnect(self, client: Client) -> None:

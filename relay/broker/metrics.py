@@ -96,6 +96,13 @@ class _QueueCollector:
                     counters[metric].add_metric(labels, c[field])
         yield from gauges.values()
         yield from counters.values()
+        calls = CounterMetricFamily(
+            "relay_redis_script_calls", "Script calls this broker's group commit sent to "
+            "Redis, by script (publishes, FINs, REQs and TOUCHes merged into one call count "
+            "once)", labels=["script"])
+        for script, count in sorted(self.broker.commit.calls.items()):
+            calls.add_metric([script], count)
+        yield calls
         yield GaugeMetricFamily("relay_clients", "TCP clients connected to this broker",
                                 value=len(self.broker.clients))
         yield GaugeMetricFamily("relay_uptime_seconds", "Seconds since this broker started",

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from relay.options import Options
 
 PARTITIONS_TTL = 1.0    # how long a topic's partition count is taken as read
+PARTS_BATCH = 1000      # topics whose partitions parts_of() reads per pipeline
 
 _T = TypeVar("_T")
 
@@ -183,15 +184,20 @@ class StoreBase:
             if failed and failed[1] >= asked:
                 raise failed[0]     # the read they waited for failed: so does theirs
             try:
-                count, _, made, salts = self.lookup(self.partitions_op(topic))
+                return self._learned(topic, self.lookup(self.partitions_op(topic)))
             except StoreError as e:
                 self._unread[topic] = (e, time.monotonic())
                 raise
-            names = keys.part_names(topic, count, salts)
-            self.learn_parts(topic, names)
-            if made and count > 1:
-                self._retain_parts(names[1:])
-            return count
+
+    def _learned(self, topic: str, reply: list) -> int:
+        """The count of partitions_op's reply, its parts' names learned (and retention
+        given to the parts of a topic it made)."""
+        count, _, made, salts = reply
+        names = keys.part_names(topic, count, salts)
+        self.learn_parts(topic, names)
+        if made and count > 1:
+            self._retain_parts(names[1:])
+        return count
 
     def _retain_parts(self, parts: list[str]) -> None:
         """The parts beyond the first of a topic new with retention get it too (part 0
@@ -212,6 +218,21 @@ class StoreBase:
         """The names the topic's parts are stored under (keys.part_names)."""
         self.partitions(topic, fresh)
         return list(self._partitions[topic][0])
+
+    def parts_of(self, topics: Sequence[str]) -> list[list[str]]:
+        """parts() of each topic, those not read within PARTITIONS_TTL read together in
+        pipelines of PARTS_BATCH (/stats over thousands of topics)."""
+        now = time.monotonic()
+        stale = [t for t in topics
+                 if now - self._partitions.get(t, ((), float("-inf")))[1] >= PARTITIONS_TTL]
+        for start in range(0, len(stale), PARTS_BATCH):
+            batch = stale[start:start + PARTS_BATCH]
+            for topic, reply in zip(batch, self.run_many([self.partitions_op(t)
+                                                          for t in batch])):
+                if isinstance(reply, Exception):
+                    raise reply
+                self._learned(topic, reply)
+        return [list(self._partitions[t][0]) for t in topics]
 
     def part(self, topic: str, index: int) -> str:
         """The name of part `index` of the topic (its plain name if the topic has no such

@@ -12,7 +12,7 @@ answered within it however long the lane's pipelines wait for an unreachable Red
 
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import Any, Callable, NamedTuple, Protocol
 
 import gevent
@@ -26,8 +26,6 @@ from relay.store.store import Store
 
 log = logging.getLogger("relay.commit")
 
-# script -> (number of leading args shared by a call, args per item)
-MERGEABLE = {"finish": (0, 2), "requeue": (3, 3), "touch": (0, 3)}
 # a merged call stops growing here, leaving room for the deliver call a finish folds into
 MAX_MERGED_ARGS = MAX_CALL_ARGS // 2
 
@@ -116,8 +114,10 @@ class _All:
 class GroupCommit:
     """`lanes` pipelines may be in flight at once, each on its own connection. An op's
     `order` key picks its lane, so ops of the same key (a connection or a channel, as the
-    caller chooses) stay in the order they were submitted; ops of no order (None: an HTTP
-    publish, a lookup) go on lane 0 and keep none."""
+    caller chooses) stay in the order they were submitted; ops of no order (None: a
+    lookup) go on lane 0 and keep none. An op's own lane key (Op.lane: a publish's topic
+    part) overrides the order's choice: the publishes of every connection to a part meet
+    on its lane and merge, and those of one connection there still keep its order."""
 
     def __init__(self, store: Store, lanes: int = 1, max_batch: int = 2000,
                  observe: Callable[[float], object] | None = None,
@@ -126,7 +126,9 @@ class GroupCommit:
         the seconds an op's result is waited for at most (see Bounded), None: no bound."""
         stores = [store] + [store.sibling() for _ in range(lanes - 1)]
         self.quiet = False    # a stopping broker's: its stop says in one line what failed
-        self.lanes = [_Lane(s, max_batch, observe, lambda: self.quiet) for s in stores]
+        self.calls: Counter[str] = Counter()    # script calls sent, by script (/metrics)
+        self.lanes = [_Lane(s, max_batch, observe, lambda: self.quiet, self.calls)
+                      for s in stores]
         self.patience = patience
 
     def submit(self, op: Op, order: int | None = None,
@@ -135,7 +137,8 @@ class GroupCommit:
         the op is known to make (op.calls: a big MPUB's stage calls and commit) has the
         patience: a 5 MB MPUB may take that much longer, and still gets an answer in
         bounded time."""
-        queued = self.lanes[0 if order is None else order % len(self.lanes)].submit(op, order)
+        key = order if op.lane is None else hash(op.lane)
+        queued = self.lanes[0 if key is None else key % len(self.lanes)].submit(op, order)
         if self.patience is None:
             return queued.result
         return Bounded(queued, self.patience * op.calls,
@@ -171,8 +174,10 @@ class _Lane:
 
     def __init__(self, store: Store, max_batch: int,
                  observe: Callable[[float], object] | None = None,
-                 quiet: Callable[[], bool] = lambda: False) -> None:
+                 quiet: Callable[[], bool] = lambda: False,
+                 calls: "Counter[str] | None" = None) -> None:
         self.store = store
+        self.calls = Counter() if calls is None else calls
         self.quiet = quiet
         self.max_batch = max_batch
         self.observe = observe
@@ -188,11 +193,16 @@ class _Lane:
         return queued
 
     def _loop(self) -> None:
+        """After a pipeline, before it takes the next batch, the lane lets the
+        connections whose commands arrived meanwhile submit them (gevent.sleep(0): the
+        events the hub has seen run first), so that they share the pipeline and merge (a
+        FIN with the deliver that follows it); it waits for nothing else."""
         while True:
             self._ready.wait()
             self._ready.clear()
             while batch := self._next_batch():
                 self._run(batch)
+                gevent.sleep(0)
 
     def _next_batch(self) -> list[_Queued]:
         """Up to max_batch queued ops, in order, less those whose waiter gave up on them
@@ -215,10 +225,11 @@ class _Lane:
         return batch
 
     def _run(self, batch: list[_Queued]) -> None:
-        ops, slices = _merge([item.op for item in batch])
+        calls = _merge([item.op for item in batch])
+        self.calls.update(call.op.script for call in calls)
         started = time.perf_counter()
         try:
-            results = self.store.run_many(ops, follow=False)
+            results = self.store.run_many([call.op for call in calls], follow=False)
             if self.observe is not None:
                 self.observe(time.perf_counter() - started)
         except (StoreConnectionError,) + UNREACHABLE as e:  # a cluster's too
@@ -226,16 +237,16 @@ class _Lane:
                 log.warning("redis unreachable: %s", cause(e))
             # the runner says which it had not sent; one raised past it may have been
             error = e if isinstance(e, StoreConnectionError) else NoAnswer(str(e))
-            results = [error] * len(ops)
+            results = [error] * len(calls)
         except StoreError as e:     # refused before any call ran: a new connection's PING
             log.warning("redis refused the pipeline: %s", e)    # under MISCONF, say
-            results = [e] * len(ops)
+            results = [e] * len(calls)
         except Exception as e:  # never let one batch stop the lane
             log.exception("pipeline failed")
-            results = [OutcomeUnknown(f"pipeline failed: {e!r}")] * len(ops)
+            results = [OutcomeUnknown(f"pipeline failed: {e!r}")] * len(calls)
         going_on = []
-        for (op_index, start, stop, part), item in zip(slices, batch):
-            value, result = results[op_index], item.result
+        for value, item in zip(_answers(calls, results, len(batch)), batch):
+            result = item.result
             if isinstance(value, Continued):
                 going_on.append(_Queued(value.op, result, item.order, True))
                 continue
@@ -245,67 +256,90 @@ class _Lane:
                 continue    # its waiter gave up on it meanwhile
             if isinstance(value, Exception):
                 result.set_exception(value)
-                continue
-            if part is not None:
-                value = getattr(value, part)
-            result.set(value if start is None else value[start:stop])
+            else:
+                result.set(value)
         self._queue.extendleft(reversed(going_on))
 
 
-def _merge(ops: list) -> tuple[list, list]:
-    """Merge mergeable ops on the same keys, then fold finishes into delivers; slices map
-    each input op to its results: (merged op index, start, stop, attribute or None)."""
-    merged, slices = _merge_items(ops)
-    return _fold_finishes(merged, slices)
+class _Call(NamedTuple):
+    """A call of a pipeline, and whom it answers: per group of input ops (their indexes),
+    the split of its result (or of that result's `part` attribute) into theirs."""
+
+    op: Op
+    answers: list[tuple[list[int], Callable[[Any], list], str | None]]
 
 
-def _merge_items(ops: list) -> tuple[list, list]:
-    """Merge mergeable ops on the same keys into one call with all their items."""
-    merged: list[Op] = []
-    slices = []
-    open_calls: dict = {}
-    for op in ops:
-        shape = MERGEABLE.get(op.script)
-        if shape is None:
-            slices.append((len(merged), None, None))
-            merged.append(op)
+def _alone(value: Any) -> list:
+    return [value]
+
+
+def _merge(ops: list) -> list[_Call]:
+    """The calls that do the ops' work: ops of one merge key in one call (Op.merge),
+    then finishes folded into the delivers that follow them."""
+    return _fold_finishes(_merge_items(ops))
+
+
+def _merge_items(ops: list) -> list[_Call]:
+    """Ops of the same merge key as one call each, up to MAX_MERGED_ARGS of their size
+    (a flood of FINs makes many calls, never one Redis refuses); the others alone."""
+    groups: list[list[int]] = []
+    open_groups: dict = {}      # merge key -> (group index, size so far)
+    for i, op in enumerate(ops):
+        merge = op.merge
+        if merge is None:
+            groups.append([i])
             continue
-        shared, stride = shape
-        key = (op.script, tuple(op.keys), tuple(op.args[:shared]))
-        items = list(op.args[shared:])
-        index, count = open_calls.get(key, (None, 0))
-        if index is not None and len(merged[index].args) + len(items) <= MAX_MERGED_ARGS:
-            merged[index].args.extend(items)
-        else:
-            index, count = len(merged), 0
-            merged.append(op._replace(args=list(op.args)))
-        n = len(items) // stride
-        slices.append((index, count, count + n))
-        open_calls[key] = (index, count + n)
-    return merged, slices
+        index, size = open_groups.get(merge.key, (None, 0))
+        if index is None or size + merge.size > MAX_MERGED_ARGS:
+            index, size = len(groups), 0
+            groups.append([])
+        groups[index].append(i)
+        open_groups[merge.key] = (index, size + merge.size)
+    return [_combined([ops[i] for i in members], members) for members in groups]
 
 
-def _fold_finishes(merged: list, slices: list) -> tuple[list, list]:
+def _combined(ops: list[Op], members: list[int]) -> _Call:
+    if len(ops) == 1:
+        return _Call(ops[0], [(members, _alone, None)])
+    merges = [op.merge for op in ops if op.merge is not None]  # all: one merge key
+    merge, items = merges[0], [m.items for m in merges]
+    return _Call(merge.combine(items), [(members, lambda value: merge.split(value, items),
+                                         None)])
+
+
+def _fold_finishes(calls: list[_Call]) -> list[_Call]:
     """Fold each finish call into the deliver call of its channel that follows it, when
     nothing but publishes touches that channel in between: one script call then frees
-    RDY credit and uses it (Store.finishing_first). Slices of a folded finish read the
-    deliver's codes (Delivered.finished)."""
-    into: dict[int, int] = {}       # folded finish index -> deliver index
+    RDY credit and uses it (Store.finishing_first). The finishes' answers are read from
+    the deliver's reply (Delivered.finished)."""
+    folded: set[int] = set()
     waiting: dict[str, int] = {}    # a channel's inflight key -> its finish call's index
-    for i, op in enumerate(merged):
+    for i, call in enumerate(calls):
+        op = call.op
         if op.script == "finish":
             waiting[op.keys[0]] = i
         elif op.script == "deliver" and op.keys[1] in waiting:
             j = waiting.pop(op.keys[1])
-            into[j] = i
-            merged[i] = Store.finishing_first(op, merged[j])
+            folded.add(j)
+            calls[i] = _Call(Store.finishing_first(op, calls[j].op),
+                             call.answers + [(members, split, "finished")
+                                             for members, split, _ in calls[j].answers])
         elif op.script != "publish" and waiting:
             for key in [k for k in waiting if k in op.keys]:
                 del waiting[key]
-    if not into:
-        return merged, [(*s, None) for s in slices]
-    kept = [i for i in range(len(merged)) if i not in into]
-    position = {old: new for new, old in enumerate(kept)}
-    folded = [(position[into[i]], start, stop, "finished") if i in into
-              else (position[i], start, stop, None) for i, start, stop in slices]
-    return [merged[i] for i in kept], folded
+    return [call for i, call in enumerate(calls) if i not in folded]
+
+
+def _answers(calls: list[_Call], results: list, count: int) -> list:
+    """What each of `count` input ops gets from the calls' results: its value, or an
+    exception (the call's, or its own within a merged call)."""
+    out: list = [None] * count
+    for call, value in zip(calls, results):
+        for members, split, part in call.answers:
+            if isinstance(value, (Exception, Continued)):
+                parts = [value] * len(members)
+            else:
+                parts = split(value if part is None else getattr(value, part))
+            for i, answer in zip(members, parts):
+                out[i] = answer
+    return out

@@ -13,8 +13,8 @@ from relay.errors import StoreError
 from relay.store import keys
 from relay.store.base import StoreBase
 from relay.store.keys import ChannelKeys, TopicKeys, id_part, split_part
-from relay.store.replies import Delivered, Stepped, Subscribed
-from relay.store.runner import MAX_CALL_ARGS, Op
+from relay.store.replies import Delivered, Published, Stepped, Subscribed
+from relay.store.runner import MAX_CALL_ARGS, Merge, Op
 
 REGISTER_EVERY = 10.0
 # an MPUB of more messages is staged in a list first, then committed and published in
@@ -34,6 +34,32 @@ def _topic_keys(t: TopicKeys) -> list[str]:
     """The topic keys of publish.lua and the staged publish's calls, in their order."""
     return [t.ids, t.meta, t.channels, t.backlog, t.backlog_deferred, t.due, t.version,
             t.history]
+
+
+def _publish_size(bodies: Sequence[bytes], keyed: bool) -> int:
+    """A publish's size in a merged call (Merge.size): its arguments, and a KiB of its
+    bodies as one, so a merged call stays under the bound of arguments and near 5 MB."""
+    return len(bodies) * (1 + keyed) + sum(map(len, bodies)) // 1024
+
+
+def _items_merge(op: Op, shared: int, stride: int) -> Op:
+    """`op`, merging with the calls of its script on the same keys and `shared` leading
+    args into one call of all their items (`stride` args each, one code per item in the
+    reply): FIN, REQ and TOUCH of one channel."""
+    head, items = list(op.args[:shared]), list(op.args[shared:])
+
+    def combine(groups: list) -> Op:
+        return op._replace(args=head + [arg for group in groups for arg in group], merge=None)
+
+    def split(codes: list, groups: list) -> list:
+        out, start = [], 0
+        for group in groups:
+            stop = start + len(group) // stride
+            out.append(codes[start:stop])
+            start = stop
+        return out
+    return op._replace(merge=Merge((op.script, tuple(op.keys), tuple(head)), items,
+                                   len(items), combine, split))
 
 
 def _leave_keys(topic: str, channel: str) -> list[str]:
@@ -75,23 +101,45 @@ class DataPath(StoreBase):
         ts = stored_timestamp(timestamp_ns or time.time_ns())
         topic_keys = _topic_keys(t)
         pre = self._register(topic, count)
-        if publish_keys:
-            return self._fanout_op("publish", part, topic_keys,
-                                   [t.wake, ts, defer_ms, index, self.node(part),
-                                    len(publish_keys), *bodies, b" ".join(publish_keys)],
-                                   lambda reply: int(reply[1]), pre=pre,
-                                   extra_keys=lambda channels: [keys.dedup_key(part)])
-        if len(bodies) <= INLINE_BODIES:
-            return self._fanout_op("publish", part, topic_keys,
-                                   [t.wake, ts, defer_ms, index, self.node(part), 0, *bodies],
-                                   int, pre=pre)
+        if publish_keys or len(bodies) <= INLINE_BODIES:
+            return self._inline_publish_op(part, index, ts, defer_ms,
+                                           [(bodies, publish_keys, pre)])
         token = secrets.token_hex(8)
         stage = keys.staging_key(part, token)
         commit = self._fanout_op("publish_commit", part, topic_keys,
                                  [ts, defer_ms, len(bodies), token], int, pre=pre,
                                  extra_keys=lambda channels: [stage, t.publishing])
         commit = commit._replace(then=lambda last: self._steps(part, token, int(last)))
-        return _stage_op(stage, bodies, 0, commit)
+        return _stage_op(stage, bodies, 0, commit)._replace(lane=part)
+
+    def _inline_publish_op(self, part: str, index: int, ts: bytes, defer_ms: int,
+                           groups: list[tuple]) -> Op:
+        """One publish.lua call of the (bodies, publish keys or None, registry commands)
+        of each group: one publish's, or several merged (Op.merge: the group commit
+        merges those of a part with the same delay and keyed-ness). Each group's result
+        is as its own call's: the count of its last message, or with keys its
+        duplicates."""
+        t = TopicKeys.of(part)
+        keyed = bool(groups[0][1])
+        bodies = [body for group in groups for body in group[0]]
+        pre = tuple(dict.fromkeys(command for group in groups for command in group[2]))
+        args = [t.wake, ts, defer_ms, index, self.node(part), len(bodies) if keyed else 0,
+                " ".join(str(len(group[0])) for group in groups) if len(groups) > 1 else "",
+                *bodies]
+        if keyed:
+            args.append(b" ".join(key for group in groups for key in group[1]))
+        extra = (lambda channels: [keys.dedup_key(part)]) if keyed else None
+        if len(groups) > 1:
+            return self._fanout_op("publish", part, _topic_keys(t), args, Published.parse,
+                                   pre=pre, extra_keys=extra)
+        op = self._fanout_op("publish", part, _topic_keys(t), args,
+                             (lambda reply: int(reply[1])) if keyed else int, pre=pre,
+                             extra_keys=extra)
+        return op._replace(lane=part, merge=Merge(
+            ("publish", part, defer_ms, keyed), groups[0], _publish_size(groups[0][0], keyed),
+            lambda items: self._inline_publish_op(part, index, ts, defer_ms, items),
+            lambda published, items: Published.split(
+                published, [len(item[0]) for item in items], keyed)))
 
     def publish_step_op(self, part: str, token: str) -> Op:
         """The next step of a committed staged publish (publish_step.lua): a Stepped."""
@@ -226,8 +274,8 @@ class DataPath(StoreBase):
         """FIN each (owner, id) of one part: per pair 1 done, 0 not in flight, -1 owned
         by another."""
         c = ChannelKeys.of(part, channel)
-        return Op("finish", [c.inflight, c.msgs, c.leases, c.deferred],
-                  [x for p in pairs for x in p])
+        return _items_merge(Op("finish", [c.inflight, c.msgs, c.leases, c.deferred],
+                               [x for p in pairs for x in p]), 0, 2)
 
     def finish(self, topic: str, channel: str, pairs: Sequence[tuple]) -> list:
         return self._by_part(self.finish_op, topic, channel, pairs)
@@ -259,10 +307,11 @@ class DataPath(StoreBase):
     def requeue_op(self, part: str, channel: str, triples: Sequence[tuple]) -> Op:
         """REQ each (owner, id, delay ms) of one part: per triple 1 done, 0 / -1 as finish."""
         t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
-        return Op("requeue",
-                  [c.queue, c.inflight, c.msgs, c.leases, c.deferred, c.meta, t.due,
-                   t.version],
-                  [channel, t.wake, self.node(part), *(x for tr in triples for x in tr)])
+        return _items_merge(Op("requeue",
+                               [c.queue, c.inflight, c.msgs, c.leases, c.deferred, c.meta,
+                                t.due, t.version],
+                               [channel, t.wake, self.node(part),
+                                *(x for tr in triples for x in tr)]), 3, 3)
 
     def requeue(self, topic: str, channel: str, triples: Sequence[tuple]) -> list:
         return self._by_part(self.requeue_op, topic, channel, triples)
@@ -271,8 +320,8 @@ class DataPath(StoreBase):
         """TOUCH each (owner, id, timeout ms from now) of one part: per triple the new
         deadline ms, or 0 / -1. The caller caps the timeouts (--max-msg-timeout)."""
         c = ChannelKeys.of(part, channel)
-        return Op("touch", [c.inflight, c.msgs, c.leases, c.deferred],
-                  [x for tr in triples for x in tr])
+        return _items_merge(Op("touch", [c.inflight, c.msgs, c.leases, c.deferred],
+                               [x for tr in triples for x in tr]), 0, 3)
 
     def touch(self, topic: str, channel: str, triples: Sequence[tuple]) -> list:
         return self._by_part(self.touch_op, topic, channel, triples)

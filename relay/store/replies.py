@@ -4,6 +4,7 @@ Op's), and the sum of a topic's or channel's parts."""
 from typing import Any, NamedTuple
 
 from relay import codec
+from relay.errors import StoreError
 
 
 class Dropped(NamedTuple):
@@ -16,6 +17,35 @@ class Dropped(NamedTuple):
     @classmethod
     def parse(cls, reply: list[Any] | None) -> "Dropped | None":
         return None if reply is None else cls(reply[0], [k.decode() for k in reply[1:]])
+
+
+class Published:
+    """publish.lua's reply to the publishes merged into one call: the count of the last
+    message when each was published whole, else per publish (the count of its last
+    message or 0, its duplicates), or the StoreError of its refusal (a full channel's:
+    the others of the call went ahead)."""
+
+    @staticmethod
+    def parse(reply: Any) -> "int | list":
+        if not isinstance(reply, list):
+            return int(reply)
+        return [StoreError(codec.as_text(reply[i + 1])) if isinstance(reply[i + 1], bytes)
+                else (int(reply[i]), int(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+    @staticmethod
+    def split(published: "int | list", sizes: list[int], keyed: bool) -> list:
+        """Each publish's result (its messages `sizes` in order), as its own call's parse
+        gives it: with keys its duplicates, else the count of its last message."""
+        if isinstance(published, int):
+            if keyed:
+                return [0] * len(sizes)
+            lasts, last = [], published - sum(sizes)
+            for size in sizes:
+                last += size
+                lasts.append(last)
+            return lasts
+        return [answer if isinstance(answer, StoreError) else answer[1 if keyed else 0]
+                for answer in published]
 
 
 class Stepped(NamedTuple):

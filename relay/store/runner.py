@@ -21,7 +21,8 @@ import hashlib
 import re
 import time
 from importlib import resources
-from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, Sequence, TypeVar, cast
+from typing import (TYPE_CHECKING, Any, Callable, Hashable, Iterable, NamedTuple, Sequence,
+                    TypeVar, cast)
 
 import redis
 from redis.cluster import RedisCluster
@@ -67,7 +68,9 @@ class Op(NamedTuple):
     `then(result)`, of a result accepted, may return the Op that goes on after it (a
     staged publish's next step), whose result then stands for both. `calls`: how many
     calls it makes with those going on after it, as far as known (a client's patience
-    is given once per call: relay/store/commit.py)."""
+    is given once per call: relay/store/commit.py). `merge`: how it joins others in one
+    call, if it can; `lane`: ops of one lane key go on one lane of a broker's group
+    commit, whoever submits them (the ops that may merge meet there)."""
 
     script: str
     keys: Sequence[str]
@@ -77,6 +80,22 @@ class Op(NamedTuple):
     redo: "Callable[[Any], Op | None] | None" = None
     then: "Callable[[Any], Op | None] | None" = None
     calls: int = 1
+    merge: "Merge | None" = None
+    lane: Hashable = None
+
+
+class Merge(NamedTuple):
+    """How an op joins the others of its `key` in one script call (the group commit
+    merges those of a pipeline): `combine(items)` builds the call doing the work of ops
+    whose `items` those are, in order, and `split(result, items)` gives each op's result
+    (a value, or a StoreError for that op alone) from the call's parsed one. `size`: what
+    it adds to a merged call (its arguments, about), which stops growing at a bound."""
+
+    key: Hashable
+    items: Any
+    size: int
+    combine: Callable[[list], "Op"]
+    split: Callable[[Any, list], list]
 
 
 class Continued(NamedTuple):

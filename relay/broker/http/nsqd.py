@@ -12,6 +12,7 @@ import time
 from contextlib import contextmanager
 
 from relay.broker import registry
+from relay.broker.client import client_stats, producer_stats
 from relay.store import stats
 from relay.store.causes import cause
 from relay.store.dedup import BadKeyedMessage, key_problem, keyed_messages
@@ -333,7 +334,7 @@ class NsqdApi:
             for c in t["channels"]:
                 c["clients"] = clients.get((t["topic_name"], c["channel_name"]), [])
         health = self.health() or "OK"
-        producers = [stats.producer_stats(c) for c in list(self.broker.clients.values())
+        producers = [producer_stats(c) for c in list(self.broker.clients.values())
                      if c.pub_counts] if include_clients else []
         if request.arg("format") != "json":
             return stats.text(data, health, self.start_time, producers)
@@ -346,7 +347,7 @@ class NsqdApi:
         for client in self.broker.subscribed_clients():
             channel = client.channel
             assert channel is not None      # subscribed_clients() have one
-            out.setdefault((channel.topic, channel.name), []).append(stats.client_stats(client))
+            out.setdefault((channel.topic, channel.name), []).append(client_stats(client))
         return out
 
 

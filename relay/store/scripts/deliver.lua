@@ -90,23 +90,25 @@ local function pop(count, max_bytes)
   return records
 end
 
+-- every group's records go in flight with one HSET and one ZADD
 local earliest = nil
+local msgs, inflight, n = {}, {}, 0
 for g = groups, #ARGV - 1, 4 do
   local deadline = now + tonumber(ARGV[g + 1])
   local owner = ARGV[g]
   local records = pop(tonumber(ARGV[g + 2]), tonumber(ARGV[g + 3]))
-  local msgs, inflight = {}, {}
-  for i, r in ipairs(records) do
+  for _, r in ipairs(records) do
     local id = record_id(r)
-    msgs[2 * i - 1], msgs[2 * i] = id, r
-    inflight[2 * i - 1], inflight[2 * i] = deadline, in_flight_member(id, owner)
+    msgs[n + 1], msgs[n + 2] = id, r
+    inflight[n + 1], inflight[n + 2] = deadline, in_flight_member(id, owner)
+    n = n + 2
   end
-  if #records > 0 then
-    call_chunked('HSET', KEYS[3], msgs)
-    call_chunked('ZADD', KEYS[2], inflight)
-    if not earliest or deadline < earliest then earliest = deadline end
-  end
+  if #records > 0 and (not earliest or deadline < earliest) then earliest = deadline end
   out[#out + 1] = records
+end
+if n > 0 then
+  call_chunked('HSET', KEYS[3], msgs)
+  call_chunked('ZADD', KEYS[2], inflight)
 end
 if spent > 0 then
   redis.call('HINCRBY', KEYS[6], 'dead_count', spent)

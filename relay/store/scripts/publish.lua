@@ -14,21 +14,29 @@
 -- so; then the channels' keys (fanout.lua)
 -- ARGV[1..ARG0] the channels (fanout.lua), then: wake pub/sub channel,
 -- 8-byte timestamp, defer ms (0 = now), the part's number (keys.py), the node keys'
--- prefix (lib/node.lua), the number of publish keys (0: none), bodies...,
--- then with keys one more: a key per body, joined by spaces (one argument costs less
--- to send than one per key; keys have no spaces). With keys, it returns {the count of
--- the last message or 0 if none was published, the number of duplicates}: a key the
--- part's dedup window remembers is not published again (lib/dedup.lua).
+-- prefix (lib/node.lua), the number of publish keys (0: none), the groups ('' for one),
+-- bodies..., then with keys one more: a key per body, joined by spaces (one argument
+-- costs less to send than one per key; keys have no spaces). A key the part's dedup
+-- window remembers, or an earlier message of the call has, is not published again
+-- (lib/dedup.lua).
+-- Groups: the publishes of several clients merged into this one call (the broker's
+-- group commit), as their message counts joined by spaces. Each group is published or
+-- refused as its own call would be, in order. With keys or a depth limit to apply, it
+-- returns per group two values: the count of its last message (0 if it published none)
+-- and its duplicates, or 0 and why it was refused; else (every group published whole)
+-- the count of the last message, from which each group's follows.
+-- Without groups it returns, with keys, {the count of the last message or 0, the number
+-- of duplicates}, else the count of the last message; a refusal is an error reply.
 -- A call's arguments are bounded (runner.MAX_CALL_ARGS): a bigger MPUB is staged and
 -- published by publish_commit.lua and publish_step.lua instead.
 -- Its first write is INCRBY: at maxmemory Redis refuses it before anything is written
 -- (lib/maxmemory.lua).
 -- With a channel's depth limit (lib/limit.lua; only read when the topic meta counts
--- one) a publish to the queues is refused before that write when a `reject` channel
--- has no room for all of it, and each `drop-oldest` or `dead-letter` channel's oldest
--- go after it.
+-- one) a group's publish to the queues is refused before that write when a `reject`
+-- channel has no room for all of it (after the groups before it), and each `drop-oldest`
+-- or `dead-letter` channel's oldest go after it.
 -- Ids are the part's number in 4 hex digits, then the topic's count in 12.
--- Returns the count of the last message (ids are consecutive), or the stale reply.
+-- The stale reply (fanout.lua) comes before anything is done.
 local stale = stale_channels(KEYS[3])
 if stale then return stale end
 local wake, timestamp = ARGV[ARG0 + 1], ARGV[ARG0 + 2]
@@ -36,29 +44,75 @@ local defer = tonumber(ARGV[ARG0 + 3])
 local part = tonumber(ARGV[ARG0 + 4])
 local NODE = ARGV[ARG0 + 5]
 local keyed = tonumber(ARGV[ARG0 + 6])
-local FIRST_BODY = ARG0 + 7
+local grouped = ARGV[ARG0 + 7] ~= ''
+local FIRST_BODY = ARG0 + 8
 local n = #ARGV - FIRST_BODY + 1 - math.min(keyed, 1)
-local fresh, duplicates, window = nil, 0, nil   -- positions to publish, with keys
-local publish_keys = nil
+local publish_keys, known, window = nil, nil, nil
 if keyed > 0 then
   publish_keys = dedup_split(ARGV[#ARGV])
-  fresh, duplicates, window = dedup_fresh(KEYS[2], KEYS[9], publish_keys)
-  n = #fresh
-  if n == 0 then return {0, duplicates} end
+  known, window = dedup_known(KEYS[2], KEYS[9], publish_keys)
 end
 local due = nil
 if defer > 0 then due = now_ms() + defer end
 local p = publishing(due)
-if p.limits then
-  local full = full_channel(p.limits, n, part_of(KEYS[2]))
-  if full then return redis.error_reply(full) end
+
+-- Per group (sizes), what to publish, and its answer: {its last message's place among
+-- those published or 0, its duplicates}, or {0, why refused}. Returns the places of the
+-- messages to publish, in order.
+local function admit(sizes, answers)
+  local fresh, seen, from, count = {}, {}, 0, 0
+  for g, size in ipairs(sizes) do
+    size = tonumber(size)
+    local mine, taken = {}, {}
+    for i = from + 1, from + size do
+      local key = known and publish_keys[i]
+      if not key or not (known[i] or seen[key] or taken[key]) then
+        mine[#mine + 1] = i
+        if key then taken[key] = true end
+      end
+    end
+    local full = p.limits and #mine > 0 and
+        full_channel(p.limits, count + #mine, part_of(KEYS[2]))
+    if full then
+      answers[g] = {0, full}
+    else
+      for _, i in ipairs(mine) do fresh[#fresh + 1] = i end
+      for key in pairs(taken) do seen[key] = true end
+      count = count + #mine
+      answers[g] = {#mine > 0 and count or 0, size - #mine}
+    end
+    from = from + size
+  end
+  return fresh
 end
-local last = redis.call('INCRBY', KEYS[1], n)
-local first = last - n + 1
-if window then dedup_remember(KEYS[9], window, publish_keys, fresh) end
-local bodies = {}
-for i = 1, n do bodies[i] = ARGV[FIRST_BODY + (fresh and fresh[i] or i) - 1] end
-local bytes = append(p, first, bodies, timestamp, part)
-appended(p, n, bytes, wake, NODE)
-if keyed > 0 then return {last, duplicates} end
+
+local fresh, answers = nil, nil
+if known or p.limits then
+  answers = {}
+  fresh = admit(grouped and dedup_split(ARGV[ARG0 + 7]) or {n}, answers)
+  n = #fresh
+end
+local last = 0
+if n > 0 then
+  last = redis.call('INCRBY', KEYS[1], n)
+  if window then dedup_remember(KEYS[9], window, publish_keys, fresh) end
+  local bodies = {}
+  for i = 1, n do bodies[i] = ARGV[FIRST_BODY + (fresh and fresh[i] or i) - 1] end
+  local bytes = append(p, last - n + 1, bodies, timestamp, part)
+  appended(p, n, bytes, wake, NODE)
+end
+if not answers then
+  if keyed > 0 and not grouped then return {last, 0} end
+  return last
+end
+local out = {}
+for g, answer in ipairs(answers) do
+  if type(answer[2]) == 'number' and answer[1] > 0 then answer[1] = last - n + answer[1] end
+  out[2 * g - 1], out[2 * g] = answer[1], answer[2]
+end
+if grouped then return out end
+if answers[1][1] == 0 and type(answers[1][2]) == 'string' then
+  return redis.error_reply(answers[1][2])
+end
+if keyed > 0 then return {answers[1][1], answers[1][2]} end
 return last

@@ -1,5 +1,5 @@
 -- include: time.lua, chunked.lua
--- dedup.lua provides dedup_split(), dedup_fresh() and dedup_remember(): idempotent
+-- dedup.lua provides dedup_split(), dedup_known() and dedup_remember(): idempotent
 -- publish. A part whose meta has `dedup_ms` remembers each publish key for that long
 -- in its dedup set (keys.py: relay:{T}:dedup, key -> expiry ms); a key it remembers is
 -- not published again. The check and the publish are one script call, so two brokers
@@ -14,30 +14,22 @@ local function dedup_split(joined)
   return keys
 end
 
--- (the positions of the messages to publish, the number of duplicates, the window ms
--- or nil when off): keys[i] is message i's; a key the set remembers unexpired, or an
--- earlier message of the same call has, is a duplicate.
-local function dedup_fresh(meta, set, keys)
+-- (whether the set remembers each key unexpired, by position; the window ms), or nil
+-- when the part's window is off: then no key is a duplicate.
+local function dedup_known(meta, set, keys)
   local window = tonumber(redis.call('HGET', meta, 'dedup_ms') or '0')
-  local fresh = {}
-  if window <= 0 then
-    for i = 1, #keys do fresh[i] = i end
-    return fresh, 0, nil
-  end
+  if window <= 0 then return nil, nil end
   local now = now_ms()
-  local seen = {}
+  local known = {}
   for from = 1, #keys, CHUNK do
     local to = math.min(from + CHUNK - 1, #keys)
     local expiries = redis.call('ZMSCORE', set, unpack(keys, from, to))
     for i = from, to do
       local expiry = expiries[i - from + 1]
-      if not seen[keys[i]] and not (expiry and tonumber(expiry) > now) then
-        fresh[#fresh + 1] = i
-      end
-      seen[keys[i]] = true
+      known[i] = expiry and tonumber(expiry) > now or false
     end
   end
-  return fresh, #keys - #fresh, window
+  return known, window
 end
 
 -- Remember the keys at `positions` for `window` ms, and drop a bounded number of
