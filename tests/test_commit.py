@@ -42,14 +42,16 @@ def test_only_fin_req_touch_and_small_publishes_merge(fake_store):
                  s.requeue_op("t", "c", [("a", "1", 0)]),
                  s.touch_op("t", "c", [("a", "1", 1)]),
                  s.publish_op("t", [b"x"]),
-                 s.publish_op("t", [b"x"] * 5000, defer_ms=10),
+                 s.publish_op("t", [b"x"] * 16, defer_ms=10),
                  s.publish_op("t", [b"x"], publish_keys=[b"k"])]
-    alone = [s.publish_op("t", [b"x"] * 5001),
+    alone = [s.publish_op("t", [b"x"] * 17),
+             s.publish_op("t", [b"x"] * 5001),
              s.deliver_op("t", "c", [("a", 1, 1)]),
              s.subscribe_op("t", "c", "b1"),
              s.scan_op("t", "c", 10)]
     assert all(op.merge is not None for op in mergeable)
-    assert [op.merge for op in alone] == [None] * 4
+    assert [op.merge for op in alone] == [None] * 5
+    assert {op.lane for op in mergeable[3:]} == {"t"} and {op.lane for op in alone} == {None}
 
 
 def test_finish_ops_on_one_channel_become_one_call(fake_store):
@@ -139,7 +141,10 @@ def test_ops_that_cannot_merge_are_untouched(fake_store):
            s.finish_op("t", "c", [("b", "2")])]
     merged, answer = merge(ops)
     assert merged[0] == ops[0]
-    assert [merged[i] for i in (2, 3, 4, 5, 6)] == [ops[2], ops[3], ops[4], ops[5], ops[6]]
+    assert [merged[i] for i in (3, 4, 5, 6)] == [ops[3], ops[4], ops[5], ops[6]]
+    # a small publish alone is built again (the channel list known now), the same call
+    assert (merged[2].script, merged[2].keys, merged[2].args) == (
+        ops[2].script, ops[2].keys, ops[2].args)
     assert merged[1].script == "finish" and list(merged[1].args) == ["a", "1", "b", "2"]
     assert len(merged) == 7
     assert carried(ops) == [[([0], None)], [([1, 7], None)], [([2], None)], [([3], None)],
@@ -530,5 +535,31 @@ def test_a_connections_publishes_to_a_part_keep_their_order_over_lanes(fake_stor
             big = commit.submit(fake_store.publish_op("t", [b"big"] * 12_000), order=order)
             mine = commit.submit(fake_store.publish_op("t", [b"mine"]), order=order)
             assert mine.get() == big.get() + 1
+    finally:
+        commit.stop()
+
+
+def test_an_orders_ops_stay_on_one_lane_while_any_is_unanswered(fake_store):
+    """Small PUBs merge on their part's lane, MPUBs of more go on their connection's:
+    pipelined one after the other on 8 connections they still run in submit order,
+    and once all are answered no order is held to a lane."""
+    fake_store.subscribe("t", "c", "b1")
+    fake_store.publish("t", [b"first"])  # learns the channels: none of its calls is sent again
+    commit = GroupCommit(fake_store, lanes=4)
+    try:
+        sent = {order: [] for order in range(8)}
+        for i in range(6):
+            for order in range(8):
+                bodies = [b"%d-%d" % (order, i)] * (1 if i % 2 else 20)
+                sent[order].append(commit.submit(fake_store.publish_op("t", bodies), order))
+        for order, results in sent.items():
+            counts = [r.get() for r in results]
+            assert counts == sorted(counts), order
+        assert commit._on == {}
+        queued = [parse_record(r)[3] for r in
+                  fake_store.redis.lrange(ChannelKeys.of("t", "c").queue, 0, -1)]
+        for order in range(8):
+            mine = [b for b in queued if b.startswith(b"%d-" % order)]
+            assert list(dict.fromkeys(mine)) == [b"%d-%d" % (order, i) for i in range(6)]
     finally:
         commit.stop()

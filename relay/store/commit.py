@@ -115,9 +115,10 @@ class GroupCommit:
     """`lanes` pipelines may be in flight at once, each on its own connection. An op's
     `order` key picks its lane, so ops of the same key (a connection or a channel, as the
     caller chooses) stay in the order they were submitted; ops of no order (None: a
-    lookup) go on lane 0 and keep none. An op's own lane key (Op.lane: a publish's topic
-    part) overrides the order's choice: the publishes of every connection to a part meet
-    on its lane and merge, and those of one connection there still keep its order."""
+    lookup) go on lane 0 and keep none. An op's own lane key (Op.lane: a small publish's
+    topic part) overrides the order's choice: the small publishes of every connection to
+    a part meet on its lane and merge; an order's ops stay on one lane while any is
+    unanswered, so they keep its order all the same."""
 
     def __init__(self, store: Store, lanes: int = 1, max_batch: int = 2000,
                  observe: Callable[[float], object] | None = None,
@@ -127,8 +128,9 @@ class GroupCommit:
         stores = [store] + [store.sibling() for _ in range(lanes - 1)]
         self.quiet = False    # a stopping broker's: its stop says in one line what failed
         self.calls: Counter[str] = Counter()    # script calls sent, by script (/metrics)
-        self.lanes = [_Lane(s, max_batch, observe, lambda: self.quiet, self.calls)
-                      for s in stores]
+        self._on: dict[int, list[int]] = {}     # order -> [its lane, its ops there]
+        self.lanes = [_Lane(s, max_batch, observe, lambda: self.quiet, self.calls,
+                            self._settled) for s in stores]
         self.patience = patience
 
     def submit(self, op: Op, order: int | None = None,
@@ -137,12 +139,33 @@ class GroupCommit:
         the op is known to make (op.calls: a big MPUB's stage calls and commit) has the
         patience: a 5 MB MPUB may take that much longer, and still gets an answer in
         bounded time."""
-        key = order if op.lane is None else hash(op.lane)
-        queued = self.lanes[0 if key is None else key % len(self.lanes)].submit(op, order)
+        queued = self.lanes[self._lane_index(op, order)].submit(op, order)
         if self.patience is None:
             return queued.result
         return Bounded(queued, self.patience * op.calls,
                        time.monotonic() if since is None else since)
+
+    def _lane_index(self, op: Op, order: int | None) -> int:
+        """The op's lane: its own lane key's, else its order's; but while ops of its
+        order are still on a lane (not answered), that one, so an order's ops run in the
+        order submitted: a connection's PUB merged on its topic part's lane and the MPUB
+        it pipelines after it, which goes on the connection's lane."""
+        key = order if op.lane is None else hash(op.lane)
+        index = 0 if key is None else key % len(self.lanes)
+        if order is None:
+            return index
+        on = self._on.setdefault(order, [index, 0])
+        on[1] += 1
+        return on[0]
+
+    def _settled(self, order: int | None) -> None:
+        """An op of `order` left its lane: answered, failed or given up on."""
+        if order is None or order not in self._on:
+            return
+        on = self._on[order]
+        on[1] -= 1
+        if on[1] <= 0:
+            del self._on[order]
 
     def submit_made(self, make: Callable[[], Op], order: int | None = None) -> Submitted:
         """Submit the op make() builds, its patience counting from before: what building
@@ -175,9 +198,11 @@ class _Lane:
     def __init__(self, store: Store, max_batch: int,
                  observe: Callable[[float], object] | None = None,
                  quiet: Callable[[], bool] = lambda: False,
-                 calls: "Counter[str] | None" = None) -> None:
+                 calls: "Counter[str] | None" = None,
+                 settled: Callable[[int | None], None] = lambda order: None) -> None:
         self.store = store
         self.calls = Counter() if calls is None else calls
+        self.settled = settled
         self.quiet = quiet
         self.max_batch = max_batch
         self.observe = observe
@@ -214,6 +239,7 @@ class _Lane:
             if item.result.ready():
                 if item.step:
                     self._stepping.discard(item.order)
+                self.settled(item.order)
             elif item.order in self._stepping and not item.step:
                 held.append(item)
             else:
@@ -225,7 +251,7 @@ class _Lane:
         return batch
 
     def _run(self, batch: list[_Queued]) -> None:
-        calls = _merge([item.op for item in batch])
+        calls = _merge([item.op for item in batch], [item.order for item in batch])
         self.calls.update(call.op.script for call in calls)
         started = time.perf_counter()
         try:
@@ -252,6 +278,7 @@ class _Lane:
                 continue
             if item.op.then is not None:
                 self._stepping.discard(item.order)
+            self.settled(item.order)
             if result.ready():
                 continue    # its waiter gave up on it meanwhile
             if isinstance(value, Exception):
@@ -273,34 +300,54 @@ def _alone(value: Any) -> list:
     return [value]
 
 
-def _merge(ops: list) -> list[_Call]:
+def _merge(ops: list, orders: list | None = None) -> list[_Call]:
     """The calls that do the ops' work: ops of one merge key in one call (Op.merge),
-    then finishes folded into the delivers that follow them."""
-    return _fold_finishes(_merge_items(ops))
+    then finishes folded into the delivers that follow them. `orders`: each op's order
+    (GroupCommit.submit), which a merged call of ops with a lane key keeps."""
+    return _fold_finishes(_merge_items(ops, orders or [None] * len(ops)))
 
 
-def _merge_items(ops: list) -> list[_Call]:
+def _merge_items(ops: list, orders: list) -> list[_Call]:
     """Ops of the same merge key as one call each, up to MAX_MERGED_ARGS of their size
-    (a flood of FINs makes many calls, never one Redis refuses); the others alone."""
+    (a flood of FINs makes many calls, never one Redis refuses); the others alone. A
+    call stands where its first op was, so a merged call of ops with a lane key (small
+    publishes to a part) takes no op of an order after another op of that order to the
+    same part, or one of no lane key (a connection's MPUB of 100 between its PUBs): a
+    connection's publishes to a part keep their order."""
     groups: list[list[int]] = []
     open_groups: dict = {}      # merge key -> (group index, size so far)
-    for i, op in enumerate(ops):
+    # per order, and per (order, lane key): (the index of its last op, that op's group)
+    fences: dict = {}
+    for i, (op, order) in enumerate(zip(ops, orders)):
         merge = op.merge
+        fence, fenced_in = max(fences.get(order, (-1, None)),
+                               fences.get((order, op.lane), (-1, None)), key=lambda f: f[0])
+        index, size = open_groups.get(merge.key, (None, 0)) if merge else (None, 0)
         if merge is None:
+            index = len(groups)
             groups.append([i])
-            continue
-        index, size = open_groups.get(merge.key, (None, 0))
-        if index is None or size + merge.size > MAX_MERGED_ARGS:
-            index, size = len(groups), 0
-            groups.append([])
-        groups[index].append(i)
-        open_groups[merge.key] = (index, size + merge.size)
+        else:
+            if index is None or size + merge.size > MAX_MERGED_ARGS or (
+                    op.lane is not None and groups[index][0] < fence and fenced_in != index):
+                index, size = len(groups), 0
+                groups.append([])
+            groups[index].append(i)
+            open_groups[merge.key] = (index, size + merge.size)
+        if order is not None:
+            fences[order if op.lane is None else (order, op.lane)] = (i, index)
     return [_combined([ops[i] for i in members], members) for members in groups]
 
 
 def _combined(ops: list[Op], members: list[int]) -> _Call:
+    """The call of ops merged. One with a lane key (a publish) is built again even alone,
+    so every publish of a pipeline has the channel list known now: one built before
+    another lane learned a new channel would be sent again (stale) after the later
+    publishes of its connection had run."""
     if len(ops) == 1:
-        return _Call(ops[0], [(members, _alone, None)])
+        op, merge = ops[0], ops[0].merge
+        if op.lane is not None and merge is not None:
+            op = merge.combine([merge.items])
+        return _Call(op, [(members, _alone, None)])
     merges = [op.merge for op in ops if op.merge is not None]  # all: one merge key
     merge, items = merges[0], [m.items for m in merges]
     return _Call(merge.combine(items), [(members, lambda value: merge.split(value, items),

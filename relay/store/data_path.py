@@ -23,6 +23,11 @@ REGISTER_EVERY = 10.0
 INLINE_BODIES = MAX_CALL_ARGS // 2
 # a keyed publish call's messages at most (a body and a key each); a bigger one is split
 KEYED_BODIES = INLINE_BODIES // 2
+# a publish of this many messages at most merges with others (Op.merge) on its part's
+# commit lane: one-message commands and small batches. A bigger one is a batch already,
+# and goes on its connection's lane, so one producer's MPUBs and another's are in flight
+# at once (all of a part's on one lane ran 0.74x as fast for MPUBs of 100 from 2 producers)
+MERGED_BODIES = 16
 
 STAGE_TTL_MS = 300_000
 # a committed staged publish no call advanced for this long is finished by the scanner's
@@ -110,7 +115,7 @@ class DataPath(StoreBase):
                                  [ts, defer_ms, len(bodies), token], int, pre=pre,
                                  extra_keys=lambda channels: [stage, t.publishing])
         commit = commit._replace(then=lambda last: self._steps(part, token, int(last)))
-        return _stage_op(stage, bodies, 0, commit)._replace(lane=part)
+        return _stage_op(stage, bodies, 0, commit)
 
     def _inline_publish_op(self, part: str, index: int, ts: bytes, defer_ms: int,
                            groups: list[tuple]) -> Op:
@@ -135,6 +140,8 @@ class DataPath(StoreBase):
         op = self._fanout_op("publish", part, _topic_keys(t), args,
                              (lambda reply: int(reply[1])) if keyed else int, pre=pre,
                              extra_keys=extra)
+        if len(bodies) > MERGED_BODIES:
+            return op
         return op._replace(lane=part, merge=Merge(
             ("publish", part, defer_ms, keyed), groups[0], _publish_size(groups[0][0], keyed),
             lambda items: self._inline_publish_op(part, index, ts, defer_ms, items),
