@@ -13,7 +13,7 @@ from relay.store import Store
 from relay.store.commit import MAX_MERGED_ARGS, GroupCommit, _answers, _merge
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.runner import MAX_CALL_ARGS
-from tests.helpers.store import ids, mid
+from tests.helpers.store import mid
 from tests.helpers.wait import wait_for
 
 
@@ -345,38 +345,6 @@ def test_later_submits_form_the_next_batch(fake_store, commit):
     assert commit.call(s.publish_op("t", [b"1"])) == 1
     assert commit.call(s.publish_op("t", [b"2"])) == 2
     assert len(recorder.batches) == 2
-
-
-class SlowRecorder(Recorder):
-    """A Recorder whose pipelines take a round trip: what is submitted meanwhile queues."""
-
-    def __call__(self, ops, follow=True):
-        gevent.sleep(0.01)
-        return super().__call__(ops, follow)
-
-
-def test_a_fin_sent_during_a_deliver_folds_into_the_deliver_its_answer_sets_off(
-        fake_store, commit):
-    """At RDY 1 with several consumers: a FIN that comes while its channel's deliver is
-    in flight, and the deliver the channel makes on that answer for the credit the FIN
-    freed, go in one call, not a call each."""
-    s = fake_store
-    s.subscribe("t", "c", "b1")
-    s.publish("t", [b"1", b"2", b"3"])
-    (held,) = s.deliver("t", "c", [("a", 60_000, 1)])
-    recorder = SlowRecorder(s)
-
-    def channel():
-        first = commit.call(s.deliver_op("t", "c", [("b", 60_000, 1)]))
-        return first, commit.call(s.deliver_op("t", "c", [("a", 60_000, 1)]))
-
-    loop = gevent.spawn(channel)
-    gevent.sleep(0.005)     # the first deliver is in flight
-    fin = commit.submit(s.finish_op("t", "c", [("a", parse_record(held[0])[2])]))
-    first, second = loop.get(timeout=5)
-    assert fin.get() == [1]
-    assert [ids(records) for records in first + second] == [[mid(2)], [mid(3)]]
-    assert recorder.batches == [["deliver"], ["deliver"]]
 
 
 def test_unreachable_redis_fails_every_submit(fake_store):

@@ -218,16 +218,15 @@ class _Lane:
         return queued
 
     def _loop(self) -> None:
-        """After a pipeline, before it takes the next batch, the lane lets the
-        connections whose commands arrived meanwhile submit them (gevent.sleep(0): the
-        events the hub has seen run first), so that they share the pipeline and merge (a
-        FIN with the deliver that follows it); it waits for nothing else."""
+        """It waits for nothing to fill a batch: what queued while the last pipeline was
+        in flight goes at once. (A yield to the hub after each pipeline let more FINs
+        meet the deliver their answer sets off, at 4 consumers of RDY 1 31.6 against
+        38.1 µs of Redis per message, but cost 10% of their rate: scripts/compare.py.)"""
         while True:
             self._ready.wait()
             self._ready.clear()
             while batch := self._next_batch():
                 self._run(batch)
-                gevent.sleep(0)
 
     def _next_batch(self) -> list[_Queued]:
         """Up to max_batch queued ops, in order, less those whose waiter gave up on them
