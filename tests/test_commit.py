@@ -64,7 +64,7 @@ def test_finish_ops_on_one_channel_become_one_call(fake_store):
     assert len(merged) == 1
     assert merged[0].script == "finish"
     assert list(merged[0].keys) == list(ops[0].keys)
-    assert list(merged[0].args) == ["a", "1", "b", "2", "b", "3", "c", "4"]
+    assert list(merged[0].args) == ["c", "relay:{t}:wake", "relay:", "a", "1", "b", "2", "b", "3", "c", "4"]
     assert carried(ops) == [[([0, 1, 2], None)]]
     # the submitted ops are not changed
     assert [list(op.args) for op in ops] == original_args
@@ -83,10 +83,10 @@ def test_merged_calls_stop_growing_at_the_bound(fake_store):
     assert max(len(op.keys) + len(op.args) for op in merged) <= MAX_CALL_ARGS
     per_call = MAX_MERGED_ARGS // (128 * 2)      # whole ops
     assert len(merged) == -(-5000 // per_call)
-    codes = [[i for i in range(len(op.args) // 2)] for op in merged]
+    codes = [[i for i in range((len(op.args) - 3) // 2)] for op in merged]
     got = answer(codes)
     assert [len(g) for g in got] == [128] * 5000
-    assert [a for op in merged for a in op.args[1::2]] == [mid(i) for i in range(640_000)]
+    assert [a for op in merged for a in op.args[4::2]] == [mid(i) for i in range(640_000)]
 
 
 def test_requeue_ops_share_their_three_leading_args(fake_store):
@@ -123,8 +123,9 @@ def test_different_keys_are_not_merged(fake_store):
            s.finish_op("t", "c1", [("a", "2")])]
     merged, answer = merge(ops)
     assert [op.script for op in merged] == ["finish", "finish", "finish", "requeue"]
-    assert [list(op.args) for op in merged] == [["a", "1", "a", "2"], ["a", "1"], ["a", "1"],
-                                                list(ops[3].args)]
+    assert [list(op.args)[3:] for op in merged[:3]] == [["a", "1", "a", "2"], ["a", "1"],
+                                                        ["a", "1"]]
+    assert list(merged[3].args) == list(ops[3].args)
     assert carried(ops) == [[([0, 4], None)], [([1], None)], [([2], None)], [([3], None)]]
     assert answer([[1, -1], [0], [1], [1]]) == [[1], [0], [1], [1], [-1]]
 
@@ -145,7 +146,7 @@ def test_ops_that_cannot_merge_are_untouched(fake_store):
     # a small publish alone is built again (the channel list known now), the same call
     assert (merged[2].script, merged[2].keys, merged[2].args) == (
         ops[2].script, ops[2].keys, ops[2].args)
-    assert merged[1].script == "finish" and list(merged[1].args) == ["a", "1", "b", "2"]
+    assert merged[1].script == "finish" and list(merged[1].args) == ["c", "relay:{t}:wake", "relay:", "a", "1", "b", "2"]
     assert len(merged) == 7
     assert carried(ops) == [[([0], None)], [([1, 7], None)], [([2], None)], [([3], None)],
                             [([4], None)], [([5], None)], [([6], None)]]
@@ -167,8 +168,10 @@ def test_finishes_fold_into_the_deliver_of_their_channel_that_follows(fake_store
     merged, _ = merge(ops)
     assert [op.script for op in merged] == ["publish", "deliver"]
     assert list(merged[1].args) == ["c", 5, 4, "a", "1", "b", "2", "b", "3", "a", "4",
-                                    "a", 1_000, 2, 0, "b", 1_000, 1, 0, "relay:"]
-    assert list(deliver.args) == ["c", 5, 0, "a", 1_000, 2, 0, "b", 1_000, 1, 0, "relay:"]
+                                    "a", 1_000, 2, 0, "b", 1_000, 1, 0, "relay:{t}:wake",
+                                    "relay:"]
+    assert list(deliver.args) == ["c", 5, 0, "a", 1_000, 2, 0, "b", 1_000, 1, 0,
+                                  "relay:{t}:wake", "relay:"]
     assert carried(ops) == [[([1], None)], [([3], None), ([0, 2, 4], "finished")]]
 
 

@@ -511,6 +511,9 @@ def test_ephemeral_channel_deleted_when_last_consumer_leaves(store):
     c = ChannelKeys.of("t", ch)
     store.redis.rpush(c.dead, b"a dead letter not forwarded yet")
     store.redis.set(c.dead_lock, "a scanner")
+    store.redis.hset(c.gate, "key", mid(2))     # as an ordered channel has them
+    store.redis.hset(c.key_of, mid(2), "key")
+    store.redis.zadd(c.waiting, {b"key " + mid(3) + b" 0 record": 0})
     assert all(store.redis.exists(k) for k in c.all() if k != c.leases)  # the layout before
     assert due_score(store, "t", ch) is not None
 
@@ -621,8 +624,8 @@ def test_included_files_come_first_and_no_script_has_flags():
     plain, sharded = runner.load_scripts(), runner.load_scripts(sharded=True)
     libs = b"".join(lua_lib(n) for n in ("fanout.lua", "time.lua", "chunked.lua", "record.lua",
                                          "node.lua", "news.lua", "history.lua",
-                                         "deadletter.lua", "limit.lua", "append.lua",
-                                         "dedup.lua"))
+                                         "deadletter.lua", "limit.lua", "order.lua",
+                                         "append.lua", "dedup.lua"))
     own = (resources.files("relay.store") / "scripts" / "publish.lua").read_bytes()
     assert own.startswith(b"-- include: append.lua, dedup.lua\n")
     assert plain["publish"].source == libs + own
@@ -646,14 +649,16 @@ def test_an_id_requeued_twice_in_one_call_goes_back_once(store, second_delay):
 
 def test_a_script_names_only_what_it_uses_and_gets_each_include_once():
     """Includes are resolved recursively: finish.lua names lib/finish.lua, which names
-    chunked.lua and inflight.lua (which names chunked.lua too); deliver.lua names finish.lua
-    and chunked.lua, and gets each
-    once, in an order where every file comes after what it uses."""
+    chunked.lua, inflight.lua (which names chunked.lua too) and order.lua (which names
+    time.lua and news.lua, which names node.lua); deliver.lua names finish.lua and
+    chunked.lua, and gets each once, in an order where every file comes after what it
+    uses."""
     scripts = runner.load_scripts()
     own = (resources.files("relay.store") / "scripts" / "finish.lua").read_bytes()
     assert own.startswith(b"-- include: finish.lua\n")
-    assert scripts["finish"].source == (lua_lib("chunked.lua") + lua_lib("inflight.lua")
-                                        + lua_lib("finish.lua") + own)
+    assert scripts["finish"].source == b"".join(lua_lib(n) for n in (
+        "chunked.lua", "inflight.lua", "time.lua", "node.lua", "news.lua", "order.lua",
+        "finish.lua")) + own
     deliver = scripts["deliver"].source
     for lib in ("time.lua", "chunked.lua", "record.lua", "inflight.lua", "finish.lua"):
         assert deliver.count(lua_lib(lib)) == 1, lib
@@ -670,7 +675,7 @@ def test_lua_channel_key_suffixes_are_the_key_schemas(store):
         for name, place in pairs(SUFFIX) do out[#out + 1] = {name, place} end
         return out
         """, 0, 0)
-    places = {name.decode().replace("_", ":"): place for name, place in got}
+    places = {name.decode().replace("dead_lock", "dead:lock"): place for name, place in got}
     assert places == {s: i for i, s in enumerate(keys.CHANNEL_SUFFIXES, 1)}
 
 

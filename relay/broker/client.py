@@ -68,6 +68,7 @@ class Client:
         self.msg_timeout = options.msg_timeout
         self.sample_rate = 0
         self.dedup = False      # IDENTIFY relay_dedup: its publishes may carry keys
+        self.order = False      # IDENTIFY relay_order: its publishes may carry order keys
         self.output_buffer_size = DEFAULT_OUTPUT_BUFFER_SIZE
         self.output_buffer_timeout = options.output_buffer_timeout
         self.ready_count = 0
@@ -124,6 +125,7 @@ class Client:
             self.output_buffer_size = size
 
         self.dedup = data.get("relay_dedup", self.dedup)
+        self.order = data.get("relay_order", self.order)
         rate = data.get("sample_rate", 0)
         if not 0 <= rate <= 99:
             return f"sample rate ({rate}) is invalid"

@@ -65,6 +65,7 @@ class IdentifySchema(Schema):
     sample_rate = _int(32)
     msg_timeout = _int(64)
     relay_dedup = _StrictBool()     # relay's: publish keys (relay/broker/protocol/keyed.py)
+    relay_order = _StrictBool()     # relay's: order keys (the same)
 
     @pre_load
     def like_go(self, data, **kwargs):

@@ -73,6 +73,7 @@ class StoreBase:
         self._registered: dict[str, float] = {}
         self._partitions: dict[str, tuple[tuple[str, ...], float]] = {}  # part names, when
         self._counted: dict[str, int] = {}     # topic -> its news when its count was read
+        self._order_rules: dict[str, str] = {}  # topic -> its order key rule, read with it
         self._reading: dict[str, threading.Lock] = {}   # one read per topic at a time
         self._unread: dict[str, tuple[StoreError, float]] = {}  # a failed read, and when
         # how the partition counts it caches are read: at once; a broker's go through
@@ -91,7 +92,7 @@ class StoreBase:
         other._channels, other._registered = self._channels, self._registered
         other._partitions, other._turns = self._partitions, self._turns
         other._reading, other.lookup = self._reading, self.lookup
-        other._unread = self._unread
+        other._unread, other._order_rules = self._unread, self._order_rules
         other.nodes = self.nodes
         return other
 
@@ -150,7 +151,8 @@ class StoreBase:
                   [len(channels), *channels, *args], parse, pre, redo)
 
     def partitions_op(self, topic: str, raise_to: int = 0, salts: str | None = None) -> Op:
-        """The topic's partition count, [now, before, made, placement]; a new topic takes
+        """The topic's partition count, [now, before, made, placement, order key rule]
+        (relay/store/ordering.py); a new topic takes
         this Store's default count and retention (made: 1 if this call gave it the
         latter), and `raise_to` raises the count. The new parts take `salts` (unless
         given, this Store's placement for the count it may set)."""
@@ -160,7 +162,8 @@ class StoreBase:
         return Op("partitions", [t.version, t.meta],
                   [self.topic_partitions, raise_to, t.wake, self.node(topic),
                    self.topic_retention_ms, salts],
-                  lambda reply: [*(int(n) for n in reply[:3]), _text(reply[3])])
+                  lambda reply: [*(int(n) for n in reply[:3]), _text(reply[3]),
+                                 _text(reply[4])])
 
     def placement(self, topic: str, count: int) -> str:
         """The salts that put `count` parts of the topic on the masters evenly, by this
@@ -192,8 +195,9 @@ class StoreBase:
     def _learned(self, topic: str, reply: list) -> int:
         """The count of partitions_op's reply, its parts' names learned (and retention
         given to the parts of a topic it made)."""
-        count, _, made, salts = reply
+        count, _, made, salts, rule = reply
         names = keys.part_names(topic, count, salts)
+        self._order_rules[topic] = rule
         self.learn_parts(topic, names)
         if made and count > 1:
             self._retain_parts(names[1:])

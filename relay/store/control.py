@@ -48,7 +48,7 @@ class Control(Expiry, Limits):
         new = keys.part_names(topic, count, salts)[before:]
         if new:
             self._prepare_parts(topic, new)
-        now, before, _, salts = self.run(self.partitions_op(topic, count, salts))
+        now, before, _, salts, _ = self.run(self.partitions_op(topic, count, salts))
         self.learn_partitions(topic, now, salts)
         for channel in self.channel_names(topic) if new else ():
             limit = self.limit(topic, channel)

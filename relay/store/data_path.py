@@ -29,6 +29,9 @@ KEYED_BODIES = INLINE_BODIES // 2
 # at once (all of a part's on one lane ran 0.74x as fast for MPUBs of 100 from 2 producers)
 MERGED_BODIES = 16
 
+# finish.lua's arguments before its (owner, id) pairs: the channel, wake-up and node
+FINISH_HEAD = 3
+
 STAGE_TTL_MS = 300_000
 # a committed staged publish no call advanced for this long is finished by the scanner's
 # sweep: its broker died (a live one's steps follow each other within a round trip)
@@ -88,13 +91,16 @@ class DataPath(StoreBase):
 
     def publish_op(self, topic: str, bodies: Sequence[bytes], defer_ms: int = 0,
                    timestamp_ns: int | None = None, index: int | None = None,
-                   publish_keys: Sequence[bytes] | None = None) -> Op:
+                   publish_keys: Sequence[bytes] | None = None,
+                   order_keys: "Sequence[bytes | None] | None" = None) -> Op:
         """PUB/MPUB/DPUB to part `index` of the topic, else to its parts in turn (one
         call's messages stay together): returns the count of the last message. With
         the count unreadable it goes to part 0, which every topic has: the call itself
         then fails or lands. `publish_keys`, one per body and at most KEYED_BODIES (the
         caller picks the part: relay/store/dedup.py), make it return the number of
-        duplicates instead."""
+        duplicates instead. `order_keys` (an order key or None per body, at most
+        KEYED_BODIES; the caller picks the part) pass ordered channels' gates
+        (relay/store/ordering.py)."""
         try:
             count = self.partitions(topic)
         except StoreError:
@@ -106,9 +112,9 @@ class DataPath(StoreBase):
         ts = stored_timestamp(timestamp_ns or time.time_ns())
         topic_keys = _topic_keys(t)
         pre = self._register(topic, count)
-        if publish_keys or len(bodies) <= INLINE_BODIES:
+        if publish_keys or order_keys or len(bodies) <= INLINE_BODIES:
             return self._inline_publish_op(part, index, ts, defer_ms,
-                                           [(bodies, publish_keys, pre)])
+                                           [(bodies, publish_keys, pre, order_keys)])
         token = secrets.token_hex(8)
         stage = keys.staging_key(part, token)
         commit = self._fanout_op("publish_commit", part, topic_keys,
@@ -119,18 +125,19 @@ class DataPath(StoreBase):
 
     def _inline_publish_op(self, part: str, index: int, ts: bytes, defer_ms: int,
                            groups: list[tuple]) -> Op:
-        """One publish.lua call of the (bodies, publish keys or None, registry commands)
-        of each group: one publish's, or several merged (Op.merge: the group commit
-        merges those of a part with the same delay and keyed-ness). Each group's result
-        is as its own call's: the count of its last message, or with keys its
-        duplicates."""
+        """One publish.lua call of the (bodies, publish keys or None, registry commands,
+        order keys or None) of each group: one publish's, or several merged (Op.merge: the
+        group commit merges those of a part with the same delay, keyed-ness and
+        ordered-ness). Each group's result is as its own call's: the count of its last
+        message, or with keys its duplicates."""
         t = TopicKeys.of(part)
-        keyed = bool(groups[0][1])
+        keyed, ordered = bool(groups[0][1]), bool(groups[0][3])
         bodies = [body for group in groups for body in group[0]]
         pre = tuple(dict.fromkeys(command for group in groups for command in group[2]))
         args = [t.wake, ts, defer_ms, index, self.node(part), len(bodies) if keyed else 0,
                 " ".join(str(len(group[0])) for group in groups) if len(groups) > 1 else "",
-                *bodies]
+                b"\n".join(key or b"" for group in groups for key in group[3]) if ordered
+                else "", *bodies]
         if keyed:
             args.append(b" ".join(key for group in groups for key in group[1]))
         extra = (lambda channels: [keys.dedup_key(part)]) if keyed else None
@@ -143,7 +150,8 @@ class DataPath(StoreBase):
         if len(bodies) > MERGED_BODIES:
             return op
         return op._replace(lane=part, merge=Merge(
-            ("publish", part, defer_ms, keyed), groups[0], _publish_size(groups[0][0], keyed),
+            ("publish", part, defer_ms, keyed, ordered), groups[0],
+            _publish_size(groups[0][0], keyed),
             lambda items: self._inline_publish_op(part, index, ts, defer_ms, items),
             lambda published, items: Published.split(
                 published, [len(item[0]) for item in items], keyed)))
@@ -240,9 +248,11 @@ class DataPath(StoreBase):
         args = [channel, max_attempts, 0]
         for owner, timeout_ms, count, *most_bytes in groups:
             args += [owner, timeout_ms, count, most_bytes[0] if most_bytes else 0]
-        args.append(self.node(part))
-        return Op("deliver", [c.queue, c.inflight, c.msgs, c.leases, TopicKeys.of(part).due,
-                              c.meta, c.dead, c.deferred], args, Delivered.parse)
+        t = TopicKeys.of(part)
+        args += [t.wake, self.node(part)]
+        return Op("deliver", [c.queue, c.inflight, c.msgs, c.leases, t.due, c.meta, c.dead,
+                              c.deferred, c.gate, c.key_of, c.waiting, t.version], args,
+                  Delivered.parse)
 
     def deliver(self, topic: str, channel: str, groups: Sequence[tuple],
                 max_attempts: int = 0) -> list:
@@ -271,18 +281,21 @@ class DataPath(StoreBase):
     def finishing_first(deliver: Op, finish: Op) -> Op:
         """A deliver call of the same channel that also does a finish call's work first:
         the group commit folds FINs into the deliver that follows them."""
-        args = deliver.args
+        args, finished = deliver.args, finish.args[FINISH_HEAD:]
         pairs = int(args[2])
-        return deliver._replace(args=[*args[:2], pairs + len(finish.args) // 2,
-                                      *args[3:3 + 2 * pairs], *finish.args,
+        return deliver._replace(args=[*args[:2], pairs + len(finished) // 2,
+                                      *args[3:3 + 2 * pairs], *finished,
                                       *args[3 + 2 * pairs:]])
 
     def finish_op(self, part: str, channel: str, pairs: Sequence[tuple]) -> Op:
         """FIN each (owner, id) of one part: per pair 1 done, 0 not in flight, -1 owned
         by another."""
-        c = ChannelKeys.of(part, channel)
-        return _items_merge(Op("finish", [c.inflight, c.msgs, c.leases, c.deferred],
-                               [x for p in pairs for x in p]), 0, 2)
+        t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
+        return _items_merge(Op("finish",
+                               [c.inflight, c.msgs, c.leases, c.deferred, c.queue, c.gate,
+                                c.key_of, c.waiting, t.due, t.version],
+                               [channel, t.wake, self.node(part),
+                                *(x for p in pairs for x in p)]), FINISH_HEAD, 2)
 
     def finish(self, topic: str, channel: str, pairs: Sequence[tuple]) -> list:
         return self._by_part(self.finish_op, topic, channel, pairs)

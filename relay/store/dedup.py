@@ -101,34 +101,44 @@ class Dedup(DataPath):
                 "partitions": [{"partition": i, "keys": n} for i, n in enumerate(counts)]}
 
     def keyed_publish_ops(self, topic: str, bodies: Sequence[bytes],
-                          publish_keys: Sequence[bytes], defer_ms: int = 0) -> list[Op]:
-        """The calls of a publish with one key per body (checked by the caller,
-        key_problem): each returns its number of duplicates."""
+                          publish_keys: Sequence[bytes] | None, defer_ms: int = 0,
+                          order_keys: "Sequence[bytes | None] | None" = None) -> list[Op]:
+        """The calls of a publish with a publish key per body, an order key (or None) per
+        body (relay/store/ordering.py), or both (checked by the caller, key_problem):
+        with publish keys each returns its number of duplicates, else the count of its
+        last message. A message goes to the part its order key picks, else its publish
+        key's, else the publish's turn: a key's messages always meet in one part."""
         partitions = self.partitions(topic)
-        if partitions == 1:
-            return [self.publish_op(topic, bodies[i:i + KEYED_BODIES], defer_ms, index=0,
-                                    publish_keys=publish_keys[i:i + KEYED_BODIES])
-                    for i in range(0, len(bodies), KEYED_BODIES)]
+        turn = next(self._turns) % partitions
+
+        def part_of(i: int) -> int:
+            order_key = order_keys[i] if order_keys else None
+            if order_key:
+                return key_part(order_key, partitions)
+            return key_part(publish_keys[i], partitions) if publish_keys else turn
         by_part: dict[int, list[int]] = {}
-        for i, key in enumerate(publish_keys):
-            by_part.setdefault(key_part(key, partitions), []).append(i)
+        for i in range(len(bodies)):
+            by_part.setdefault(part_of(i) if partitions > 1 else 0, []).append(i)
         ops = []
         for index, positions in by_part.items():
             for start in range(0, len(positions), KEYED_BODIES):
                 chunk = positions[start:start + KEYED_BODIES]
-                ops.append(self.publish_op(topic, [bodies[i] for i in chunk], defer_ms,
-                                           index=index,
-                                           publish_keys=[publish_keys[i] for i in chunk]))
+                ops.append(self.publish_op(
+                    topic, [bodies[i] for i in chunk], defer_ms, index=index,
+                    publish_keys=publish_keys and [publish_keys[i] for i in chunk],
+                    order_keys=order_keys and [order_keys[i] for i in chunk]))
         return ops
 
     def publish_keyed(self, topic: str, bodies: Sequence[bytes],
-                      publish_keys: Sequence[bytes], defer_ms: int = 0) -> int:
-        """Publish with keys: the number of duplicates (not published)."""
+                      publish_keys: Sequence[bytes] | None, defer_ms: int = 0,
+                      order_keys: "Sequence[bytes | None] | None" = None) -> int:
+        """Publish with publish keys, order keys or both: the number of duplicates (not
+        published)."""
         duplicates = 0
         for reply in self.run_many(self.keyed_publish_ops(topic, bodies, publish_keys,
-                                                          defer_ms)):
+                                                          defer_ms, order_keys)):
             if isinstance(reply, Exception):
                 raise reply
-            duplicates += reply
+            duplicates += reply if publish_keys else 0
         return duplicates
 

@@ -62,8 +62,8 @@ class Expiry(Reads):
         `max_attempts`: the brokers' --max-attempts, which decides, where a channel has
         no setting of its own, whether its expired messages are dead letters."""
         t = TopicKeys.of(part)
-        return self._fanout_op("expire", part, [t.meta, t.channels, t.due],
-                               [most, max_attempts, self.node(part)], Expired.parse)
+        return self._fanout_op("expire", part, [t.meta, t.channels, t.due, t.version],
+                               [most, max_attempts, self.node(part), t.wake], Expired.parse)
 
     def expire_parts(self, parts: Sequence[str], seconds: float | None = None,
                      max_attempts: int = 0) -> int:

@@ -46,7 +46,8 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             topic's message TTL, ttl.lua), channel_ttl
                                             (1: a channel has its own); retention_ms,
                                             retention_bytes (settings, absent: off),
-                                            limited_channels (lib/limit.lua) and
+                                            limited_channels (lib/limit.lua),
+                                            ordered_channels (lib/order.lua) and
                                             the history's state: history_entries,
                                             history_messages, history_bytes (ever added),
                                             the same three history_start_* (the oldest
@@ -106,13 +107,22 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
     relay:{T}:ch:C:msgs               HASH  id -> record, for in-flight and deferred ids
     relay:{T}:ch:C:leases             HASH  id -> "<delivered ms> <owner>": in-flight ids of
                                             the layout before (lib/inflight.lua), until none
+    relay:{T}:ch:C:gate               HASH  an ordered channel's order key -> id of its one
+                                            message out: queued, in flight or deferred
+                                            (lib/order.lua; relay/store/ordering.py)
+    relay:{T}:ch:C:key_of             HASH  id -> order key, for those same messages
+    relay:{T}:ch:C:waiting            ZSET  the messages behind their key's, all at score 0:
+                                            "<order key> <id> <due ms, 0: now> <record>",
+                                            so a key's are in id (publish) order
     relay:{T}:ch:C:meta               HASH  message_count, requeue_count, timeout_count,
                                             dead_count, deleted_count (relay-admin msg
                                             --delete), expired_count, overflow_count;
                                             settings (paused, max_attempts ...; ttl_ms,
                                             ttl_from: the TTL in force, from "topic" or
                                             "channel", ttl.lua; max_depth, part_max_depth,
-                                            overflow: lib/limit.lua)
+                                            overflow: lib/limit.lua; ordered: 1 on an
+                                            ordered channel, counted in the topic meta's
+                                            ordered_channels)
     relay:{T}:ch:C:consumers          HASH  broker id -> number of its subscribed clients
     relay:{T}:ch:C:dead               LIST  records past max attempts, or
                                             "<reason>:<record>" (expired, overflow:
@@ -174,9 +184,12 @@ def nothing_key(key: str) -> str:
     return "{" + tag + "}:nothing"
 
 
-# The keys that hold a channel's messages (an empty drops them), then the rest.
-MESSAGE_SUFFIXES = ("queue", "inflight", "deferred", "msgs", "leases")
-CHANNEL_SUFFIXES = MESSAGE_SUFFIXES + ("meta", "consumers", "dead", "dead:lock")
+# The keys that hold a channel's messages (an empty drops them); a channel's keys, in the
+# order fan-out scripts are given them: the first five, the others, the order gate's last.
+ORDER_SUFFIXES = ("gate", "key_of", "waiting")
+MESSAGE_SUFFIXES = ("queue", "inflight", "deferred", "msgs", "leases") + ORDER_SUFFIXES
+CHANNEL_SUFFIXES = MESSAGE_SUFFIXES[:5] + ("meta", "consumers", "dead", "dead:lock") \
+    + ORDER_SUFFIXES
 
 
 def part_name(topic: str, index: int, salt: int = 0) -> str:
@@ -276,6 +289,9 @@ class ChannelKeys:
     consumers: str
     dead: str
     dead_lock: str
+    gate: str
+    key_of: str
+    waiting: str
 
     @classmethod
     @lru_cache(maxsize=65536)
@@ -294,4 +310,5 @@ class ChannelKeys:
 
     def all(self) -> list[str]:
         return [self.queue, self.inflight, self.deferred, self.msgs, self.leases,
-                self.meta, self.consumers, self.dead, self.dead_lock]
+                self.meta, self.consumers, self.dead, self.dead_lock, self.gate, self.key_of,
+                self.waiting]

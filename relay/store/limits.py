@@ -9,6 +9,7 @@ the parts in turn, so they fill evenly, and the channel holds at most P * ceil(N
 
 from typing import NamedTuple
 
+from relay.errors import RelayError
 from relay.store.data_path import DataPath
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.reads import Reads
@@ -16,6 +17,11 @@ from relay.store.runner import Op
 
 OVERFLOWS = ("reject", "drop-oldest", "dead-letter")
 LIMIT_FIELDS = (b"max_depth", b"part_max_depth", b"overflow")
+
+
+class OrderedAndLimited(RelayError):
+    """A channel cannot be ordered (relay/store/ordering.py) and have a depth limit: the
+    limit counts the queue, which on an ordered channel holds one message per key."""
 
 
 class Limit(NamedTuple):
@@ -49,6 +55,10 @@ class Limits(DataPath, Reads):
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
+            if reply == -1:
+                raise OrderedAndLimited(f"channel {topic}/{channel} is ordered: turn that off "
+                                   "first (relay-admin order --off), a depth limit and "
+                                   "ordered delivery do not go together")
         return all(replies)
 
     def limit(self, topic: str, channel: str) -> Limit | None:

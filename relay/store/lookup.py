@@ -13,7 +13,7 @@ from typing import Callable, Iterable
 from relay.codec import parse_record, record_id
 from relay.store import Op, Store, deadletter, guarded
 from relay.store.inflight import member_owner
-from relay.store.keys import ChannelKeys, id_part
+from relay.store.keys import ChannelKeys, TopicKeys, id_part
 
 SCAN_CHUNK = 10_000
 
@@ -92,9 +92,12 @@ def remove(store: Store, topic: str, channel: str, state: str, msg_id: bytes,
            record: bytes) -> bool:
     """Take a queued (its exact record) or deferred message out of the channel in one
     script call (remove.lua); False if it was no longer there."""
-    c = ChannelKeys.of(store.part(topic, id_part(msg_id)), channel)
-    target = record if state == "queued" else msg_id
-    return bool(store.run(Op("remove", [c.queue, c.deferred, c.msgs, c.meta], [state, target])))
+    part = store.part(topic, id_part(msg_id))
+    t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
+    target = {"queued": record, "waiting": record}.get(state, msg_id)
+    return bool(store.run(Op("remove", [c.queue, c.deferred, c.msgs, c.meta, c.gate, c.key_of,
+                                        c.waiting, t.due, t.version],
+                             [state, target, channel, t.wake, store.node(part)])))
 
 
 def queued(store: Store, topic: str, channel: str, limit: int) -> list[dict]:

@@ -252,13 +252,14 @@ class Reads(StoreBase):
             for part in parts:
                 c = ChannelKeys.of(part, channel)
                 pipe.llen(c.queue)
+                pipe.zcard(c.waiting)
                 pipe.zcard(c.inflight)
                 pipe.zcard(c.deferred)
                 pipe.hgetall(c.meta)
                 pipe.hvals(c.consumers)
 
         def take(replies: Iterator, parts: list[str], channel: str) -> list[dict]:
-            return [_channel_figures(*(next(replies) for _ in range(5))) for _ in parts]
+            return [_channel_figures(*(next(replies) for _ in range(6))) for _ in parts]
         return self._batched(channels, send, take)
 
     def queued_records(self, topic: str, channel: str, chunk: int):
@@ -274,10 +275,11 @@ class Reads(StoreBase):
         return value.decode() if value is not None else None
 
 
-def _channel_figures(depth: int, inflight: int, deferred: int, meta: dict,
+def _channel_figures(queued: int, waiting: int, inflight: int, deferred: int, meta: dict,
                      consumers: list) -> dict:
-    """A channel part's figures from its LLEN, ZCARDs, meta and consumers' counts."""
-    return {"depth": depth, "in_flight_count": inflight, "deferred_count": deferred,
+    """A channel part's figures from its LLEN, ZCARDs, meta and consumers' counts: the
+    depth counts the messages of an ordered channel waiting behind their keys."""
+    return {"depth": queued + waiting, "in_flight_count": inflight, "deferred_count": deferred,
             "message_count": int(meta.get(b"message_count", 0)),
             "requeue_count": int(meta.get(b"requeue_count", 0)),
             "timeout_count": int(meta.get(b"timeout_count", 0)),

@@ -15,7 +15,8 @@ from relay.broker import registry
 from relay.broker.client import client_stats, producer_stats
 from relay.store import stats
 from relay.store.causes import cause
-from relay.store.dedup import BadKeyedMessage, key_problem, keyed_messages
+from relay.store.dedup import BadKeyedMessage, key_problem
+from relay.store.ordering import order_key_problem, split_keyed_forms
 from relay.codec import NSQD_VERSION, parse_int64, split_lines, split_mpub
 from relay.broker.context import BrokerContext
 from relay.errors import ClientError, OutcomeUnknown, StoreError, publish_outcome
@@ -117,9 +118,18 @@ class NsqdApi:
             problem = key_problem(key) if key is not None else None
             if problem:
                 raise HttpError(400, problem)
-        if key is None:
-            return self._publish(request, topic, [body], defer)
-        return self._publish_keyed(request, topic, [body], [key], defer)
+            order_key = self._order_key(request)
+        return self._publish(request, topic, [body], defer, None if key is None else [key],
+                             None if order_key is None else [order_key])
+
+    @staticmethod
+    def _order_key(request) -> bytes | None:
+        """The order key of `key=` (relay/store/ordering.py), or None."""
+        key = request.arg_bytes("key")
+        problem = order_key_problem(key) if key is not None else None
+        if problem:
+            raise HttpError(400, problem)
+        return key
 
     def _defer(self, request) -> int:
         raw = request.arg("defer")
@@ -136,16 +146,16 @@ class NsqdApi:
     def mpub(self, request):
         topic = request.topic()
         with self._made_if_refused(request, topic):
-            bodies, publish_keys = self._mpub_messages(request)
+            bodies, publish_keys, order_keys = self._mpub_messages(request)
         if not bodies:
             self._create(request, topic)
             return "OK"
-        if publish_keys is not None:
-            return self._publish_keyed(request, topic, bodies, publish_keys)
-        return self._publish(request, topic, bodies)
+        return self._publish(request, topic, bodies, 0, publish_keys, order_keys)
 
-    def _mpub_messages(self, request) -> tuple[list, list | None]:
-        """The bodies of an /mpub, and their publish keys with keyed=true."""
+    def _mpub_messages(self, request) -> tuple[list, list | None, list | None]:
+        """The bodies of an /mpub, their publish keys with keyed=true, and their order
+        keys: each its own with ordered=true, or all key=."""
+        one_key = self._order_key(request)
         raw = request.arg("binary")
         binary = raw is not None and BOOLS.get(raw, True)
         body = request.body(self.options.max_body_size, "BODY_TOO_BIG")
@@ -161,13 +171,21 @@ class NsqdApi:
             if lines is None:
                 raise HttpError(413, "MSG_TOO_BIG")
             bodies = lines
-        raw = request.arg("keyed")
-        if not bodies or raw is None or not BOOLS.get(raw, True):
-            return bodies, None
+        keyed, ordered = (self._flag(request, name) for name in ("keyed", "ordered"))
+        if ordered and one_key is not None:
+            raise HttpError(400, "INVALID_ARG_KEY")     # key= or a key per message
+        if not bodies:
+            return bodies, None, None
         try:
-            return keyed_messages(bodies)
+            bodies, publish_keys, order_keys = split_keyed_forms(bodies, keyed, ordered)
         except BadKeyedMessage as e:
             raise HttpError(400, e.code) from None
+        return bodies, publish_keys, [one_key] * len(bodies) if one_key else order_keys
+
+    @staticmethod
+    def _flag(request, name: str) -> bool:
+        raw = request.arg(name)
+        return raw is not None and BOOLS.get(raw, True)
 
     @contextmanager
     def _made_if_refused(self, request, topic: str):
@@ -184,25 +202,26 @@ class NsqdApi:
         self._publishing(request, topic, lambda: self.broker.store.create_topic(topic),
                          before=True)
 
-    def _publish(self, request, topic: str, bodies: list, defer: int = 0) -> str:
-        broker = self.broker
-        result = self._publishing(request, topic, lambda: broker.commit.submit_made(
-            lambda: broker.store.publish_op(topic, bodies, defer)), before=True)
-        self._publishing(request, topic, result.get)
-        broker.metrics.published.inc(len(bodies))
-        return "OK"
+    def _publish(self, request, topic: str, bodies: list, defer: int = 0,
+                 publish_keys: list | None = None, order_keys: list | None = None) -> str:
+        """Publish, with publish keys (relay/store/dedup.py) "OK" all the same, and how
+        many were duplicates, not published, in the header X-Relay-Duplicates; with order
+        keys, given or by the topic's rule (relay/store/ordering.py), one call per part
+        they reach."""
+        broker, store = self.broker, self.broker.store
 
-    def _publish_keyed(self, request, topic: str, bodies: list, publish_keys: list,
-                       defer: int = 0) -> str:
-        """Publish with keys (relay/store/dedup.py): "OK" all the same, and how many were
-        duplicates, not published, in the header X-Relay-Duplicates."""
-        broker = self.broker
-        result = self._publishing(request, topic, lambda: broker.commit.submit_all_made(
-            lambda: broker.store.keyed_publish_ops(topic, bodies, publish_keys, defer)),
-            before=True)
-        duplicates = sum(self._publishing(request, topic, result.get))
+        def submit():
+            keys = store.order_keys(topic, bodies, order_keys)
+            if publish_keys is None and keys is None:
+                return broker.commit.submit_made(lambda: store.publish_op(topic, bodies, defer))
+            return broker.commit.submit_all_made(
+                lambda: store.keyed_publish_ops(topic, bodies, publish_keys, defer, keys))
+        result = self._publishing(request, topic, submit, before=True)
+        got = self._publishing(request, topic, result.get)
+        duplicates = sum(got) if publish_keys is not None else 0
         broker.metrics.published.inc(len(bodies) - duplicates)
-        request.reply_headers.append((DUPLICATES_HEADER, str(duplicates)))
+        if publish_keys is not None:
+            request.reply_headers.append((DUPLICATES_HEADER, str(duplicates)))
         return "OK"
 
     @staticmethod

@@ -14,27 +14,33 @@
 -- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] leases (the layout before,
 -- lib/inflight.lua)   KEYS[5] topic due index   KEYS[6] channel meta (a paused channel
 -- delivers nothing; its max_attempts field overrides ARGV[2]; ttl_ms, dead_letter_topic:
--- above)   KEYS[7] dead-letter outbox   KEYS[8] deferred
+-- above)   KEYS[7] dead-letter outbox   KEYS[8] deferred   KEYS[9] gate   KEYS[10] key_of
+-- KEYS[11] waiting (lib/order.lua: what is finished, dead-lettered or expired releases its
+-- order key)   KEYS[12] topic version (lib/news.lua)
 -- ARGV[1] channel name (its member in the due index)   ARGV[2] max attempts (0: unlimited)
 -- ARGV[3] F, then F pairs to finish first: owner, id (the group commit folds the FINs
 -- of this channel that precede the call into it: one call frees credit and uses it)
--- then groups of 4: owner, timeout ms, count, most bytes (0: any), then last the node
--- keys' prefix (node.lua)
+-- then groups of 4: owner, timeout ms, count, most bytes (0: any), then last the wake
+-- pub/sub channel and the node keys' prefix (node.lua)
 -- Returns one list of records per group, in ARGV order, then the channel's count of
 -- empties (drop.lua), which tells the broker whether the records predate an empty,
 -- then the finish codes (finish.lua's), one per pair, then 1 if the queue still has
 -- messages, else 0 (the broker then waits for a wake-up instead of asking again).
 
 local groups = 4 + 2 * tonumber(ARGV[3])
+local LAST_GROUP = #ARGV - 2
 local k = {inflight = KEYS[2], msgs = KEYS[3], leases = KEYS[4], deferred = KEYS[8]}
-local finished = finish_pairs(k, ARGV, 4, groups - 1)
+local o = {queue = KEYS[1], gate = KEYS[9], key_of = KEYS[10], waiting = KEYS[11],
+           msgs = KEYS[3], deferred = KEYS[8], due_index = KEYS[5], version = KEYS[12],
+           channel = ARGV[1], wake = ARGV[#ARGV - 1], node = ARGV[#ARGV]}
+local finished = finish_pairs(k, ARGV, 4, groups - 1, o)
 local out = {}
 -- the channel's controls in one read: what every call needs, read where it is kept
 local meta = redis.call('HMGET', KEYS[6], 'empties', 'paused', 'max_attempts', 'ttl_ms',
                         'dead_letter_topic')
 local empties = tonumber(meta[1] or '0')
 if meta[2] then
-  for g = groups, #ARGV - 1, 4 do out[#out + 1] = {} end
+  for g = groups, LAST_GROUP, 4 do out[#out + 1] = {} end
   out[#out + 1] = empties
   out[#out + 1] = finished
   out[#out + 1] = 0
@@ -47,6 +53,7 @@ local ttl = tonumber(meta[4] or '0')
 local oldest_live = now - ttl     -- with a TTL, a message published before this expired
 local dead_letters = max_attempts > 0 or meta[5] ~= false
 local dead, spent, expired = {}, 0, 0   -- outbox entries; past max attempts; expired
+local left = {}                         -- the ids of those, which leave the channel
 
 -- Up to `count` records that may still be delivered, oldest first, of no more than
 -- `max_bytes` together (0: no limit) unless the first alone is more: a consumer's
@@ -77,8 +84,10 @@ local function pop(count, max_bytes)
       if max_attempts > 0 and record_attempts(r) >= max_attempts then
         dead[#dead + 1] = r
         spent = spent + 1
+        left[#left + 1] = record_id(r)
       elseif ttl > 0 and timestamp_ms(r) < oldest_live then
         expired = expired + 1
+        left[#left + 1] = record_id(r)
         if dead_letters then dead[#dead + 1] = dead_entry('expired', r) end
       else
         records[#records + 1] = r
@@ -93,7 +102,7 @@ end
 -- every group's records go in flight with one HSET and one ZADD
 local earliest = nil
 local msgs, inflight, n = {}, {}, 0
-for g = groups, #ARGV - 1, 4 do
+for g = groups, LAST_GROUP, 4 do
   local deadline = now + tonumber(ARGV[g + 1])
   local owner = ARGV[g]
   local records = pop(tonumber(ARGV[g + 2]), tonumber(ARGV[g + 3]))
@@ -123,6 +132,7 @@ end
 if earliest then
   due_lower(ARGV[#ARGV], KEYS[5], ARGV[1], earliest)
 end
+order_release(o, left)
 out[#out + 1] = empties
 out[#out + 1] = finished
 out[#out + 1] = redis.call('EXISTS', KEYS[1])

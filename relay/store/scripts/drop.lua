@@ -32,14 +32,19 @@ local function detach(key)
 end
 
 local function drop_channel(c)
-  for _, suffix in ipairs({'queue', 'inflight', 'deferred', 'msgs', 'leases'}) do
+  for _, suffix in ipairs({'queue', 'inflight', 'deferred', 'msgs', 'leases', 'gate', 'key_of',
+                           'waiting'}) do
     detach(channel_key(c, suffix))
   end
   redis.call('ZREM', KEYS[6], channel_name(c))
   node_set(NODE, KEYS[6], channel_name(c), nil)
   if delete then
-    if redis.call('HEXISTS', channel_key(c, 'meta'), 'max_depth') == 1 then
+    local meta = redis.call('HMGET', channel_key(c, 'meta'), 'max_depth', 'ordered')
+    if meta[1] then
       redis.call('HINCRBY', KEYS[3], 'limited_channels', -1)   -- lib/limit.lua
+    end
+    if meta[2] then
+      redis.call('HINCRBY', KEYS[3], 'ordered_channels', -1)   -- lib/order.lua
     end
     for _, suffix in ipairs({'meta', 'consumers', 'dead', 'dead_lock'}) do
       redis.call('UNLINK', channel_key(c, suffix))

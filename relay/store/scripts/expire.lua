@@ -1,4 +1,4 @@
--- include: fanout.lua, time.lua, record.lua, deadletter.lua, node.lua
+-- include: fanout.lua, time.lua, record.lua, deadletter.lua, node.lua, order.lua
 -- expire: the scanner's sweep of expired messages that nobody consumes. From the head
 -- of the queue of each of a part's channels with a TTL (ttl_ms in its meta: ttl.lua),
 -- the records published before now - TTL go as deliver.lua sends them when it pops
@@ -9,18 +9,20 @@
 -- forwards its letters. A paused channel is left alone, as deliver.lua leaves it. A
 -- queue is in publish order but for the messages requeued to its tail, so the sweep
 -- stops at the first live record: an expired one behind it goes when it is delivered.
+-- On an ordered channel what goes releases its order key (lib/order.lua).
 --
--- KEYS[1] topic meta   KEYS[2] topic channels   KEYS[3] topic due index, then the
--- channels' keys (fanout.lua)
+-- KEYS[1] topic meta   KEYS[2] topic channels   KEYS[3] topic due index   KEYS[4] topic
+-- version (lib/news.lua), then the channels' keys (fanout.lua)
 -- ARGV[1..ARG0] the channels (fanout.lua), then: the most records to expire in this
 -- call, the scanner's max attempts (0: unlimited; a channel's max_attempts wins), the
--- node keys' prefix (node.lua)
+-- node keys' prefix (node.lua), the wake pub/sub channel
 -- Returns {taken out, more}: more is 1 when the call stopped at its bound (`most`).
 local STEP = 100   -- records read per LRANGE
 
 local stale = stale_channels(KEYS[2])
 if stale then return stale end
 local most, max_attempts, node = tonumber(ARGV[ARG0 + 1]), ARGV[ARG0 + 2], ARGV[ARG0 + 3]
+local wake = ARGV[ARG0 + 4]
 local now = now_ms()
 local total, more = 0, 0
 
@@ -28,13 +30,18 @@ local total, more = 0, 0
 -- how many expired, and how many were spent (delivered max_attempts times already).
 local function expire_head(c, oldest_live, attempts, dead_letters)
   local queue, expired, spent = channel_key(c, 'queue'), 0, 0
+  local o = {queue = queue, gate = channel_key(c, 'gate'), key_of = channel_key(c, 'key_of'),
+             waiting = channel_key(c, 'waiting'), msgs = channel_key(c, 'msgs'),
+             deferred = channel_key(c, 'deferred'), due_index = KEYS[3], version = KEYS[4],
+             channel = channel_name(c), wake = wake, node = node}
   while expired + spent < most do
     local want = math.min(STEP, most - expired - spent)
     local records = redis.call('LRANGE', queue, 0, want - 1)
-    local n, dead = 0, {}
+    local n, dead, left = 0, {}, {}
     while n < #records and timestamp_ms(records[n + 1]) < oldest_live do
       n = n + 1
       local r = records[n]
+      left[n] = record_id(r)
       if attempts > 0 and record_attempts(r) >= attempts then
         dead[#dead + 1], spent = r, spent + 1
       elseif dead_letters then
@@ -45,7 +52,9 @@ local function expire_head(c, oldest_live, attempts, dead_letters)
     end
     if #dead > 0 then redis.call('RPUSH', channel_key(c, 'dead'), unpack(dead)) end
     if n > 0 then redis.call('LTRIM', queue, n, -1) end
-    if n < want then return expired, spent end   -- a live record, or the queue's end
+    local released = order_release(o, left)
+    -- a live record, or the queue's end (but for the messages the expired ones released)
+    if n < #records or (n < want and released == 0) then return expired, spent end
   end
   more = 1
   return expired, spent

@@ -5,9 +5,13 @@
 -- KEYS[1] topic channels   KEYS[2] topic meta   KEYS[3] channel meta
 -- ARGV[1] channel   ARGV[2] max depth as set ('' removes the limit)   ARGV[3] this part's
 -- share of it   ARGV[4] overflow (reject, drop-oldest or dead-letter)
--- Returns 1, or 0 when there is no such channel.
+-- Returns 1, 0 when there is no such channel, or -1 when it is ordered (lib/order.lua:
+-- a limit counts the queue, which there holds one message per key).
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then
   return 0
+end
+if ARGV[2] ~= '' and redis.call('HEXISTS', KEYS[3], 'ordered') == 1 then
+  return -1
 end
 local had = redis.call('HEXISTS', KEYS[3], 'max_depth') == 1
 if ARGV[2] == '' then

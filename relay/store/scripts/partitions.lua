@@ -4,7 +4,9 @@
 -- salts their names carry: keys.part_names) is written with the count: the parts there
 -- keep theirs, new ones take the caller's, so every process names them alike.
 --
--- KEYS[1] topic version (part 0's; fields `partitions`, absent: 1, and `placement`)
+-- KEYS[1] topic version (part 0's; fields `partitions`, absent: 1, `placement`, and
+-- `order_key`: the topic's rule for the order key of a message that has none,
+-- relay/store/ordering.py, which brokers learn with the count)
 -- KEYS[2] topic meta
 -- ARGV[1] the default for a topic that is new (neither key exists)
 -- ARGV[2] the count to raise it to (0: only read)   ARGV[3] the topic's wake channel
@@ -14,8 +16,10 @@
 -- ARGV[6] the salts of parts 1, 2, ... for the count it may set ('': none,
 -- relay/store/placement.py)
 -- Returns {the count now, the count before, 1 if this call found the topic new and
--- gave it the retention, else 0, the placement now ('' if none)}.
-local fields = redis.call('HMGET', KEYS[1], 'partitions', 'placement')
+-- gave it the retention, else 0, the placement now ('' if none), the order key rule
+-- ('' if none)}.
+local fields = redis.call('HMGET', KEYS[1], 'partitions', 'placement', 'order_key')
+local rule = fields[3] or ''
 local before = tonumber(fields[1] or '0')
 local placement = fields[2] or ''
 local wanted = tonumber(ARGV[2])
@@ -33,7 +37,7 @@ if before == 0 then
   before = 1
 end
 if wanted <= before then
-  return {before, before, made, placement}
+  return {before, before, made, placement, rule}
 end
 redis.call('HSET', KEYS[1], 'partitions', wanted)
 local given = ARGV[6] or ''
@@ -48,4 +52,4 @@ if given ~= '' or placement ~= '' then
   redis.call('HSET', KEYS[1], 'placement', placement)
 end
 announce(KEYS[1], ARGV[3], '', ARGV[4])
-return {wanted, before, made, placement}
+return {wanted, before, made, placement, rule}

@@ -15,7 +15,8 @@
 -- ARGV[1..ARG0] the channels (fanout.lua), then: wake pub/sub channel,
 -- 8-byte timestamp, defer ms (0 = now), the part's number (keys.py), the node keys'
 -- prefix (lib/node.lua), the number of publish keys (0: none), the groups ('' for one),
--- bodies..., then with keys one more: a key per body, joined by spaces (one argument
+-- the order keys ('' for none; else one per body joined by newlines, an empty one for a
+-- body without: lib/order.lua), bodies..., then with keys one more: a key per body, joined by spaces (one argument
 -- costs less to send than one per key; keys have no spaces). A key the part's dedup
 -- window remembers, or an earlier message of the call has, is not published again
 -- (lib/dedup.lua).
@@ -45,7 +46,8 @@ local part = tonumber(ARGV[ARG0 + 4])
 local NODE = ARGV[ARG0 + 5]
 local keyed = tonumber(ARGV[ARG0 + 6])
 local grouped = ARGV[ARG0 + 7] ~= ''
-local FIRST_BODY = ARG0 + 8
+local ordered = ARGV[ARG0 + 8]
+local FIRST_BODY = ARG0 + 9
 local n = #ARGV - FIRST_BODY + 1 - math.min(keyed, 1)
 local publish_keys, known, window = nil, nil, nil
 if keyed > 0 then
@@ -55,6 +57,13 @@ end
 local due = nil
 if defer > 0 then due = now_ms() + defer end
 local p = publishing(due)
+
+-- The order key of each body (false for none), from their joined form.
+local function order_split(joined)
+  local out = {}
+  for key in string.gmatch(joined .. '\n', '([^\n]*)\n') do out[#out + 1] = key ~= '' and key end
+  return out
+end
 
 -- Per group (sizes), what to publish, and its answer: {its last message's place among
 -- those published or 0, its duplicates}, or {0, why refused}. Returns the places of the
@@ -96,9 +105,15 @@ local last = 0
 if n > 0 then
   last = redis.call('INCRBY', KEYS[1], n)
   if window then dedup_remember(KEYS[9], window, publish_keys, fresh) end
-  local bodies = {}
-  for i = 1, n do bodies[i] = ARGV[FIRST_BODY + (fresh and fresh[i] or i) - 1] end
-  local bytes = append(p, last - n + 1, bodies, timestamp, part)
+  local bodies, order_keys, given = {}, nil, nil
+  if ordered ~= '' and p.ordered then
+    order_keys, given = {}, order_split(ordered)
+  end
+  for i = 1, n do
+    bodies[i] = ARGV[FIRST_BODY + (fresh and fresh[i] or i) - 1]
+    if order_keys then order_keys[i] = given[fresh and fresh[i] or i] end
+  end
+  local bytes = append(p, last - n + 1, bodies, timestamp, part, order_keys)
   appended(p, n, bytes, wake, NODE)
 end
 if not answers then

@@ -8,8 +8,8 @@
 -- KEYS[1] topic channels   KEYS[2] topic meta   KEYS[3] channel consumers
 -- KEYS[4] topic due index   KEYS[5] queue   KEYS[6] inflight   KEYS[7] deferred
 -- KEYS[8] msgs   KEYS[9] leases (the layout before, lib/inflight.lua)   KEYS[10] channel meta
--- KEYS[11..12] the channel's other keys
--- KEYS[13] topic version (lib/news.lua)
+-- KEYS[11..15] the channel's other keys
+-- KEYS[16] topic version (lib/news.lua)
 -- ARGV[1] channel name   ARGV[2] dead broker id   ARGV[3] 1 if the channel is ephemeral
 -- ARGV[4] 1 if the topic is ephemeral   ARGV[5] wake pub/sub channel
 -- ARGV[6] the node keys' prefix (lib/node.lua)
@@ -29,6 +29,6 @@ release(k, ids, members, old, true)
 local requeued = #ids
 if requeued > 0 then
   redis.call('HINCRBY', KEYS[10], 'requeue_count', requeued)
-  announce(KEYS[13], ARGV[5], ARGV[1], ARGV[6])
+  announce(KEYS[16], ARGV[5], ARGV[1], ARGV[6])
 end
 return {0, requeued}

@@ -1,14 +1,16 @@
--- include: fanout.lua, time.lua, chunked.lua, record.lua, news.lua, history.lua, limit.lua
+-- include: fanout.lua, time.lua, chunked.lua, record.lua, news.lua, history.lua, limit.lua, order.lua
 -- append.lua provides publishing(), append() and appended(): how published messages are
 -- made visible, shared by publish.lua (a whole publish in one call) and publish_step.lua
 -- (a step of a staged one). The including script's KEYS[1..8] are publish.lua's.
 -- publishing(due) reads, once per call, where its messages go: `channels` (0 while the
 -- topic is paused: its backlog keeps them), the channels' depth limits (`limits`, read
--- only when the topic meta counts one, for messages made ready now) and the history's
--- state (`history`, only with retention on); `due` is the deferred messages' due time
--- (ms), nil for messages ready now.
--- append(p, first, bodies, timestamp, part) queues the bodies (counts first, first + 1,
--- ...) and retains them; appended(p, n, bytes, wake, node) does what follows n more:
+-- only when the topic meta counts one, for messages made ready now), which channels are
+-- ordered (`ordered`, read only when the topic meta counts one: lib/order.lua) and the
+-- history's state (`history`, only with retention on); `due` is the deferred messages'
+-- due time (ms), nil for messages ready now.
+-- append(p, first, bodies, timestamp, part, order_keys) queues the bodies (counts first,
+-- first + 1, ...) and retains them; `order_keys` (nil: none; else an order key or false
+-- per body) pass an ordered channel's gate (lib/order.lua); appended(p, n, bytes, wake, node) does what follows n more:
 -- the counters, the overflow of drop-oldest and dead-letter channels, the wake-up and
 -- the history's trim.
 -- what a trim removes at most, beyond what the call added: entries and record bytes;
@@ -18,13 +20,19 @@ local TRIM_ENTRIES, TRIM_BYTES, TRIM_SLACK, TRIM_SLACK_MOST = 1000, 1048576, 0.0
 
 local function publishing(due)
   local meta = redis.call('HMGET', KEYS[2], 'paused', 'retention_ms', 'retention_bytes',
-                          'limited_channels')
+                          'limited_channels', 'ordered_channels')
   local p = {channels = N_CHANNELS, due = due, added_entries = 0, added_bytes = 0}
   if meta[1] then
     p.channels = 0  -- a paused topic keeps everything in its backlog (pause_topic.lua)
   end
   if meta[4] and meta[4] ~= '0' and p.channels > 0 and not due then
     p.limits = channel_limits(p.channels)
+  end
+  if meta[5] and meta[5] ~= '0' and p.channels > 0 then
+    p.ordered = {}
+    for c = 1, p.channels do
+      p.ordered[c] = redis.call('HEXISTS', channel_key(c, 'meta'), 'ordered') == 1
+    end
   end
   if meta[2] or meta[3] then
     p.history = history_state(redis.call('HMGET', KEYS[2], unpack(HISTORY_FIELDS)), 1)
@@ -42,9 +50,18 @@ local function interleave(first, second)
   return out
 end
 
+-- The ids and records that go out in channel c now: all, but on an ordered channel
+-- those whose key has a message out wait (lib/order.lua).
+local function going_out(p, c, ids, records, order_keys)
+  if not (order_keys and p.ordered and p.ordered[c]) then return ids, records end
+  return order_admit({gate = channel_key(c, 'gate'), key_of = channel_key(c, 'key_of'),
+                      waiting = channel_key(c, 'waiting')}, ids, records, order_keys,
+                     p.due or 0)
+end
+
 -- The bodies queued (or deferred) in every channel, else the backlog, and retained;
 -- returns their bytes.
-local function append(p, first, bodies, timestamp, part)
+local function append(p, first, bodies, timestamp, part, order_keys)
   local ids, records, counts, bytes = {}, {}, {}, 0
   for i, body in ipairs(bodies) do
     local count = first + i - 1
@@ -63,15 +80,17 @@ local function append(p, first, bodies, timestamp, part)
       call_chunked('RPUSH', KEYS[4], records)
     end
     for c = 1, p.channels do
-      call_chunked('RPUSH', channel_key(c, 'queue'), records)
+      local _, out = going_out(p, c, ids, records, order_keys)
+      call_chunked('RPUSH', channel_key(c, 'queue'), out)
     end
   else
     if p.channels == 0 then
       call_chunked('ZADD', KEYS[5], interleave(p.due, records))
     end
     for c = 1, p.channels do
-      call_chunked('HSET', channel_key(c, 'msgs'), interleave(ids, records))
-      call_chunked('ZADD', channel_key(c, 'deferred'), interleave(p.due, ids))
+      local out_ids, out = going_out(p, c, ids, records, order_keys)
+      call_chunked('HSET', channel_key(c, 'msgs'), interleave(out_ids, out))
+      call_chunked('ZADD', channel_key(c, 'deferred'), interleave(p.due, out_ids))
     end
   end
   return bytes

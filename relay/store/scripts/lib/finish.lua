@@ -1,12 +1,13 @@
--- include: chunked.lua, inflight.lua
+-- include: chunked.lua, inflight.lua, order.lua
 -- finish.lua provides finish_pairs(): FIN of the (owner, id) pairs args[first..last],
 -- for any number of owners: one ZMSCORE of their members, then one variadic ZREM and
 -- HDEL for all that took. finish.lua runs it alone; deliver.lua first, for the FINs
 -- the group commit folds into a deliver call of the same channel.
--- k: {inflight =, msgs =, leases =, deferred =} keys.
+-- k: {inflight =, msgs =, leases =, deferred =} keys; o: the channel's order gate
+-- (lib/order.lua), which the messages finished release.
 -- Returns per pair: 1 finished, 0 not in flight (or finished earlier in this call),
 -- -1 in flight for another client.
-local function finish_pairs(k, args, first, last)
+local function finish_pairs(k, args, first, last, o)
   local out = {}
   if last < first then
     return out
@@ -27,6 +28,7 @@ local function finish_pairs(k, args, first, last)
   end
   if #done > 0 then
     release(k, done, members, done_old, false)
+    order_release(o, done)
   end
   return out
 end

@@ -2,7 +2,7 @@
 -- unsubscribed one, or a reaper removed a dead broker's), an ephemeral channel with no
 -- consumer left on any broker is deleted, and an ephemeral topic with its last channel.
 -- KEYS are laid out as unsubscribe.lua's: [1] topic channels [2] topic meta
--- [3] channel consumers [4] topic due index [5..12] the other keys of the channel.
+-- [3] channel consumers [4] topic due index [5..15] the other keys of the channel.
 -- Returns 0 kept, 1 channel deleted, 2 channel and topic deleted.
 local function drop_if_unused(channel, channel_ephemeral, topic_ephemeral)
   if channel_ephemeral ~= '1' or redis.call('HLEN', KEYS[3]) > 0 then
@@ -10,7 +10,10 @@ local function drop_if_unused(channel, channel_ephemeral, topic_ephemeral)
   end
   redis.call('SREM', KEYS[1], channel)
   redis.call('ZREM', KEYS[4], channel)
-  redis.call('UNLINK', KEYS[3], unpack(KEYS, 5, 12))
+  if redis.call('HEXISTS', KEYS[10], 'ordered') == 1 then
+    redis.call('HINCRBY', KEYS[2], 'ordered_channels', -1)   -- lib/order.lua
+  end
+  redis.call('UNLINK', KEYS[3], unpack(KEYS, 5, 15))
   if topic_ephemeral == '1' and redis.call('SCARD', KEYS[1]) == 0 then
     redis.call('UNLINK', KEYS[2])
     return 2

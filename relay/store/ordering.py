@@ -1,0 +1,163 @@
+"""Ordered delivery by key (relay-admin order; lib/order.lua does the work in the
+scripts). An ordered channel delivers the messages of one order key in publish order,
+one at a time: the next goes out only once the one before is finished, dead-lettered,
+expired or deleted. Different keys go out in parallel. A channel's mode is the meta
+field `ordered` on every part, with the topic meta's count of ordered channels
+(`ordered_channels`), so that publishing to a topic without one reads nothing more.
+
+An order key is not a publish key (relay/store/dedup.py): that one makes a publish
+idempotent, this one orders delivery; a message may carry both. A message gets its
+order key from its publisher (/pub?key=, IDENTIFY relay_order), or else from its
+topic's rule (`order_key` in part 0's version hash): a JSON field of the body, or the
+text before a separator. Brokers learn a rule with the partition count, so a new rule is
+in force within PARTITIONS_TTL. A key always goes to the part its hash picks, so its
+order holds over partitions; raising the count moves keys (their order may break once)."""
+
+import json
+from typing import NamedTuple, Sequence
+
+from relay.store.data_path import DataPath
+from relay.store.dedup import BadKeyedMessage, key_problem, keyed_messages
+from relay.store.keys import ChannelKeys, TopicKeys
+from relay.store.limits import OrderedAndLimited
+from relay.store.runner import Op
+
+ORDERED_FIELD = "ordered"
+RULE_FIELD = "order_key"
+RULE_KINDS = ("json-field", "separator")
+
+
+def order_key_problem(key: bytes) -> str | None:
+    """Why `key` cannot be an order key, as an nsqd-style code (KEY_EMPTY, KEY_TOO_LONG,
+    KEY_NOT_TEXT), or None: the same 1-256 bytes of text without spaces as a publish key."""
+    problem = key_problem(key)
+    return problem and "KEY_" + problem.removeprefix("ID_")
+
+
+def split_keyed_forms(messages: list[bytes], publish_keys: bool, order_keys: bool
+                      ) -> "tuple[list[bytes], list[bytes] | None, list[bytes | None] | None]":
+    """(bodies, publish keys, order keys) of messages in the keyed body forms: "KEY BODY"
+    with publish keys, "ORDERKEY BODY" with order keys, "KEY ORDERKEY BODY" with both
+    (/mpub?keyed=true&ordered=true, MPUB keyed+ordered); BadKeyedMessage for the first
+    that is not, its code KEY_* for an order key."""
+    ids: list[bytes] | None = None
+    found: "list[bytes | None] | None" = None
+    if publish_keys:
+        messages, ids = keyed_messages(messages)
+    if order_keys:
+        try:
+            messages, keys = keyed_messages(messages)
+        except BadKeyedMessage as e:
+            raise BadKeyedMessage(e.number, "KEY_" + e.code.removeprefix("ID_")
+                                  if e.code.startswith("ID_") else e.code) from None
+        found = list(keys)
+    return messages, ids, found
+
+
+class OrderKeyRule(NamedTuple):
+    """How a topic reads the order key of a message published without one: `kind`
+    json-field (the body is a JSON object, the key its field `value`: a string, or a
+    number as written) or separator (the key is the text before the first `value`)."""
+
+    kind: str
+    value: str
+
+    @classmethod
+    def parse(cls, text: str) -> "OrderKeyRule | None":
+        kind, _, value = text.partition(":")
+        return cls(kind, value) if kind in RULE_KINDS and value else None
+
+    def text(self) -> str:
+        return f"{self.kind}:{self.value}"
+
+    def key_of(self, body: bytes) -> bytes | None:
+        """The body's order key by this rule, or None (no such field or separator, or
+        what it gives is no valid key)."""
+        if self.kind == "separator":
+            key, separator, _ = body.partition(self.value.encode())
+            if not separator:
+                return None
+        else:
+            try:
+                value = json.loads(body).get(self.value)
+            except (ValueError, AttributeError):
+                return None
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                return None
+            key = str(value).encode()
+        return None if key_problem(key) else key
+
+
+class Ordering(DataPath):
+    """Ordered channels, and the order keys of what is published."""
+
+    def set_ordered(self, topic: str, channel: str, on: bool) -> int:
+        """Turn the channel's ordered delivery on (making the channel if needed) or off:
+        the messages waiting behind their keys that went out (turned off). Raises
+        OrderedAndLimited for a channel with a depth limit."""
+        if on:
+            self.subscribe(topic, channel, "")      # /channel/create's way
+        released = 0
+        for part in self.parts(topic, fresh=True):
+            t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
+            reply = self.run(Op("ordered", [t.channels, t.meta, c.meta, c.queue, c.deferred,
+                                            c.msgs, c.gate, c.key_of, c.waiting, t.due,
+                                            t.version],
+                                [int(on), channel, t.wake, self.node(part)]))
+            if int(reply[0]) < 0:
+                raise OrderedAndLimited(f"channel {topic}/{channel} has a depth limit: remove it "
+                                   "first (relay-admin limit --off), ordered delivery and "
+                                   "a depth limit do not go together")
+            released += int(reply[1]) if len(reply) > 1 else 0
+        return released
+
+    def is_ordered(self, topic: str, channel: str) -> bool:
+        """Whether the channel delivers in order (part 0's mode: every part has it)."""
+        return bool(self._guard(self.redis.hexists, ChannelKeys.of(topic, channel).meta,
+                                ORDERED_FIELD))
+
+    def set_order_rule(self, topic: str, rule: OrderKeyRule | None) -> None:
+        """The topic's rule for the order key of messages published without one (None:
+        none); brokers use it within PARTITIONS_TTL."""
+        version = TopicKeys.of(topic).version
+        if rule is None:
+            self._guard(self.redis.hdel, version, RULE_FIELD)
+        else:
+            self._guard(self.redis.hset, version, RULE_FIELD, rule.text())
+        self.partitions(topic, fresh=True)
+
+    def order_rule(self, topic: str) -> OrderKeyRule | None:
+        """The topic's rule, as read with its partition count."""
+        self.partitions(topic)
+        return OrderKeyRule.parse(self._order_rules.get(topic, ""))
+
+    def order_keys(self, topic: str, bodies: Sequence[bytes],
+                   given: "Sequence[bytes | None] | None" = None
+                   ) -> "list[bytes | None] | None":
+        """Each body's order key: the one given, else by the topic's rule; None when no
+        body has one (a plain publish)."""
+        rule = self.order_rule(topic)
+        if given is None and rule is None:
+            return None
+        found: "list[bytes | None]" = list(given) if given is not None else [None] * len(bodies)
+        if rule is not None:
+            found = [key if key is not None else rule.key_of(body)
+                     for key, body in zip(found, bodies)]
+        return found if any(key is not None for key in found) else None
+
+    def order_report(self, topic: str, channel: str) -> dict:
+        """Whether the channel is ordered, its keys with a message out and the messages
+        waiting behind them, over its parts, and the topic's rule: what relay-admin
+        order and /channel/order show."""
+        pipe = self.redis.pipeline(transaction=False)
+        parts = self.parts(topic)
+        for part in parts:
+            c = ChannelKeys.of(part, channel)
+            pipe.hlen(c.gate)
+            pipe.zcard(c.waiting)
+        counts = self._guard(pipe.execute)
+        rule = self.order_rule(topic)
+        return {"topic": topic, "channel": channel,
+                "ordered": self.is_ordered(topic, channel),
+                "keys_out": sum(counts[0::2]), "waiting": sum(counts[1::2]),
+                "order_key_rule": rule and {"kind": rule.kind, "value": rule.value}}

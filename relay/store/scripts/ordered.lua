@@ -1,0 +1,56 @@
+-- include: record.lua, order.lua
+-- ordered: turn ordered delivery on or off for one part of a channel (relay-admin order,
+-- relay/store/ordering.py), and keep the count of the topic's ordered channels, which
+-- publish.lua reads to know whether to look at its channels' modes at all (lib/append.lua).
+-- Turned off, the messages waiting behind their keys go out at once (queued, or deferred
+-- until their due time), each key's in order, and the gate is gone: what follows is
+-- delivered as on any channel. A channel with a depth limit cannot be ordered (a
+-- limit counts the queue, which on an ordered channel holds one message per key).
+--
+-- KEYS[1] topic channels   KEYS[2] topic meta   KEYS[3] channel meta   KEYS[4] queue
+-- KEYS[5] deferred   KEYS[6] msgs   KEYS[7] gate   KEYS[8] key_of   KEYS[9] waiting
+-- KEYS[10] topic due index   KEYS[11] topic version (lib/news.lua)
+-- ARGV[1] 1 on, 0 off   ARGV[2] channel   ARGV[3] wake pub/sub channel
+-- ARGV[4] the node keys' prefix (lib/node.lua)
+-- Returns {1, messages released} done, {0} no such channel, {-1} the channel has a
+-- depth limit.
+if redis.call('SISMEMBER', KEYS[1], ARGV[2]) == 0 then
+  return {0}
+end
+if ARGV[1] == '1' then
+  if redis.call('HEXISTS', KEYS[3], 'max_depth') == 1 then return {-1} end
+  if redis.call('HSETNX', KEYS[3], 'ordered', 1) == 1 then
+    redis.call('HINCRBY', KEYS[2], 'ordered_channels', 1)
+  end
+  return {1, 0}
+end
+if redis.call('HDEL', KEYS[3], 'ordered') == 1 then
+  redis.call('HINCRBY', KEYS[2], 'ordered_channels', -1)
+end
+local now, ready, released, earliest = now_ms(), {}, 0, nil
+local STEP = 1000
+while true do
+  local members = redis.call('ZRANGE', KEYS[9], 0, STEP - 1)
+  if #members == 0 then break end
+  for _, member in ipairs(members) do
+    local at = string.find(member, ' ', 1, true) + 1
+    local space = string.find(member, ' ', at + 17, true)
+    local id, due = string.sub(member, at, at + 15), tonumber(string.sub(member, at + 17, space - 1))
+    local record = string.sub(member, space + 1)
+    if due > now then
+      redis.call('HSET', KEYS[6], id, record)
+      redis.call('ZADD', KEYS[5], due, id)
+      if not earliest or due < earliest then earliest = due end
+    else
+      ready[#ready + 1] = record
+    end
+  end
+  released = released + #members
+  call_chunked('RPUSH', KEYS[4], ready)
+  ready = {}
+  call_chunked('ZREM', KEYS[9], members)
+end
+redis.call('DEL', KEYS[7], KEYS[8])
+if earliest then due_lower(ARGV[4], KEYS[10], ARGV[2], earliest) end
+if released > 0 then announce(KEYS[11], ARGV[3], ARGV[2], ARGV[4]) end
+return {1, released}

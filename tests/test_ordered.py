@@ -1,0 +1,260 @@
+"""Ordered channels at the Store (relay/store/ordering.py, lib/order.lua), on fakeredis
+and on the embedded redis-server: one key's messages out one at a time in publish order,
+through every way a message is requeued or leaves; different keys and unkeyed messages
+in parallel; nothing left of a key once its messages are gone."""
+
+import zlib
+
+import pytest
+
+from relay.store import lookup
+from relay.store.keys import ChannelKeys
+from relay.store.limits import Limit, OrderedAndLimited
+from relay.store.ordering import OrderKeyRule, order_key_problem
+from tests.helpers.store import attempts, bodies, ids, now_ms, queue, subscribed, wait_past
+
+
+def ordered(store, topic="t", channel="c"):
+    subscribed(store, topic, channel)
+    assert store.set_ordered(topic, channel, True) == 0
+    return store
+
+
+def publish(store, pairs, topic="t", defer_ms=0):
+    """Publish (order key or None, body) pairs in one call each part."""
+    store.publish_keyed(topic, [body for _, body in pairs], None, defer_ms,
+                        [key and key.encode() for key, _ in pairs])
+
+
+def take(store, n=100, owner="a", channel="c", timeout_ms=60_000, max_attempts=0):
+    [records] = store.deliver("t", channel, [(owner, timeout_ms, n)], max_attempts)
+    return records
+
+
+def finish(store, records, owner="a", channel="c"):
+    assert store.finish("t", channel, [(owner, i) for i in ids(records)]) == [1] * len(records)
+
+
+def gate_keys(store, channel="c"):
+    c = ChannelKeys.of("t", channel)
+    return [k for k in (c.gate, c.key_of, c.waiting) if store.redis.exists(k)]
+
+
+def test_a_key_goes_out_one_at_a_time_in_publish_order(store):
+    ordered(store)
+    publish(store, [("a", b"a1"), ("b", b"b1"), ("a", b"a2"), (None, b"u1"), ("a", b"a3"),
+                    ("b", b"b2"), (None, b"u2")])
+    first = take(store)
+    assert bodies(first) == [b"a1", b"b1", b"u1", b"u2"]
+    assert take(store) == []
+    finish(store, first[:1])
+    assert bodies(queue(store, "t", "c")) == [b"a2"]
+    second = take(store)
+    finish(store, first[1:] + second)
+    assert bodies(take(store)) == [b"b2", b"a3"]       # b1 finished first: its key's first
+    assert store.read_channel("t", "c")["depth"] == 0
+
+
+def test_nothing_is_left_of_a_key_once_its_messages_are_finished(store):
+    ordered(store)
+    publish(store, [("k%d" % (i % 5), b"%d" % i) for i in range(20)])
+    assert store.read_channel("t", "c")["depth"] == 20     # 5 queued, 15 behind their keys
+    seen = []
+    while records := take(store):
+        seen += bodies(records)
+        finish(store, records)
+    assert seen == [b"%d" % i for i in range(20)]
+    assert gate_keys(store) == []
+
+
+def test_a_requeue_keeps_the_message_first_for_its_key(store):
+    ordered(store)
+    publish(store, [("a", b"a1"), ("a", b"a2")])
+    [a1] = take(store)
+    assert store.requeue("t", "c", [("a", ids([a1])[0], 0)]) == [1]
+    again = take(store)
+    assert bodies(again) == [b"a1"] and attempts(again) == [2]
+    assert store.requeue("t", "c", [("a", ids(again)[0], 60_000)]) == [1]
+    assert take(store) == []            # deferred, it still holds its key
+    assert store.read_channel("t", "c")["deferred_count"] == 1
+
+
+def test_a_timeout_keeps_the_message_first_for_its_key(store):
+    ordered(store)
+    publish(store, [("a", b"a1"), ("a", b"a2")])
+    take(store, timeout_ms=1)
+    wait_past(store, now_ms(store) + 5)
+    timed_out, *_ = store.scan("t", "c")
+    assert timed_out == 1
+    assert bodies(take(store)) == [b"a1"]
+
+
+def test_a_dead_letter_releases_its_key(store):
+    ordered(store)
+    publish(store, [("a", b"a1"), ("a", b"a2")])
+    [a1] = take(store)
+    store.requeue("t", "c", [("a", ids([a1])[0], 0)])
+    assert take(store, max_attempts=1) == []    # a1 goes to the outbox, a2 is queued
+    assert store.read_channel("t", "c")["dead_count"] == 1
+    assert bodies(take(store, max_attempts=1)) == [b"a2"]
+
+
+def test_expired_messages_release_their_keys(store):
+    ordered(store)
+    store.set_ttl("t", "c", 50)
+    publish(store, [("a", b"a1"), ("a", b"a2"), ("b", b"b1")])
+    wait_past(store, now_ms(store) + 60)
+    for _ in range(2):      # a1 and b1 expire, a2 goes out behind a1, and expires next
+        assert take(store) == []
+    assert store.read_channel("t", "c")["expired_count"] == 3
+    assert gate_keys(store) == []
+
+
+def test_the_scanners_expiry_releases_keys(store):
+    ordered(store)
+    store.set_ttl("t", "c", 50)
+    publish(store, [("a", b"a1"), ("a", b"a2")])
+    wait_past(store, now_ms(store) + 60)
+    assert store.expire_parts(["t"]) == 2       # a1 from the head, then a2 released behind it
+    assert gate_keys(store) == []
+
+
+def test_a_deleted_message_releases_its_key_and_a_waiting_one_can_go(store):
+    ordered(store)
+    publish(store, [("a", b"a1"), ("a", b"a2"), ("a", b"a3")])
+    [a1] = queue(store, "t", "c")
+    assert lookup.remove(store, "t", "c", "queued", ids([a1])[0], a1)
+    [a2] = queue(store, "t", "c")
+    assert bodies([a2]) == [b"a2"]
+    [member] = store.redis.zrange(ChannelKeys.of("t", "c").waiting, 0, -1)
+    assert member.startswith(b"a " + ids([a2])[0][:-1])
+    assert lookup.remove(store, "t", "c", "waiting", member.split()[1], member)
+    finish(store, take(store))
+    assert take(store) == [] and gate_keys(store) == []
+    assert store.read_channel("t", "c")["deleted_count"] == 2
+
+
+def test_an_empty_frees_every_key(store):
+    ordered(store)
+    publish(store, [("a", b"a1"), ("a", b"a2")])
+    take(store)
+    store.empty_channel("t", "c")
+    assert gate_keys(store) == []
+    publish(store, [("a", b"a3")])
+    assert bodies(take(store)) == [b"a3"]
+
+
+def test_other_channels_of_the_topic_are_untouched(store):
+    subscribed(store, "t", "plain")
+    ordered(store)
+    publish(store, [("a", b"a1"), ("a", b"a2"), ("a", b"a3")])
+    assert bodies(take(store, channel="plain")) == [b"a1", b"a2", b"a3"]
+    assert bodies(take(store)) == [b"a1"]
+    assert gate_keys(store, "plain") == []
+
+
+def test_a_deferred_message_holds_its_key_until_delivered_and_finished(store):
+    ordered(store)
+    publish(store, [("a", b"later")], defer_ms=50)
+    publish(store, [("a", b"now"), ("b", b"other")])
+    assert bodies(take(store)) == [b"other"]
+    wait_past(store, now_ms(store) + 60)
+    store.scan("t", "c")
+    [later] = take(store)
+    assert bodies([later]) == [b"later"]
+    finish(store, [later])
+    assert bodies(take(store)) == [b"now"]
+
+
+def test_a_deferred_message_behind_its_key_waits_for_its_due_time_too(store):
+    ordered(store)
+    publish(store, [("a", b"first")])
+    publish(store, [("a", b"later")], defer_ms=60_000)
+    finish(store, take(store))
+    assert take(store) == []
+    assert store.read_channel("t", "c")["deferred_count"] == 1
+
+
+def test_turned_off_the_waiting_messages_go_out_in_order(store):
+    ordered(store)
+    publish(store, [("a", b"a1"), ("a", b"a2"), ("b", b"b1"), ("a", b"a3")])
+    assert store.set_ordered("t", "c", False) == 2
+    assert bodies(take(store)) == [b"a1", b"b1", b"a2", b"a3"]
+    assert gate_keys(store) == [] and not store.is_ordered("t", "c")
+    publish(store, [("a", b"a4"), ("a", b"a5")])
+    assert bodies(take(store)) == [b"a4", b"a5"]
+
+
+def test_ordered_and_a_depth_limit_exclude_each_other(store):
+    ordered(store)
+    with pytest.raises(OrderedAndLimited, match="t/c is ordered"):
+        store.set_limit("t", "c", Limit(10, "reject"))
+    subscribed(store, "t", "limited")
+    store.set_limit("t", "limited", Limit(10, "reject"))
+    with pytest.raises(OrderedAndLimited, match="t/limited has a depth limit"):
+        store.set_ordered("t", "limited", True)
+    assert not store.is_ordered("t", "limited")
+
+
+def test_turning_on_makes_the_channel(store):
+    assert store.set_ordered("t", "new", True) == 0
+    assert store.channel_names("t") == ["new"] and store.is_ordered("t", "new")
+    assert store.read_channel("t", "new")["client_count"] == 0
+
+
+def test_a_deleted_ordered_channel_is_no_longer_counted(store):
+    ordered(store)
+    store.drop("t", "c", delete=True)
+    subscribed(store, "t", "plain")
+    publish(store, [("a", b"1"), ("a", b"2")])
+    assert bodies(take(store, channel="plain")) == [b"1", b"2"]
+    assert store.redis.hget("relay:{t}:meta", "ordered_channels") == b"0"
+
+
+def test_a_key_always_goes_to_the_part_its_hash_picks(store):
+    store.set_partitions("p", 3)
+    subscribed(store, "p", "c")
+    store.set_ordered("p", "c", True)
+    keys = [b"k%d" % i for i in range(12)]
+    for round_ in range(3):
+        store.publish_keyed("p", [b"%d" % round_] * 12, None, 0, keys)
+    for part_index, part in enumerate(store.parts("p")):
+        gate = store.redis.hgetall(ChannelKeys.of(part, "c").gate)
+        assert {zlib.crc32(k) % 3 for k in gate} <= {part_index}
+        assert all(int(i[:4], 16) == part_index for i in gate.values())
+    assert sum(store.redis.hlen(ChannelKeys.of(p, "c").gate) for p in store.parts("p")) == 12
+
+
+@pytest.mark.parametrize("rule,body,key", [
+    (OrderKeyRule("json-field", "account"), b'{"account": "ac-1", "n": 1}', b"ac-1"),
+    (OrderKeyRule("json-field", "account"), b'{"account": 42}', b"42"),
+    (OrderKeyRule("json-field", "account"), b'{"account": true}', None),
+    (OrderKeyRule("json-field", "account"), b'{"other": 1}', None),
+    (OrderKeyRule("json-field", "account"), b'["account"]', None),
+    (OrderKeyRule("json-field", "account"), b"not json", None),
+    (OrderKeyRule("json-field", "account"), b'{"account": "has space"}', None),
+    (OrderKeyRule("separator", ":"), b"device-7:reading 12", b"device-7"),
+    (OrderKeyRule("separator", ":"), b"no separator", None),
+    (OrderKeyRule("separator", ":"), b":empty key", None),
+])
+def test_a_rule_reads_the_key_from_the_body(rule, body, key):
+    assert rule.key_of(body) == key
+
+
+def test_a_topic_rule_gives_keys_to_messages_without_one(store):
+    store.create_topic("t")
+    assert store.order_keys("t", [b"a:1"]) is None
+    store.set_order_rule("t", OrderKeyRule("separator", ":"))
+    assert store.order_rule("t") == OrderKeyRule("separator", ":")
+    assert store.order_keys("t", [b"a:1", b"none", b"b:2"], [None, None, b"given"]) == \
+        [b"a", None, b"given"]
+    assert store.order_keys("t", [b"none"]) is None
+    store.set_order_rule("t", None)
+    assert store.order_rule("t") is None
+
+
+@pytest.mark.parametrize("key,problem", [
+    (b"", "KEY_EMPTY"), (b"x" * 257, "KEY_TOO_LONG"), (b"a b", "KEY_NOT_TEXT"),
+    (b"\xff", "KEY_NOT_TEXT"), (b"x" * 256, None), ("счёт-1".encode(), None)])
+def test_order_key_checks(key, problem):
+    assert order_key_problem(key) == problem
