@@ -9,7 +9,7 @@ from relay.admin.args import existing, fail, redis_options
 from relay.admin.history import channel_target
 from relay.admin.text import show, table
 from relay.store import Store
-from relay.store.limits import OVERFLOWS, Limit
+from relay.store.limits import OVERFLOWS, Limit, OrderedAndLimited
 
 
 @click.command()
@@ -33,8 +33,11 @@ def limit(store, as_json, target, channel, max_depth, overflow, off):
     topic, channel = existing(store, channel_target(target, channel), channel_required=True)
     if off or max_depth is not None:
         new = None if off else Limit(max_depth, overflow or OVERFLOWS[0])
-        if not store.set_limit(topic, channel, new):
-            fail(f"channel {topic}/{channel} not found")
+        try:
+            if not store.set_limit(topic, channel, new):
+                fail(f"channel {topic}/{channel} not found")
+        except OrderedAndLimited as refused:
+            fail(str(refused))
     show_limit(store, as_json, topic, channel)
 
 

@@ -15,6 +15,7 @@ from relay.admin.text import preview, show, table, utc
 from relay.broker import registry
 from relay.store import Store, deadletter
 from relay.store.dedup import MAX_KEY_BYTES, key_problem
+from relay.store.ordering import order_key_problem
 
 PUB_BATCH = 1000
 PUB_BATCH_BYTES = 1 << 20
@@ -65,8 +66,11 @@ def redrive(store, as_json, target, background):
 @click.option("--id", "key", metavar="KEY",
               help="publish message N (of the non-empty lines) with the key KEY:N: run "
                    "again, it publishes nothing the topic's dedup window remembers")
+@click.option("--key", "order_key", metavar="ORDER_KEY",
+              help="publish every message with this order key: an ordered channel "
+                   "delivers them one at a time, in order (relay-admin order)")
 @redis_options
-def pub(store, as_json, topic, source, key):
+def pub(store, as_json, topic, source, key, order_key):
     """Publish each non-empty line of stdin (or --file) as a message, in batches of at
     most --max-body-size; a line over --max-msg-size is refused and, as nsqd's /mpub,
     nothing is published."""
@@ -77,6 +81,10 @@ def pub(store, as_json, topic, source, key):
         if problem:
             raise click.UsageError(f"--id {key!r}: {problem}: 1-{PUB_KEY_BYTES} bytes of text "
                                    f"without spaces")
+    order_problem = order_key_problem(order_key.encode()) if order_key is not None else None
+    if order_problem:
+        raise click.UsageError(f"--key {order_key!r}: {order_problem}: 1-256 bytes of text "
+                               "without spaces")
     options, _ = relay_options()
     store = replicated(store)
     with tempfile.SpooledTemporaryFile(PUB_SPOOL_BYTES) as lines:
@@ -94,12 +102,15 @@ def pub(store, as_json, topic, source, key):
         lines.seek(0)
         count = duplicates = 0
         for batch in batches(lines, min(PUB_BATCH_BYTES, options.max_body_size)):
-            if key is None:
+            order_keys = store.order_keys(
+                topic, batch, None if order_key is None else [order_key.encode()] * len(batch))
+            if key is None and order_keys is None:
                 store.publish(topic, batch)
             else:
                 numbers = range(count + 1, count + len(batch) + 1)
-                duplicates += store.publish_keyed(topic, batch,
-                                                  [f"{key}:{n}".encode() for n in numbers])
+                duplicates += store.publish_keyed(
+                    topic, batch, key and [f"{key}:{n}".encode() for n in numbers], 0,
+                    order_keys)
             count += len(batch)
     if key is None:
         show({"topic": topic, "published": count}, as_json,

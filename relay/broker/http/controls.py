@@ -1,11 +1,14 @@
 """relay's HTTP extensions for the controls nsqd has none of, beside nsqd's API on the
 same port: a message TTL (relay/store/expiry.py), a channel's depth limit
-(relay/store/limits.py) and a topic's dedup window (relay/store/dedup.py), as
-relay-admin ttl, limit and dedup show and set them, for tools that speak HTTP. GET
-shows, POST sets (or with off=true clears) and answers what is in force then. Each
-needs a topic made before (/topic/create; relay-admin dedup --window makes one).
-Errors in nsqd's form: 400 MISSING_ARG_*, INVALID_ARG_*; 404 TOPIC_NOT_FOUND,
-CHANNEL_NOT_FOUND; nothing is changed by a request that gets one."""
+(relay/store/limits.py), a topic's dedup window (relay/store/dedup.py), a channel's
+ordered delivery and a topic's order key rule (relay/store/ordering.py), as relay-admin
+ttl, limit, dedup, order and order-key show and set them, for tools that speak HTTP.
+GET shows, POST sets (or with off=true clears) and answers what is in force then. Each
+needs a topic made before (/topic/create; relay-admin dedup --window makes one), but
+POST /channel/order makes its channel, as relay-admin order does.
+Errors in nsqd's form: 400 MISSING_ARG_*, INVALID_ARG_*, ORDERED_AND_LIMITED (a channel
+is ordered or has a depth limit, not both); 404 TOPIC_NOT_FOUND, CHANNEL_NOT_FOUND;
+nothing is changed by a request that gets one."""
 
 from typing import Callable
 
@@ -13,7 +16,8 @@ from relay.broker.context import BrokerContext
 from relay.broker.http.server import (HttpError, Request, Routes, existing_channel,
                                       existing_topic, from_store, parsed_arg)
 from relay.options import parse_duration
-from relay.store.limits import OVERFLOWS, Limit
+from relay.store.limits import OVERFLOWS, Limit, OrderedAndLimited
+from relay.store.ordering import OrderKeyRule
 
 
 class ControlsApi:
@@ -26,7 +30,9 @@ class ControlsApi:
         return {"/topic/ttl": {"GET": self.topic_ttl, "POST": self.topic_ttl},
                 "/channel/ttl": {"GET": self.channel_ttl, "POST": self.channel_ttl},
                 "/channel/limit": {"GET": self.limit, "POST": self.limit},
-                "/topic/dedup": {"GET": self.dedup, "POST": self.dedup}}
+                "/topic/dedup": {"GET": self.dedup, "POST": self.dedup},
+                "/channel/order": {"GET": self.order, "POST": self.order},
+                "/topic/order-key": {"GET": self.order_key, "POST": self.order_key}}
 
     def topic_ttl(self, request: Request) -> dict:
         """The TTLs of a topic and its channels; POST sets the topic's `ttl` (a duration,
@@ -68,8 +74,44 @@ class ControlsApi:
             if max_depth is None and overflow is not None:    # off=true with an overflow
                 raise HttpError(400, "INVALID_ARG_OFF")
             new = None if max_depth is None else Limit(max_depth, overflow or OVERFLOWS[0])
-            from_store(self.broker, lambda s: s.set_limit(topic, channel, new))
+            _refused_if_ordered(lambda: from_store(
+                self.broker, lambda s: s.set_limit(topic, channel, new)))
         return from_store(self.broker, lambda s: s.limit_report(topic, channel))
+
+    def order(self, request: Request) -> dict:
+        """A channel's ordered delivery, its keys out and the messages waiting behind
+        them; POST turns it on (making the channel) or off (off=true: the waiting
+        messages go out at once)."""
+        topic, channel = request.topic_channel()
+        if request.method == "POST":
+            on = request.arg("off") not in ("true", "1")
+            if not on:
+                existing_channel(self.broker, topic, channel)
+            _refused_if_ordered(lambda: from_store(
+                self.broker, lambda s: s.set_ordered(topic, channel, on)))
+        else:
+            existing_channel(self.broker, topic, channel)
+        return from_store(self.broker, lambda s: s.order_report(topic, channel))
+
+    def order_key(self, request: Request) -> dict:
+        """A topic's rule for the order key of messages published without one; POST sets
+        `json_field` (the key is that field of a JSON body) or `separator` (the text
+        before it), or removes it (off=true)."""
+        topic = existing_topic(self.broker, request.topic())
+        if request.method == "POST":
+            given = [OrderKeyRule(kind, value) for kind, value in (
+                ("json-field", request.arg("json_field")),
+                ("separator", request.arg("separator"))) if value is not None]
+            if any(not rule.value for rule in given):
+                raise HttpError(400, "INVALID_ARG_ORDER_KEY")
+            if len(given) > 1:
+                raise HttpError(400, "INVALID_ARG_ORDER_KEY")
+            _one_of(request, given[0] if given else None, "MISSING_ARG_ORDER_KEY")
+            from_store(self.broker, lambda s: s.set_order_rule(topic, given[0] if given
+                                                               else None))
+        rule = from_store(self.broker, lambda s: s.order_rule(topic))
+        return {"topic": topic,
+                "order_key_rule": rule and {"kind": rule.kind, "value": rule.value}}
 
     def dedup(self, request: Request) -> dict:
         """A topic's dedup window and the keys each part remembers; POST sets `window`
@@ -81,6 +123,14 @@ class ControlsApi:
             _one_of(request, window_ms, "MISSING_ARG_WINDOW")
             from_store(self.broker, lambda s: s.set_dedup(topic, window_ms or 0))
         return from_store(self.broker, lambda s: s.dedup_report(topic))
+
+
+def _refused_if_ordered(change: Callable[[], object]) -> None:
+    """change(), or 400 ORDERED_AND_LIMITED when it would make a channel both."""
+    try:
+        change()
+    except OrderedAndLimited:
+        raise HttpError(400, "ORDERED_AND_LIMITED") from None
 
 
 def _one_of(request: Request, value, missing: str) -> None:

@@ -35,10 +35,10 @@ AUTHORIZED_PATHS = {
     **{p: "publish" for p in ("/pub", "/mpub", "/topic/create", "/topic/delete",
                               "/topic/empty", "/topic/pause", "/topic/unpause",
                               "/topic/tombstone", "/topic/retention", "/topic/ttl",
-                              "/topic/dedup")},
+                              "/topic/dedup", "/topic/order-key")},
     **{p: "subscribe" for p in ("/channel/create", "/channel/delete", "/channel/empty",
                                 "/channel/pause", "/channel/unpause", "/channel/replay",
-                                "/channel/ttl", "/channel/limit")}}
+                                "/channel/ttl", "/channel/limit", "/channel/order")}}
 IDENTIFIED = "identified"
 MAX_CACHED_GRANTS = 10_000
 TLS_REQUIRED_EVERYWHERE = 2     # --tls-required true: no plain HTTP API either
