@@ -7,7 +7,7 @@ import zlib
 
 import pytest
 
-from relay.store import lookup
+from relay.store import lookup, ordering
 from relay.store.keys import ChannelKeys
 from relay.store.limits import Limit, OrderedAndLimited
 from relay.store.ordering import OrderKeyRule, order_key_problem
@@ -183,6 +183,15 @@ def test_turned_off_the_waiting_messages_go_out_in_order(store):
     assert gate_keys(store) == [] and not store.is_ordered("t", "c")
     publish(store, [("a", b"a4"), ("a", b"a5")])
     assert bodies(take(store)) == [b"a4", b"a5"]
+
+
+def test_turned_off_many_waiting_go_out_in_short_calls(store, monkeypatch):
+    monkeypatch.setattr(ordering, "RELEASE_STEP", 3)
+    ordered(store)
+    publish(store, [("a", b"%d" % i) for i in range(10)])
+    assert store.set_ordered("t", "c", False) == 9
+    assert bodies(take(store)) == [b"%d" % i for i in range(10)]
+    assert gate_keys(store) == []
 
 
 def test_ordered_and_a_depth_limit_exclude_each_other(store):

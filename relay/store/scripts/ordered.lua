@@ -2,18 +2,20 @@
 -- ordered: turn ordered delivery on or off for one part of a channel (relay-admin order,
 -- relay/store/ordering.py), and keep the count of the topic's ordered channels, which
 -- publish.lua reads to know whether to look at its channels' modes at all (lib/append.lua).
--- Turned off, the messages waiting behind their keys go out at once (queued, or deferred
--- until their due time), each key's in order, and the gate is gone: what follows is
--- delivered as on any channel. A channel with a depth limit cannot be ordered (a
+-- Turned off, the messages waiting behind their keys go out (queued, or deferred until
+-- their due time), each key's in order, at most ARGV[5] per call (the caller calls again
+-- while some are left), and then the gate is gone: what follows is delivered as on any
+-- channel. A channel with a depth limit cannot be ordered (a
 -- limit counts the queue, which on an ordered channel holds one message per key).
 --
 -- KEYS[1] topic channels   KEYS[2] topic meta   KEYS[3] channel meta   KEYS[4] queue
 -- KEYS[5] deferred   KEYS[6] msgs   KEYS[7] gate   KEYS[8] key_of   KEYS[9] waiting
 -- KEYS[10] topic due index   KEYS[11] topic version (lib/news.lua)
 -- ARGV[1] 1 on, 0 off   ARGV[2] channel   ARGV[3] wake pub/sub channel
--- ARGV[4] the node keys' prefix (lib/node.lua)
--- Returns {1, messages released} done, {0} no such channel, {-1} the channel has a
--- depth limit.
+-- ARGV[4] the node keys' prefix (lib/node.lua)   ARGV[5] the most waiting messages to
+-- send out
+-- Returns {1, messages released, 1 if some are left else 0} done, {0} no such channel,
+-- {-1} the channel has a depth limit.
 if redis.call('SISMEMBER', KEYS[1], ARGV[2]) == 0 then
   return {0}
 end
@@ -22,15 +24,15 @@ if ARGV[1] == '1' then
   if redis.call('HSETNX', KEYS[3], 'ordered', 1) == 1 then
     redis.call('HINCRBY', KEYS[2], 'ordered_channels', 1)
   end
-  return {1, 0}
+  return {1, 0, 0}
 end
 if redis.call('HDEL', KEYS[3], 'ordered') == 1 then
   redis.call('HINCRBY', KEYS[2], 'ordered_channels', -1)
 end
 local now, ready, released, earliest = now_ms(), {}, 0, nil
-local STEP = 1000
-while true do
-  local members = redis.call('ZRANGE', KEYS[9], 0, STEP - 1)
+local STEP, most = 1000, tonumber(ARGV[5])
+while released < most do
+  local members = redis.call('ZRANGE', KEYS[9], 0, math.min(STEP, most - released) - 1)
   if #members == 0 then break end
   for _, member in ipairs(members) do
     local at = string.find(member, ' ', 1, true) + 1
@@ -50,7 +52,8 @@ while true do
   ready = {}
   call_chunked('ZREM', KEYS[9], members)
 end
-redis.call('DEL', KEYS[7], KEYS[8])
+local left = redis.call('EXISTS', KEYS[9])
+if left == 0 then redis.call('DEL', KEYS[7], KEYS[8]) end
 if earliest then due_lower(ARGV[4], KEYS[10], ARGV[2], earliest) end
 if released > 0 then announce(KEYS[11], ARGV[3], ARGV[2], ARGV[4]) end
-return {1, released}
+return {1, released, left}
