@@ -25,6 +25,9 @@ from relay.store.runner import Op
 ORDERED_FIELD = "ordered"
 RULE_FIELD = "order_key"
 RULE_KINDS = ("json-field", "separator")
+# the most waiting messages one call sends out when a channel's ordering is turned off:
+# a call stays short, as every script call
+RELEASE_STEP = 10_000
 
 
 def order_key_problem(key: bytes) -> str | None:
@@ -100,21 +103,30 @@ class Ordering(DataPath):
         released = 0
         for part in self.parts(topic, fresh=True):
             t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
-            reply = self.run(Op("ordered", [t.channels, t.meta, c.meta, c.queue, c.deferred,
-                                            c.msgs, c.gate, c.key_of, c.waiting, t.due,
-                                            t.version],
-                                [int(on), channel, t.wake, self.node(part)]))
-            if int(reply[0]) < 0:
-                raise OrderedAndLimited(f"channel {topic}/{channel} has a depth limit: remove it "
-                                   "first (relay-admin limit --off), ordered delivery and "
-                                   "a depth limit do not go together")
-            released += int(reply[1]) if len(reply) > 1 else 0
+            op = Op("ordered", [t.channels, t.meta, c.meta, c.queue, c.deferred, c.msgs,
+                                c.gate, c.key_of, c.waiting, t.due, t.version],
+                    [int(on), channel, t.wake, self.node(part), RELEASE_STEP])
+            while True:
+                reply = self.run(op)
+                if int(reply[0]) < 0:
+                    raise OrderedAndLimited(
+                        f"channel {topic}/{channel} has a depth limit: remove it first "
+                        "(relay-admin limit --off), ordered delivery and a depth limit do "
+                        "not go together")
+                released += int(reply[1]) if len(reply) > 1 else 0
+                if len(reply) < 3 or not int(reply[2]):
+                    break
         return released
 
     def is_ordered(self, topic: str, channel: str) -> bool:
         """Whether the channel delivers in order (part 0's mode: every part has it)."""
         return bool(self._guard(self.redis.hexists, ChannelKeys.of(topic, channel).meta,
                                 ORDERED_FIELD))
+
+    def ordered_channels(self, topic: str) -> int:
+        """How many of the topic's channels are ordered (part 0's count)."""
+        return int(self._guard(self.redis.hget, TopicKeys.of(topic).meta,
+                               "ordered_channels") or 0)
 
     def set_order_rule(self, topic: str, rule: OrderKeyRule | None) -> None:
         """The topic's rule for the order key of messages published without one (None:
@@ -144,6 +156,19 @@ class Ordering(DataPath):
             found = [key if key is not None else rule.key_of(body)
                      for key, body in zip(found, bodies)]
         return found if any(key is not None for key in found) else None
+
+    def waiting_ids(self, topic: str, channel: str, count: int = 1000) -> set[bytes]:
+        """The ids of the messages waiting behind their keys on every part of the channel
+        (members "<order key> <id> <due> <record>", about `count` per Redis call): what
+        an ordered channel's replay must not queue again (workers/operations.py)."""
+        found: set[bytes] = set()
+        for part in self.parts(topic):
+            key, cursor = ChannelKeys.of(part, channel).waiting, None
+            while cursor != 0:
+                cursor, entries = self._guard(
+                    lambda: self.redis.zscan(key, cursor or 0, count=count))
+                found.update(member.split(b" ", 2)[1] for member, _ in entries)
+        return found
 
     def order_report(self, topic: str, channel: str) -> dict:
         """Whether the channel is ordered, its keys with a message out and the messages
