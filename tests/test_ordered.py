@@ -11,19 +11,12 @@ from relay.store import lookup, ordering
 from relay.store.keys import ChannelKeys
 from relay.store.limits import Limit, OrderedAndLimited
 from relay.store.ordering import OrderKeyRule, order_key_problem
-from tests.helpers.store import attempts, bodies, ids, now_ms, queue, subscribed, wait_past
+from tests.helpers.store import (attempts, bodies, ids, now_ms, ordered, publish_ordered,
+                                 queue, subscribed, wait_past)
 
 
-def ordered(store, topic="t", channel="c"):
-    subscribed(store, topic, channel)
-    assert store.set_ordered(topic, channel, True) == 0
-    return store
 
 
-def publish(store, pairs, topic="t", defer_ms=0):
-    """Publish (order key or None, body) pairs in one call each part."""
-    store.publish_keyed(topic, [body for _, body in pairs], None, defer_ms,
-                        [key and key.encode() for key, _ in pairs])
 
 
 def take(store, n=100, owner="a", channel="c", timeout_ms=60_000, max_attempts=0):
@@ -42,7 +35,7 @@ def gate_keys(store, channel="c"):
 
 def test_a_key_goes_out_one_at_a_time_in_publish_order(store):
     ordered(store)
-    publish(store, [("a", b"a1"), ("b", b"b1"), ("a", b"a2"), (None, b"u1"), ("a", b"a3"),
+    publish_ordered(store, [("a", b"a1"), ("b", b"b1"), ("a", b"a2"), (None, b"u1"), ("a", b"a3"),
                     ("b", b"b2"), (None, b"u2")])
     first = take(store)
     assert bodies(first) == [b"a1", b"b1", b"u1", b"u2"]
@@ -57,7 +50,7 @@ def test_a_key_goes_out_one_at_a_time_in_publish_order(store):
 
 def test_nothing_is_left_of_a_key_once_its_messages_are_finished(store):
     ordered(store)
-    publish(store, [("k%d" % (i % 5), b"%d" % i) for i in range(20)])
+    publish_ordered(store, [("k%d" % (i % 5), b"%d" % i) for i in range(20)])
     assert store.read_channel("t", "c")["depth"] == 20     # 5 queued, 15 behind their keys
     seen = []
     while records := take(store):
@@ -69,7 +62,7 @@ def test_nothing_is_left_of_a_key_once_its_messages_are_finished(store):
 
 def test_a_requeue_keeps_the_message_first_for_its_key(store):
     ordered(store)
-    publish(store, [("a", b"a1"), ("a", b"a2")])
+    publish_ordered(store, [("a", b"a1"), ("a", b"a2")])
     [a1] = take(store)
     assert store.requeue("t", "c", [("a", ids([a1])[0], 0)]) == [1]
     again = take(store)
@@ -81,7 +74,7 @@ def test_a_requeue_keeps_the_message_first_for_its_key(store):
 
 def test_a_timeout_keeps_the_message_first_for_its_key(store):
     ordered(store)
-    publish(store, [("a", b"a1"), ("a", b"a2")])
+    publish_ordered(store, [("a", b"a1"), ("a", b"a2")])
     take(store, timeout_ms=1)
     wait_past(store, now_ms(store) + 5)
     timed_out, *_ = store.scan("t", "c")
@@ -91,7 +84,7 @@ def test_a_timeout_keeps_the_message_first_for_its_key(store):
 
 def test_a_dead_letter_releases_its_key(store):
     ordered(store)
-    publish(store, [("a", b"a1"), ("a", b"a2")])
+    publish_ordered(store, [("a", b"a1"), ("a", b"a2")])
     [a1] = take(store)
     store.requeue("t", "c", [("a", ids([a1])[0], 0)])
     assert take(store, max_attempts=1) == []    # a1 goes to the outbox, a2 is queued
@@ -102,7 +95,7 @@ def test_a_dead_letter_releases_its_key(store):
 def test_expired_messages_release_their_keys(store):
     ordered(store)
     store.set_ttl("t", "c", 50)
-    publish(store, [("a", b"a1"), ("a", b"a2"), ("b", b"b1")])
+    publish_ordered(store, [("a", b"a1"), ("a", b"a2"), ("b", b"b1")])
     wait_past(store, now_ms(store) + 60)
     for _ in range(2):      # a1 and b1 expire, a2 goes out behind a1, and expires next
         assert take(store) == []
@@ -113,7 +106,7 @@ def test_expired_messages_release_their_keys(store):
 def test_the_scanners_expiry_releases_keys(store):
     ordered(store)
     store.set_ttl("t", "c", 50)
-    publish(store, [("a", b"a1"), ("a", b"a2")])
+    publish_ordered(store, [("a", b"a1"), ("a", b"a2")])
     wait_past(store, now_ms(store) + 60)
     assert store.expire_parts(["t"]) == 2       # a1 from the head, then a2 released behind it
     assert gate_keys(store) == []
@@ -121,7 +114,7 @@ def test_the_scanners_expiry_releases_keys(store):
 
 def test_a_deleted_message_releases_its_key_and_a_waiting_one_can_go(store):
     ordered(store)
-    publish(store, [("a", b"a1"), ("a", b"a2"), ("a", b"a3")])
+    publish_ordered(store, [("a", b"a1"), ("a", b"a2"), ("a", b"a3")])
     [a1] = queue(store, "t", "c")
     assert lookup.remove(store, "t", "c", "queued", ids([a1])[0], a1)
     [a2] = queue(store, "t", "c")
@@ -136,18 +129,18 @@ def test_a_deleted_message_releases_its_key_and_a_waiting_one_can_go(store):
 
 def test_an_empty_frees_every_key(store):
     ordered(store)
-    publish(store, [("a", b"a1"), ("a", b"a2")])
+    publish_ordered(store, [("a", b"a1"), ("a", b"a2")])
     take(store)
     store.empty_channel("t", "c")
     assert gate_keys(store) == []
-    publish(store, [("a", b"a3")])
+    publish_ordered(store, [("a", b"a3")])
     assert bodies(take(store)) == [b"a3"]
 
 
 def test_other_channels_of_the_topic_are_untouched(store):
     subscribed(store, "t", "plain")
     ordered(store)
-    publish(store, [("a", b"a1"), ("a", b"a2"), ("a", b"a3")])
+    publish_ordered(store, [("a", b"a1"), ("a", b"a2"), ("a", b"a3")])
     assert bodies(take(store, channel="plain")) == [b"a1", b"a2", b"a3"]
     assert bodies(take(store)) == [b"a1"]
     assert gate_keys(store, "plain") == []
@@ -155,8 +148,8 @@ def test_other_channels_of_the_topic_are_untouched(store):
 
 def test_a_deferred_message_holds_its_key_until_delivered_and_finished(store):
     ordered(store)
-    publish(store, [("a", b"later")], defer_ms=50)
-    publish(store, [("a", b"now"), ("b", b"other")])
+    publish_ordered(store, [("a", b"later")], defer_ms=50)
+    publish_ordered(store, [("a", b"now"), ("b", b"other")])
     assert bodies(take(store)) == [b"other"]
     wait_past(store, now_ms(store) + 60)
     store.scan("t", "c")
@@ -168,8 +161,8 @@ def test_a_deferred_message_holds_its_key_until_delivered_and_finished(store):
 
 def test_a_deferred_message_behind_its_key_waits_for_its_due_time_too(store):
     ordered(store)
-    publish(store, [("a", b"first")])
-    publish(store, [("a", b"later")], defer_ms=60_000)
+    publish_ordered(store, [("a", b"first")])
+    publish_ordered(store, [("a", b"later")], defer_ms=60_000)
     finish(store, take(store))
     assert take(store) == []
     assert store.read_channel("t", "c")["deferred_count"] == 1
@@ -177,18 +170,18 @@ def test_a_deferred_message_behind_its_key_waits_for_its_due_time_too(store):
 
 def test_turned_off_the_waiting_messages_go_out_in_order(store):
     ordered(store)
-    publish(store, [("a", b"a1"), ("a", b"a2"), ("b", b"b1"), ("a", b"a3")])
+    publish_ordered(store, [("a", b"a1"), ("a", b"a2"), ("b", b"b1"), ("a", b"a3")])
     assert store.set_ordered("t", "c", False) == 2
     assert bodies(take(store)) == [b"a1", b"b1", b"a2", b"a3"]
     assert gate_keys(store) == [] and not store.is_ordered("t", "c")
-    publish(store, [("a", b"a4"), ("a", b"a5")])
+    publish_ordered(store, [("a", b"a4"), ("a", b"a5")])
     assert bodies(take(store)) == [b"a4", b"a5"]
 
 
 def test_turned_off_many_waiting_go_out_in_short_calls(store, monkeypatch):
     monkeypatch.setattr(ordering, "RELEASE_STEP", 3)
     ordered(store)
-    publish(store, [("a", b"%d" % i) for i in range(10)])
+    publish_ordered(store, [("a", b"%d" % i) for i in range(10)])
     assert store.set_ordered("t", "c", False) == 9
     assert bodies(take(store)) == [b"%d" % i for i in range(10)]
     assert gate_keys(store) == []
@@ -215,7 +208,7 @@ def test_a_deleted_ordered_channel_is_no_longer_counted(store):
     ordered(store)
     store.drop("t", "c", delete=True)
     subscribed(store, "t", "plain")
-    publish(store, [("a", b"1"), ("a", b"2")])
+    publish_ordered(store, [("a", b"1"), ("a", b"2")])
     assert bodies(take(store, channel="plain")) == [b"1", b"2"]
     assert store.redis.hget("relay:{t}:meta", "ordered_channels") == b"0"
 

@@ -239,10 +239,12 @@ def source_text(*patterns) -> str:
 
 def http_codes() -> set:
     """The error codes relay's HTTP servers can answer: the upper-case literals of
-    relay/http and of the publish keys' checks (dedup.py), MISSING_ARG_<NAME> for each
+    relay/http and of the publish and order keys' checks (dedup.py, ordering.py),
+    MISSING_ARG_<NAME> for each
     argument they require, and the codec's MPUB errors without their E_ (nsqd.py
     answers e.code[2:])."""
-    http = source_text("relay/broker/http/*.py", "relay/store/dedup.py")   # publish keys
+    http = source_text("relay/broker/http/*.py", "relay/store/dedup.py",    # publish keys
+                       "relay/store/ordering.py")                          # order keys
     codec = source_text("relay/codec.py")
     assert "e.code[2:]" in http and 'f"MISSING_ARG_{name.upper()}"' in http
     return ({*re.findall(r'"([A-Z][A-Z_]+)\b', http)}

@@ -101,6 +101,29 @@ def test_available_now_reads_each_message_once_and_leaves_nothing_in_flight(
     assert (progress["claimed"], progress["finished"]) == (3, 3)
 
 
+def test_an_ordered_channel_is_read_one_message_per_key_per_batch_in_order(
+        spark, store, redis_url, tmp_path):
+    """A micro-batch claims at most one message of a key (the gate holds the rest), and
+    the key's next is claimed only once Spark has confirmed it: a key's order holds
+    across batches; a hot key drains one message per batch."""
+    store.subscribe("events", "spark", "")
+    store.set_ordered("events", "spark", True)
+    keys = [k for _ in range(3) for k in (b"a", b"b", b"c")] + [None, None]
+    store.publish_keyed("events", [b"%s%d" % (k, i // 3) if k else b"u%d" % i
+                                   for i, k in enumerate(keys)], None, 0, keys)
+    batches = {}
+    query = (source(spark, redis_url).writeStream
+             .foreachBatch(lambda df, batch_id: batches.update(
+                 {batch_id: sorted(r.body for r in df.collect())}))
+             .option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(180)
+    assert [batches[b] for b in sorted(batches)] == [
+        [b"a0", b"b0", b"c0", b"u10", b"u9"], [b"a1", b"b1", b"c1"], [b"a2", b"b2", b"c2"]]
+    assert channel_state(store) == (0, 0, 0)
+    assert store.order_report("events", "spark")["keys_out"] == 0
+
+
 @pytest.mark.cluster
 def test_a_partitioned_topic_is_read_and_written_whole(spark, store, redis_url, tmp_path):
     """Source and sink cover every partition: 30 messages in 3 parts read once each;

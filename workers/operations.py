@@ -17,6 +17,7 @@ from rq import Queue, Worker, get_current_job
 from rq.defaults import RQ_KEY_PREFIX
 from rq.job import Job
 
+from relay.codec import record_id
 from relay.errors import RelayError
 from relay.store import deadletter
 from relay.store import Store, guarded
@@ -155,9 +156,12 @@ def replay(store: Store, topic: str, channel: str, starts: list[str], end: str =
     (replay.lua, whole entries); with `cuts` (a channel just created from the beginning)
     each part's messages up to its cut, each at the queue's head, newest first, so the
     queue ends in publish order. Messages in flight or deferred are skipped. The total
-    is counted from the ids at the start."""
+    is counted from the ids at the start. An ordered channel's is ordered_replay's."""
     parts = store.parts(topic)
     forward = cuts is None
+    if forward and store.is_ordered(topic, channel):
+        yield from ordered_replay(store, topic, channel, starts, end)
+        return
     cuts = cuts or [0] * len(parts)
     progress = {"done": 0, "replayed": 0, "skipped": 0,
                 "total": sum(store.range_size(p, s, end, c)
@@ -181,6 +185,57 @@ def replay(store: Store, topic: str, channel: str, starts: list[str], end: str =
                 low = "(" + done.last
             else:
                 high = "(" + done.last
+    progress["done"] = progress["total"]
+    yield progress
+
+
+def replay_end(newest: str | None, end: str) -> str:
+    """The end of an ordered channel's replay of a part: `end`, but no later than the
+    part's newest entry at the start (`newest`)."""
+    if newest is None:
+        return end
+    if end == "+" or int(newest.partition("-")[0]) <= int(end.partition("-")[0]):
+        return newest
+    return end
+
+
+def ordered_replay(store: Store, topic: str, channel: str, starts: list[str], end: str):
+    """replay() on an ordered channel (relay/store/ordering.py): the history keeps no
+    order keys, so each message is given the key of the topic's rule, if it has one, and
+    passes the channel's gate (it waits behind its key's message out, in id order with
+    those waiting), or else none (it goes out in parallel: deliver's order). So that no
+    id is on the channel twice, what the channel still holds is skipped: in flight,
+    deferred or out for its key (redrive.lua checks, with the queueing), and waiting
+    behind its key (the ids waiting at the start: no message starts waiting later, once
+    published, and the replay stops at each part's newest entry at the start, so that
+    what is published meanwhile is not replayed: it is delivered anyway)."""
+    parts = store.parts(topic)
+    ends = [replay_end(store.newest_entry(p), end) for p in parts]
+    waiting = store.waiting_ids(topic, channel)
+    progress = {"done": 0, "replayed": 0, "skipped": 0,
+                "total": sum(store.range_size(p, s, e) for p, s, e in zip(parts, starts, ends))}
+    yield progress
+    for index, (part, start, high) in enumerate(zip(parts, starts, ends)):
+        low = start
+        while True:
+            handed = store.run(store.replay_op(part, channel, low, high, hand_back=True))
+            if handed is None:
+                raise NotFound(f"channel {topic}/{channel} not found")
+            done, read = handed
+            records = [r for r in read if record_id(r) not in waiting]
+            queued = store.run(deadletter.redrive_op(
+                part, channel, records, store.node(part),
+                deadletter.rule_keys(store, topic, index, records), counted=True)) \
+                if records else 0
+            if queued < 0:
+                raise NotFound(f"channel {topic}/{channel} not found")
+            progress["replayed"] += queued
+            progress["skipped"] += done.skipped + len(read) - queued
+            progress["done"] = min(progress["total"], progress["done"] + done.read)
+            yield progress
+            if done.ended:
+                break
+            low = "(" + done.last
     progress["done"] = progress["total"]
     yield progress
 

@@ -1,6 +1,8 @@
 """relay-admin's commands that look at single messages without taking them: msg (where
 one message is in every channel of its topic, and --delete of a waiting one) and peek
-(the next queued or deferred messages of a channel). relay/store/lookup.py reads."""
+(the next queued or deferred messages of a channel, or those waiting behind their order
+keys). On an ordered channel both show each message's order key. relay/store/lookup.py
+reads."""
 
 import base64
 import re
@@ -16,7 +18,7 @@ from relay.store.keys import PART_DIGITS, TopicKeys, id_part
 
 ID = re.compile(r"[0-9a-f]{16}")
 STATES = {"queued": "queued", "in_flight": "in flight", "deferred": "deferred",
-          "dead": "dead letter", "absent": "not there"}
+          "dead": "dead letter", "waiting": "waiting", "absent": "not there"}
 PREVIEW = 60
 
 
@@ -26,11 +28,13 @@ PREVIEW = 60
 @click.option("--channel", help="only this channel")
 @click.option("--delete", is_flag=True,
               help="take the message out of --channel: a queued one dropped, a deferred "
-                   "one cancelled (one in flight is refused)")
+                   "one cancelled, one waiting behind its order key dropped (one in flight "
+                   "is refused)")
 @redis_options
 def msg(store, as_json, topic, msg_id, channel, delete):
     """Where a message is in every channel of its topic: queued (position), in flight
-    (broker, client, deadline), deferred (due time), dead letter, or not there."""
+    (broker, client, deadline), deferred (due time), dead letter, waiting behind its
+    order key (position behind it), or not there; on ordered channels its order key."""
     existing(store, f"{topic}/{channel}" if channel else topic)
     if not ID.fullmatch(msg_id.lower()):
         fail(f"invalid message id {msg_id!r}: 16 hex digits")
@@ -84,31 +88,36 @@ def msg_text(data: dict, body: bytes | None) -> str:
     head = f"message {data['id']} of {data['topic']}"
     if body is not None:
         head += f", published {utc(data['timestamp'] // 1_000_000)}, body {escaped(body)}"
+    keyed = any("key" in c for c in data["channels"])     # an ordered channel among them
     rows = [[c["channel"], STATES[c["state"]], c.get("attempts"), c.get("position"),
              utc(c.get("deadline_ms") or c.get("due_ms")) if "deadline_ms" in c
              or "due_ms" in c else None, c.get("broker"),
-             c.get("client") or ("connection" in c and f"#{c['connection']}") or None]
+             c.get("client") or ("connection" in c and f"#{c['connection']}") or None,
+             *([c.get("key")] if keyed else [])]
             for c in data["channels"]]
     if not rows:
         return head + f"\n{data['topic']} has no channels"
     return head + "\n" + table(rows, ["channel", "state", "attempts", "position", "due",
-                                      "broker", "client"])
+                                      "broker", "client", *["key"] * keyed])
 
 
 def drop(store: Store, as_json: bool, topic: str, channel: str, msg_id: str, found: dict):
-    """--delete: a queued or deferred message out of the channel, in one script call."""
+    """--delete: a queued, deferred or waiting message out of the channel, in one script
+    call (a queued or deferred one of an order key lets the key's next one out)."""
     target = f"{topic}/{channel}"
     state = found["state"]
     if state == "in_flight":
         fail(f"message {msg_id} is in flight on {target} (broker {found['broker']}, client "
              f"{found['client'] or '#' + str(found['connection'])}): a consumer holds it, "
              f"not deleted")
-    if state not in ("queued", "deferred") or not lookup.remove(
+    if state not in ("queued", "deferred", "waiting") or not lookup.remove(
             store, topic, channel, state, msg_id.encode(),
             found.get("record", b"")):
-        fail(f"message {msg_id} is not queued or deferred on {target}: nothing deleted")
+        places = "queued, deferred or waiting" if "key" in found else "queued or deferred"
+        fail(f"message {msg_id} is not {places} on {target}: nothing deleted")
     where = (f"queued at position {found['position']}" if state == "queued"
-             else f"deferred, due {utc(found['due_ms'])}")
+             else f"waiting behind order key {found['key']} at position {found['position']}"
+             if state == "waiting" else f"deferred, due {utc(found['due_ms'])}")
     show({"topic": topic, "channel": channel, "id": msg_id, "deleted": state}, as_json,
          f"deleted message {msg_id} from {target} ({where})")
 
@@ -120,23 +129,37 @@ def drop(store: Store, as_json: bool, topic: str, channel: str, msg_id: str, fou
               help="show at most this many")
 @click.option("--deferred", "show_deferred", is_flag=True,
               help="the deferred messages due first, instead of the queue")
+@click.option("--waiting", "show_waiting", is_flag=True,
+              help="an ordered channel's messages waiting behind their order keys, each "
+                   "key's in the order they go out, instead of the queue")
 @redis_options
-def peek(store, as_json, topic, channel, limit, show_deferred):
-    """The next messages of a channel's queue (or its deferred ones, with their due times)
-    without taking them: a partitioned topic's part 0 first, each part's from its head."""
+def peek(store, as_json, topic, channel, limit, show_deferred, show_waiting):
+    """The next messages of a channel's queue (or its deferred ones, with their due times,
+    or those waiting behind their order keys) without taking them: a partitioned topic's
+    part 0 first, each part's from its head. On an ordered channel each message's order
+    key too ("-": none): a queued one is its key's message out."""
+    if show_deferred and show_waiting:
+        raise click.UsageError("--deferred and --waiting do not go together")
     existing(store, f"{topic}/{channel}")
-    if show_deferred:
+    keyed = show_waiting or store.is_ordered(topic, channel)
+    if show_waiting:
+        rows = lookup.waiting(store, topic, channel, limit)
+        columns, place_of = ["part", "position", "due"], (
+            lambda m: [m["part"], m["position"], m["due_ms"] and utc(m["due_ms"])])
+    elif show_deferred:
         rows = lookup.deferred(store, topic, channel, limit)
         columns, place_of = ["part", "due"], (lambda m: [m["part"], utc(m["due_ms"])])
     else:
         rows = lookup.queued(store, topic, channel, limit)
         columns, place_of = ["part", "position"], (lambda m: [m["part"], m["position"]])
-    text = table([[*place_of(m), m["id"], m["attempts"], utc(m["timestamp"] // 1_000_000),
-                   escaped(m["body"])] for m in rows],
-                 [*columns, "id", "attempts", "published", "body"])
+    if keyed and not show_waiting:
+        rows = lookup.with_keys(store, topic, channel, rows)
+    text = table([[*place_of(m), *([m["key"]] if keyed else []), m["id"], m["attempts"],
+                   utc(m["timestamp"] // 1_000_000), escaped(m["body"])] for m in rows],
+                 [*columns, *["key"] * keyed, "id", "attempts", "published", "body"])
     data = [{k: v for k, v in m.items() if k != "body"}
             | {"body_base64": base64.b64encode(m["body"]).decode()} for m in rows]
-    what = "deferred" if show_deferred else "queued"
+    what = "waiting" if show_waiting else "deferred" if show_deferred else "queued"
     show({"topic": topic, "channel": channel, what: data}, as_json,
          text if rows else f"nothing {what} on {topic}/{channel}")
 

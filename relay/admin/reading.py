@@ -100,9 +100,11 @@ def brokers(store, as_json):
 @limit_option("show the messages due first, at most this many")
 @redis_options
 def inflight(store, as_json, target, limit):
-    """Messages in flight: id, attempts, deadline, owner broker and client."""
+    """Messages in flight: id, attempts, deadline, owner broker and client; on an ordered
+    channel, each one's order key too ("-": none)."""
     topic, channel = existing(store, target, channel_required=True)
-    total = store.read_channel(topic, channel)["in_flight_count"]
+    state = store.read_channel(topic, channel)
+    total, ordered = state["in_flight_count"], state["ordered"]
     clients = {c["owner"]: c for c in registry.live_clients(
         store.redis, registry.live_brokers(store.redis))}
     rows = []
@@ -111,10 +113,12 @@ def inflight(store, as_json, target, limit):
         client = clients.get(m["owner"], {})
         rows.append({"id": m["id"], "attempts": m["attempts"], "deadline": m["deadline_ms"],
                      "broker": broker, "connection": int(number),
-                     "client": client.get("remote_address")})
+                     "client": client.get("remote_address"),
+                     **({"key": m["key"]} if ordered else {})})
     text = table([[r["id"], r["attempts"], utc(r["deadline"]), r["broker"],
-                   r["client"] or f"#{r['connection']}"] for r in rows],
-                 ["id", "attempts", "deadline", "broker", "client"])
+                   r["client"] or f"#{r['connection']}", *([r["key"]] if ordered else [])]
+                  for r in rows],
+                 ["id", "attempts", "deadline", "broker", "client", *["key"] * ordered])
     if total > len(rows):
         text += f"\n({len(rows)} of {total} shown, those due first)"
     show({"in_flight_count": total, "messages": rows}, as_json,

@@ -112,6 +112,10 @@ def set_paused(store: Store, as_json: bool, target: str, paused: bool) -> None:
         store.pause_channel(topic, channel, paused)
     else:
         store.pause_topic(topic, paused)
+        if paused and store.ordered_channels(topic):
+            click.echo(f"relay-admin: {topic} has ordered channels: what is published while "
+                       f"it is paused reaches them without order keys (a topic's backlog "
+                       f"keeps none); pausing a channel keeps them", err=True)
     show({"target": target, "paused": paused}, as_json,
          f"{'paused' if paused else 'unpaused'} {target}")
 

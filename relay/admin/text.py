@@ -10,6 +10,7 @@ from relay.store.history import iso_ms
 STATS_COLUMNS = ["topic", "channel", "depth", "in_flight", "deferred", "messages",
                  "requeued", "timed_out", "dead", "deleted", "expired", "overflowed", "clients",
                  "paused"]
+ORDER_COLUMNS = ["ordered", "keys_out", "waiting"]     # when some channel is ordered
 RETAINED_COLUMNS = ["topic", "retention", "retained", "bytes", "oldest", "newest"]
 CLIENT_COLUMNS = ["broker", "channel", "client", "address", "user_agent", "ready",
                   "in_flight", "messages", "finished", "requeued", "connected"]
@@ -37,13 +38,17 @@ utc = iso_ms    # a Redis ms timestamp as UTC ISO 8601
 
 
 def stats_text(data: dict) -> str:
-    """The stats table; read --partitions, each part's row names its master."""
+    """The stats table; read --partitions, each part's row names its master. With an
+    ordered channel among them, each channel's mode, keys with a message out and messages
+    waiting behind them too (ORDER_COLUMNS)."""
     rows, clients = [], []
     by_part = any("parts" in t for t in data["topics"])
+    ordered = any(c.get("ordered") for t in data["topics"] for c in t["channels"])
     for t in data["topics"]:
         for label, row in [(t["topic_name"], t)] + _part_rows(t):
             rows.append([label, "", row["depth"], "", row["deferred_count"],
                          row["message_count"], *[""] * 7, row["paused"],
+                         *[""] * (len(ORDER_COLUMNS) * ordered),
                          *([row.get("master", "")] if by_part else [])])
         for c in t["channels"]:
             for label, row in [(c["channel_name"], c)] + _part_rows(c):
@@ -52,11 +57,13 @@ def stats_text(data: dict) -> str:
                              row["requeue_count"], row["timeout_count"], row["dead_count"],
                              row["deleted_count"], row["expired_count"], row["overflow_count"],
                              row.get("client_count", ""), row["paused"],
+                             *([row["ordered"], row["order_keys_out"], row["order_waiting"]]
+                               if ordered else []),
                              *([row.get("master", "")] if by_part else [])])
             clients += c["clients"]
     if not rows:
         return "no topics"
-    text = table(rows, STATS_COLUMNS + ["master"] * by_part)
+    text = table(rows, STATS_COLUMNS + ORDER_COLUMNS * ordered + ["master"] * by_part)
     if any("retention" in t for t in data["topics"]):
         text += "\n\n" + retained_table(data["topics"])
     return text + "\n\n" + clients_table(clients) if clients else text

@@ -52,11 +52,18 @@ class _QueueCollector:
                        "(topics with retention on)", ["topic"]),
                       ("topic_retained_oldest_timestamp_seconds", "Publish time of the "
                        "oldest message retained (topics retaining one)", ["topic"]),
-                      ("channel_depth", "Ready messages", ["topic", "channel"]),
+                      ("channel_depth", "Ready messages (with those waiting behind their "
+                       "order key's)", ["topic", "channel"]),
                       ("channel_in_flight", "Messages in flight", ["topic", "channel"]),
                       ("channel_deferred", "Deferred messages", ["topic", "channel"]),
                       ("channel_paused", "1 if the channel is paused", ["topic", "channel"]),
-                      ("channel_consumers", "Consumers on all brokers", ["topic", "channel"])]}
+                      ("channel_consumers", "Consumers on all brokers", ["topic", "channel"]),
+                      ("channel_ordered", "1 if the channel delivers in order by key "
+                       "(relay-admin order)", ["topic", "channel"]),
+                      ("channel_order_keys_out", "Order keys with a message out: queued, "
+                       "in flight or deferred (ordered channels)", ["topic", "channel"]),
+                      ("channel_order_waiting", "Messages waiting behind their order key's "
+                       "(ordered channels; counted in the depth too)", ["topic", "channel"])]}
         counters = {name: CounterMetricFamily(f"relay_{name}", help, labels=labels) for
                     name, help, labels in [
                         ("topic_messages", "Messages published to the topic", ["topic"]),
@@ -85,8 +92,12 @@ class _QueueCollector:
                                       ("channel_in_flight", "in_flight_count"),
                                       ("channel_deferred", "deferred_count"),
                                       ("channel_paused", "paused"),
-                                      ("channel_consumers", "client_count")]:
+                                      ("channel_consumers", "client_count"),
+                                      ("channel_ordered", "ordered")]:
                     gauges[metric].add_metric(labels, int(c[field]))
+                if c["ordered"]:
+                    gauges["channel_order_keys_out"].add_metric(labels, c["order_keys_out"])
+                    gauges["channel_order_waiting"].add_metric(labels, c["order_waiting"])
                 for metric, field in [("channel_messages", "message_count"),
                                       ("channel_requeued", "requeue_count"),
                                       ("channel_timed_out", "timeout_count"),

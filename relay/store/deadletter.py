@@ -28,6 +28,7 @@ from relay import codec
 from relay.errors import StoreError
 from relay.options import DEFAULT_DEAD_LETTER_TOPIC
 from relay.store import Op, Store, guarded
+from relay.store.dedup import key_part
 from relay.store.keys import ChannelKeys, TopicKeys, id_part, split_part
 
 FORWARD_BATCH = 500
@@ -149,21 +150,51 @@ def letters(store: Store, topic: str, channel: str, chunk: int = 1000):
             start += chunk
 
 
-def redrive_op(topic: str, channel: str, records: Sequence[bytes], node: str) -> Op:
-    """Queue records on one channel again: how many, or -1 if there is no such channel.
-    `node`: the prefix of the node keys of the node serving the topic (Store.node)."""
+def redrive_op(topic: str, channel: str, records: Sequence[bytes], node: str,
+               order_keys: "Sequence[bytes | None] | None" = None,
+               counted: bool = False) -> Op:
+    """Queue records on one channel (part) again: how many, or -1 if there is no such
+    channel. `node`: the prefix of the node keys of the node serving the topic
+    (Store.node). On an ordered channel the records it still holds are skipped and
+    those with an order key (one or None per record) pass its gate (redrive.lua);
+    `counted`: they count in its message_count (a replay's)."""
     t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
-    return Op("redrive", [t.channels, c.queue, t.version], [channel, t.wake, node, *records])
+    joined = b"\n".join(k or b"" for k in order_keys) if order_keys and any(order_keys) \
+        else b""
+    return Op("redrive", [t.channels, c.queue, t.version, c.meta, c.msgs, c.gate, c.key_of,
+                          c.waiting],
+              [channel, t.wake, node, int(counted), joined, *records])
+
+
+def rule_keys(store: Store, topic: str, part: int, records: Sequence[bytes]
+              ) -> "list[bytes | None] | None":
+    """The order keys the topic's rule gives records of its part `part` (relay/store/
+    ordering.py), None without a rule: neither the history nor a dead letter keeps the
+    key a message was published with. A key whose messages go to another part (the
+    record was published without it, on a partitioned topic) is none: a key is ordered
+    within its own part only."""
+    rule = store.order_rule(topic)
+    if rule is None:
+        return None
+    partitions = store.partitions(topic)
+    keys = []
+    for record in records:
+        key = rule.key_of(codec.parse_record(record)[3])
+        keys.append(key if key is not None and (
+            partitions == 1 or key_part(key, partitions) == part) else None)
+    return keys
 
 
 def _redrive(store: Store, topic: str, channel: str, records: dict) -> int:
-    """Queue records (by id) again, each on the part its id names: how many, or -1 if
+    """Queue records (by id) again, each on the part its id names, an ordered channel's
+    through its gate with the keys of the topic's rule (rule_keys): how many, or -1 if
     there is no such channel."""
     by_part: dict[int, list] = {}
     for msg_id, record in records.items():
         by_part.setdefault(max(id_part(msg_id.encode()), 0), []).append(record)
     queued = store.run_many([redrive_op(store.part(topic, i), channel, part,
-                                        store.node(store.part(topic, i)))
+                                        store.node(store.part(topic, i)),
+                                        rule_keys(store, topic, i, part))
                              for i, part in by_part.items()])
     for reply in queued:
         if isinstance(reply, Exception):

@@ -82,6 +82,13 @@ class Replayed(NamedTuple):
         last = reply[3].decode() if isinstance(reply[3], bytes) else str(reply[3])
         return cls(int(reply[0]), int(reply[1]), int(reply[2]), last, bool(reply[4]))
 
+    @classmethod
+    def handed_back(cls, reply) -> "tuple[Replayed, list[bytes]] | None":
+        """A call that handed its records back (replay_op's `hand_back`): the Replayed
+        (none queued) and the records not skipped."""
+        done = cls.parse(reply)
+        return None if done is None else (done, list(reply[5]))
+
 
 class Trimmed(NamedTuple):
     """One trim.lua call: messages trimmed, left, their bytes, the oldest entry's ms (-1
@@ -218,12 +225,24 @@ class History(DataPath):
             low = "(" + (last.decode() if isinstance(last, bytes) else last)
 
     def replay_op(self, part: str, channel: str, start: str, end: str, forward: bool = True,
-                  cut: int = 0, count: int = REPLAY_CHUNK) -> Op:
-        """One replay.lua call: a Replayed, or None if the channel does not exist."""
+                  cut: int = 0, count: int = REPLAY_CHUNK, hand_back: bool = False) -> Op:
+        """One replay.lua call: a Replayed, or None if the channel does not exist. With
+        `hand_back` nothing is queued: (a Replayed, the records not skipped), for an
+        ordered channel's replay to queue through its gate (workers/operations.py)."""
         t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
         return Op("replay", [t.history, c.queue, c.msgs, c.meta, t.channels, t.version],
-                  [channel, start, end, count, int(forward), cut, t.wake, self.node(part)],
-                  Replayed.parse)
+                  [channel, start, end, count, int(forward), cut, t.wake, self.node(part),
+                   int(hand_back)],
+                  Replayed.handed_back if hand_back else Replayed.parse)
+
+    def newest_entry(self, part: str) -> str | None:
+        """The id of the newest entry of a part's history, None if it has none."""
+        last = self._guard(lambda: self.redis.xrevrange(TopicKeys.of(part).history, "+", "-",
+                                                        count=1))
+        if not last:
+            return None
+        entry_id = last[0][0]
+        return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
 
     def range_size(self, part: str, start: str, end: str, cut: int = 0) -> int:
         """The messages of a part's history from `start` (a message position

@@ -100,7 +100,9 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             0's only; absent: 1); placement: the salt of
                                             each part beyond the first, space-separated (0:
                                             none; absent: all 0), which its name carries
-                                            (part_names); never deleted
+                                            (part_names); order_key: the topic's rule for
+                                            a message's order key (part 0's;
+                                            relay/store/ordering.py); never deleted
     relay:{T}:ch:C:queue              LIST  ready records
     relay:{T}:ch:C:inflight           ZSET  "<id> <owner>" -> deadline (ms)
     relay:{T}:ch:C:deferred           ZSET  id -> due time (ms)

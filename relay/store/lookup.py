@@ -3,9 +3,13 @@ taking one waiting message out (relay-admin msg and peek).
 
 A message id names its part (keys.id_part), so only that part's keys are read. Where
 it is, cheapest first: in flight or deferred (its record in the msgs hash: O(1)), in
-the dead-letter outbox (a scan of a short list), then queued (a scan of the queue, head
-first, SCAN_CHUNK records per LRANGE: a queued record holds the id at its end, so
-LPOS, which compares whole elements, cannot find it).
+the dead-letter outbox (a scan of a short list), on an ordered channel waiting behind its
+order key (a ZSCAN of the waiting ZSET, only for an id with no key out while some wait),
+then queued (a scan of the queue, head first, SCAN_CHUNK records per LRANGE: a queued
+record holds the id at its end, so LPOS, which compares whole elements, cannot find it). On an
+ordered channel each place carries the message's order key ("key": None for none): of a
+message out, from key_of; of one waiting, from its member in the waiting ZSET
+("<order key> <id> <due ms, 0: now> <record>", lib/order.lua).
 """
 
 from typing import Callable, Iterable
@@ -14,6 +18,7 @@ from relay.codec import parse_record, record_id
 from relay.store import Op, Store, deadletter, guarded
 from relay.store.inflight import member_owner
 from relay.store.keys import ChannelKeys, TopicKeys, id_part
+from relay.store.ordering import ORDERED_FIELD
 
 SCAN_CHUNK = 10_000
 
@@ -21,9 +26,11 @@ SCAN_CHUNK = 10_000
 def where(store: Store, topic: str, channel: str, msg_id: bytes,
           owners: Iterable[str] = ()) -> dict:
     """Where msg_id is in the channel: {"state": "in_flight" | "deferred" | "dead" |
-    "queued" | "absent", ...} with what it holds (message()) and, per state, its owner
-    and deadline (ms), due time (ms) or position (1: the head), the dead letter's reason
-    and the list's element ("record"). `owners`: the owners to try first for a message
+    "waiting" | "queued" | "absent", ...} with what it holds (message()) and, per state,
+    its owner and deadline (ms), due time (ms) or position (1: the head; waiting: behind
+    its key's message out, 1 next), the dead letter's reason and the list's or waiting
+    ZSET's element ("record"); on an ordered channel its order key ("key"), and for one
+    waiting with a defer its due time. `owners`: the owners to try first for a message
     in flight (the registry's clients), before a ZSCAN."""
     part = id_part(msg_id)
     if not 0 <= part < len(store.parts(topic)):
@@ -32,24 +39,58 @@ def where(store: Store, topic: str, channel: str, msg_id: bytes,
     pipe = store.redis.pipeline(transaction=False)
     pipe.hget(c.msgs, msg_id)
     pipe.zscore(c.deferred, msg_id)
-    record, due = guarded(pipe.execute)
+    pipe.hget(c.key_of, msg_id)
+    pipe.hexists(c.meta, ORDERED_FIELD)
+    pipe.zcard(c.waiting)
+    record, due, key, ordered, behind = guarded(pipe.execute)
+    keyed = {"key": _text(key)} if ordered else {}
     if record is not None and due is not None:
-        return {"state": "deferred", "due_ms": int(due), **message(record)}
+        return {"state": "deferred", "due_ms": int(due), **message(record), **keyed}
     if record is not None:
         held = _holder(store, c, msg_id, list(owners))
         if held is not None:    # the record counts the deliveries before this one
             found = message(record)
             found["attempts"] += not held.pop("old")
-            return {"state": "in_flight", **held, **found}
+            return {"state": "in_flight", **held, **found, **keyed}
     position, entry = _scan(store, c.dead, msg_id, lambda e: deadletter.split_entry(e)[1])
     if entry is not None:
         reason, record = deadletter.split_entry(entry)
         return {"state": "dead", "position": position, "reason": reason, **message(record),
-                "record": entry}
+                "record": entry, **keyed}
+    if behind and key is None and (waiting := _waiting(store, c, msg_id)) is not None:
+        return waiting
     position, record = _scan(store, c.queue, msg_id)
     if record is not None:
-        return {"state": "queued", "position": position, **message(record), "record": record}
-    return {"state": "absent"}
+        return {"state": "queued", "position": position, **message(record), "record": record,
+                **keyed}
+    return {"state": "absent", **keyed}
+
+
+def _waiting(store: Store, c: ChannelKeys, msg_id: bytes) -> dict | None:
+    """where() of msg_id waiting behind its order key: a ZSCAN of the waiting ZSET for
+    the members "<key> <id> *" (a body may hold " <id> " too: each is split to be sure),
+    then its position among its key's (one ZLEXCOUNT)."""
+    for member, _ in guarded(lambda: list(store.redis.zscan_iter(
+            c.waiting, match=b"* " + msg_id + b" *", count=SCAN_CHUNK))):
+        found = split_waiting(member)
+        if found["id"] != msg_id:
+            continue
+        key = found["key"]
+        position = guarded(store.redis.zlexcount, c.waiting, b"[" + key + b" ", b"[" + member)
+        return {"state": "waiting", "position": int(position),
+                **({"due_ms": found["due_ms"]} if found["due_ms"] else {}),
+                **message(found["record"]), "record": member, "key": _text(key)}
+    return None
+
+
+def split_waiting(member: bytes) -> dict:
+    """A waiting ZSET member's parts: key, id (bytes), due_ms (0: now), record."""
+    key, msg_id, due, record = member.split(b" ", 3)
+    return {"key": key, "id": msg_id, "due_ms": int(due), "record": record}
+
+
+def _text(key: bytes | None) -> str | None:
+    return None if key is None else key.decode(errors="replace")
 
 
 def _holder(store: Store, c: ChannelKeys, msg_id: bytes, owners: list[str]) -> dict | None:
@@ -90,8 +131,9 @@ def _scan(store: Store, key: str, msg_id: bytes,
 
 def remove(store: Store, topic: str, channel: str, state: str, msg_id: bytes,
            record: bytes) -> bool:
-    """Take a queued (its exact record) or deferred message out of the channel in one
-    script call (remove.lua); False if it was no longer there."""
+    """Take a queued (its exact record), deferred or waiting (its exact member in the
+    waiting ZSET, as `record`) message out of the channel in one script call
+    (remove.lua); False if it was no longer there."""
     part = store.part(topic, id_part(msg_id))
     t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
     target = {"queued": record, "waiting": record}.get(state, msg_id)
@@ -122,6 +164,37 @@ def deferred(store: Store, topic: str, channel: str, limit: int) -> list[dict]:
         out += [message(r) | {"part": index, "due_ms": int(due)}
                 for (_, due), r in zip(entries, records) if r is not None]
     return sorted(out, key=lambda m: m["due_ms"])[:limit]
+
+
+def waiting(store: Store, topic: str, channel: str, limit: int) -> list[dict]:
+    """The first `limit` messages of each part waiting behind their order keys (an
+    ordered channel's), part 0 first, each part's in key order and each key's in the
+    order they go out: id, timestamp, attempts, body, part, key, position (behind the
+    key's message out, 1 next) and due_ms (a publish's defer, None: none)."""
+    out = []
+    for index, part in enumerate(store.parts(topic)):
+        members = guarded(store.redis.zrange, ChannelKeys.of(part, channel).waiting, 0,
+                          limit - 1)
+        key, position = None, 0
+        for member in members:
+            found = split_waiting(member)
+            position = position + 1 if found["key"] == key else 1
+            key = found["key"]
+            out.append(message(found["record"]) | {
+                "part": index, "key": _text(key), "position": position,
+                "due_ms": found["due_ms"] or None})
+    return out[:limit]
+
+
+def with_keys(store: Store, topic: str, channel: str, messages: list[dict]) -> list[dict]:
+    """The messages (each with its part's index) of an ordered channel, each with its
+    order key ("key", None: none) from its part's key_of: one pipeline."""
+    parts = store.parts(topic)
+    pipe = store.redis.pipeline(transaction=False)
+    for m in messages:
+        pipe.hget(ChannelKeys.of(parts[m["part"]], channel).key_of, m["id"])
+    keys = guarded(pipe.execute) if messages else []
+    return [m | {"key": _text(key)} for m, key in zip(messages, keys)]
 
 
 def message(record: bytes) -> dict:

@@ -25,6 +25,9 @@ from relay.store.runner import Op
 ORDERED_FIELD = "ordered"
 RULE_FIELD = "order_key"
 RULE_KINDS = ("json-field", "separator")
+# a publish key's problems (relay/store/dedup.py), as an order key's are told
+ORDER_KEY_CODES = {"ID_EMPTY": "KEY_EMPTY", "ID_TOO_LONG": "KEY_TOO_LONG",
+                   "ID_NOT_TEXT": "KEY_NOT_TEXT"}
 # the most waiting messages one call sends out when a channel's ordering is turned off:
 # a call stays short, as every script call
 RELEASE_STEP = 10_000
@@ -34,7 +37,7 @@ def order_key_problem(key: bytes) -> str | None:
     """Why `key` cannot be an order key, as an nsqd-style code (KEY_EMPTY, KEY_TOO_LONG,
     KEY_NOT_TEXT), or None: the same 1-256 bytes of text without spaces as a publish key."""
     problem = key_problem(key)
-    return problem and "KEY_" + problem.removeprefix("ID_")
+    return problem and ORDER_KEY_CODES[problem]
 
 
 def split_keyed_forms(messages: list[bytes], publish_keys: bool, order_keys: bool
@@ -51,8 +54,7 @@ def split_keyed_forms(messages: list[bytes], publish_keys: bool, order_keys: boo
         try:
             messages, keys = keyed_messages(messages)
         except BadKeyedMessage as e:
-            raise BadKeyedMessage(e.number, "KEY_" + e.code.removeprefix("ID_")
-                                  if e.code.startswith("ID_") else e.code) from None
+            raise BadKeyedMessage(e.number, ORDER_KEY_CODES.get(e.code, e.code)) from None
         found = list(keys)
     return messages, ids, found
 

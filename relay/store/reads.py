@@ -253,13 +253,14 @@ class Reads(StoreBase):
                 c = ChannelKeys.of(part, channel)
                 pipe.llen(c.queue)
                 pipe.zcard(c.waiting)
+                pipe.hlen(c.gate)
                 pipe.zcard(c.inflight)
                 pipe.zcard(c.deferred)
                 pipe.hgetall(c.meta)
                 pipe.hvals(c.consumers)
 
         def take(replies: Iterator, parts: list[str], channel: str) -> list[dict]:
-            return [_channel_figures(*(next(replies) for _ in range(6))) for _ in parts]
+            return [_channel_figures(*(next(replies) for _ in range(7))) for _ in parts]
         return self._batched(channels, send, take)
 
     def queued_records(self, topic: str, channel: str, chunk: int):
@@ -275,10 +276,12 @@ class Reads(StoreBase):
         return value.decode() if value is not None else None
 
 
-def _channel_figures(queued: int, waiting: int, inflight: int, deferred: int, meta: dict,
-                     consumers: list) -> dict:
-    """A channel part's figures from its LLEN, ZCARDs, meta and consumers' counts: the
-    depth counts the messages of an ordered channel waiting behind their keys."""
+def _channel_figures(queued: int, waiting: int, keys_out: int, inflight: int, deferred: int,
+                     meta: dict, consumers: list) -> dict:
+    """A channel part's figures from its LLEN, ZCARDs, HLEN of the order gate, meta and
+    consumers' counts: the depth counts the messages of an ordered channel waiting behind
+    their keys, which order_waiting counts alone, beside whether it is ordered and its
+    keys with a message out (queued, in flight or deferred: order_keys_out)."""
     return {"depth": queued + waiting, "in_flight_count": inflight, "deferred_count": deferred,
             "message_count": int(meta.get(b"message_count", 0)),
             "requeue_count": int(meta.get(b"requeue_count", 0)),
@@ -287,4 +290,5 @@ def _channel_figures(queued: int, waiting: int, inflight: int, deferred: int, me
             "deleted_count": int(meta.get(b"deleted_count", 0)),
             "expired_count": int(meta.get(b"expired_count", 0)),
             "overflow_count": int(meta.get(b"overflow_count", 0)),
-            "client_count": sum(int(v) for v in consumers), "paused": b"paused" in meta}
+            "client_count": sum(int(v) for v in consumers), "paused": b"paused" in meta,
+            "ordered": b"ordered" in meta, "order_keys_out": keys_out, "order_waiting": waiting}

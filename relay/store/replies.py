@@ -105,7 +105,7 @@ class DueView(NamedTuple):
 
 
 # read as part 0 has them, not summed
-FIRST_PART_ONLY = ("paused", "client_count")
+FIRST_PART_ONLY = ("paused", "client_count", "ordered")
 
 
 def summed(parts: list[dict]) -> dict:

@@ -109,7 +109,8 @@ def _add_latency(store: Store, topics: list, latency: E2eLatency) -> None:
 
 def in_flight(store: Store, topic: str, channel: str, limit: int) -> list[dict]:
     """The `limit` in-flight messages of a channel due first (over all its parts): id,
-    deadline (ms), owner, attempts."""
+    deadline (ms), owner, attempts, order key (None: none, or the channel is not
+    ordered)."""
     out = []
     for part in store.parts(topic):
         out += _in_flight_part(store, ChannelKeys.of(part, channel), limit)
@@ -124,16 +125,18 @@ def _in_flight_part(store: Store, c: ChannelKeys, limit: int) -> list[dict]:
     pipe = store.redis.pipeline(transaction=False)
     pipe.hmget(c.msgs, ids)
     pipe.hmget(c.leases, ids)       # the layout before (lib/inflight.lua)
-    records, leases = guarded(pipe.execute)
+    pipe.hmget(c.key_of, ids)       # their order keys (lib/order.lua)
+    records, leases, order_keys = guarded(pipe.execute)
     old = {msg_id: lease for msg_id, lease in zip(ids, leases) if lease is not None}
     out = []
-    for (member, deadline), record in zip(entries, records):
+    for (member, deadline), record, key in zip(entries, records, order_keys):
         owner = member_owner(member, old)
         if record is None or owner is None:
             continue  # finished meanwhile
         counted = member_id(member) in old     # the layout before counted the delivery
         out.append({"id": member_id(member).decode(), "deadline_ms": int(deadline),
-                    "owner": owner, "attempts": parse_record(record)[1] + (not counted)})
+                    "owner": owner, "attempts": parse_record(record)[1] + (not counted),
+                    "key": key and key.decode(errors="replace")})
     return out
 
 

@@ -62,7 +62,8 @@ def inflight_score(store, topic, channel, msg_id: bytes):
 def empty_channel(**overrides) -> dict:
     base = {"depth": 0, "in_flight_count": 0, "deferred_count": 0, "message_count": 0,
             "requeue_count": 0, "timeout_count": 0, "dead_count": 0, "deleted_count": 0,
-            "expired_count": 0, "overflow_count": 0, "client_count": 0, "paused": False}
+            "expired_count": 0, "overflow_count": 0, "client_count": 0, "paused": False,
+            "ordered": False, "order_keys_out": 0, "order_waiting": 0}
     return {**base, **overrides}
 
 
@@ -80,3 +81,16 @@ def channel_state(store, channel="spark", topic="events") -> tuple:
 def parts_of(store, topic="t", channel="c", field="depth") -> list:
     """A figure of read_channel_parts (depth unless named) for each part of a channel."""
     return [p[field] for p in store.read_channel_parts(topic, channel)]
+
+
+def ordered(store, topic="t", channel="c"):
+    """An ordered channel (relay/store/ordering.py) with a consumer counted on broker b1."""
+    subscribed(store, topic, channel)
+    assert store.set_ordered(topic, channel, True) == 0
+    return store
+
+
+def publish_ordered(store, pairs, topic="t", defer_ms=0):
+    """Publish (order key or None, body) pairs: one call per part."""
+    store.publish_keyed(topic, [body for _, body in pairs], None, defer_ms,
+                        [key and key.encode() for key, _ in pairs])

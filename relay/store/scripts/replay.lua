@@ -6,7 +6,9 @@
 -- to the queue's head, so the queue ends in publish order, before what was published
 -- since. Messages whose count is above the cut (published after the channel was made)
 -- are passed over. An id in the channel's msgs hash (in flight or deferred) is skipped:
--- a replay never disturbs it.
+-- a replay never disturbs it. Handing back (an ordered channel's replay,
+-- workers/operations.py): the records that are not skipped are returned instead of
+-- queued, and the caller queues them through the channel's gate (redrive.lua).
 -- The range is of messages: start "<ms>-<count>" is the message of that count at that
 -- ms, inside an entry whose id is before it (an MPUB's entry, which starts at its first
 -- message) as well as at an entry's id; "(<id>" starts after that entry, "-" at the
@@ -18,9 +20,10 @@
 -- ARGV[1] channel   ARGV[2] start   ARGV[3] end (stream ids as XRANGE takes them)
 -- ARGV[4] the messages to read (at least one entry's)   ARGV[5] 1 forward, 0 backward
 -- ARGV[6] the cut (0: none)   ARGV[7] wake pub/sub channel   ARGV[8] the node keys'
--- prefix (node.lua)
+-- prefix (node.lua)   ARGV[9] 1 to hand the records back (absent: 0)
 -- Returns {replayed, skipped, messages read, the last entry read or '', 1 if the range
--- is done else 0}, or nil when the channel does not exist.
+-- is done else 0}, handing back with the records not skipped as a 6th (replayed 0), or
+-- nil when the channel does not exist.
 if redis.call('SISMEMBER', KEYS[5], ARGV[1]) == 0 then
   return nil
 end
@@ -97,6 +100,9 @@ for _, reply in ipairs(call_chunked('HMGET', KEYS[3], ids)) do
     n = n + 1
     if not held then fresh[#fresh + 1] = records[n] end
   end
+end
+if ARGV[9] == '1' then
+  return {0, #records - #fresh, read, last, done and 1 or 0, fresh}
 end
 call_chunked(forward and 'RPUSH' or 'LPUSH', KEYS[2], fresh)
 if #fresh > 0 then
