@@ -5,14 +5,14 @@ refused with nothing published. Real brokers; relay-admin through click on the t
 backend."""
 
 import json
-import socket
 
 import pytest
 
 from relay.codec import FRAME_ERROR, FRAME_RESPONSE
 from tests.helpers import gnsq_clients
-from tests.helpers.admin import ok, ok_json, run
+from tests.helpers.admin import ok, ok_json, relay_admin, run
 from tests.helpers.api import Api
+from tests.helpers.wait import wait_for
 from tests.helpers.wire import Wire, mpub_body
 
 
@@ -35,19 +35,11 @@ def consumer(api, topic="t", channel="c", rdy=10) -> Wire:
     return wire
 
 
-def take(wire, idle=0.3, first=2.0) -> list:
-    """(id, body) of the messages that arrive before the consumer has been idle `idle` s
-    (`first` s for the first)."""
-    got = []
-    wire.sock.settimeout(first)
-    try:
-        while True:
-            got.append(wire.message())
-            wire.sock.settimeout(idle)
-    except (socket.timeout, TimeoutError):
-        return [(m[2], m[3]) for m in got]
-    finally:
-        wire.sock.settimeout(5.0)
+def take(wire, n) -> list:
+    """(id, body) of the next `n` messages, and then none more for 0.3 s."""
+    got = [wire.message() for _ in range(n)]
+    assert wire.nothing(0.3)
+    return [(m[2], m[3]) for m in got]
 
 
 def finish(wire, taken, body):
@@ -56,14 +48,15 @@ def finish(wire, taken, body):
     wire.command(b"FIN " + msg_id)
 
 
-def drain_in_order(wire) -> list:
-    """Every body the channel gives, FINishing each as it comes: what a consumer that
-    waits for each key's next one sees."""
+def drain_in_order(wire, n) -> list:
+    """The bodies of the next `n` messages, each FINished as it comes (what a consumer
+    that waits for each key's next one sees), and then none more for 0.3 s."""
     seen = []
-    while taken := take(wire, first=0.5):
-        for msg_id, body in taken:
-            seen.append(body)
-            wire.command(b"FIN " + msg_id)
+    for _ in range(n):
+        _, _, msg_id, body = wire.message()
+        seen.append(body)
+        wire.command(b"FIN " + msg_id)
+    assert wire.nothing(0.3)
     return seen
 
 
@@ -77,14 +70,14 @@ def test_http_order_keys_one_at_a_time_per_key(api):
                        b"acct-2 b1\nacct-1 a4\nacct-2 b2 with spaces\n")[:2] == (200, b"OK")
     assert api.request("POST", "/pub?topic=t", b"plain")[:2] == (200, b"OK")
     wire = consumer(api)
-    first = take(wire)
+    first = take(wire, 3)
     assert sorted(body for _, body in first) == [b"a1", b"b1", b"plain"]
     finish(wire, first, b"a1")
-    second = take(wire)
+    second = take(wire, 1)
     assert [body for _, body in second] == [b"a2"]
     for msg_id, body in first + second:
         wire.command(b"FIN " + msg_id)
-    seen = drain_in_order(wire)
+    seen = drain_in_order(wire, 3)
     assert [b for b in seen if b.startswith(b"a")] == [b"a3", b"a4"]
     assert [b for b in seen if b.startswith(b"b")] == [b"b2 with spaces"]
 
@@ -100,7 +93,7 @@ def test_http_publish_keys_and_order_keys_together(api, redis_url):
     status, data, headers = api.request(
         "POST", "/mpub?topic=t&keyed=true&ordered=true&binary=true", binary)
     assert (status, data, headers["X-Relay-Duplicates"]) == (200, b"OK", "0")
-    assert drain_in_order(consumer(api)) == [b"one", b"two", b"three"]
+    assert drain_in_order(consumer(api), 3) == [b"one", b"two", b"three"]
 
 
 @pytest.mark.integration
@@ -145,11 +138,11 @@ def test_tcp_order_keys_after_identify_relay_order(api):
     assert both.command("MPUB t keyed+ordered", mpub_body([b"id-10 acct-2 b3"])).frame() == (
         FRAME_RESPONSE, b"OK")
     reader = consumer(api)
-    first = take(reader)
+    first = take(reader, 3)
     assert sorted(body for _, body in first) == [b"a1", b"b1", b"plain"]
     for msg_id, _ in first:
         reader.command(b"FIN " + msg_id)
-    seen = drain_in_order(reader)
+    seen = drain_in_order(reader, 4)
     assert [b for b in seen if b.startswith(b"a")] == [b"a2", b"a3"]
     assert [b for b in seen if b.startswith(b"b")] == [b"b2", b"b3"]
 
@@ -180,9 +173,9 @@ def test_a_stock_client_gets_order_from_the_topics_rule(api):
     events = [{"account": f"acct-{n % 3}", "n": n} for n in range(12)]
     gnsq_clients.publish(api.tcp_port, "t", [json.dumps(e).encode() for e in events])
     wire = consumer(api)
-    assert len(take(wire)) == 3
+    assert len(take(wire, 3)) == 3
     wire.close()
-    seen = [json.loads(b) for b in drain_in_order(consumer(api))]
+    seen = [json.loads(b) for b in drain_in_order(consumer(api), 12)]
     for account in ("acct-0", "acct-1", "acct-2"):
         assert [e["n"] for e in seen if e["account"] == account] == [
             e["n"] for e in events if e["account"] == account]
@@ -237,3 +230,26 @@ def test_relay_admin_order_key_and_pub_key(store, backend):
     assert (done.exit_code, done.stderr) == (
         2, "relay-admin: --key 'two words': KEY_NOT_TEXT: 1-256 bytes of text without spaces "
            "(see relay-admin pub --help)\n")
+
+
+@pytest.mark.integration
+def test_a_rule_set_later_reaches_brokers_that_know_the_topic(processes, redis_url):
+    """Both brokers serve the topic (a consumer each: they follow its news every second,
+    its partitions cached) before relay-admin sets the rule: setting it is news, so each
+    uses it within a second or two."""
+    apis = [Api(port, processes.http_ports[port])
+            for port in (processes.broker()[1], processes.broker()[1])]
+    ordered_on(apis[0])
+    consumers = [consumer(api, rdy=0) for api in apis]
+    for api in apis:
+        assert api.request("POST", "/pub?topic=t", b"before")[:2] == (200, b"OK")
+    done = relay_admin(redis_url, "order-key", "t", "--separator", ":")
+    assert done.returncode == 0, done.stderr
+
+    def waiting_after_publish() -> bool:
+        assert apis[1].request("POST", "/mpub?topic=t", b"acct:1\nacct:2\n")[:2] == (200, b"OK")
+        _, report = apis[1].json("GET", "/channel/order?topic=t&channel=c")
+        return report["waiting"] > 0
+    assert wait_for(waiting_after_publish, timeout=5, interval=0.5)
+    for wire in consumers:
+        wire.close()

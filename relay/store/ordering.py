@@ -9,8 +9,8 @@ An order key is not a publish key (relay/store/dedup.py): that one makes a publi
 idempotent, this one orders delivery; a message may carry both. A message gets its
 order key from its publisher (/pub?key=, IDENTIFY relay_order), or else from its
 topic's rule (`order_key` in part 0's version hash): a JSON field of the body, or the
-text before a separator. Brokers learn a rule with the partition count, so a new rule is
-in force within PARTITIONS_TTL. A key always goes to the part its hash picks, so its
+text before a separator. Setting it is news (order_key.lua), so brokers learn it as they
+learn a raised partition count (versions.lua), within a second. A key always goes to the part its hash picks, so its
 order holds over partitions; raising the count moves keys (their order may break once)."""
 
 import json
@@ -23,7 +23,6 @@ from relay.store.limits import OrderedAndLimited
 from relay.store.runner import Op
 
 ORDERED_FIELD = "ordered"
-RULE_FIELD = "order_key"
 RULE_KINDS = ("json-field", "separator")
 # a publish key's problems (relay/store/dedup.py), as an order key's are told
 ORDER_KEY_CODES = {"ID_EMPTY": "KEY_EMPTY", "ID_TOO_LONG": "KEY_TOO_LONG",
@@ -132,12 +131,10 @@ class Ordering(DataPath):
 
     def set_order_rule(self, topic: str, rule: OrderKeyRule | None) -> None:
         """The topic's rule for the order key of messages published without one (None:
-        none); brokers use it within PARTITIONS_TTL."""
-        version = TopicKeys.of(topic).version
-        if rule is None:
-            self._guard(self.redis.hdel, version, RULE_FIELD)
-        else:
-            self._guard(self.redis.hset, version, RULE_FIELD, rule.text())
+        none); brokers use it within a second."""
+        t = TopicKeys.of(topic)
+        self.run(Op("order_key", [t.version], ["" if rule is None else rule.text(), t.wake,
+                                               self.node(topic)]))
         self.partitions(topic, fresh=True)
 
     def order_rule(self, topic: str) -> OrderKeyRule | None:

@@ -137,11 +137,12 @@ class Reads(StoreBase):
                 for topic in group:
                     read.pop(topic, None)
                 continue
-            for topic, news, partitions, salts in zip(group, reply[::3], reply[1::3],
-                                                      reply[2::3]):
+            for topic, news, partitions, salts, rule in zip(
+                    group, reply[::4], reply[1::4], reply[2::4], reply[3::4]):
                 read[topic] = int(news or 0)
                 if keys.PART_MARK not in topic:
                     self.learn_partitions(topic, int(partitions or 1), (salts or b"").decode())
+                    self._order_rules[topic] = (rule or b"").decode()
                     self._counted[topic] = read[topic]
 
     def channel_states(self, channels: Sequence[tuple]) -> list:

@@ -3,18 +3,20 @@
 -- node news hash (lib/node.lua) alone: the news of parts without a field there (a Redis
 -- of the layout before counted news in the field `news` of each version key: the node
 -- field starts from it, HSETNX, 0 for none yet, so the next second finds it there) and
--- the partition counts and placements (partitions.lua) of topics whose news moved
--- (raising a count is news). The version keys are reached undeclared, as node.lua's keys are.
+-- the partition counts, placements (partitions.lua) and order key rules
+-- (order_key.lua) of topics whose news moved (raising a count, or setting a rule, is
+-- news). The version keys are reached undeclared, as node.lua's keys are.
 --
 -- KEYS[1] the node news hash   ARGV the parts' version keys
--- Returns news, partitions, placement of each in ARGV order, nil where one is absent.
+-- Returns news, partitions, placement, order key rule of each in ARGV order, nil where
+-- one is absent.
 past_maxmemory()
 local out = {}
 for i = 1, #ARGV do
   local part = part_of(ARGV[i])
-  local fields = redis.call('HMGET', ARGV[i], 'news', 'partitions', 'placement')
+  local fields = redis.call('HMGET', ARGV[i], 'news', 'partitions', 'placement', 'order_key')
   redis.call('HSETNX', KEYS[1], part, fields[1] or 0)
-  out[3 * i - 2], out[3 * i - 1], out[3 * i] = redis.call('HGET', KEYS[1], part), fields[2],
-    fields[3]
+  out[4 * i - 3], out[4 * i - 2], out[4 * i - 1], out[4 * i] =
+    redis.call('HGET', KEYS[1], part), fields[2], fields[3], fields[4]
 end
 return out
