@@ -16,6 +16,7 @@ order holds over partitions; raising the count moves keys (their order may break
 import json
 from typing import NamedTuple, Sequence
 
+from relay.errors import StoreError
 from relay.store.data_path import DataPath
 from relay.store.dedup import BadKeyedMessage, key_problem, keyed_messages
 from relay.store.keys import ChannelKeys, TopicKeys
@@ -138,8 +139,15 @@ class Ordering(DataPath):
         self.partitions(topic, fresh=True)
 
     def order_rule(self, topic: str) -> OrderKeyRule | None:
-        """The topic's rule, as read with its partition count."""
-        self.partitions(topic)
+        """The topic's rule as last read with its partition count (which a publish reads
+        again when stale, and a broker when the topic has news): a publish reads nothing
+        more for it, but for a topic never read, whose count it reads first. A read that
+        fails leaves no rule; the publish's own call then fails or lands, as publish_op's."""
+        if topic not in self._partitions:
+            try:
+                self.partitions(topic)
+            except StoreError:
+                pass
         return OrderKeyRule.parse(self._order_rules.get(topic, ""))
 
     def order_keys(self, topic: str, bodies: Sequence[bytes],
