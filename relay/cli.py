@@ -9,8 +9,9 @@ from urllib.parse import urlparse
 import click
 
 from relay.errors import ConfigError
-from relay.options import (BROKER, DEFAULT_CONFIG, JOBS, REDIS, SCANNER, Options, config_file,
-                           load_options, option_flag, option_help, process_options)
+from relay.options import (BROKER, CONSOLE, DEFAULT_CONFIG, JOBS, REDIS, SCANNER, Options,
+                           config_file, load_options, option_flag, option_help,
+                           option_switch, process_options)
 
 
 def option_flags(process: str):
@@ -18,8 +19,10 @@ def option_flags(process: str):
     --config."""
     def add(command):
         for name in reversed(process_options(process)):
+            value = {"is_flag": True, "flag_value": True} if option_switch(name) \
+                else {"metavar": "VALUE"}
             command = click.option(f"--{option_flag(name)}", name, default=None,
-                                   metavar="VALUE", help=option_help(name))(command)
+                                   help=option_help(name), **value)(command)
         return click.option("--config", type=click.Path(dir_okay=False), default=None,
                             help=f"TOML file with options (default {DEFAULT_CONFIG} if "
                                  "present; or RELAY_CONFIG)")(command)
@@ -105,6 +108,20 @@ def jobs(config, **flags):
 
 
 @main.command()
+@option_flags(CONSOLE)
+def console(config, **flags):
+    """Serve the web console on --console-address (read-only unless --console-write)."""
+    options = load(config, flags)
+    from gevent import monkey
+    monkey.patch_all()
+    from relay.console.serve import serve
+    try:
+        serve(options)
+    except (ConfigError, OSError) as e:
+        sys.exit(_refused(e))
+
+
+@main.command()
 @option_flags(REDIS)
 @click.option("--redis-conf", default="conf/redis.conf", show_default=True,
               help="redis.conf for the embedded server")
@@ -180,8 +197,9 @@ def _run_cluster(ports: list, data_dir: str, conf: str | None, replicas: int = 0
 @click.option("-c", "--concurrency", default=None, help="e.g. broker=3 (SO_REUSEPORT)")
 def up(procfile, concurrency):
     """Everything for a laptop under honcho: the embedded Redis on --redis-url's port
-    (unless REDIS_URL names a server to use), a broker, a scanner and the jobs worker."""
-    processes = ["broker", "scanner", "jobs"]
+    (unless REDIS_URL names a server to use), a broker, a scanner, the jobs worker and
+    the web console (its URL printed first)."""
+    processes = ["broker", "scanner", "jobs", "console"]
     if not os.environ.get("REDIS_URL"):
         processes.insert(0, "redis")
     bin_dir = os.path.dirname(sys.executable)
@@ -190,5 +208,10 @@ def up(procfile, concurrency):
     args = [honcho, "-f", procfile, "start"]
     if concurrency:
         args += ["-c", concurrency]
+    try:
+        console_at = load_options(config=config_file()).console_address
+    except ConfigError as e:
+        sys.exit(_refused(e))
+    click.echo(f"relay up: the console will be at http://{console_at}/", err=True)
     os.execv(honcho, args + processes)
 

@@ -86,7 +86,7 @@ def parse_size(value) -> int:
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
 
 
-BROKER, SCANNER, JOBS, REDIS = "broker", "scanner", "jobs", "redis"
+BROKER, SCANNER, JOBS, REDIS, CONSOLE = "broker", "scanner", "jobs", "redis", "console"
 
 
 def _opt(default, help, kind=None, used_by=(BROKER,), **meta):
@@ -108,7 +108,7 @@ class Options:
     tombstone_lifetime: int = _opt(45_000, "how long a broker tombstoned for a topic (nsqlookupd's "
                                    "/topic/tombstone) is left out of /lookup", DURATION)
     redis_url: str = _opt("redis://127.0.0.1:6379/0", "Redis holding all queue state",
-                          used_by=(BROKER, SCANNER, JOBS, REDIS), secret=True)
+                          used_by=(BROKER, SCANNER, JOBS, REDIS, CONSOLE), secret=True)
     msg_timeout: int = _opt(60_000, "default time to wait for a FIN before requeueing", DURATION)
     max_msg_timeout: int = _opt(900_000, "largest msg_timeout a client may ask for", DURATION)
     max_msg_size: int = _opt(1_048_576, "largest message body in bytes")
@@ -160,10 +160,10 @@ class Options:
                                   used_by=(SCANNER,))
     commit_lanes: int = _opt(4, "Redis pipelines a broker keeps in flight at once")
     redis_timeout: int = _opt(5000, "give up on a Redis call after this long", DURATION,
-                              used_by=(BROKER, SCANNER))
+                              used_by=(BROKER, SCANNER, CONSOLE))
     wait_replicas: int = _opt(0, "replicas that must hold a publish before it is "
                               "acknowledged (WAIT; 0: the master alone)",
-                              used_by=(BROKER, SCANNER))
+                              used_by=(BROKER, SCANNER, CONSOLE))
     topic_partitions: int = _opt(1, "partitions of each topic created from now on, each "
                                  "a slot of its own (relay-admin create --partitions sets "
                                  "one topic's)", used_by=(BROKER, SCANNER))
@@ -177,7 +177,15 @@ class Options:
     e2e_processing_latency_window_time: int = _opt(
         600_000, "time window over which those quantiles are computed", DURATION)
     log_level: str = _opt("info", "debug, info, warn, error or fatal, as nsqd (or warning)",
-                          used_by=(BROKER, SCANNER, JOBS))
+                          used_by=(BROKER, SCANNER, JOBS, CONSOLE))
+    console_address: str = _opt("127.0.0.1:4180", "<addr>:<port> of the web console",
+                                used_by=(CONSOLE,))
+    console_write: bool = _opt(False, "let the web console change things (pause, empty, "
+                               "delete, redrive, replay, create); without it, read-only",
+                               used_by=(CONSOLE,), switch=True)
+    console_auth_file: str = _opt("", "JSON file of secret -> grants (--auth-file's format): "
+                                  "the console asks for a login and checks each action "
+                                  "against the user's grants", used_by=(CONSOLE,))
 
     def __post_init__(self) -> None:
         """An unset --max-defer-timeout follows --max-req-timeout, so DPUB keeps nsqd's
@@ -310,6 +318,9 @@ class OptionsSchema(Schema):
         _address(a.strip()) for a in v.split(",") if a.strip()])
     auth_http_request_method = fields.String(validate=validate.OneOf(["get", "post"]))
     auth_file = fields.String()
+    console_address = fields.String(validate=_address)
+    console_write = fields.Boolean()
+    console_auth_file = fields.String()
     queue_scan_interval = _Duration(validate=_positive)
     queue_scan_limit = _Count(validate=_positive)
     max_attempts = _Count(validate=validate.Range(min=0, max=65535))
@@ -348,6 +359,11 @@ def process_options(process: str) -> list:
 
 def option_help(name: str) -> str:
     return {f.name: f.metadata["help"] for f in dataclasses.fields(Options)}[name]
+
+
+def option_switch(name: str) -> bool:
+    """Whether the flag is a bare switch (--console-write), not --name VALUE."""
+    return {f.name: f for f in dataclasses.fields(Options)}[name].metadata.get("switch", False)
 
 
 def option_flag(name: str) -> str:

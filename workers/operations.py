@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from rq import Queue, Worker, get_current_job
 from rq.defaults import RQ_KEY_PREFIX
+from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
 from relay.codec import record_id
@@ -297,7 +298,21 @@ def enqueue(connection, operation: str, topic: str, channel: str,
 
 
 def has_worker(connection) -> bool:
-    return Worker.count(connection=connection, queue=Queue(QUEUE, connection=connection)) > 0
+    return worker_count(connection) > 0
+
+
+def worker_count(connection) -> int:
+    """`relay jobs` workers alive on the queue."""
+    return Worker.count(connection=connection, queue=Queue(QUEUE, connection=connection))
+
+
+def find_job(connection, job_id: str) -> Job | None:
+    """The queue's job of that id, if rq still keeps it."""
+    try:
+        job = Job.fetch(job_id, connection=connection)
+    except NoSuchJobError:
+        return None
+    return job if job.origin == QUEUE else None
 
 
 def all_jobs(connection) -> list[Job]:

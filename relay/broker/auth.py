@@ -79,13 +79,13 @@ class Authorizer:
         """Ask the auth servers (in random order, as nsqd) or the static file."""
         if self.static is not None and not self.addresses:
             reply = self.static.get(secret, {"ttl": 0, "authorizations": []})
-            return _grant(reply)
+            return grant_of(reply)
         params = {"remote_ip": remote_ip, "tls": "true" if tls else "false",
                   "secret": secret, "common_name": common_name}
         problems = []
         for address in random.sample(self.addresses, len(self.addresses)):
             try:
-                return _grant(_reply_schema.load(self._ask(address, params)))
+                return grant_of(_reply_schema.load(self._ask(address, params)))
             except (OSError, ValueError, ValidationError) as e:
                 problems.append(f"{address}: {type(e).__name__}")
         raise AuthError("no auth server answered (" + ", ".join(problems) + ")")
@@ -101,7 +101,8 @@ class Authorizer:
             return json.loads(response.read())
 
 
-def _grant(reply: dict) -> Grant:
+def grant_of(reply: dict) -> Grant:
+    """What an auth reply grants, for its ttl from now."""
     return Grant(reply.get("identity", ""), reply.get("identity_url", ""),
                  [Authorization(a["topic"], a["channels"], a["permissions"])
                   for a in reply["authorizations"]],

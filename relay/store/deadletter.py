@@ -210,6 +210,23 @@ def _remove(store: Store, key: str, records: Sequence[bytes]) -> None:
     guarded(pipe.execute)
 
 
+def redrive_ids(store: Store, topic: str, channel: str, ids: set[str]) -> int:
+    """Queue the dead letters with these ids on the channel again and remove every copy
+    of them from the dead-letter topic (queued first: at least once); how many."""
+    found: dict[str, bytes] = {}
+    copies: dict[str, list[bytes]] = {}
+    for key, record, letter in letters(store, topic, channel):
+        if letter["id"] in ids:
+            found.setdefault(letter["id"], codec.make_record(
+                letter["timestamp"], 0, letter["id"].encode(), letter["body_bytes"]))
+            copies.setdefault(key, []).append(record)
+    if found and _redrive(store, topic, channel, found) < 0:
+        raise StoreError(f"channel {topic}/{channel} does not exist")
+    for key, records in copies.items():
+        _remove(store, key, records)
+    return len(found)
+
+
 def redrive(store: Store, topic: str, channel: str, chunk: int = 1000):
     """Queue a channel's dead letters on it again (original id and timestamp, attempts
     0) and remove them from the dead-letter topic, a chunk at a time; yields progress.
