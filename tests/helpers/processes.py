@@ -1,4 +1,4 @@
-"""relay's own processes (broker, scanner, jobs) for one test."""
+"""relay's own processes (broker, scanner, jobs, console) for one test."""
 
 import os
 import re
@@ -58,6 +58,13 @@ class Processes:
     def jobs(self, *args):
         """`relay jobs`: the rq worker for relay-admin's jobs."""
         return self._start("jobs", list(args))
+
+    def console(self, *args):
+        """`relay console` on a port of its own; returns (proc, port) once it serves."""
+        port = embedded.free_port()
+        proc = self._start("console", ["--console-address", f"127.0.0.1:{port}", *args])
+        embedded.wait_for_port("127.0.0.1", port, proc)
+        return proc, port
 
     def stop_all(self):
         for proc in self.procs:

@@ -18,6 +18,7 @@
     var data = JSON.parse(block.textContent);
     document.querySelectorAll("[data-chart]").forEach(function (el) {
       var names = el.dataset.series.split(",");
+      var labels = el.dataset.labels.split(",");
       var rows = series(data, names);
       if (charts[el.dataset.chart]) {
         charts[el.dataset.chart].setData(rows);
@@ -26,7 +27,7 @@
       charts[el.dataset.chart] = new uPlot({
         width: Math.max(el.clientWidth, 280), height: 140,
         series: [{}].concat(names.map(function (n, i) {
-          return {label: n.replace(/_count$/, "").replace(/_/g, " "), stroke: COLORS[i % 4], width: 1.5};
+          return {label: labels[i], stroke: COLORS[i % 4], width: 1.5};
         })),
         axes: [{}, {size: 60}], legend: {live: false}
       }, rows, el);
