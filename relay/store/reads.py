@@ -3,7 +3,7 @@ by relay-admin (counts per topic and channel), by the scanner and reaper (due ch
 from the node due indexes, and their seeding; stored parts, consumers' brokers) and by
 a broker's wake-ups (topic versions, from the node news hashes; channel states)."""
 
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Sequence
 
 from relay.store import keys, nodes
 from relay.store.base import StoreBase
@@ -14,7 +14,8 @@ from relay.store.runner import Op
 
 DUE_READ = 10_000   # entries of one node's due index read at most per pass
 SEED_CHUNK = 500    # parts per seed.lua call
-READ_BATCH = 1000   # topics or channels read per pipeline by /stats
+READ_BATCH = 1000   # topics, or channel_figures.lua calls, per pipeline of /stats
+FIGURES_CHUNK = 200     # channels of a part per channel_figures.lua call (~1 ms of Redis)
 
 
 class Reads(StoreBase):
@@ -199,41 +200,29 @@ class Reads(StoreBase):
 
     def read_topic_states(self, topics: Sequence[tuple[str, list[str]]]
                           ) -> list[tuple[list[dict], tuple[int, int], list[str]]]:
-        """read_topic_state of each (topic, its parts), with its channels' names, in
-        pipelines of READ_BATCH topics: /stats reads thousands in a few round trips."""
-        def send(pipe: Any, topic: str, parts: list[str]) -> None:
-            for part in parts:
-                t = TopicKeys.of(part)
-                pipe.hgetall(t.meta)
-                pipe.llen(t.backlog)
-                pipe.zcard(t.backlog_deferred)
-            pipe.smembers(TopicKeys.of(topic).channels)
-
-        def take(replies: Iterator, topic: str, parts: list[str]) -> tuple:
-            figures = [(next(replies), next(replies), next(replies)) for _ in parts]
-            first = figures[0][0]
-            retention = (int(first.get(b"retention_ms") or 0),
-                         int(first.get(b"retention_bytes") or 0))
-            return ([{"message_count": int(meta.get(b"message_count", 0)),
-                      "message_bytes": int(meta.get(b"message_bytes", 0)),
-                      "depth": backlog, "deferred_count": deferred,
-                      "paused": b"paused" in meta}
-                     for meta, backlog, deferred in figures], retention,
-                    sorted(n.decode() for n in next(replies)))
-        return self._batched(topics, send, take)
-
-    def _batched(self, items: Sequence[tuple], send: Callable[..., None],
-                 take: Callable[..., Any]) -> list:
-        """take(replies, *item) of each item, from the replies to the commands
-        send(pipe, *item) queued for it, in pipelines of READ_BATCH items."""
+        """read_topic_state of each (topic, its parts), with its channels' names: one
+        topic_figures.lua call per part, READ_BATCH per pipeline."""
+        calls = [(part, i == 0) for _, parts in topics for i, part in enumerate(parts)]
+        replies: list = []
+        for start in range(0, len(calls), READ_BATCH):
+            batch = calls[start:start + READ_BATCH]
+            replies += self.run_many([Op("topic_figures", _topic_keys(part, first), [])
+                                      for part, first in batch])
+        found = iter(replies)
         out = []
-        for start in range(0, len(items), READ_BATCH):
-            batch = items[start:start + READ_BATCH]
-            pipe = self.redis.pipeline(transaction=False)
-            for item in batch:
-                send(pipe, *item)
-            replies = iter(self._guard(pipe.execute))
-            out += [take(replies, *item) for item in batch]
+        for _, parts in topics:
+            of_parts = [next(found) for _ in parts]
+            for reply in of_parts:
+                if isinstance(reply, Exception):
+                    raise reply
+            metas = [dict(zip(r[0][::2], r[0][1::2])) for r in of_parts]
+            out.append(([{"message_count": int(meta.get(b"message_count", 0)),
+                          "message_bytes": int(meta.get(b"message_bytes", 0)),
+                          "depth": r[1], "deferred_count": r[2], "paused": b"paused" in meta}
+                         for meta, r in zip(metas, of_parts)],
+                        (int(metas[0].get(b"retention_ms") or 0),
+                         int(metas[0].get(b"retention_bytes") or 0)),
+                        sorted(n.decode() for n in of_parts[0][3])))
         return out
 
     def read_channel(self, topic: str, channel: str) -> dict:
@@ -247,22 +236,30 @@ class Reads(StoreBase):
         return self.read_channels([(self.parts(topic), channel)])[0]
 
     def read_channels(self, channels: Sequence[tuple[list[str], str]]) -> list[list[dict]]:
-        """read_channel_parts of each (its topic's parts, channel), in pipelines of
-        READ_BATCH channels."""
-        def send(pipe: Any, parts: list[str], channel: str) -> None:
+        """read_channel_parts of each (its topic's parts, channel): one channel_figures.lua
+        call per part for up to FIGURES_CHUNK of its channels, READ_BATCH calls per
+        pipeline."""
+        by_part: dict[str, list[str]] = {}
+        for parts, channel in channels:
             for part in parts:
-                c = ChannelKeys.of(part, channel)
-                pipe.llen(c.queue)
-                pipe.zcard(c.waiting)
-                pipe.hlen(c.gate)
-                pipe.zcard(c.inflight)
-                pipe.zcard(c.deferred)
-                pipe.hgetall(c.meta)
-                pipe.hvals(c.consumers)
-
-        def take(replies: Iterator, parts: list[str], channel: str) -> list[dict]:
-            return [_channel_figures(*(next(replies) for _ in range(7))) for _ in parts]
-        return self._batched(channels, send, take)
+                by_part.setdefault(part, []).append(channel)
+        calls = [(part, names[start:start + FIGURES_CHUNK]) for part, names in by_part.items()
+                 for start in range(0, len(names), FIGURES_CHUNK)]
+        found: dict[tuple[str, str], dict] = {}
+        for start in range(0, len(calls), READ_BATCH):
+            batch = calls[start:start + READ_BATCH]
+            replies = self.run_many([Op("channel_figures", [
+                key for name in names for key in _figure_keys(ChannelKeys.of(part, name))], [])
+                for part, names in batch])
+            for (part, names), reply in zip(batch, replies):
+                if isinstance(reply, Exception):
+                    raise reply
+                for name, (queued, waiting, keys_out, inflight, deferred, meta,
+                           consumers) in zip(names, reply):
+                    found[(part, name)] = _channel_figures(
+                        queued, waiting, keys_out, inflight, deferred,
+                        dict(zip(meta[::2], meta[1::2])), consumers)
+        return [[found[(part, channel)] for part in parts] for parts, channel in channels]
 
     def queued_records(self, topic: str, channel: str, chunk: int):
         """The channel's ready queues, `chunk` records at a time, without taking them."""
@@ -275,6 +272,15 @@ class Reads(StoreBase):
     def channel_setting(self, topic: str, channel: str, name: str) -> str | None:
         value = self._guard(self.redis.hget, ChannelKeys.of(topic, channel).meta, name)
         return value.decode() if value is not None else None
+
+
+def _topic_keys(part: str, first: bool) -> list[str]:
+    t = TopicKeys.of(part)
+    return [t.meta, t.backlog, t.backlog_deferred, *([t.channels] if first else [])]
+
+
+def _figure_keys(c: ChannelKeys) -> tuple[str, ...]:
+    return (c.queue, c.waiting, c.gate, c.inflight, c.deferred, c.meta, c.consumers)
 
 
 def _channel_figures(queued: int, waiting: int, keys_out: int, inflight: int, deferred: int,
