@@ -1,21 +1,23 @@
-"""The web console through Flask's test client, on fakeredis and a real Redis: every page,
-every action with its confirmation, read-only refusals, grants, CSRF, escaping of
-hostile bodies, and the live fragments."""
+"""The web console through Flask's test client, on fakeredis, a real Redis and a cluster:
+every page, every action with its confirmation, read-only refusals, grants, CSRF,
+escaping of hostile bodies, and the live fragments."""
 
 import json
 import re
 import time
 
+import fakeredis
 import pytest
 
 from relay.codec import make_record
 from relay.console.app import create_app
 from relay.options import load_options
 from relay.store import deadletter
+from relay.store.connection import is_cluster
 from relay.store.keys import ChannelKeys
 from relay.store.stats import collect
 
-pytestmark = pytest.mark.parametrize("backend", ["fakeredis", "redis"], indirect=True)
+pytestmark = pytest.mark.parametrize("backend", ["fakeredis", "redis", "cluster"], indirect=True)
 
 HOSTILE = b'<script>alert("x")</script>&<img src=x onerror=alert(1)>'
 GRANTS = {
@@ -66,7 +68,10 @@ def test_overview_shows_totals_topics_and_processes(orders):
     assert '<a href="/topics/orders">orders</a>' in page
     assert re.search(r"<b>0</b>brokers", page) and "no live brokers" in page
     assert re.search(r"<b>0</b>scanners", page)
-    assert "used memory" in page
+    memory = re.findall(r"<tr><td>(127\.0\.0\.1:\d+)</td><td>[\d.]+ (?:B|KiB|MiB)</td>", page)
+    masters = 3 if is_cluster(orders.redis) else 0 if isinstance(
+        orders.redis, fakeredis.FakeRedis) else 1
+    assert len(memory) == masters
 
 
 def test_overview_fragment_carries_rates_over_time(orders):
