@@ -126,6 +126,7 @@ def help_flags(process: str, cwd) -> set:
 
 
 SCANNER_ONLY = {"--queue-scan-interval", "--queue-scan-limit", "--dead-letter-topic"}
+CONSOLE_ONLY = {"--console-address", "--console-write", "--console-auth-file"}
 
 
 @pytest.mark.parametrize("process, flags", [
@@ -133,6 +134,8 @@ SCANNER_ONLY = {"--queue-scan-interval", "--queue-scan-limit", "--dead-letter-to
                  "--topic-partitions", "--retention-time", "--max-attempts",
                  "--log-level", "--help", *SCANNER_ONLY}),
     ("jobs", {"--config", "--redis-url", "--log-level", "--help"}),
+    ("console", {"--config", "--redis-url", "--redis-timeout", "--wait-replicas",
+                 "--log-level", "--help", *CONSOLE_ONLY}),
     ("redis", {"--config", "--redis-url", "--redis-conf", "--data-dir", "--cluster",
                "--replicas", "--help"}),
 ])
@@ -140,9 +143,10 @@ def test_each_process_lists_the_options_it_uses(process, flags, tmp_path):
     assert help_flags(process, tmp_path) == flags
 
 
-def test_broker_lists_every_option_but_the_scanners(tmp_path):
+def test_broker_lists_every_option_but_the_scanners_and_the_consoles(tmp_path):
     every = {f"--{option_flag(name)}" for name in OPTION_NAMES}
-    assert help_flags("broker", tmp_path) == every - SCANNER_ONLY | {"--config", "--help"}
+    assert help_flags("broker", tmp_path) == every - SCANNER_ONLY - CONSOLE_ONLY | {
+        "--config", "--help"}
 
 
 def test_broker_help_explains_max_defer_timeout(tmp_path):
