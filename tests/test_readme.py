@@ -89,9 +89,9 @@ def test_tls_example(tmp_path, single_redis_url):
 def test_a_second_stack_on_other_ports(tmp_path):
     import redis as redis_py
     [command] = readme_commands("RELAY_TCP_ADDRESS=")
-    tcp, http, redis_port = (embedded.free_port() for _ in range(3))
+    tcp, http, console, redis_port = (embedded.free_port() for _ in range(4))
     command = command.replace(":5150", f":{tcp}").replace(":5151", f":{http}") \
-        .replace(":6380", f":{redis_port}") \
+        .replace(":5180", f":{console}").replace(":6380", f":{redis_port}") \
         .replace("scripts/up", f"exec {sys.executable} -m relay up")
     shutil.copy(os.path.join(ROOT, "Procfile"), tmp_path)
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
@@ -99,7 +99,7 @@ def test_a_second_stack_on_other_ports(tmp_path):
     proc = subprocess.Popen(command, shell=True, cwd=tmp_path, env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        for port in (redis_port, tcp, http):
+        for port in (redis_port, tcp, http, console):
             embedded.wait_for_port("127.0.0.1", port, proc, timeout=30)
         published = subprocess.run(["curl", "-s", "-d", "hi",
                                     f"http://127.0.0.1:{http}/pub?topic=second"],
@@ -107,6 +107,9 @@ def test_a_second_stack_on_other_ports(tmp_path):
         assert published.stdout == "OK"
         assert redis_py.Redis(port=redis_port).smembers("relay:topics") == {b"second"}
         assert os.listdir(tmp_path / "var" / "redis") == [str(redis_port)]
+        overview = subprocess.run(["curl", "-s", f"http://127.0.0.1:{console}/"],
+                                  capture_output=True, text=True)
+        assert '<a href="/topics/second">second</a>' in overview.stdout
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)

@@ -3,9 +3,11 @@ by relay-admin (counts per topic and channel), by the scanner and reaper (due ch
 from the node due indexes, and their seeding; stored parts, consumers' brokers) and by
 a broker's wake-ups (topic versions, from the node news hashes; channel states)."""
 
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from relay.store import keys, nodes
+import redis
+
+from relay.store import keys, nodes, resp
 from relay.store.base import StoreBase
 from relay.store.causes import REFUSALS, cause
 from relay.store.keys import ChannelKeys, TopicKeys
@@ -14,8 +16,7 @@ from relay.store.runner import Op
 
 DUE_READ = 10_000   # entries of one node's due index read at most per pass
 SEED_CHUNK = 500    # parts per seed.lua call
-READ_BATCH = 1000   # topics, or channel_figures.lua calls, per pipeline of /stats
-FIGURES_CHUNK = 200     # channels of a part per channel_figures.lua call (~1 ms of Redis)
+READ_BATCH = 1000   # topics or channels read per pipeline by /stats
 
 
 class Reads(StoreBase):
@@ -200,30 +201,66 @@ class Reads(StoreBase):
 
     def read_topic_states(self, topics: Sequence[tuple[str, list[str]]]
                           ) -> list[tuple[list[dict], tuple[int, int], list[str]]]:
-        """read_topic_state of each (topic, its parts), with its channels' names: one
-        topic_figures.lua call per part, READ_BATCH per pipeline."""
-        calls = [(part, i == 0) for _, parts in topics for i, part in enumerate(parts)]
-        replies: list = []
-        for start in range(0, len(calls), READ_BATCH):
-            batch = calls[start:start + READ_BATCH]
-            replies += self.run_many([Op("topic_figures", _topic_keys(part, first), [])
-                                      for part, first in batch])
-        found = iter(replies)
+        """read_topic_state of each (topic, its parts), with its channels' names, in
+        pipelines of READ_BATCH topics: /stats reads thousands in a few round trips."""
+        def send(commands: list, topic: str, parts: list[str]) -> None:
+            for part in parts:
+                t = TopicKeys.of(part)
+                commands += [("HGETALL", t.meta), ("LLEN", t.backlog),
+                             ("ZCARD", t.backlog_deferred)]
+            commands.append(("SMEMBERS", TopicKeys.of(topic).channels))
+
+        def take(replies: Iterator, topic: str, parts: list[str]) -> tuple:
+            figures = [(pairs(next(replies)), next(replies), next(replies)) for _ in parts]
+            first = figures[0][0]
+            retention = (int(first.get(b"retention_ms") or 0),
+                         int(first.get(b"retention_bytes") or 0))
+            return ([{"message_count": int(meta.get(b"message_count", 0)),
+                      "message_bytes": int(meta.get(b"message_bytes", 0)),
+                      "depth": backlog, "deferred_count": deferred,
+                      "paused": b"paused" in meta}
+                     for meta, backlog, deferred in figures], retention,
+                    sorted(n.decode() for n in next(replies)))
+        return self._batched(topics, send, take)
+
+    def _batched(self, items: Sequence[tuple], send: Callable[..., None],
+                 take: Callable[..., Any]) -> list:
+        """take(replies, *item) of each item, from the replies to the commands
+        send(commands, *item) added for it, in pipelines of READ_BATCH items."""
         out = []
-        for _, parts in topics:
-            of_parts = [next(found) for _ in parts]
-            for reply in of_parts:
-                if isinstance(reply, Exception):
-                    raise reply
-            metas = [dict(zip(r[0][::2], r[0][1::2])) for r in of_parts]
-            out.append(([{"message_count": int(meta.get(b"message_count", 0)),
-                          "message_bytes": int(meta.get(b"message_bytes", 0)),
-                          "depth": r[1], "deferred_count": r[2], "paused": b"paused" in meta}
-                         for meta, r in zip(metas, of_parts)],
-                        (int(metas[0].get(b"retention_ms") or 0),
-                         int(metas[0].get(b"retention_bytes") or 0)),
-                        sorted(n.decode() for n in of_parts[0][3])))
+        for start in range(0, len(items), READ_BATCH):
+            batch = items[start:start + READ_BATCH]
+            commands: list = []
+            for item in batch:
+                send(commands, *item)
+            replies = iter(self._guard(self._read_pipeline, commands))
+            out += [take(replies, *item) for item in batch]
         return out
+
+    def _read_pipeline(self, commands: list) -> list:
+        """The replies to read-only commands, in one pipeline: on one server packed and
+        read in RESP directly (resp.py), as redis-py's pipeline code was 80% of /stats'
+        time with thousands of channels (BENCHMARKS.md); else through redis-py (a
+        cluster's nodes, fakeredis). An error reply raises."""
+        if type(self.redis) is not redis.Redis:
+            pipe = self.redis.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)
+            return pipe.execute()
+        pool = self.redis.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command([resp.pack(commands)])
+            replies = resp.Replies(conn).read(len(commands))
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
 
     def read_channel(self, topic: str, channel: str) -> dict:
         """Depth, in-flight, deferred and counters of a channel as stored, summed over
@@ -236,30 +273,24 @@ class Reads(StoreBase):
         return self.read_channels([(self.parts(topic), channel)])[0]
 
     def read_channels(self, channels: Sequence[tuple[list[str], str]]) -> list[list[dict]]:
-        """read_channel_parts of each (its topic's parts, channel): one channel_figures.lua
-        call per part for up to FIGURES_CHUNK of its channels, READ_BATCH calls per
-        pipeline."""
-        by_part: dict[str, list[str]] = {}
-        for parts, channel in channels:
+        """read_channel_parts of each (its topic's parts, channel), in pipelines of
+        READ_BATCH channels."""
+        def send(commands: list, parts: list[str], channel: str) -> None:
             for part in parts:
-                by_part.setdefault(part, []).append(channel)
-        calls = [(part, names[start:start + FIGURES_CHUNK]) for part, names in by_part.items()
-                 for start in range(0, len(names), FIGURES_CHUNK)]
-        found: dict[tuple[str, str], dict] = {}
-        for start in range(0, len(calls), READ_BATCH):
-            batch = calls[start:start + READ_BATCH]
-            replies = self.run_many([Op("channel_figures", [
-                key for name in names for key in _figure_keys(ChannelKeys.of(part, name))], [])
-                for part, names in batch])
-            for (part, names), reply in zip(batch, replies):
-                if isinstance(reply, Exception):
-                    raise reply
-                for name, (queued, waiting, keys_out, inflight, deferred, meta,
-                           consumers) in zip(names, reply):
-                    found[(part, name)] = _channel_figures(
-                        queued, waiting, keys_out, inflight, deferred,
-                        dict(zip(meta[::2], meta[1::2])), consumers)
-        return [[found[(part, channel)] for part in parts] for parts, channel in channels]
+                c = ChannelKeys.of(part, channel)
+                commands += [("LLEN", c.queue), ("ZCARD", c.waiting), ("HLEN", c.gate),
+                             ("ZCARD", c.inflight), ("ZCARD", c.deferred),
+                             ("HGETALL", c.meta), ("HVALS", c.consumers)]
+
+        def take(replies: Iterator, parts: list[str], channel: str) -> list[dict]:
+            out = []
+            for _ in parts:
+                queued, waiting, keys_out, inflight, deferred, meta, consumers = (
+                    next(replies) for _ in range(7))
+                out.append(_channel_figures(queued, waiting, keys_out, inflight, deferred,
+                                            pairs(meta), consumers))
+            return out
+        return self._batched(channels, send, take)
 
     def queued_records(self, topic: str, channel: str, chunk: int):
         """The channel's ready queues, `chunk` records at a time, without taking them."""
@@ -274,13 +305,9 @@ class Reads(StoreBase):
         return value.decode() if value is not None else None
 
 
-def _topic_keys(part: str, first: bool) -> list[str]:
-    t = TopicKeys.of(part)
-    return [t.meta, t.backlog, t.backlog_deferred, *([t.channels] if first else [])]
-
-
-def _figure_keys(c: ChannelKeys) -> tuple[str, ...]:
-    return (c.queue, c.waiting, c.gate, c.inflight, c.deferred, c.meta, c.consumers)
+def pairs(reply: Any) -> dict:
+    """An HGETALL reply as a dict: redis-py's already is, RESP's is a flat list."""
+    return reply if isinstance(reply, dict) else dict(zip(reply[::2], reply[1::2]))
 
 
 def _channel_figures(queued: int, waiting: int, keys_out: int, inflight: int, deferred: int,
