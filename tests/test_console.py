@@ -111,10 +111,14 @@ def test_topic_page_shows_parts_settings_and_channels(orders):
 
 
 def test_channel_page_shows_counts_consumers_and_settings(orders):
-    page = text(console(orders).get("/topics/orders/billing"))
+    client = console(orders)
+    page = text(client.get("/topics/orders/billing"))
     assert 'class="depth">3</b>depth' in page
     assert "no consumers" in page and "nothing in flight" in page
     assert "<th>ordered</th><td>no</td>" in page
+    assert "<th>TTL</th><td>none</td>" in page
+    orders.set_ttl("orders", "billing", 30_000)
+    assert "<th>TTL</th><td>30s (channel&#39;s)</td>" in text(client.get("/topics/orders/billing"))
 
 
 def test_unknown_topic_or_channel_is_a_clear_404(orders):

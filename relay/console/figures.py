@@ -116,9 +116,11 @@ class Figures:
         by_broker: dict[str, list] = {}
         for client in c["clients"]:
             by_broker.setdefault(client["broker"], []).append(client)
-        limit = self.store.limit(topic, channel)
+        ttl_ms, source = (self.store.channel_setting(topic, channel, name)
+                          for name in ("ttl_ms", "ttl_from"))
         return {"topic": t, "channel": c, "in_flight": in_flight, "by_broker": by_broker,
-                "limit": limit, "ttl": self.store.ttl_settings(topic)["channels"].get(channel),
+                "limit": self.store.limit(topic, channel),
+                "ttl": {"ttl_ms": int(ttl_ms) if ttl_ms else None, "source": source},
                 "max_attempts": self.store.channel_setting(topic, channel, "max_attempts"),
                 "rates": rates.series()}
 

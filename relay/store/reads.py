@@ -16,7 +16,7 @@ from relay.store.runner import Op
 
 DUE_READ = 10_000   # entries of one node's due index read at most per pass
 SEED_CHUNK = 500    # parts per seed.lua call
-READ_BATCH = 1000   # topics or channels read per pipeline by /stats
+READ_BATCH = 250    # topics or channels per pipeline of /stats: others wait while one is parsed
 
 
 class Reads(StoreBase):
