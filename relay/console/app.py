@@ -78,6 +78,7 @@ class Console:
     users: Users
     write: bool
     redis_url: str
+    rendered: tuple[dict, str] | None = None    # the overview's figures and fragment
 
     def allows(self, topic: str, channel: str = "") -> bool:
         """Whether the logged-in user may change the topic (publish grant) or the

@@ -1,8 +1,9 @@
 """What the console's pages show, read through the store as relay-admin reads it, and
 the rates it draws from samples of the totals (Rates).
 
-The overview is read at most once a second (OVERVIEW_TTL) however many browsers poll
-it, so an open console costs Redis a bounded load (BENCHMARKS.md: console).
+The overview is read at most once a second (OVERVIEW_TTL, from the end of the last
+read) however many browsers poll it, so an open console costs Redis a bounded load
+(BENCHMARKS.md: the web console).
 """
 
 import time
@@ -83,7 +84,7 @@ class Figures:
                                          SCANNER_TTL_MS).live()),
                 "workers": operations.worker_count(self.store.redis),
                 "memory": memory(self.store), "rates": self.rates.series()}
-        self._overview = (now, data)
+        self._overview = (self.clock(), data)     # a second from its end: reads never overlap
         return data
 
     def topic(self, topic: str) -> dict:

@@ -25,7 +25,12 @@ def overview():
 
 @bp.get("/live/overview")
 def overview_live():
-    return render_template("_overview.html", **console().figures.overview())
+    """The fragment, rendered once per read of the figures for every page polling it."""
+    data = console().figures.overview()
+    last = console().rendered
+    if last is None or last[0] is not data:
+        last = console().rendered = (data, render_template("_overview.html", **data))
+    return last[1]
 
 
 @bp.get("/topics/<topic>")

@@ -3,6 +3,7 @@ on --console-address through the broker's strict HTTP/1.1 server until SIGTERM o
 SIGINT."""
 
 import logging
+import os
 
 from relay.broker.auth import load_file
 from relay.broker.broker import stop_on_signals
@@ -19,7 +20,11 @@ TOO_BIG = Reply("413 Request Entity Too Large", [("Content-Type", "text/plain; c
                 b"413 Request Entity Too Large: a console form is at most 64 KiB")
 
 
+NICENESS = 10   # a host's brokers and Redis come first: pages can wait
+
+
 def serve(options: Options) -> None:
+    os.nice(NICENESS)
     stop = stop_on_signals()
     if options.console_auth_file:
         load_file(options.console_auth_file)    # a bad file fails before the wait
