@@ -4,6 +4,11 @@ Every expectation is nsqd v1.3.0's exact wire behaviour (frame type and payload
 bytes, which errors are fatal). Where relay deviates, the test still asserts
 nsqd's behaviour and is marked xfail(strict=True) with the deviation as reason.
 What RDY and CLS do to a client's credit is in test_client.py.
+
+The cases of a test marked reuse_processes run on one broker and scanner per deployment
+(tests/helpers/reuse.py): each case's input is refused, and what the refusals leave (a
+SUB to t/ch, publishes to `fresh` and `other`) is nothing another case looks at. The
+tests whose cases consume messages of t/ch each start their own.
 """
 
 import json
@@ -93,6 +98,7 @@ def test_bad_magic_frame_bytes_exact(broker):
     (b"pub t", b"E_INVALID invalid command pub"),
     (b"NOP\tx", b"E_INVALID invalid command NOP\tx"),
 ])
+@pytest.mark.reuse_processes
 def test_e_invalid_unknown_command(broker, line, payload):
     w = Wire(broker)
     w.command(line)
@@ -121,6 +127,7 @@ def test_e_invalid_fatal_stops_pipelined_commands(broker):
     ("RDY +1", b"E_INVALID RDY could not parse count +1"),
     ("RDY 1.5", b"E_INVALID RDY could not parse count 1.5"),
 ])
+@pytest.mark.reuse_processes
 def test_e_invalid_rdy_out_of_range_or_unparsable(broker, line, payload):
     w = subscribed(broker)
     w.command(line)
@@ -131,6 +138,7 @@ def test_e_invalid_rdy_out_of_range_or_unparsable(broker, line, payload):
     ("RDY 18446744073709551615", b"E_INVALID RDY count -1 out of range 0-2500"),
     ("RDY 99999999999999999999", b"E_INVALID RDY count 7766279631452241919 out of range 0-2500"),
 ])
+@pytest.mark.reuse_processes
 def test_e_invalid_rdy_count_wraps_like_go(broker, line, payload):
     w = subscribed(broker)
     w.command(line)
@@ -152,6 +160,7 @@ def test_rdy_boundaries_are_accepted_silently(broker):
     ("TOUCH " + BOGUS_ID.decode(), b"E_INVALID cannot TOUCH in current state"),
     ("CLS", b"E_INVALID cannot CLS in current state"),
 ])
+@pytest.mark.reuse_processes
 def test_e_invalid_command_in_wrong_state(broker, line, payload):
     w = Wire(broker)  # connected, never subscribed
     w.command(line)
@@ -170,6 +179,7 @@ def test_e_invalid_command_in_wrong_state(broker, line, payload):
     (b"REQ " + BOGUS_ID + b" -1", b"E_INVALID REQ could not parse timeout -1"),
     (b"REQ " + BOGUS_ID + b" 1s", b"E_INVALID REQ could not parse timeout 1s"),
 ])
+@pytest.mark.reuse_processes
 def test_e_invalid_message_id_and_params(broker, line, payload):
     w = subscribed(broker, rdy=1)
     w.command(line)
@@ -218,6 +228,7 @@ def test_e_invalid_sub_after_cls(broker):
     ("DPUB t 10s", b"E_INVALID DPUB could not parse timeout 10s"),
     ("DPUB t", b"E_INVALID DPUB insufficient number of parameters"),
 ])
+@pytest.mark.reuse_processes
 def test_e_invalid_dpub_timeout(broker, line, payload):
     w = Wire(broker)
     w.command(line)  # checked before any body is read
@@ -233,6 +244,7 @@ def test_dpub_timeout_boundaries_accepted(broker):
 
 
 @pytest.mark.parametrize("line", ["SUB t ch", "SUB"])
+@pytest.mark.reuse_processes
 def test_e_invalid_sub_with_heartbeats_disabled(broker, line):
     w = Wire(broker)
     assert w.identify(heartbeat_interval=-1) == OK
@@ -246,6 +258,7 @@ def test_e_invalid_sub_with_heartbeats_disabled(broker, line):
     ("PUB", b"E_INVALID PUB insufficient number of parameters"),
     ("MPUB", b"E_INVALID MPUB insufficient number of parameters"),
 ])
+@pytest.mark.reuse_processes
 def test_e_invalid_insufficient_parameters(broker, line, payload):
     w = Wire(broker)
     w.command(line)
@@ -269,6 +282,7 @@ def test_e_invalid_insufficient_parameters(broker, line, payload):
     b'{"feature_negotiation": "true"}',
     b'{"msg_timeout": [1000]}',
 ], ids=lambda b: b.decode() or "empty")
+@pytest.mark.reuse_processes
 def test_e_bad_body_identify_bad_json(broker, body):
     w = Wire(broker)
     if body:
@@ -287,6 +301,7 @@ def test_e_bad_body_identify_bad_json(broker, body):
     "{}".encode("utf-16-be"),
     "{}".encode("utf-32-le"),
 ], ids=["utf8-bom", "utf8-bom-field", "utf16le", "utf16le-bom", "utf16be", "utf32le"])
+@pytest.mark.reuse_processes
 def test_e_bad_body_identify_json_not_plain_utf8(broker, body):
     """Go's encoding/json reads UTF-8 alone, with no BOM: Python's json.loads of bytes
     skipped a BOM and decoded UTF-16 and UTF-32."""
@@ -333,6 +348,7 @@ def test_e_bad_body_identify_sample_rate_int32_overflow(broker):
      "output buffer size (1) is invalid"),
     ({"msg_timeout": 1, "sample_rate": 100}, "sample rate (100) is invalid"),
 ], ids=lambda v: json.dumps(v) if isinstance(v, dict) else None)
+@pytest.mark.reuse_processes
 def test_e_bad_body_identify_invalid_values(broker, fields, desc):
     w = Wire(broker)
     w.command("IDENTIFY", json.dumps(fields).encode())
@@ -345,6 +361,7 @@ def test_e_bad_body_identify_invalid_values(broker, fields, desc):
     (MAX_BODY + 1, b"E_BAD_BODY IDENTIFY body too big 5242881 > 5242880"),
     (0x7FFFFFFF, b"E_BAD_BODY IDENTIFY body too big 2147483647 > 5242880"),
 ])
+@pytest.mark.reuse_processes
 def test_e_bad_body_identify_body_size(broker, n, payload):
     w = Wire(broker)
     w.send(b"IDENTIFY\n" + size(n))
@@ -356,6 +373,7 @@ def test_e_bad_body_identify_body_size(broker, n, payload):
     (b"IDENTIFY\n" + size(10) + b"{}", b"E_BAD_BODY IDENTIFY failed to read body"),
     (b"MPUB t\n\x00", b"E_BAD_BODY MPUB failed to read body size"),
 ])
+@pytest.mark.reuse_processes
 def test_e_bad_body_truncated_then_eof(broker, data, payload):
     w = Wire(broker)
     w.send(data)
@@ -371,6 +389,7 @@ def test_e_bad_body_truncated_then_eof(broker, data, payload):
     (-1, b"E_BAD_BODY MPUB invalid body size -1"),
     (-0x80000000, b"E_BAD_BODY MPUB invalid body size -2147483648"),
 ])
+@pytest.mark.reuse_processes
 def test_e_bad_body_mpub_invalid_body_size(broker, n, payload):
     w = Wire(broker)
     w.send(b"MPUB t\n" + size(n))
@@ -381,6 +400,7 @@ def test_e_bad_body_mpub_invalid_body_size(broker, n, payload):
     (MAX_BODY + 1, b"E_BAD_BODY MPUB body too big 5242881 > 5242880"),
     (0x7FFFFFFF, b"E_BAD_BODY MPUB body too big 2147483647 > 5242880"),
 ])
+@pytest.mark.reuse_processes
 def test_e_bad_body_mpub_body_too_big(broker, n, payload):
     w = Wire(broker)
     w.send(b"MPUB t\n" + size(n))
@@ -399,6 +419,7 @@ def test_e_bad_body_mpub_body_too_big_small_limit(small_broker):
     (1048576, b"E_BAD_BODY MPUB invalid message count 1048576"),
     (0x7FFFFFFF, b"E_BAD_BODY MPUB invalid message count 2147483647"),
 ])
+@pytest.mark.reuse_processes
 def test_e_bad_body_mpub_invalid_message_count(broker, count, payload):
     w = Wire(broker)
     w.command("MPUB t", mpub_body([b"a", b"b"], count=count))
@@ -488,6 +509,7 @@ BAD_NAME_IDS = ["star", "65", "65-ephemeral", "double-ephemeral", "only-suffix",
 
 
 @pytest.mark.parametrize("name, quoted", BAD_NAMES, ids=BAD_NAME_IDS)
+@pytest.mark.reuse_processes
 def test_e_bad_topic_pub(broker, name, quoted):
     w = Wire(broker)
     w.command(b"PUB " + name)  # checked before the body is read
@@ -495,6 +517,7 @@ def test_e_bad_topic_pub(broker, name, quoted):
 
 
 @pytest.mark.parametrize("name, quoted", BAD_NAMES, ids=BAD_NAME_IDS)
+@pytest.mark.reuse_processes
 def test_e_bad_topic_sub(broker, name, quoted):
     w = Wire(broker)
     w.command(b"SUB " + name + b" ch")
@@ -502,6 +525,7 @@ def test_e_bad_topic_sub(broker, name, quoted):
 
 
 @pytest.mark.parametrize("name, quoted", BAD_NAMES, ids=BAD_NAME_IDS)
+@pytest.mark.reuse_processes
 def test_e_bad_topic_mpub_doubled_code(broker, name, quoted):
     w = Wire(broker)
     w.command(b"MPUB " + name)
@@ -510,6 +534,7 @@ def test_e_bad_topic_mpub_doubled_code(broker, name, quoted):
 
 
 @pytest.mark.parametrize("name, quoted", BAD_NAMES, ids=BAD_NAME_IDS)
+@pytest.mark.reuse_processes
 def test_e_bad_topic_dpub(broker, name, quoted):
     w = Wire(broker)
     w.command(b"DPUB " + name + b" abc")  # topic checked before the timeout
@@ -532,6 +557,7 @@ def test_valid_names_at_the_limit(broker):
 
 
 @pytest.mark.parametrize("name, quoted", BAD_NAMES, ids=BAD_NAME_IDS)
+@pytest.mark.reuse_processes
 def test_e_bad_channel(broker, name, quoted):
     w = Wire(broker)
     w.command(b"SUB t " + name)
@@ -549,6 +575,7 @@ def test_e_bad_topic_checked_before_channel(broker):
 
 @pytest.mark.parametrize("cmd", ["PUB t", "DPUB t 100"])
 @pytest.mark.parametrize("n", [0, -1, -0x80000000])
+@pytest.mark.reuse_processes
 def test_e_bad_message_invalid_body_size(broker, cmd, n):
     w = Wire(broker)
     w.send(cmd.encode() + b"\n" + size(n))
@@ -557,6 +584,7 @@ def test_e_bad_message_invalid_body_size(broker, cmd, n):
 
 
 @pytest.mark.parametrize("cmd", ["PUB t", "DPUB t 100"])
+@pytest.mark.reuse_processes
 def test_e_bad_message_too_big_small_limit(small_broker, cmd):
     w = Wire(small_broker)
     w.command(cmd, b"x" * 101)
@@ -571,6 +599,7 @@ def test_message_of_exactly_max_size_accepted(small_broker):
 
 
 @pytest.mark.parametrize("cmd", ["PUB t", "DPUB t 100"])
+@pytest.mark.reuse_processes
 def test_e_bad_message_too_big_default_limit(broker, cmd):
     w = Wire(broker)
     w.send(cmd.encode() + b"\n" + size(MAX_MSG + 1))
@@ -579,6 +608,7 @@ def test_e_bad_message_too_big_default_limit(broker, cmd):
 
 
 @pytest.mark.parametrize("cmd", ["PUB t", "DPUB t 100"])
+@pytest.mark.reuse_processes
 def test_e_bad_message_truncated_body(broker, cmd):
     w = Wire(broker)
     w.send(cmd.encode() + b"\n" + size(10) + b"abc")
@@ -588,6 +618,7 @@ def test_e_bad_message_truncated_body(broker, cmd):
 
 
 @pytest.mark.parametrize("cmd", ["PUB t", "DPUB t 100"])
+@pytest.mark.reuse_processes
 def test_e_bad_message_truncated_size(broker, cmd):
     w = Wire(broker)
     w.send(cmd.encode() + b"\n" + b"\x00\x00")
@@ -609,6 +640,7 @@ def test_e_bad_message_mpub_message_too_big_default_limit(broker):
 
 
 @pytest.mark.parametrize("n", [0, -5])
+@pytest.mark.reuse_processes
 def test_e_bad_message_mpub_invalid_message_size(broker, n):
     w = Wire(broker)
     w.command("MPUB t", size(3) + size(1) + b"a" + size(1) + b"b" + size(n) + b"cc")
@@ -641,6 +673,7 @@ FAILED_LINES = {
 
 
 @pytest.mark.parametrize("cmd", ["FIN", "REQ", "TOUCH"])
+@pytest.mark.reuse_processes
 def test_failed_id_not_in_flight_is_not_fatal(broker, cmd):
     w = subscribed(broker, rdy=1)
     w.command(FAILED_LINES[cmd](BOGUS_ID))
@@ -1000,6 +1033,7 @@ def test_random_bytes_after_magic(broker, processes):
     (b"MPUB t", b"E_BAD_BODY MPUB body too big 2147483647 > 5242880"),
     (b"IDENTIFY", b"E_BAD_BODY IDENTIFY body too big 2147483647 > 5242880"),
 ])
+@pytest.mark.reuse_processes
 def test_huge_size_header_rejected_without_reading(broker, processes, line, payload):
     w = Wire(broker)
     start = time.monotonic()
@@ -1028,6 +1062,7 @@ def test_long_line_without_newline_closes(broker, processes):
     (b"MPUB t\n" + size(8) + size(1) + size(-7),
      b"E_BAD_MESSAGE MPUB invalid message(0) body size -7"),
 ])
+@pytest.mark.reuse_processes
 def test_negative_sizes(broker, processes, data, payload):
     w = Wire(broker)
     w.send(data)

@@ -26,6 +26,7 @@ from relay.errors import StoreConnectionError, StoreError
 from relay.options import Options, redacted_url
 from relay.store import Store
 from relay.store.causes import cause
+from workers import operations
 
 log = logging.getLogger("relay.console")
 
@@ -118,6 +119,7 @@ def create_app(store: Store, options: Options, clock: Callable[[], float] = time
     app.register_error_handler(redis.exceptions.ConnectionError, _unreachable)
     app.register_error_handler(redis.exceptions.TimeoutError, _unreachable)
     app.register_error_handler(StoreError, lambda e: _problem(Problem(400, str(e))))
+    app.register_error_handler(operations.NotFound, lambda e: _problem(Problem(404, str(e))))
     app.register_error_handler(redis.exceptions.ResponseError,
                                lambda e: _problem(Problem(503, cause(e))))
     return app
