@@ -13,6 +13,7 @@ from relay import embedded
 from relay.store import Store
 from relay.store.connection import connect
 from tests.helpers.ports import worker_ports
+from tests.helpers import reuse
 from tests.helpers.processes import Processes
 from tests.helpers.servers import flush, local_cluster, replicated_cluster
 from tests.helpers.tls import write_pki
@@ -102,13 +103,46 @@ def store(backend):
 # -- real processes ------------------------------------------------------------
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "reuse_processes: the cases of this parametrized test on one deployment "
+        "share one set of processes, started by the first (tests/helpers/reuse.py)")
+
+
+def _reused_group(item):
+    if item is None or item.get_closest_marker("reuse_processes") is None:
+        return None
+    return reuse.group_of(item)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Processes kept for the cases of a reuse_processes test stop once the next test
+    is none of them (before the session's Redis stops, when it is the last)."""
+    reuse.release(unless_group=_reused_group(nextitem))
+
+
+def pytest_runtest_setup(item):
+    reuse.release(unless_group=_reused_group(item))
+
+
 @pytest.fixture
 def processes(redis_url, tmp_path, request):
-    flush(redis_url)
-    procs = Processes(redis_url, str(tmp_path))
+    reused = request.node.get_closest_marker("reuse_processes") is not None
+    if reused:
+        procs = reuse.processes_for(request.node, redis_url, str(tmp_path))
+    else:
+        flush(redis_url)
+        procs = Processes(redis_url, str(tmp_path))
     yield procs
-    procs.stop_all()
-    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+    failed = request.node.rep_call.failed if hasattr(request.node, "rep_call") else False
+    if reused and not failed and hasattr(request.node, "rep_call"):
+        return      # kept for the next case: reuse.release stops them
+    if reused:
+        reuse.release()
+    else:
+        procs.stop_all()
+    if failed:
         print(procs.logs())
 
 

@@ -215,6 +215,7 @@ def test_mpub_with_keys_says_how_many_were_duplicates(api, redis_url):
     ("/mpub?topic=t&keyed=true", b"k1 fine\nno-body\n", "MSG_EMPTY"),
     ("/mpub?topic=t&keyed=true", b"k1 fine\n" + b"k" * 300 + b" x\n", "ID_TOO_LONG"),
     ("/mpub?topic=t&keyed=true", b"k1 fine\n\xff body\n", "ID_NOT_TEXT")])
+@pytest.mark.reuse_processes     # one broker for its cases (tests/helpers/reuse.py)
 def test_a_bad_key_is_a_400_and_publishes_nothing(api, redis_url, path, body, error):
     dedup_on(redis_url)
     api.request("POST", "/channel/create?topic=t&channel=c")
@@ -328,6 +329,7 @@ def test_other_tcp_clients_see_nsqds_protocol(processes, redis_url):
     ("MPUB t keys", mpub_body([b"k x"]), b"E_INVALID MPUB third parameter must be 'keyed'"),
     ("MPUB t keyed", mpub_body([b"k1 x", b" no key"]), b"E_BAD_BODY MPUB message 2: ID_EMPTY"),
     ("MPUB t keyed", mpub_body([b"k1 x", b"k2"]), b"E_BAD_BODY MPUB message 2: MSG_EMPTY")])
+@pytest.mark.reuse_processes     # one broker for its cases (tests/helpers/reuse.py)
 def test_a_bad_tcp_key_is_an_error_and_publishes_nothing(processes, redis_url, line, body,
                                                         error):
     _, port = processes.broker()

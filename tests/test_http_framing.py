@@ -15,6 +15,7 @@ import pytest
 from relay.store.connection import connect
 from relay.store.keys import TopicKeys
 from scripts.hostile import aborted_uploads
+from tests.helpers.wait import wait_for
 from tests.helpers.witness import HttpWitness, Witness
 
 STATUS = re.compile(rb"HTTP/1\.1 (\d{3} [^\r:]*)")
@@ -100,6 +101,7 @@ REFUSED_FRAMING = [
 
 
 @pytest.mark.parametrize("headers,status", REFUSED_FRAMING)
+@pytest.mark.reuse_processes     # one broker for its cases (tests/helpers/reuse.py)
 def test_ambiguous_framing_is_refused_and_the_connection_closed(broker, redis_url,
                                                                 headers, status):
     """Framing relay read one way and nsqd (or a proxy) another let the rest of a body
@@ -134,6 +136,7 @@ HALF_SENT = [
 
 
 @pytest.mark.parametrize("partial", HALF_SENT)
+@pytest.mark.reuse_processes     # one broker for its cases (tests/helpers/reuse.py)
 def test_a_request_cut_short_runs_nothing(broker, redis_url, partial):
     """A client that hung up mid-request had its request run: the topic was created."""
     _, http_port = broker
@@ -148,6 +151,7 @@ def test_a_request_cut_short_runs_nothing(broker, redis_url, partial):
 
 
 @pytest.mark.parametrize("expect", [b"", b"Expect: 100-continue\r\n"])
+@pytest.mark.reuse_processes     # one broker for its cases (tests/helpers/reuse.py)
 def test_a_refused_body_closes_the_connection(broker, expect):
     """After a 413 the connection stayed open, read the next request as the body it was
     discarding, and never answered it."""
@@ -189,6 +193,7 @@ NSQD_ANSWERS = [
 
 
 @pytest.mark.parametrize("request_,status,text", NSQD_ANSWERS)
+@pytest.mark.reuse_processes     # one broker for its cases (tests/helpers/reuse.py)
 def test_malformed_requests_get_nsqds_answers(broker, request_, status, text):
     """Answered as nsqd answers; an error of nsqd's API (INVALID_REQUEST) leaves the
     connection serving, one of Go's server closes it."""
@@ -206,6 +211,7 @@ def test_malformed_requests_get_nsqds_answers(broker, request_, status, text):
     ("GET", "/ping/", 301, "/ping"), ("GET", "/PING", 301, "/ping"),
     ("POST", "/pub/?topic=t", 307, "/pub?topic=t"),
 ])
+@pytest.mark.reuse_processes     # one broker for its cases (tests/helpers/reuse.py)
 def test_a_path_that_means_a_route_redirects_to_it(broker, method, path, code, location):
     """nsqd's router redirects (301 for GET, 307 to keep the method and body)."""
     _, http_port = broker
@@ -257,7 +263,11 @@ def test_an_abort_flood_stalls_no_one_and_stays_out_of_the_log(broker, processes
     before = len(broker_log(processes))
     aborts = aborted_uploads(http_port, 15.0)
     slowest = [w.stop() for w in witnesses]
-    time.sleep(10.5)    # the fault window ends: its summary
+    summary = b"aborted HTTP requests in the last 10 s from 127.0.0.1"
+    # the 15 s span two fault windows (the second opened by the first abort after the
+    # first summary, 10 s in): both end with a summary, the second 5 s or so from now
+    assert wait_for(lambda: broker_log(processes)[before:].count(summary) >= 2,
+                    timeout=15.0, interval=0.1)
     assert max(slowest) < SLOWEST, (slowest, aborts)
     written = broker_log(processes)[before:]
     assert len(written) < 100_000

@@ -106,6 +106,7 @@ def test_http_publish_keys_and_order_keys_together(api, redis_url):
     ("/mpub?topic=t&ordered=true", b"k1 fine\nno-body\n", "MSG_EMPTY"),
     ("/mpub?topic=t&ordered=true&key=k", b"k1 fine\n", "INVALID_ARG_KEY"),
     ("/mpub?topic=t&keyed=true&ordered=true", b"id k fine\nid-2  body\n", "KEY_EMPTY")])
+@pytest.mark.reuse_processes     # one broker for its cases (tests/helpers/reuse.py)
 def test_a_bad_order_key_is_a_400_and_publishes_nothing(api, path, body, error):
     ordered_on(api)
     status, data, _ = api.request("POST", path, body)
@@ -153,6 +154,7 @@ def test_tcp_order_keys_after_identify_relay_order(api):
     ("DPUB t 0 \x01", b"x", b"E_INVALID DPUB invalid order key: KEY_NOT_TEXT"),
     ("MPUB t keyed", mpub_body([b"k x"]), b"E_INVALID MPUB third parameter must be 'ordered'"),
     ("MPUB t ordered", mpub_body([b"k1 x", b" no"]), b"E_BAD_BODY MPUB message 2: KEY_EMPTY")])
+@pytest.mark.reuse_processes     # one broker for its cases (tests/helpers/reuse.py)
 def test_a_bad_tcp_order_key_is_an_error_and_publishes_nothing(api, line, body, error):
     ordered_on(api)
     wire = opted_in(api.tcp_port)
