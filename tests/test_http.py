@@ -83,6 +83,7 @@ def test_deferred_pub_is_deferred(api):
     ("POST", "/stats", None, 405, "METHOD_NOT_ALLOWED"),
     ("GET", "/nothing/here", None, 404, "NOT_FOUND"),
 ])
+@pytest.mark.reuse_processes     # one broker for its cases (tests/helpers/reuse.py)
 def test_errors_as_nsqd(api, method, path, body, code, message):
     status, data = api.json(method, path, body)
     assert (status, data) == (code, {"message": message})
@@ -143,6 +144,7 @@ def test_rejected_publish_creates_the_topic_as_nsqd(api, path, body, code, messa
     ("/pub?topic=unmade", b"x" * 101),
     ("/mpub?topic=unmade", b"x" * 1001),
 ])
+@pytest.mark.reuse_processes     # one broker for its cases (tests/helpers/reuse.py)
 def test_publish_rejected_before_the_topic_leaves_none(api, path, body):
     """nsqd checks /pub's body and /mpub's Content-Length before it gets the topic."""
     assert api.request("POST", path, body)[0] in (400, 413)
@@ -200,6 +202,7 @@ def test_stats_json_has_nsqd_fields_and_this_brokers_clients(api):
     ("/config/max_msg_size", 100),
     ("/config/max_rdy_count", 2500),
 ])
+@pytest.mark.reuse_processes     # one broker for its cases (tests/helpers/reuse.py)
 def test_config_get_as_nsqd(api, path, value):
     status, data, _ = api.request("GET", path)
     assert (status, json.loads(data)) == (200, value)
@@ -210,6 +213,7 @@ def test_config_get_as_nsqd(api, path, value):
     ("GET", "/config/redis_url", 400, "INVALID_OPTION"),
     ("POST", "/config/msg_timeout", 405, "METHOD_NOT_ALLOWED"),
 ])
+@pytest.mark.reuse_processes     # one broker for its cases (tests/helpers/reuse.py)
 def test_config_errors(api, method, path, code, message):
     assert api.json(method, path) == (code, {"message": message})
 
@@ -276,6 +280,7 @@ def test_channel_and_topic_delete(api):
     ("/channel/delete?topic=t", 400, "MISSING_ARG_CHANNEL"),
     ("/channel/delete?channel=c", 400, "MISSING_ARG_TOPIC"),
 ])
+@pytest.mark.reuse_processes     # one broker for its cases (tests/helpers/reuse.py)
 def test_delete_and_empty_errors(api, path, code, message):
     assert api.json("POST", path) == (code, {"message": message})
 
