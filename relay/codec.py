@@ -12,8 +12,11 @@ and Redis keeps a message as a stored record with the id at the end:
 Lua 5.1 interns every string a script sees, hashing a long one from a sample of its
 bytes taken from the end: ids at the head left records of equal bodies with one hash
 for most body sizes, and each new one walked them all (BENCHMARKS.md). The trailing
-byte spreads them over 256. A record without the top bit is of the layout before,
-which is the wire's, and is read as it stands (parse_record, record_id, to_message).
+byte spreads them over 256. parse_record and record_id read either: a stored record
+(its timestamp has the mark) or a message frame's payload (delivered's, which the
+broker's clients and consumers hold). Redis holds stored records only: the scripts
+(scripts/lib/record.lua) and delivered read nothing else, and relay/store/layout_one.py
+finds any record in the wire layout left by a release before issue 35.
 """
 
 import re
@@ -88,8 +91,8 @@ def stored_timestamp(timestamp_ns: int) -> bytes:
 
 
 def parse_record(record: bytes) -> tuple[int, int, bytes, bytes]:
-    """(timestamp_ns, attempts, id, body) of a stored record (either layout) or of a
-    message frame's payload."""
+    """(timestamp_ns, attempts, id, body) of a stored record or of a message frame's
+    payload."""
     ts, attempts = _stored_header.unpack_from(record)
     if ts & STORED:
         return (ts & ~STORED, attempts, record[-STORED_TRAILER:-1],
@@ -98,11 +101,12 @@ def parse_record(record: bytes) -> tuple[int, int, bytes, bytes]:
 
 
 def record_timestamp(record: bytes) -> int:
+    """The timestamp (ns) of a stored record or of a message frame's payload."""
     return _stored_timestamp.unpack_from(record)[0] & ~STORED
 
 
 def record_id(record: bytes) -> bytes:
-    """The id of a stored record (either layout) or of a message frame's payload."""
+    """The id of a stored record or of a message frame's payload."""
     if record[0] & 0x80:
         return record[-STORED_TRAILER:-1]
     return record[10:RECORD_HEADER]
@@ -113,11 +117,8 @@ def delivered(record: bytes) -> bytes:
     keeps count the deliveries before (scripts/deliver.lua leaves the record as it is),
     plus this one."""
     ts, attempts = _stored_header.unpack_from(record)
-    attempts = min(attempts + 1, 0xFFFF)
-    if ts & STORED:
-        return (_stored_header.pack(ts & ~STORED, attempts) + record[-STORED_TRAILER:-1]
-                + record[10:-STORED_TRAILER])
-    return record[:8] + _attempts.pack(attempts) + record[10:]
+    return (_stored_header.pack(ts & ~STORED, min(attempts + 1, 0xFFFF))
+            + record[-STORED_TRAILER:-1] + record[10:-STORED_TRAILER])
 
 
 def is_valid_name(name: str) -> bool:

@@ -9,7 +9,6 @@ import pytest
 
 from relay.admin.text import utc
 from relay.broker import registry
-from relay.codec import make_record
 from relay.store import Store, deadletter
 from relay.store.connection import connect
 from relay.store.keys import ChannelKeys
@@ -100,21 +99,10 @@ def test_msg_dead_letter_and_finished(places, backend):
         "c        dead letter  1         -         -    -       -"]
 
 
-def test_msg_in_flight_in_the_layout_before_and_an_id_in_capitals(store, backend):
-    """A message put in flight before the "<id> <owner>" members: member "<id>", its
-    owner in the leases hash and its delivery counted in its record (lib/inflight.lua)."""
+def test_msg_of_an_id_in_capitals(store, backend):
     store.subscribe("t", "c", "b1")
     store.publish("t", [b"a"] * 10)
-    c = ChannelKeys.of("t", "c")
-    store.redis.lpop(c.queue)
-    store.redis.zadd(c.inflight, {b"0000000000000001": 1795000000000})
-    store.redis.hset(c.leases, b"0000000000000001", b"1794999940000 b3:7")
-    store.redis.hset(c.msgs, b"0000000000000001",
-                     make_record(1_000_000_000, 1, b"0000000000000001", b"a"))
-    assert ok(backend, "msg", "t", "0000000000000001") == [
-        "message 0000000000000001 of t, published 1970-01-01T00:00:01.000Z, body \"a\"",
-        HEAD,
-        f"c        in flight  1         -         {utc(1795000000000)}  b3      #7"]
+    store.redis.lpop(ChannelKeys.of("t", "c").queue)
     assert ok(backend, "msg", "t", "000000000000000A") == \
         ok(backend, "msg", "t", "000000000000000a")
     assert ok(backend, "msg", "t", "000000000000000A")[2].split()[:4] == [

@@ -98,8 +98,6 @@ def test_split_entry_tells_tagged_entries_from_records():
     assert deadletter.split_entry(record) == ("max_attempts", record)
     assert deadletter.split_entry(b"overflow:" + record) == ("overflow", record)
     assert deadletter.split_entry(b"expired:" + record) == ("expired", record)
-    old = bytes(10) + b"0" * 16 + b"a:b"           # the layout before: first byte < 0x80
-    assert deadletter.split_entry(old) == ("max_attempts", old)
 
 
 def test_off_and_delete_keep_the_topic_count_of_limited_channels(store):

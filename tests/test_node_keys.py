@@ -1,8 +1,7 @@
 """The node-level keys (relay/store/nodes.py, scripts/lib/node.lua): one due index and
 one news hash per Redis node, written by every script that lowers a channel's due entry
 or bumps a topic's news, read by scanners and brokers with one command per node; their
-seeding from a Redis of the layout before, the scanner's sweep, and their names on a
-cluster. Store tests run on fakeredis, one Redis and the cluster."""
+seeding by a scanner that starts, the scanner's sweep, and their names on a cluster. Store tests run on fakeredis, one Redis and the cluster."""
 
 import pytest
 from redis.crc import key_slot
@@ -27,7 +26,8 @@ def node_news(store, part):
 
 
 def forget_node_keys(store):
-    """What a Redis written by the release before has: no node keys."""
+    """What a restarted Redis that lost its last writes, or a lost key, leaves: no node
+    keys."""
     for prefix in store.nodes.prefixes():
         store.redis.delete(prefix + DUE)
         store.redis.delete(prefix + NEWS)
@@ -113,8 +113,8 @@ def test_a_scan_with_nothing_left_removes_the_node_entry_even_of_a_channel_gone(
 
 
 def test_node_news_is_the_version_a_wake_up_names(store):
-    """The node news hash counts a part's news; one of a Redis of the layout before goes
-    on from its version key's count."""
+    """The node news hash counts a part's news; a part's first goes on from its version
+    key's count, where a stale slot map kept its news from the node hash (news.lua)."""
     subscribed(store, "t", "c")
     assert node_news(store, "t") is None
     store.publish("t", [b"1"])
@@ -133,9 +133,10 @@ def test_node_news_is_the_version_a_wake_up_names(store):
 
 
 def test_a_part_without_node_news_is_read_from_its_version_key_once(store):
-    """A Redis of the layout before has versions but no node news: the first read takes
-    them from the version keys and sets the node fields; the next reads need nothing
-    else than the node hash, until raising the partition count (news) is read there."""
+    """A part without node news (its news counted in its version key, where a stale slot
+    map kept it from the node hash): the first read takes it from the version key and
+    sets the node field; the next reads need nothing else than the node hash, until
+    raising the partition count (news) is read there."""
     version = TopicKeys.of("t").version
     store.redis.hset(version, mapping={"news": 5, "partitions": 3})
     scripts = []
@@ -181,8 +182,8 @@ def test_the_node_index_keeps_a_requeue_on_time_across_many_topics(backend):
     assert called == []
 
 
-def test_a_scanner_seeds_the_node_index_of_a_redis_of_the_layout_before(backend):
-    """Messages in flight and deferred, written without node keys, are requeued."""
+def test_a_scanner_seeds_the_node_index_when_it_starts(backend):
+    """Messages in flight and deferred whose node keys were lost are requeued."""
     store = Store(backend)
     topics = ["old0", "old1", "old2"]
     for topic in topics:
@@ -203,8 +204,8 @@ def test_a_scanner_seeds_the_node_index_of_a_redis_of_the_layout_before(backend)
 
 
 def test_the_sweep_makes_up_for_a_lost_node_entry(backend, monkeypatch):
-    """A node entry lost after the seeding (a write sent to a stale node's keys, or by a
-    broker of the layout before) is made up by the sweep, a slice each SWEEP_STEP."""
+    """A node entry lost after the seeding (a write sent to a stale node's keys) is made
+    up by the sweep, a slice each SWEEP_STEP."""
     monkeypatch.setattr(scanner_module, "SWEEP_EVERY", 3.0)
     store = Store(backend)
     topics = [f"swept{i}" for i in range(6)]

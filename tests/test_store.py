@@ -12,7 +12,7 @@ from importlib import resources
 import pytest
 
 from relay import codec
-from relay.codec import make_message, make_record, parse_record
+from relay.codec import make_record, parse_record
 from relay.errors import StoreError
 from relay.store import keys, runner
 from relay.store import data_path
@@ -344,7 +344,7 @@ def test_finish_codes_and_cleanup(store):
                         ) == [1, 1, 0]
     # twice -> not in flight any more
     assert store.finish("t", "c", [("a", mid(1))]) == [0]
-    for key in (c.inflight, c.msgs, c.leases):
+    for key in (c.inflight, c.msgs):
         assert not store.redis.exists(key)
     assert store.read_channel("t", "c") == empty_channel(message_count=2, client_count=1)
 
@@ -359,7 +359,7 @@ def test_finish_of_one_id_twice_in_one_call_takes_once(store):
 
 
 def test_finish_of_more_ids_than_one_hmget_takes(store):
-    """The leases are read 1,000 ids per HMGET: 2,500 in one call all finish."""
+    """The members are read 1,000 per ZMSCORE: 2,500 in one call all finish."""
     subscribed(store, "t", "c")
     store.publish("t", [b"x"] * 2500)
     (got,) = store.deliver("t", "c", [("a", 60_000, 2500)])
@@ -393,7 +393,7 @@ def test_requeue_now_goes_to_the_tail(store):
     assert bodies(queue(store, "t", "c")) == [b"2", b"3", b"1"]
     assert store.read_channel("t", "c") == empty_channel(
         depth=3, requeue_count=1, message_count=3, client_count=1)
-    for key in (c.inflight, c.msgs, c.leases):
+    for key in (c.inflight, c.msgs):
         assert not store.redis.exists(key)
     # no longer in flight: a second requeue or a finish is refused
     assert store.requeue("t", "c", [("a", mid(1), 0)]) == [0]
@@ -416,7 +416,6 @@ def test_requeue_with_delay_defers_until_scanned_after_due(store):
     # the channel's due entry is the requeue's (earlier than the 60 s in-flight deadline)
     assert due_score(store, "t", "c") == due
     assert store.redis.hexists(c.msgs, mid(1))
-    assert not store.redis.hexists(c.leases, mid(1))
     assert store.finish("t", "c", [("a", mid(1))]) == [0]
 
     (got,) = store.deliver("t", "c", [("a", 60_000, 10)])
@@ -514,7 +513,7 @@ def test_ephemeral_channel_deleted_when_last_consumer_leaves(store):
     store.redis.hset(c.gate, "key", mid(2))     # as an ordered channel has them
     store.redis.hset(c.key_of, mid(2), "key")
     store.redis.zadd(c.waiting, {b"key " + mid(3) + b" 0 record": 0})
-    assert all(store.redis.exists(k) for k in c.all() if k != c.leases)  # the layout before
+    assert all(store.redis.exists(k) for k in c.all())
     assert due_score(store, "t", ch) is not None
 
     # a consumer on another broker keeps it alive
@@ -599,8 +598,7 @@ def lua_lib(name: str) -> bytes:
 
 
 def test_lua_record_layout_is_relay_codecs(store):
-    """record.lua's helpers agree with relay/codec.py, on stored records and on those of
-    the layout before (the wire's)."""
+    """record.lua's helpers agree with relay/codec.py on stored records."""
     script = lua_lib("record.lua") + b"""
         local r = ARGV[1]
         return {record_attempts(r), record_id(r), with_attempts(r, 65535),
@@ -611,10 +609,6 @@ def test_lua_record_layout_is_relay_codecs(store):
         0x0203, b"00000000000000ff",
         make_record(0x0102030405060708, 65535, b"00000000000000ff", b"body"),
         make_record(0x0102030405060708, 0, b"00000000000000ff", b"x")]
-    before = make_message(0x0102030405060708, 0x0203, b"00000000000000ff", b"body")
-    assert store.redis.eval(script, 0, before)[:3] == [
-        0x0203, b"00000000000000ff",
-        make_message(0x0102030405060708, 65535, b"00000000000000ff", b"body")]
 
 
 def test_included_files_come_first_and_no_script_has_flags():

@@ -341,15 +341,11 @@ def test_the_scanner_sweeps_and_forwards_them_with_the_brokers_max_attempts(chan
 # -- the outbox's entries -------------------------------------------------------------
 
 
-def test_split_entry_reads_plain_tagged_and_records_of_the_layout_before():
+def test_split_entry_reads_plain_and_tagged_entries():
     record = make_record(1_795_000_000_000_000_000, 3, b"0000000000000001", b"a:b")
-    old = (1_795_000_000_000_000_000).to_bytes(8, "big") + b"\x00\x03" \
-        + b"0000000000000001" + b"a:b"
-    assert old[0] < ord("_") and parse_record(old)[3] == b"a:b"
     assert deadletter.split_entry(record) == ("max_attempts", record)
-    assert deadletter.split_entry(old) == ("max_attempts", old)
     assert deadletter.split_entry(b"expired:" + record) == ("expired", record)
-    assert deadletter.split_entry(b"overflow:" + old) == ("overflow", old)
+    assert deadletter.split_entry(b"overflow:" + record) == ("overflow", record)
 
 
 def test_envelopes_carry_each_known_reason():

@@ -1,120 +1,102 @@
-"""A Redis written by the release before the two-key in-flight layout (issue 35) is served
-as it stands: messages it left in flight (member "<id>", a lease "<delivered ms> <owner>"
-in the leases hash, a bare record in msgs) are finished, requeued, touched, timed out,
-reaped, listed and requeued by relay-admin as before, and each is delivered once more
-at most, until none is left (relay/store/scripts/lib/inflight.lua)."""
-
-import pytest
+"""Data of layout 1 (before issue 35), which this release does not read, is found by
+relay/store/layout_one.py, naming the first leftover: a leases hash beside an in-flight
+set, a record in the wire layout where records are stored, news counted only in a
+version key. A Redis of layout 2 alone, whatever it holds, has none. Store tests run on
+fakeredis, one Redis and the cluster."""
 
 from relay.codec import make_message
-from relay.store import Store, stats
-from relay.store.connection import connect
 from relay.store.keys import ChannelKeys, TopicKeys
-from tests.helpers.wire import FRAME_RESPONSE, Wire
-from tests.helpers.store import (attempts, bodies, empty_channel, ids, mid, now_ms, queue,
-                                 subscribed, wait_past)
+from relay.store.layout_one import find_layout_one
+from tests.helpers.store import mid, now_ms, subscribed
 
 
-def in_flight_before(store, topic, channel, owner, n, deadline_ms, delivered_ms):
-    """Messages 1..n put in flight for `owner` as the release before did: a publish, then
-    the three keys its deliver.lua wrote."""
-    store.publish(topic, [b"m%d" % i for i in range(1, n + 1)])
-    c = ChannelKeys.of(topic, channel)
-    store.redis.delete(c.queue)
-    for i in range(1, n + 1):
-        record = make_message(1_000 + i, 1, mid(i), b"m%d" % i)   # the wire layout
-        store.redis.hset(c.msgs, mid(i), record)
-        store.redis.zadd(c.inflight, {mid(i): deadline_ms})
-        store.redis.hset(c.leases, mid(i), f"{delivered_ms} {owner}")
+def old_record(n: int) -> bytes:
+    """A record as layout 1 stored it: the wire layout, no mark in its timestamp."""
+    return make_message(1_000 + n, 1, mid(n), b"m%d" % n)
 
 
-def test_fin_req_and_touch_take_the_messages_of_the_layout_before(store):
-    subscribed(store, "t", "c", "b1")
-    now = now_ms(store)
-    in_flight_before(store, "t", "c", "b1:1", 4, now + 60_000, now - 1_000)
-    assert store.finish("t", "c", [("b1:1", mid(1)), ("b1:2", mid(2)), ("b1:1", mid(9))]) == \
-        [1, -1, 0]
-    [deadline] = store.touch("t", "c", [("b1:1", mid(2), 4_000)])
-    assert now + 4_000 <= deadline <= now_ms(store) + 4_000
-    assert store.requeue("t", "c", [("b1:1", mid(2), 0), ("b1:1", mid(3), 60_000)]) == [1, 1]
-    assert store.read_channel("t", "c") == empty_channel(
-        depth=1, in_flight_count=1, deferred_count=1, message_count=4, requeue_count=2,
-        client_count=1)
-    [again] = store.deliver("t", "c", [("b1:5", 60_000, 10)])
-    assert (bodies(again), attempts(again)) == ([b"m2"], [2])
-    assert store.finish("t", "c", [("b1:1", mid(4)), ("b1:5", mid(2))]) == [1, 1]
+def test_a_leases_hash_is_found(store):
+    subscribed(store, "t", "c")
     c = ChannelKeys.of("t", "c")
-    assert [store.redis.exists(k) for k in (c.inflight, c.leases)] == [0, 0]
-    assert store.redis.hkeys(c.msgs) == [mid(3)]       # deferred, as REQ left it
+    for i in (1, 2, 3):
+        store.redis.hset(c.msgs, mid(i), old_record(i))
+        store.redis.zadd(c.inflight, {mid(i): now_ms(store) + 60_000})
+        store.redis.hset(f"{c.msgs[:-len('msgs')]}leases", mid(i), f"{now_ms(store)} b1:1")
+    assert find_layout_one(store.redis) in (
+        "relay:{t}:ch:c:leases (3 messages in flight of layout 1)",
+        "a record of layout 1 in relay:{t}:ch:c:msgs")
+    store.redis.delete(c.msgs)
+    assert find_layout_one(store.redis) == \
+        "relay:{t}:ch:c:leases (3 messages in flight of layout 1)"
 
 
-def test_the_scanner_and_the_reaper_requeue_the_layout_before(store):
-    subscribed(store, "t", "c", "b1")
-    now = now_ms(store)
-    in_flight_before(store, "t", "c", "b1:1", 2, now + 50, now)
-    store.publish("t", [b"new"])
-    store.deliver("t", "c", [("b2:1", 50, 1)])
-    wait_past(store, now_ms(store) + 51)
-    assert store.scan("t", "c")[:2] == (3, 0)
-    assert bodies(queue(store, "t", "c")) == [b"m1", b"m2", b"new"]
-
-    subscribed(store, "r", "c", "b9")
-    in_flight_before(store, "r", "c", "b9:3", 1, now + 60_000, now)
-    store.publish("r", [b"new"])
-    store.deliver("r", "c", [("b9:4", 60_000, 1)])
-    assert store.run(store.reap_op("r", "c", "b9")) == (0, 2)
-    assert sorted(bodies(queue(store, "r", "c"))) == [b"m1", b"new"]
-    for topic in ("t", "r"):
-        c = ChannelKeys.of(topic, "c")
-        assert not store.redis.exists(c.leases) and not store.redis.exists(c.inflight)
+def test_an_old_record_in_a_queue_is_found_behind_new_ones(store):
+    subscribed(store, "t", "c")
+    store.publish("t", [b"%d" % i for i in range(2_500)])    # past one chunk
+    assert find_layout_one(store.redis) is None
+    store.redis.rpush(ChannelKeys.of("t", "c").queue, old_record(1))
+    assert find_layout_one(store.redis) == "a record of layout 1 in relay:{t}:ch:c:queue"
 
 
-def test_relay_admin_lists_and_requeues_both_layouts(store):
-    subscribed(store, "t", "c", "b1")
-    now = now_ms(store)
-    in_flight_before(store, "t", "c", "b1:1", 1, now + 60_000, now - 5)
-    store.publish("t", [b"new"])
-    [new] = store.deliver("t", "c", [("b2:4", 30_000, 1)])
-    listed = stats.in_flight(store, "t", "c", 10)
-    assert [(m["id"], m["owner"], m["attempts"]) for m in listed] == [
-        (ids(new)[0].decode(), "b2:4", 1), (mid(1).decode(), "b1:1", 1)]
-    assert store.requeue_in_flight("t", "c", [mid(1), ids(new)[0], mid(7)]) == [1, 1, 0]
-    assert sorted(bodies(queue(store, "t", "c"))) == [b"m1", b"new"]
-    assert store.finish("t", "c", [("b1:1", mid(1)), ("b2:4", ids(new)[0])]) == [0, 0]
+def test_an_old_deferred_record_is_found(store):
+    subscribed(store, "t", "c")
+    store.publish("t", [b"new"], defer_ms=60_000)
+    c = ChannelKeys.of("t", "c")
+    store.redis.hset(c.msgs, mid(7), old_record(7))
+    store.redis.zadd(c.deferred, {mid(7): now_ms(store) + 60_000})
+    assert find_layout_one(store.redis) == "a record of layout 1 in relay:{t}:ch:c:msgs"
 
 
-@pytest.mark.integration
-def test_a_broker_and_scanner_of_this_release_drain_what_the_release_before_left(
-        processes, redis_url):
-    """The upgrade as the README tells it: the old release stopped with messages queued,
-    in flight (two of them timed out, one still held by a connection that is gone) and
-    deferred, in its layouts (records with the id after the attempts); the new broker
-    and scanner start on that Redis and a consumer gets each message once."""
-    store = Store(connect(redis_url))
-    subscribed(store, "up", "c", "b-old")
-    now = now_ms(store)
-    in_flight_before(store, "up", "c", "b-old:1", 3, now - 1_000, now - 61_000)
-    c = ChannelKeys.of("up", "c")
-    store.redis.zadd(TopicKeys.of("up").due, {"c": now - 1_000})
-    store.publish("up", [b"m4"], defer_ms=500)
-    store.publish("up", [b"m5", b"m6"])
-    store.redis.rpush(c.queue, make_message(1_007, 0, mid(7), b"m7"))
-    store.redis.hset(c.msgs, mid(8), make_message(1_008, 1, mid(8), b"m8"))
-    store.redis.zadd(c.deferred, {mid(8): now + 300})
-    store.redis.hdel(c.consumers, "b-old")      # the old broker is gone
+def test_an_old_record_in_a_dead_letter_outbox_is_found_plain_or_tagged(store):
+    subscribed(store, "t", "c")
+    dead = ChannelKeys.of("t", "c").dead
+    store.redis.rpush(dead, old_record(1))
+    assert find_layout_one(store.redis) == "a record of layout 1 in relay:{t}:ch:c:dead"
+    store.redis.delete(dead)
+    store.redis.rpush(dead, b"expired:" + old_record(2))
+    assert find_layout_one(store.redis) == "a record of layout 1 in relay:{t}:ch:c:dead"
 
-    _, port = processes.broker()
-    processes.scanner()
-    consumer = Wire(port)
-    assert consumer.sub("up", "c", rdy=10) == (FRAME_RESPONSE, b"OK")
-    got = {}
-    while len(got) < 8:
-        _, tries, msg_id, body = consumer.message()
-        assert msg_id not in got, body
-        got[msg_id] = (body, tries)
-        consumer.command(b"FIN " + msg_id)
-    assert consumer.nothing(wait=1.5)
-    assert sorted(got.values()) == [(b"m1", 2), (b"m2", 2), (b"m3", 2), (b"m4", 1),
-                                    (b"m5", 1), (b"m6", 1), (b"m7", 1), (b"m8", 2)]
-    assert [store.redis.exists(k) for k in (c.inflight, c.leases, c.msgs, c.deferred)] == \
-        [0, 0, 0, 0]
+
+def test_an_old_record_in_a_backlog_is_found(store):
+    store.publish("b", [b"new"])                     # no channel: the backlog
+    assert find_layout_one(store.redis) is None
+    store.redis.rpush(TopicKeys.of("b").backlog, old_record(1))
+    assert find_layout_one(store.redis) == "a record of layout 1 in relay:{b}:backlog"
+    store.redis.delete(TopicKeys.of("b").backlog)
+    store.redis.zadd(TopicKeys.of("b").backlog_deferred, {old_record(2): now_ms(store)})
+    assert find_layout_one(store.redis) == \
+        "a record of layout 1 in relay:{b}:backlog:deferred"
+
+
+def test_news_in_a_version_key_alone_is_found(store):
+    store.redis.hset(TopicKeys.of("old").version, "news", 41)
+    news = store.node("old") + "news"
+    assert find_layout_one(store.redis) == \
+        f"relay:{{old}}:version (news of layout 1: no {news} on its node)"
+
+
+def test_a_redis_of_layout_2_has_none(store):
+    """Topics, channels, messages queued, in flight, deferred and dead, an ordered
+    channel with a message out and one waiting, a topic without channels, news."""
+    subscribed(store, "t", "c")
+    subscribed(store, "t", "d")
+    store.publish("t", [b"%d" % i for i in range(20)])
+    store.publish("t", [b"later"], defer_ms=60_000)
+    store.deliver("t", "c", [("b1:1", 60_000, 5)])
+    [[held]] = store.deliver("t", "d", [("b1:2", 60_000, 1)])
+    assert store.requeue("t", "d", [("b1:2", held[10:26], 30_000)]) == [1]
+    store.configure_channel("t", "c", "max_attempts", 1)
+    c = ChannelKeys.of("t", "c")
+    for member in store.redis.zrange(c.inflight, 0, -1):      # timed out: back, counted
+        store.redis.zadd(c.inflight, {member: 0})
+    assert store.scan("t", "c")[0] == 5
+    store.deliver("t", "c", [("b1:1", 60_000, 20)])          # past max attempts: dead
+    assert store.redis.llen(c.dead) == 5
+    subscribed(store, "o", "c")
+    store.set_ordered("o", "c", True)
+    store.publish_keyed("o", [b"1", b"2"], None, order_keys=[b"k", b"k"])
+    store.deliver("o", "c", [("b1:3", 60_000, 1)])
+    store.publish("nochannel", [b"kept"])
+    store.pause_channel("t", "d", True)
+    assert store.versions(["t", "o"])["t"] > 0
+    assert find_layout_one(store.redis) is None

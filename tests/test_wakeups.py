@@ -136,9 +136,8 @@ def test_the_once_a_second_read_looks_again_only_where_a_wake_up_was_missed(stor
     listener.check_versions()
     assert told() == [("look", 0), ("check", 0), ("look", 0)]
     assert listener.versions["t"] == 3
-    listener.received("t", b"c")            # from a relay that sends no version
-    listener.check_versions()
-    assert told() == [("look", 0)]
+    listener.received("t", b"5|c")          # news 4 missed: not heard in turn
+    assert (told(), listener.versions["t"]) == ([("look", 0)], 3)
 
 
 # -- brokers ----------------------------------------------------------------------

@@ -25,11 +25,10 @@ wake-up arriving: each script that publishes one also bumps the topic's field in
 node's news hash (`relay:news`, one per node on a cluster: relay/store/nodes.py;
 scripts/lib/news.lua), and once every CATCH_UP seconds the broker reads the versions
 of all the topics it serves with one HMGET per node, a cost that does not grow with
-the topics (a part without a field there, as in a Redis of the layout before, which
-counted news in each topic's version key, is read from that key once, which sets the
-field). The
-channels of a topic whose version moved look in Redis again and compare their
-incarnation and empties with Redis', so a missed delete, empty, unpause or publish
+the topics (a part without a field there, new on its node, or whose news a stale
+slot map counted in its version key instead, is read from that key once, which sets
+the field). The channels of a topic whose version moved look in Redis again and
+compare their incarnation and empties with Redis', so a missed delete, empty, unpause or publish
 is applied within a second, at a cost that does not grow with idle channels. Each
 wake-up names the version it made, so a topic whose every version since the last
 read was heard is not looked at again: the read costs deliver calls only where a
@@ -109,11 +108,9 @@ class WakeupListener:
     def received(self, part: str, data: bytes) -> None:
         """A wake-up, "V|" and then: "" the part, "C" one channel, "!C" / "!" deleted,
         "~N:C" emptied (drop.lua); V the part's version it made (lib/news.lua)."""
-        version, sep, text = data.decode().partition("|")
-        if not sep:  # from a relay that sent no version
-            version, text = "", version
+        version, _, text = data.decode().partition("|")
         self._apply(part, text)
-        if version and self.versions.get(part) == int(version) - 1:
+        if self.versions.get(part) == int(version) - 1:
             self.versions[part] = int(version)  # heard all news since the last read
 
     def _apply(self, part: str, text: str) -> None:

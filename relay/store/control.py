@@ -5,14 +5,13 @@ message TTLs (expiry.py) and the admin requeue of in-flight messages."""
 import secrets
 from typing import Iterator, Sequence
 
-from relay.codec import MSG_ID_LENGTH
 from relay.errors import RelayError
 from relay.store import keys
 from relay.store.dedup import DEDUP_FIELD
 from relay.store.expiry import CHANNEL_TTL_FIELD, Expiry
 from relay.store.history import RETENTION_FIELDS
 from relay.store.inflight import member_id, member_owner
-from relay.store.keys import ChannelKeys, TopicKeys, id_part
+from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.limits import LIMIT_FIELDS, Limits
 from relay.store.replies import Dropped
 from relay.store.runner import Op
@@ -195,24 +194,9 @@ class Control(Expiry, Limits):
     def requeue_held(self, topic: str, channel: str, members: Sequence[bytes]) -> list[int]:
         """Requeue in-flight messages by their members, each from the owner it names
         (lib/inflight.lua). Per member: 1 requeued, 0 no longer held so."""
-        old = [m for m in members if len(m) == MSG_ID_LENGTH]
-        leases = {}
-        if old:
-            pipe = self.redis.pipeline(transaction=False)
-            for msg_id in old:
-                pipe.hget(ChannelKeys.of(self.part(topic, max(id_part(msg_id), 0)),
-                                         channel).leases, msg_id)
-            leases = {m: lease for m, lease in zip(old, self._guard(pipe.execute)) if lease}
-        triples, where = [], []
-        for i, m in enumerate(members):
-            owner = member_owner(m, leases)
-            if owner is not None:
-                triples.append((owner, member_id(m), 0))
-                where.append(i)
-        codes = [0] * len(members)
-        for i, code in zip(where, self.requeue(topic, channel, triples) if triples else []):
-            codes[i] = max(code, 0)
-        return codes
+        triples = [(member_owner(m), member_id(m), 0) for m in members]
+        return [max(code, 0) for code in (self.requeue(topic, channel, triples)
+                                          if triples else [])]
 
     def configure_channel(self, topic: str, channel: str, name: str, value) -> None:
         """Set (or with None, clear) a channel setting kept in its meta hash, on every

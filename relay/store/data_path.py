@@ -250,7 +250,7 @@ class DataPath(StoreBase):
             args += [owner, timeout_ms, count, most_bytes[0] if most_bytes else 0]
         t = TopicKeys.of(part)
         args += [t.wake, self.node(part)]
-        return Op("deliver", [c.queue, c.inflight, c.msgs, c.leases, t.due, c.meta, c.dead,
+        return Op("deliver", [c.queue, c.inflight, c.msgs, t.due, c.meta, c.dead,
                               c.deferred, c.gate, c.key_of, c.waiting, t.version], args,
                   Delivered.parse)
 
@@ -292,7 +292,7 @@ class DataPath(StoreBase):
         by another."""
         t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
         return _items_merge(Op("finish",
-                               [c.inflight, c.msgs, c.leases, c.deferred, c.queue, c.gate,
+                               [c.inflight, c.msgs, c.deferred, c.queue, c.gate,
                                 c.key_of, c.waiting, t.due, t.version],
                                [channel, t.wake, self.node(part),
                                 *(x for p in pairs for x in p)]), FINISH_HEAD, 2)
@@ -328,7 +328,7 @@ class DataPath(StoreBase):
         """REQ each (owner, id, delay ms) of one part: per triple 1 done, 0 / -1 as finish."""
         t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
         return _items_merge(Op("requeue",
-                               [c.queue, c.inflight, c.msgs, c.leases, c.deferred, c.meta,
+                               [c.queue, c.inflight, c.msgs, c.deferred, c.meta,
                                 t.due, t.version],
                                [channel, t.wake, self.node(part),
                                 *(x for tr in triples for x in tr)]), 3, 3)
@@ -340,7 +340,7 @@ class DataPath(StoreBase):
         """TOUCH each (owner, id, timeout ms from now) of one part: per triple the new
         deadline ms, or 0 / -1. The caller caps the timeouts (--max-msg-timeout)."""
         c = ChannelKeys.of(part, channel)
-        return _items_merge(Op("touch", [c.inflight, c.msgs, c.leases, c.deferred],
+        return _items_merge(Op("touch", [c.inflight, c.msgs, c.deferred],
                                [x for tr in triples for x in tr]), 0, 3)
 
     def touch(self, topic: str, channel: str, triples: Sequence[tuple]) -> list:
@@ -351,8 +351,7 @@ class DataPath(StoreBase):
         messages waiting in the dead-letter outbox)."""
         t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
         return Op("scan",
-                  [c.queue, c.inflight, c.msgs, c.leases, c.deferred, c.meta, t.due, c.dead,
-                   t.version],
+                  [c.queue, c.inflight, c.msgs, c.deferred, c.meta, t.due, c.dead, t.version],
                   [channel, t.wake, limit, self.node(topic)], tuple)
 
     def scan(self, topic: str, channel: str, limit: int = 1000) -> tuple:

@@ -47,8 +47,8 @@ def topic_for(store: Store, topic: str, channel: str, template: str) -> str:
 
 def split_entry(entry: bytes) -> tuple[str, bytes]:
     """(reason, record) of an outbox entry: a record starts with a byte of 128 or more
-    (one of the layout before with its timestamp's first byte, below "_" until 2186), a
-    tagged entry with its reason, [a-z_], and a colon."""
+    (its timestamp's mark, codec.STORED), a tagged entry with its reason, [a-z_], and a
+    colon."""
     tagged = TAGGED.match(entry)
     if tagged:
         return tagged[1].decode(), entry[tagged.end():]

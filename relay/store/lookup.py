@@ -50,7 +50,7 @@ def where(store: Store, topic: str, channel: str, msg_id: bytes,
         held = _holder(store, c, msg_id, list(owners))
         if held is not None:    # the record counts the deliveries before this one
             found = message(record)
-            found["attempts"] += not held.pop("old")
+            found["attempts"] += 1
             return {"state": "in_flight", **held, **found, **keyed}
     position, entry = _scan(store, c.dead, msg_id, lambda e: deadletter.split_entry(e)[1])
     if entry is not None:
@@ -95,23 +95,16 @@ def _text(key: bytes | None) -> str | None:
 
 def _holder(store: Store, c: ChannelKeys, msg_id: bytes, owners: list[str]) -> dict | None:
     """The owner and deadline of msg_id in flight: one ZMSCORE of the members the given
-    owners would make, else the lease of the layout before, else a ZSCAN of the
-    in-flight set for "<id> *" (an owner no live broker announces)."""
+    owners would make, else a ZSCAN of the in-flight set for "<id> *" (an owner no live
+    broker announces)."""
     members = [msg_id + b" " + o.encode() for o in owners]
     scores = guarded(store.redis.zmscore, c.inflight, members) if members else []
     for owner, score in zip(owners, scores):
         if score is not None:
-            return {"owner": owner, "deadline_ms": int(score), "old": False}
-    pipe = store.redis.pipeline(transaction=False)
-    pipe.zscore(c.inflight, msg_id)
-    pipe.hget(c.leases, msg_id)
-    score, lease = guarded(pipe.execute)
-    if score is not None and lease is not None:
-        return {"owner": member_owner(msg_id, {msg_id: lease}), "deadline_ms": int(score),
-                "old": True}
+            return {"owner": owner, "deadline_ms": int(score)}
     for member, score in guarded(lambda: list(store.redis.zscan_iter(
             c.inflight, match=msg_id + b" *", count=SCAN_CHUNK, score_cast_func=float))):
-        return {"owner": member_owner(member, {}), "deadline_ms": int(score), "old": False}
+        return {"owner": member_owner(member), "deadline_ms": int(score)}
     return None
 
 
@@ -198,7 +191,7 @@ def with_keys(store: Store, topic: str, channel: str, messages: list[dict]) -> l
 
 
 def message(record: bytes) -> dict:
-    """What a stored record (either layout) holds: id, timestamp (ns), attempts (the
+    """What a stored record holds: id, timestamp (ns), attempts (the
     deliveries so far), body (bytes)."""
     ts, attempts, msg_id, body = parse_record(record)
     return {"id": msg_id.decode(), "timestamp": ts, "attempts": attempts, "body": body}

@@ -78,8 +78,8 @@ class Reads(StoreBase):
 
     def seed_due(self, parts: Sequence[str], chunk: int = SEED_CHUNK) -> int:
         """Every entry of the parts' due indexes added to their node's due index where it
-        is not there lower (seed.lua, one call per node and `chunk` parts): what a Redis
-        of the layout before lacks, and what a write sent to a stale node's keys missed.
+        is not there lower (seed.lua, one call per node and `chunk` parts): what a write
+        sent to a stale node's keys missed, or a restarted Redis or a lost key lacks.
         Returns the entries seen; raises the first call's error."""
         ops = [Op("seed", [prefix + nodes.DUE], [TopicKeys.of(p).due for p in group[i:i + chunk]])
                for prefix, group in self.nodes.by_node(parts).items()

@@ -124,18 +124,15 @@ def _in_flight_part(store: Store, c: ChannelKeys, limit: int) -> list[dict]:
     ids = [member_id(member) for member, _ in entries]
     pipe = store.redis.pipeline(transaction=False)
     pipe.hmget(c.msgs, ids)
-    pipe.hmget(c.leases, ids)       # the layout before (lib/inflight.lua)
     pipe.hmget(c.key_of, ids)       # their order keys (lib/order.lua)
-    records, leases, order_keys = guarded(pipe.execute)
-    old = {msg_id: lease for msg_id, lease in zip(ids, leases) if lease is not None}
+    records, order_keys = guarded(pipe.execute)
     out = []
     for (member, deadline), record, key in zip(entries, records, order_keys):
-        owner = member_owner(member, old)
-        if record is None or owner is None:
+        if record is None:
             continue  # finished meanwhile
-        counted = member_id(member) in old     # the layout before counted the delivery
+        # the record counts the deliveries before this one (lib/queue.lua)
         out.append({"id": member_id(member).decode(), "deadline_ms": int(deadline),
-                    "owner": owner, "attempts": parse_record(record)[1] + (not counted),
+                    "owner": member_owner(member), "attempts": parse_record(record)[1] + 1,
                     "key": key and key.decode(errors="replace")})
     return out
 

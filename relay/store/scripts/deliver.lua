@@ -11,12 +11,12 @@
 -- `expired` if the channel has a dead-letter topic (max attempts in force, or a
 -- dead_letter_topic of its own), else it is dropped; expired_count counts both.
 --
--- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] leases (the layout before,
--- lib/inflight.lua)   KEYS[5] topic due index   KEYS[6] channel meta (a paused channel
--- delivers nothing; its max_attempts field overrides ARGV[2]; ttl_ms, dead_letter_topic:
--- above)   KEYS[7] dead-letter outbox   KEYS[8] deferred   KEYS[9] gate   KEYS[10] key_of
--- KEYS[11] waiting (lib/order.lua: what is finished, dead-lettered or expired releases its
--- order key)   KEYS[12] topic version (lib/news.lua)
+-- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] topic due index
+-- KEYS[5] channel meta (a paused channel delivers nothing; its max_attempts field
+-- overrides ARGV[2]; ttl_ms, dead_letter_topic: above)   KEYS[6] dead-letter outbox
+-- KEYS[7] deferred   KEYS[8] gate   KEYS[9] key_of   KEYS[10] waiting (lib/order.lua: what
+-- is finished, dead-lettered or expired releases its order key)
+-- KEYS[11] topic version (lib/news.lua)
 -- ARGV[1] channel name (its member in the due index)   ARGV[2] max attempts (0: unlimited)
 -- ARGV[3] F, then F pairs to finish first: owner, id (the group commit folds the FINs
 -- of this channel that precede the call into it: one call frees credit and uses it)
@@ -29,14 +29,14 @@
 
 local groups = 4 + 2 * tonumber(ARGV[3])
 local LAST_GROUP = #ARGV - 2
-local k = {inflight = KEYS[2], msgs = KEYS[3], leases = KEYS[4], deferred = KEYS[8]}
-local o = {queue = KEYS[1], gate = KEYS[9], key_of = KEYS[10], waiting = KEYS[11],
-           msgs = KEYS[3], deferred = KEYS[8], due_index = KEYS[5], version = KEYS[12],
+local k = {inflight = KEYS[2], msgs = KEYS[3], deferred = KEYS[7]}
+local o = {queue = KEYS[1], gate = KEYS[8], key_of = KEYS[9], waiting = KEYS[10],
+           msgs = KEYS[3], deferred = KEYS[7], due_index = KEYS[4], version = KEYS[11],
            channel = ARGV[1], wake = ARGV[#ARGV - 1], node = ARGV[#ARGV]}
 local finished = finish_pairs(k, ARGV, 4, groups - 1, o)
 local out = {}
 -- the channel's controls in one read: what every call needs, read where it is kept
-local meta = redis.call('HMGET', KEYS[6], 'empties', 'paused', 'max_attempts', 'ttl_ms',
+local meta = redis.call('HMGET', KEYS[5], 'empties', 'paused', 'max_attempts', 'ttl_ms',
                         'dead_letter_topic')
 local empties = tonumber(meta[1] or '0')
 if meta[2] then
@@ -120,17 +120,17 @@ if n > 0 then
   call_chunked('ZADD', KEYS[2], inflight)
 end
 if spent > 0 then
-  redis.call('HINCRBY', KEYS[6], 'dead_count', spent)
+  redis.call('HINCRBY', KEYS[5], 'dead_count', spent)
 end
 if expired > 0 then
-  redis.call('HINCRBY', KEYS[6], 'expired_count', expired)
+  redis.call('HINCRBY', KEYS[5], 'expired_count', expired)
 end
 if #dead > 0 then
-  call_chunked('RPUSH', KEYS[7], dead)
+  call_chunked('RPUSH', KEYS[6], dead)
   earliest = now
 end
 if earliest then
-  due_lower(ARGV[#ARGV], KEYS[5], ARGV[1], earliest)
+  due_lower(ARGV[#ARGV], KEYS[4], ARGV[1], earliest)
 end
 order_release(o, left)
 out[#out + 1] = empties

@@ -32,8 +32,7 @@ local function detach(key)
 end
 
 local function drop_channel(c)
-  for _, suffix in ipairs({'queue', 'inflight', 'deferred', 'msgs', 'leases', 'gate', 'key_of',
-                           'waiting'}) do
+  for _, suffix in ipairs({'queue', 'inflight', 'deferred', 'msgs', 'gate', 'key_of', 'waiting'}) do
     detach(channel_key(c, suffix))
   end
   redis.call('ZREM', KEYS[6], channel_name(c))

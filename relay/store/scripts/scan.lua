@@ -5,11 +5,10 @@
 -- channel's entry in the due index is set to its next deadline, or removed.
 -- Being one script, two scanners can never requeue the same message twice.
 --
--- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] leases (the layout before,
--- lib/inflight.lua)
--- KEYS[5] deferred   KEYS[6] channel meta   KEYS[7] topic due index
--- KEYS[8] dead-letter outbox (while it holds messages the channel is due every second,
--- so a scanner forwards them even after a failed attempt)   KEYS[9] topic version (news.lua)
+-- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] deferred   KEYS[5] channel meta
+-- KEYS[6] topic due index   KEYS[7] dead-letter outbox (while it holds messages the
+-- channel is due every second, so a scanner forwards them even after a failed attempt)
+-- KEYS[8] topic version (news.lua)
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] wake pub/sub channel
 -- ARGV[3] at most this many messages of each kind per call   ARGV[4] the node keys' prefix
 -- (node.lua): the channel's entry in the node due index is set as in the topic's
@@ -18,17 +17,17 @@ past_maxmemory()
 local now = now_ms()
 local limit = tonumber(ARGV[3])
 
-local k = {inflight = KEYS[2], msgs = KEYS[3], leases = KEYS[4], deferred = KEYS[5]}
+local k = {inflight = KEYS[2], msgs = KEYS[3], deferred = KEYS[4]}
 
 -- Up to `limit` in-flight messages past their deadline back to the queue; how many.
 local function time_out()
   local members = redis.call('ZRANGEBYSCORE', k.inflight, '-inf', now, 'LIMIT', 0, limit)
-  local ids, old = {}, {}
+  local ids = {}
   for i, member in ipairs(members) do
-    ids[i], old[i] = member_id(member)
+    ids[i] = member_id(member)
   end
-  back_to_queue(KEYS[1], k.msgs, ids, old)
-  release(k, ids, members, old, true)
+  back_to_queue(KEYS[1], k.msgs, ids, true)
+  release(k, ids, members, true)
   return #ids
 end
 
@@ -43,28 +42,28 @@ end
 local timed_out = time_out()
 local promoted = promote()
 if timed_out > 0 then
-  redis.call('HINCRBY', KEYS[6], 'timeout_count', timed_out)
+  redis.call('HINCRBY', KEYS[5], 'timeout_count', timed_out)
 end
 if timed_out + promoted > 0 then
-  announce(KEYS[9], ARGV[2], ARGV[1], ARGV[4])
+  announce(KEYS[8], ARGV[2], ARGV[1], ARGV[4])
 end
 
 local next_due = -1
-for _, zset in ipairs({KEYS[2], KEYS[5]}) do
+for _, zset in ipairs({KEYS[2], KEYS[4]}) do
   local first = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
   if #first > 0 and (next_due == -1 or tonumber(first[2]) < next_due) then
     next_due = tonumber(first[2])
   end
 end
-local dead = redis.call('LLEN', KEYS[8])
+local dead = redis.call('LLEN', KEYS[7])
 if dead > 0 and (next_due == -1 or next_due > now + 1000) then
   next_due = now + 1000
 end
 if next_due == -1 then
-  redis.call('ZREM', KEYS[7], ARGV[1])
-  node_set(ARGV[4], KEYS[7], ARGV[1], nil)
+  redis.call('ZREM', KEYS[6], ARGV[1])
+  node_set(ARGV[4], KEYS[6], ARGV[1], nil)
 else
-  redis.call('ZADD', KEYS[7], next_due, ARGV[1])
-  node_set(ARGV[4], KEYS[7], ARGV[1], next_due)
+  redis.call('ZADD', KEYS[6], next_due, ARGV[1])
+  node_set(ARGV[4], KEYS[6], ARGV[1], next_due)
 end
 return {timed_out, promoted, next_due, dead}

@@ -1,9 +1,9 @@
 -- include: node.lua, maxmemory.lua
 -- seed: the node due index (lib/node.lua) made up from the due indexes of topic parts
 -- this node serves: each of their entries goes in with ZADD LT, so an entry already
--- there stays where it is lower. A scanner seeds its parts when it starts (a Redis of
--- the layout before has no node index), reconnects or sees slots move, and sweeps them
--- all this way, a few each second, as a safety net (workers/scanner.py). The parts'
+-- there stays where it is lower. A scanner seeds its parts when it starts, reconnects
+-- (a restarted Redis, or a node index lost) or sees slots move, and sweeps them all this
+-- way, a few each second, as a safety net (workers/scanner.py). The parts'
 -- indexes are reached undeclared, as node.lua's keys are; one that a stale slot map
 -- puts here but lives on another node is skipped (redis.pcall).
 --

@@ -3,13 +3,12 @@
 -- timeout so that the deadline stays within max msg timeout of the delivery (nsqd
 -- Channel.TouchMessage): it knows when it delivered each message, Redis does not keep it.
 --
--- KEYS[1] inflight   KEYS[2] msgs   KEYS[3] leases (the layout before, lib/inflight.lua)
--- KEYS[4] deferred
+-- KEYS[1] inflight   KEYS[2] msgs   KEYS[3] deferred
 -- ARGV triples: owner, id, timeout ms from now
 -- Returns per triple: the new deadline (ms), 0 not in flight, -1 in flight for another
 -- client.
 past_maxmemory()
-local k = {inflight = KEYS[1], msgs = KEYS[2], leases = KEYS[3], deferred = KEYS[4]}
+local k = {inflight = KEYS[1], msgs = KEYS[2], deferred = KEYS[3]}
 local now = now_ms()
 local held, codes = holdings(k, ARGV, 1, #ARGV, 3)
 local out = {}

@@ -10,7 +10,7 @@
 -- ARGV[5] the channel's incarnation the consumer joined (subscribe.lua): if the channel
 -- was deleted since, the consumer was not counted in the channel there is now
 -- Returns 0 kept, 1 channel deleted, 2 channel and topic deleted.
-if redis.call('HGET', KEYS[10], 'incarnation') ~= ARGV[5] then
+if redis.call('HGET', KEYS[9], 'incarnation') ~= ARGV[5] then
   return 0
 end
 past_maxmemory()

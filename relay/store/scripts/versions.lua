@@ -1,8 +1,9 @@
 -- include: node.lua, maxmemory.lua
 -- versions: a broker's read, in one call per node, of what it could not take from the
--- node news hash (lib/node.lua) alone: the news of parts without a field there (a Redis
--- of the layout before counted news in the field `news` of each version key: the node
--- field starts from it, HSETNX, 0 for none yet, so the next second finds it there) and
+-- node news hash (lib/node.lua) alone: the news of parts without a field there (the
+-- node field starts from the field `news` of the version key, where news.lua counts what
+-- a stale slot map kept from the node hash: HSETNX, 0 for none yet, so the next second
+-- finds it there) and
 -- the partition counts, placements (partitions.lua) and order key rules
 -- (order_key.lua) of topics whose news moved (raising a count, or setting a rule, is
 -- news). The version keys are reached undeclared, as node.lua's keys are.

@@ -1,13 +1,13 @@
 -- fanout.lua provides N_CHANNELS, ARG0, channel_name(), channel_key() and
 -- stale_channels() to the scripts that touch every channel of a topic: the caller
 -- names the channels, ARGV[1] = n and ARGV[2..n+1], and declares their
--- keys last in KEYS, 12 per channel in keys.CHANNEL_SUFFIXES order, so that on Redis
+-- keys last in KEYS, 11 per channel in keys.CHANNEL_SUFFIXES order, so that on Redis
 -- Cluster every key is checked before the script runs. The caller's list may be
 -- stale: stale_channels() then gives the reply that makes it ask again with the
 -- topic's real channels. The script's own ARGV start at ARGV[ARG0 + 1].
-local SUFFIX = {queue = 1, inflight = 2, deferred = 3, msgs = 4, leases = 5, meta = 6,
-                consumers = 7, dead = 8, dead_lock = 9, gate = 10, key_of = 11, waiting = 12}
-local PER_CHANNEL = 12
+local SUFFIX = {queue = 1, inflight = 2, deferred = 3, msgs = 4, meta = 5, consumers = 6,
+                dead = 7, dead_lock = 8, gate = 9, key_of = 10, waiting = 11}
+local PER_CHANNEL = 11
 local N_CHANNELS = tonumber(ARGV[1])
 local ARG0 = N_CHANNELS + 1
 local FIRST_CHANNEL_KEY = #KEYS - PER_CHANNEL * N_CHANNELS

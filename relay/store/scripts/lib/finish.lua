@@ -3,7 +3,7 @@
 -- for any number of owners: one ZMSCORE of their members, then one variadic ZREM and
 -- HDEL for all that took. finish.lua runs it alone; deliver.lua first, for the FINs
 -- the group commit folds into a deliver call of the same channel.
--- k: {inflight =, msgs =, leases =, deferred =} keys; o: the channel's order gate
+-- k: {inflight =, msgs =, deferred =} keys; o: the channel's order gate
 -- (lib/order.lua), which the messages finished release.
 -- Returns per pair: 1 finished, 0 not in flight (or finished earlier in this call),
 -- -1 in flight for another client.
@@ -12,22 +12,21 @@ local function finish_pairs(k, args, first, last, o)
   if last < first then
     return out
   end
-  local held, codes, old = holdings(k, args, first, last, 2)
-  local done, members, done_old, finished = {}, {}, {}, {}
+  local held, codes = holdings(k, args, first, last, 2)
+  local done, members, finished = {}, {}, {}
   for n, member in ipairs(held) do
     local id = args[first + 2 * n - 1]
     if member and not finished[id] then
       finished[id] = true
       done[#done + 1] = id
       members[#done] = member
-      done_old[#done] = old[n]
       out[n] = 1
     else
       out[n] = member and 0 or codes[n]
     end
   end
   if #done > 0 then
-    release(k, done, members, done_old, false)
+    release(k, done, members, false)
     order_release(o, done)
   end
   return out

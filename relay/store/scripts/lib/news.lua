@@ -5,10 +5,11 @@
 -- once a second (relay/broker/wakeups.py), and publishes on the topic's wake channel,
 -- which tells the brokers at once but may be missed (pub/sub is fire-and-forget). The
 -- wake-up is "V|message", V the new news: a broker that heard every version since its
--- last read need not look again. A part's first news in the node hash goes on from the
--- field `news` of its version key, where the layout before counted them (and where
--- they are still counted when the node's keys cannot be written: no node given, or a
--- stale slot map's).
+-- last read need not look again. Where the node's keys cannot be written (no node
+-- given, or a stale slot map's: node.lua), the news is counted in the field `news` of
+-- the part's version key instead, which a broker reads where the node hash has no
+-- field for the part (versions.lua); a part's first news in the node hash goes on from
+-- that count, so its version never goes back.
 local function announce(version_key, wake, message, node)
   local version = node and redis.pcall('HINCRBY', node .. 'news', part_of(version_key), 1)
   if type(version) ~= 'number' then

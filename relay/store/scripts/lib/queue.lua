@@ -5,22 +5,20 @@
 --
 -- back_to_queue(): messages whose records are in a channel's msgs hash (in flight or
 -- deferred) go to the tail of its queue, in the order of `ids`, out of the msgs hash;
--- one command per CHUNK ids. With `old` they come out of flight, so each record counts
--- its delivery first, but where old[i] is true (the layout before, lib/inflight.lua,
--- counted at delivery); without, they were deferred. The caller takes them out of their ZSET
--- (release() for in-flight ones). requeue.lua, reap.lua and scan.lua use it. An id
--- whose record is gone is only removed.
+-- one command per CHUNK ids. With `in_flight` they come out of flight, so each record
+-- counts its delivery first; without, they were deferred. The caller takes them out of
+-- their ZSET (release() for in-flight ones). requeue.lua, reap.lua and scan.lua use it.
+-- An id whose record is gone is only removed.
 local function counted(record)
   return with_attempts(record, math.min(record_attempts(record) + 1, 65535))
 end
 
-local function back_to_queue(queue, msgs, ids, old)
-  local records, n = {}, 0
+local function back_to_queue(queue, msgs, ids, in_flight)
+  local records = {}
   for _, reply in ipairs(call_chunked('HMGET', msgs, ids)) do
     for _, value in ipairs(reply) do
-      n = n + 1
       if value then
-        records[#records + 1] = (old and not old[n]) and counted(value) or value
+        records[#records + 1] = in_flight and counted(value) or value
       end
     end
   end
@@ -28,14 +26,14 @@ local function back_to_queue(queue, msgs, ids, old)
   call_chunked('HDEL', msgs, ids)
 end
 
--- The records of in-flight `ids` in the msgs hash count their delivery (but where old[i]
--- is true, as back_to_queue()), for a REQ that defers them: they stay in the hash.
-local function count_delivery(msgs, ids, old)
+-- The records of in-flight `ids` in the msgs hash count their delivery, for a REQ that
+-- defers them: they stay in the hash.
+local function count_delivery(msgs, ids)
   local records, n = {}, 0
   for _, reply in ipairs(call_chunked('HMGET', msgs, ids)) do
     for _, value in ipairs(reply) do
       n = n + 1
-      if value and not old[n] then
+      if value then
         records[#records + 1] = ids[n]
         records[#records + 1] = counted(value)
       end

@@ -2,24 +2,20 @@
 -- Lua string (from 1): [8-byte ns timestamp, top bit set][2-byte big-endian attempts]
 -- [body][16-byte hex id][the id's last byte value], and record_id(), record_attempts(),
 -- with_attempts(), new_record() and timestamp_ms(). The id goes last because Lua hashes
--- a long string from bytes sampled from its end (relay/codec.py). A record whose first
--- byte has no top bit is of the layout before: [timestamp][attempts][id][body].
+-- a long string from bytes sampled from its end (relay/codec.py).
 -- tests/test_store.py checks them against relay/codec.py.
 local RECORD_ATTEMPTS = 9   -- the attempts' first byte
 local NO_ATTEMPTS = string.char(0, 0)
 
 local function record_id(record)
-  if string.byte(record, 1) >= 128 then
-    return string.sub(record, -17, -2)
-  end
-  return string.sub(record, 11, 26)
+  return string.sub(record, -17, -2)
 end
 
 local function record_attempts(record)
   return string.byte(record, RECORD_ATTEMPTS) * 256 + string.byte(record, RECORD_ATTEMPTS + 1)
 end
 
--- the record with `attempts` (0-65535) in place of its own (either layout)
+-- the record with `attempts` (0-65535) in place of its own
 local function with_attempts(record, attempts)
   return string.sub(record, 1, RECORD_ATTEMPTS - 1)
       .. string.char(math.floor(attempts / 256), attempts % 256)
