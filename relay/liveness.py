@@ -9,6 +9,9 @@ queue scripts, so on a cluster it may live on any node; heartbeats go through
 bookkeeping.lua, so they go on at Redis' maxmemory (relay/store/bookkeeping.py).
 """
 
+import os
+import secrets
+import socket
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -57,3 +60,9 @@ class Liveness:
     def leave(self, member: str, pipe=None) -> None:
         """Deregister `member` now rather than when its registration expires."""
         (self.redis if pipe is None else pipe).zrem(self.key, member)
+
+
+def new_id() -> str:
+    """An id for a process that registers: host, pid and 6 hex digits, as in
+    "vm-4113-8c1f20" (ids sort by host)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"

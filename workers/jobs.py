@@ -5,6 +5,7 @@ import logging
 import signal
 import socket
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -13,15 +14,18 @@ from redis.exceptions import RedisClusterException
 from rq import Queue, Worker
 
 from relay.lifetime import STOPS, end_with_parent, stops_held
+from relay.liveness import new_id
 from relay.options import redacted_url
 from relay.store.connection import (UNREACHABLE, connect, is_cluster, node_url, unready,
                                     wait_until_ready)
+from relay.store.layout import LayoutRefused, Presence, establish
 from workers.operations import QUEUE, QUEUE_KEY
 
 log = logging.getLogger("relay.jobs")
 
 
 FOLLOW_INTERVAL = 2.0
+REFUSED = -1000     # the worker was stopped: the layout in force is one it cannot read
 
 
 def worker_url(redis_url: str) -> str:
@@ -55,17 +59,25 @@ def run_worker(rq: str, redis_url: str) -> int:
     while wait_until_ready(redis_url, lambda: state["stopping"], log):
         try:
             url = worker_url(redis_url)
+            client = connect(redis_url, timeout=5, connect_timeout=2)
+            presence = Presence(client, "jobs", new_id(), establish(client))
         except UNREACHABLE:
             continue  # gone again since it was ready: wait again
+        except LayoutRefused as e:
+            print(f"relay: {e}", file=sys.stderr)
+            return 2
         with stops_held():   # a stop during the Popen must reach the worker it starts
             if state["stopping"]:
                 log.info("jobs stopped before their rq worker started")
                 return 0
             worker = state["worker"] = subprocess.Popen(
-                [rq, "worker", "--url", url, QUEUE], preexec_fn=end_with_parent)
-        # on one server there is nowhere to follow: no look every FOLLOW_INTERVAL
-        code = _wait_while_served(worker, url, redis_url) if _clustered(redis_url) \
-            else worker.wait()
+                [rq, "worker", "--url", url, "--name", presence.id, QUEUE],
+                preexec_fn=end_with_parent)
+        code = _wait_while_served(worker, url, redis_url if _clustered(redis_url) else None,
+                                  presence)
+        _leave(presence)
+        if code == REFUSED:
+            return 2
         state["worker"] = None
         if state["stopping"] or code == 0:
             return _stopped(code or 0, state["signal"], redis_url, worker.pid)
@@ -104,24 +116,62 @@ def _unregister(redis_url: str, pid: int) -> None:
         log.warning("rq worker %d ended by a signal stays announced until its TTL", pid)
 
 
-def _wait_while_served(worker: subprocess.Popen, url: str, redis_url: str) -> int | None:
-    """The worker's exit code, or None if it was stopped because rq's slot is served
+def _wait_while_served(worker: subprocess.Popen, url: str, redis_url: str | None,
+                       presence: Presence) -> int | None:
+    """The worker's exit code; None if it was stopped because rq's slot is served
     elsewhere now (its node died and a replica took over: rq would retry the dead
-    address for ever)."""
+    address for ever), looked at every FOLLOW_INTERVAL when `redis_url` (a cluster's) is
+    given; REFUSED if it was stopped because the data layout in force became one this
+    release cannot read. The worker registers as a process of its release meanwhile."""
     while True:
+        refused = _present(presence)
+        if refused:
+            log.critical("%s; stopping the rq worker and its job", refused)
+            _stop_cold(worker)
+            return REFUSED
         try:
             return worker.wait(FOLLOW_INTERVAL)
         except subprocess.TimeoutExpired:
             pass
-        if _moved(url, redis_url):
+        if redis_url is not None and _moved(url, redis_url):
             log.warning("rq's slot moved from %s: moving the worker", redacted_url(url))
             worker.terminate()
-            try:
-                worker.wait(10)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait()
+            _ended(worker)
             return None
+
+
+def _present(presence: Presence) -> LayoutRefused | None:
+    """Register the worker for another heartbeat; a refusal to go on, if any (an
+    unreachable Redis is rq's to notice)."""
+    try:
+        return presence.heartbeat()
+    except (redis.exceptions.RedisError, RedisClusterException):
+        return None
+
+
+def _leave(presence: Presence) -> None:
+    try:
+        presence.leave()
+    except (redis.exceptions.RedisError, RedisClusterException):
+        pass    # the registration expires by itself
+
+
+def _stop_cold(worker: subprocess.Popen) -> None:
+    """Stop the rq worker and the job it runs now (rq's cold shutdown: a second SIGTERM
+    kills its work horse), so nothing more is written."""
+    worker.terminate()
+    time.sleep(0.2)
+    worker.terminate()
+    _ended(worker)
+
+
+def _ended(worker: subprocess.Popen) -> None:
+    """Wait for a worker sent SIGTERM; killed if it has not ended within 10 s."""
+    try:
+        worker.wait(10)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait()
 
 
 def _clustered(redis_url: str) -> bool:

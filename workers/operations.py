@@ -306,6 +306,12 @@ def worker_count(connection) -> int:
     return Worker.count(connection=connection, queue=Queue(QUEUE, connection=connection))
 
 
+def worker_names(connection) -> list[str]:
+    """The names of the `relay jobs` workers alive on the queue."""
+    return [w.name for w in Worker.all(connection=connection,
+                                       queue=Queue(QUEUE, connection=connection))]
+
+
 def find_job(connection, job_id: str) -> Job | None:
     """The queue's job of that id, if rq still keeps it."""
     try:

@@ -19,12 +19,12 @@ channels, 33k requeues/s: steady max lateness ~230 -> ~150 ms,
 scripts/scanner_scale.py).
 
 The node index is made up from the topics' own (seed.lua, Store.seed_due) when the
-scanner starts (a Redis of the layout before has none), reconnects, takes a new share,
+scanner starts (a restarted Redis may have lost writes, a node index may be lost),
+reconnects, takes a new share,
 or sees a cluster's slots move (checked every TOPOLOGY_EVERY); and every part of its
 share is seeded again by a sweep, a slice every second, the whole share in
 SWEEP_EVERY seconds or, past SWEEP_MOST parts a second, longer: a safety net for a
-node index write lost (sent to a stale node's keys, or by a broker of the layout
-before, which writes none), at a bounded cost. The sweep also trims the swept parts'
+node index write lost (sent to a stale node's keys), at a bounded cost. The sweep also trims the swept parts'
 histories (trim.lua), so a topic with retention that nobody publishes to is trimmed
 too, within SWEEP_EVERY of its due time (a big trim, in calls of a bounded cost, for up
 to TRIM_SECONDS a slice, going on at the part's next sweep), finishes the staged MPUBs
@@ -48,11 +48,9 @@ and reap what dead brokers left (workers/reaper.py).
 import bisect
 import logging
 import math
-import os
 import random
 import signal
-import socket
-import secrets
+import sys
 import time
 from functools import cached_property, lru_cache
 
@@ -60,12 +58,13 @@ from redis.crc import key_slot
 from redis.exceptions import RedisClusterException, RedisError
 
 from relay.errors import StoreConnectionError, StoreError
-from relay.liveness import Liveness
+from relay.liveness import Liveness, new_id
 from relay.options import redacted_url
 from relay.store import Store, deadletter, guarded, keys, replication
 from relay.store.causes import cause
 from relay.store.connection import connect_when_ready, unready, wait_until_ready
 from relay.store.keys import TopicKeys
+from relay.store.layout import LayoutRefused, Presence, establish, stop_now
 from workers.reaper import Reaper
 
 log = logging.getLogger("relay.scanner")
@@ -78,16 +77,24 @@ SWEEP_MOST = 40         # ...or longer, at most this many parts a second
 TRIM_SECONDS = 0.5      # a slice's trims and expiries (bounded calls) stop after this
 SHARE_HEARTBEAT = 1.0
 SHARE_TTL_MS = 5_000
+PRESENCE_EVERY = 5.0    # seconds between registrations as a process of its release
 
 
 class Share:
     """This scanner's part of the hash slots: rank i of n live scanners takes the slots
     equal to i modulo n, and the topics in them."""
 
-    def __init__(self, store: Store, scanner_id: str, clock=time.time):
+    def __init__(self, store: Store, scanner_id: str, clock=time.time,
+                 layout: int | None = None):
+        """`layout`: the data layout in force when it started; given, the scanner also
+        registers as a process of its release (relay/store/layout.py), every
+        PRESENCE_EVERY, and stops if the layout in force becomes one it cannot read."""
         self.store = store
         self.id = scanner_id
         self.clock = clock
+        self.presence = None if layout is None else \
+            Presence(store.redis, "scanner", scanner_id, layout)
+        self._present = float("-inf")
         self.rank, self.size = 0, 1
         self.topics: list[str] = []
         self.moved = False     # the share changed since the scanner last seeded it
@@ -110,6 +117,11 @@ class Share:
         self.rank, self.size = rank, size
         self.topics = [t for t in self.store.stored_parts() if self.covers(t)]
         self._renewed = now
+        if self.presence is not None and now - self._present >= PRESENCE_EVERY:
+            refused = guarded(self.presence.heartbeat)
+            if refused:
+                stop_now(refused)
+            self._present = now
 
     def covers(self, topic: str) -> bool:
         return _slot(topic) % self.size == self.rank
@@ -120,6 +132,8 @@ class Share:
         try:
             if unreachable is None:
                 self.scanners.leave(self.id)
+                if self.presence is not None:
+                    self.presence.leave()
                 return
         except Exception as e:  # leaving is a courtesy: the registration expires anyway
             unreachable = str(e)
@@ -145,7 +159,7 @@ class Scanner:
         self.clock = clock
         self.dead_letter_topic = dead_letter_topic
         self.max_attempts = max_attempts
-        self.share = share or Share(store, scanner_id())
+        self.share = share or Share(store, new_id())
         self.reaper = Reaper(store, self.share.id, clock)
         self.running = True
         self.timed_out = self.promoted = self.dead = 0
@@ -328,10 +342,6 @@ def _slot(part: str) -> int:
     return key_slot(TopicKeys.of(part).due.encode())
 
 
-def scanner_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-
-
 def main(options) -> None:
     """`relay scanner`: wait for Redis (no deadline), then scan until SIGTERM or SIGINT,
     which also end the wait."""
@@ -343,11 +353,16 @@ def main(options) -> None:
         log.info("scanner stopped before redis at %s was ready: it scanned nothing and "
                  "registered nowhere", redacted_url(options.redis_url))
         return
-    scanner = Scanner(Store(client, **replication(options),
-                            topic_partitions=options.topic_partitions,
-                            topic_retention_ms=options.retention_time),
-                      options.queue_scan_interval, options.queue_scan_limit,
+    try:
+        layout = establish(client)
+    except LayoutRefused as e:
+        print(f"relay: {e}", file=sys.stderr)
+        sys.exit(2)
+    store = Store(client, **replication(options), topic_partitions=options.topic_partitions,
+                  topic_retention_ms=options.retention_time)
+    scanner = Scanner(store, options.queue_scan_interval, options.queue_scan_limit,
                       dead_letter_topic=options.dead_letter_topic,
+                      share=Share(store, new_id(), layout=layout),
                       redis_url=options.redis_url, max_attempts=options.max_attempts)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, scanner.stop)

@@ -5,14 +5,15 @@ success, 1 with one line on stderr on an error and 2 with one line on a usage er
 The commands live by what they do: reading.py (topics, channels, stats, brokers,
 inflight, jobs), steering.py (create, pause, unpause, empty, delete, requeue, config),
 messages.py (dlq, redrive, pub, tail), history.py (retention, replay), finding.py (msg,
-peek), expiry.py (ttl), dedup.py (dedup), limits.py (limit) and ordering.py (order,
-order-key); args.py holds the options they share and text.py what they print.
+peek), expiry.py (ttl), dedup.py (dedup), limits.py (limit), ordering.py (order,
+order-key) and upgrade.py (upgrade status, finish); args.py holds the options they
+share and text.py what they print.
 """
 
 import click
 
 from relay.admin import (dedup, expiry, finding, history, limits, messages, ordering, reading,
-                         steering)
+                         steering, upgrade)
 from relay.admin.args import REDIS_ENV, AdminGroup
 from relay.options import DEFAULT_CONFIG, Options
 
@@ -31,3 +32,4 @@ for module in (reading, steering, messages, history, finding, expiry, dedup, lim
     for command in vars(module).values():
         if isinstance(command, click.Command):
             main.add_command(command)
+main.add_command(upgrade.upgrade)     # a group: its commands are under `upgrade`

@@ -13,7 +13,7 @@ import redis
 from relay.codec import is_valid_name
 from relay.errors import ConfigError, StoreConnectionError, StoreError
 from relay.options import Options, config_file, load_options, redacted_url
-from relay.store import Store, replication
+from relay.store import Store, layout, replication
 from relay.store.causes import cause
 from relay.store.connection import connect
 from workers import operations
@@ -23,8 +23,12 @@ REDIS_ENV = ["RELAY_REDIS_URL", "REDIS_URL"]
 TIMEOUT = 5  # seconds relay-admin waits for Redis
 
 
-def redis_options(command):
-    """--redis-url (else relay-admin's) and --json, shared by every command."""
+def redis_options(command=None, *, any_layout: bool = False):
+    """--redis-url (else relay-admin's) and --json, shared by every command. A command
+    refuses a Redis whose data layout this release cannot read, unless `any_layout`."""
+    if command is None:
+        return functools.partial(redis_options, any_layout=any_layout)
+
     @click.option("--redis-url", metavar="URL",
                   help=f"Redis holding relay's state; default: the one given before the "
                        f"command, else {', else '.join(REDIS_ENV)}, else {Options.redis_url}")
@@ -34,7 +38,11 @@ def redis_options(command):
         redis_url = redis_url or click.get_current_context().find_root().params["redis_url"]
         try:
             store = Store(connect(redis_url, timeout=TIMEOUT, connect_timeout=2))
+            if not any_layout:
+                layout.check(store.redis)
             return command(store, as_json, **kwargs)
+        except layout.LayoutRefused as e:
+            fail(str(e))
         except (StoreConnectionError, redis.exceptions.ConnectionError,
                 redis.exceptions.TimeoutError) as e:
             fail(f"redis at {redacted_url(redis_url)} is unreachable: {e}")

@@ -12,8 +12,6 @@ them when its registration expires (workers/reaper.py).
 
 import itertools
 import logging
-import os
-import secrets
 import signal
 import socket
 import time
@@ -27,7 +25,7 @@ from relay import codec
 from relay.broker import collector, transport
 from relay.broker.auth import Authorizer
 from relay.broker.channel import Channel
-from relay.broker.client import CLOSING, SUBSCRIBED, Client, announcement
+from relay.broker.client import CLOSING, INIT, SUBSCRIBED, Client, announcement
 from relay.broker.http.lookupd import lookupd_server
 from relay.broker.http.nsqd import nsqd_server
 from relay.broker.metrics import Metrics
@@ -38,12 +36,14 @@ from relay.broker.registry import TTL_MS, Registry
 from relay.broker.wakeups import WakeupListener
 from relay.codec import NSQD_VERSION
 from relay.errors import StoreError
+from relay.liveness import new_id
 from relay.options import Options, redacted_url
 from relay.sockio import listen, raise_open_file_limit, reserve
 from relay.store import Store, connect_redis, replication
 from relay.store.commit import GroupCommit
 from relay.store.connection import UNREACHABLE, RedisClient, connect_when_ready
 from relay.store.latency import E2eLatency
+from relay.store.layout import establish
 
 log = logging.getLogger("relay.broker")
 
@@ -53,6 +53,9 @@ EXPIRY_TICK = 0.1
 ANNOUNCE_SLICE = 250
 SHUTDOWN_GRACE = 5.0
 DRAIN_GRACE = 5.0
+# into a stop, how long connections that are not consumers may take to end by themselves:
+# one accepted as the listeners closed gets its answer (prefork's rolling restart)
+REQUEST_GRACE = 1.0
 LEAVE_GRACE = 1.0       # at least this long to leave the registry, after the graces
 FILES_RESERVED = 64     # for Redis connections, listeners and logs
 LATENCY_FLUSH_INTERVAL = 1.0
@@ -61,7 +64,7 @@ LATENCY_FLUSH_INTERVAL = 1.0
 class Broker:
     def __init__(self, options: Options, client: RedisClient | None = None):
         self.options = options
-        self.id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.id = new_id()
         self.redis = client or connect_redis(options)
         # builds every op, and runs the HTTP API's calls on the client's pool; the group
         # commit sends on connections of its own, which nothing else may use meanwhile
@@ -79,11 +82,12 @@ class Broker:
         self.channels: dict[tuple, Channel] = {}
         self.topics: dict[str, dict[str, Channel]] = {}   # the same channels, by topic
         self.clients: dict[int, Client] = {}
+        self.connections = 0    # TCP connections being served, from accept to close
         self.holding: set[Client] = set()     # clients that may hold messages in flight
         self.wakeups = WakeupListener(self)
         self.http = nsqd_server(self)
         self.lookupd = lookupd_server(self)
-        self.registry = Registry(self.redis, self.id)
+        self.registry = Registry(self.redis, self.id, establish(self.redis))
         self.e2e = E2eLatency(options.e2e_processing_latency_percentiles,
                               options.e2e_processing_latency_window_time)
         self.tcp_port = 0
@@ -147,7 +151,8 @@ class Broker:
         (what is still in flight is requeued at once) and leave the registry, within
         DRAIN_GRACE + SHUTDOWN_GRACE (and a moment) even while Redis is unreachable:
         then one line says what is left for the registration's expiry."""
-        deadline = time.monotonic() + DRAIN_GRACE + SHUTDOWN_GRACE
+        began = time.monotonic()
+        deadline = began + DRAIN_GRACE + SHUTDOWN_GRACE
         self.stopping = True
         self.registry.quiet = self.commit.quiet = True
         gevent.killall(self._wakeups)   # nothing more is delivered: no news needed
@@ -155,6 +160,7 @@ class Broker:
         self.http.stop()
         self.lookupd.stop()
         self._drain(DRAIN_GRACE)
+        self._let_requests_end(began + REQUEST_GRACE)
         for client in list(self.clients.values()):
             client.close()
         while self.clients and time.monotonic() < deadline:
@@ -212,9 +218,24 @@ class Broker:
                 return
             gevent.sleep(0.02)
 
+    def _let_requests_end(self, deadline: float) -> None:
+        """Until `deadline`, let the connections that are not consumers end by themselves:
+        producers, and those accepted just before the listeners closed (not yet past the
+        protocol magic), whose request is answered rather than cut."""
+        while time.monotonic() < deadline and self.connections > sum(
+                1 for client in self.clients.values() if client.state != INIT):
+            gevent.sleep(0.02)
+
     # -- connections ----------------------------------------------------------
 
     def handle(self, sock: socket.socket, address) -> None:
+        self.connections += 1
+        try:
+            self._handle(sock, address)
+        finally:
+            self.connections -= 1
+
+    def _handle(self, sock: socket.socket, address) -> None:
         if len(self.clients) >= self.max_clients:
             self._refuse(sock, address)
             return

@@ -2,6 +2,9 @@
 (relay/liveness.py), so any broker can answer nsqlookupd's questions (/lookup, /nodes)
 for all of them, and `relay-admin` can show every broker's clients.
 
+Each heartbeat also registers the broker as a process of its release and reads the
+data layout in force (relay/store/layout.py): a broker that cannot read it stops.
+
 A broker killed with -9 drops out when its registration expires (3 heartbeats), and
 its clients with it; a scanner then reaps what it left in the channels (workers/reaper.py). The clients are announced at each heartbeat and soon after one
 subscribes or leaves, so their counters are up to a heartbeat old. Announcing goes on
@@ -28,6 +31,7 @@ from relay.store import bookkeeping, keys
 from relay.store.causes import cause
 from relay.store.connection import UNREACHABLE, RedisClient
 from relay.store.keys import TopicKeys
+from relay.store.layout import Presence, stop_now
 
 log = logging.getLogger("relay.registry")
 
@@ -37,9 +41,12 @@ MIN_INTERVAL = 0.5
 
 
 class Registry:
-    def __init__(self, client: RedisClient, broker_id: str):
+    def __init__(self, client: RedisClient, broker_id: str, layout: int | None = None):
+        """`layout`: the data layout in force when the broker started; given, the
+        broker also registers as a process of its release (relay/store/layout.py)."""
         self.redis = client
         self.id = broker_id
+        self.presence = None if layout is None else Presence(client, "broker", broker_id, layout)
         self.brokers = broker_liveness(client)
         self.info: dict = {}
         self.clients: Callable[[], str] = lambda: "[]"
@@ -78,11 +85,15 @@ class Registry:
         unchanged = clients == self._announced
         write_clients = ("SET", clients_key, clients, "PX", TTL_MS)
         info = [item for pair in self.info.items() for item in pair]
-        renewed = bookkeeping.write(
+        replies = bookkeeping.write(
             self.redis, ("PEXPIRE", clients_key, TTL_MS) if unchanged else write_clients,
             *([("HSET", key, *info)] if info else []), ("PEXPIRE", key, TTL_MS),
-            self.brokers.heartbeat_write(self.id))[0]
-        if unchanged and not renewed:  # the key was gone (expired, or Redis restarted)
+            self.brokers.heartbeat_write(self.id),
+            *(self.presence.writes() if self.presence else []))
+        refused = self.presence.refused(replies[-1]) if self.presence else None
+        if refused:
+            stop_now(refused)
+        if unchanged and not replies[0]:  # the key was gone (expired, or Redis restarted)
             bookkeeping.write(self.redis, write_clients)
         self._announced = clients
 
@@ -93,6 +104,8 @@ class Registry:
         self.brokers.leave(self.id, pipe)
         pipe.delete(keys.broker_key(self.id))  # one key each: they may be on two nodes
         pipe.delete(keys.broker_clients_key(self.id))
+        if self.presence:
+            self.presence.leave(pipe)
         pipe.execute()
 
 

@@ -13,6 +13,7 @@ from relay.options import Options, redacted_url
 from relay.sockio import listen
 from relay.store import Store, replication
 from relay.store.connection import connect_when_ready
+from relay.store.layout import check
 
 log = logging.getLogger("relay.console")
 
@@ -32,6 +33,7 @@ def serve(options: Options) -> None:
     client = connect_when_ready(options, stop.is_set, log, stop.wait)
     if client is None:
         return
+    check(client)   # a data layout this release cannot read: one line, not a page
     store = Store(client, **replication(options))
     server = Http1Server(listener, create_app(store, options),
                          lambda method, path: (MAX_FORM_BYTES, TOO_BIG))

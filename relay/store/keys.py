@@ -30,6 +30,12 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             then "done" (TTL; workers/reaper.py)
     relay:scanners                    ZSET  scanner id -> expiry (ms) of its registration;
                                             the live ones split the slots between them
+    relay:layout                      STRING the data layout in force: the one every
+                                            process writes (relay/store/layout.py)
+    relay:processes                   ZSET  process id -> expiry (ms) of its registration:
+                                            brokers, scanners and jobs (from release 0.2.0)
+    relay:process:ID                  HASH  kind, release, layouts read and written,
+                                            host, pid (TTL; relay/store/layout.py)
     relay:partitions                  SET   the parts beyond the first of partitioned
                                             topics ("T/1", "T/2", ...), for the scanners
     relay:due                         ZSET  "<part> <channel>" -> that channel's score in
@@ -91,10 +97,10 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             for the topic (nsqlookupd's /topic/tombstone; TTL)
     relay:{T}:deregistered            HASH  "" (the topic) or channel -> end (ms): lookupd's
                                             /topic/delete or /channel/delete forgot it (TTL)
-    relay:{T}:version                 HASH  news: what the layout before counted the
-                                            news in, where the node news hash goes on from
-                                            (and counts them when the node's keys cannot be
-                                            written); channels: the last
+    relay:{T}:version                 HASH  news: the part's news counted where the node's
+                                            keys cannot be written (a stale slot map's),
+                                            where the node news hash goes on from
+                                            (lib/news.lua); channels: the last
                                             channel incarnation handed out (subscribe.lua);
                                             partitions: the topic's partition count (part
                                             0's only; absent: 1); placement: the salt of
@@ -107,8 +113,6 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
     relay:{T}:ch:C:inflight           ZSET  "<id> <owner>" -> deadline (ms)
     relay:{T}:ch:C:deferred           ZSET  id -> due time (ms)
     relay:{T}:ch:C:msgs               HASH  id -> record, for in-flight and deferred ids
-    relay:{T}:ch:C:leases             HASH  id -> "<delivered ms> <owner>": in-flight ids of
-                                            the layout before (lib/inflight.lua), until none
     relay:{T}:ch:C:gate               HASH  an ordered channel's order key -> id of its one
                                             message out: queued, in flight or deferred
                                             (lib/order.lua; relay/store/ordering.py)
@@ -163,6 +167,8 @@ PARTITIONS = f"{PREFIX}:partitions"
 PART_MARK = "/"
 PART_DIGITS = 4         # of the 16 in a message id
 BROKERS = f"{PREFIX}:brokers"
+LAYOUT = f"{PREFIX}:layout"
+PROCESSES = f"{PREFIX}:processes"
 
 
 def broker_key(broker_id: str) -> str:
@@ -171,6 +177,10 @@ def broker_key(broker_id: str) -> str:
 
 def broker_clients_key(broker_id: str) -> str:
     return f"{PREFIX}:broker:{broker_id}:clients"
+
+
+def process_key(process_id: str) -> str:
+    return f"{PREFIX}:process:{process_id}"
 
 
 def reap_claim_key(broker_id: str) -> str:
@@ -187,10 +197,10 @@ def nothing_key(key: str) -> str:
 
 
 # The keys that hold a channel's messages (an empty drops them); a channel's keys, in the
-# order fan-out scripts are given them: the first five, the others, the order gate's last.
+# order fan-out scripts are given them: the first four, the others, the order gate's last.
 ORDER_SUFFIXES = ("gate", "key_of", "waiting")
-MESSAGE_SUFFIXES = ("queue", "inflight", "deferred", "msgs", "leases") + ORDER_SUFFIXES
-CHANNEL_SUFFIXES = MESSAGE_SUFFIXES[:5] + ("meta", "consumers", "dead", "dead:lock") \
+MESSAGE_SUFFIXES = ("queue", "inflight", "deferred", "msgs") + ORDER_SUFFIXES
+CHANNEL_SUFFIXES = MESSAGE_SUFFIXES[:4] + ("meta", "consumers", "dead", "dead:lock") \
     + ORDER_SUFFIXES
 
 
@@ -286,7 +296,6 @@ class ChannelKeys:
     inflight: str
     deferred: str
     msgs: str
-    leases: str
     meta: str
     consumers: str
     dead: str
@@ -311,6 +320,5 @@ class ChannelKeys:
         return f"{channel_prefix(self.topic)}{self.name}:e2e:{slot}"
 
     def all(self) -> list[str]:
-        return [self.queue, self.inflight, self.deferred, self.msgs, self.leases,
-                self.meta, self.consumers, self.dead, self.dead_lock, self.gate, self.key_of,
-                self.waiting]
+        return [self.queue, self.inflight, self.deferred, self.msgs, self.meta,
+                self.consumers, self.dead, self.dead_lock, self.gate, self.key_of, self.waiting]

@@ -1,0 +1,75 @@
+"""A broker, scanner, jobs worker or console on a Redis whose data layout it cannot read
+(relay/store/layout.py): it refuses to start in one line, or, when it finds one mid-run,
+stops without touching data."""
+
+import os
+import socket
+
+import pytest
+
+from relay import embedded
+from relay.store import Store, keys
+from relay.store.connection import connect
+from relay.store.layout import Deployment
+from tests.helpers.wait import wait_for
+from tests.helpers.wire import Wire
+
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
+
+REFUSAL = ("relay 0.2.0 reads data layout 2; this Redis holds data layout 3: run a release "
+           "that reads layout 3 (`relay-admin upgrade status` lists the live ones)")
+
+
+def log_of(processes, command: str) -> str:
+    """The log of the test's one `command` process."""
+    [name] = [n for n in os.listdir(processes.tmpdir) if n.startswith(f"{command}-")]
+    with open(os.path.join(processes.tmpdir, name)) as f:
+        return f.read()
+
+
+def arguments(command: str) -> list[str]:
+    port = lambda: f"127.0.0.1:{embedded.free_port()}"  # noqa: E731
+    return {"broker": ["--tcp-address", port(), "--http-address", port(),
+                       "--lookupd-http-address", ""],
+            "console": ["--console-address", port()]}.get(command, [])
+
+
+@pytest.mark.parametrize("command", ["broker", "scanner", "jobs", "console"])
+def test_a_process_refuses_to_start_on_a_layout_it_cannot_read(processes, redis_url, command):
+    client = connect(redis_url)
+    client.set(keys.LAYOUT, 3)
+    proc = processes._start(command, arguments(command))
+    assert proc.wait(30) == 2
+    assert log_of(processes, command).splitlines() == [f"relay: {REFUSAL}"]
+    assert client.get(keys.LAYOUT) == b"3"
+    assert Deployment.read(client).processes == []
+
+
+def test_processes_that_find_a_layout_they_cannot_read_stop_without_touching_data(
+        processes, redis_url):
+    """The broker stops without its drain (which would requeue the message it holds in
+    flight) and without leaving the registry; the scanner and jobs worker stop too."""
+    client = connect(redis_url)
+    broker, port = processes.broker()
+    running = {"broker": broker, "scanner": processes.scanner(), "jobs": processes.jobs()}
+    releases = lambda: sorted((p.kind, p.release) for p in Deployment.read(client).processes)  # noqa: E731,E501
+    assert wait_for(lambda: releases() == [("broker", "0.2.0"), ("jobs", "0.2.0"),
+                                           ("scanner", "0.2.0")], timeout=15)
+    consumer = Wire(port)
+    consumer.identify()
+    consumer.sub("t", "c", rdy=1)
+    assert Wire(port).pub("t", b"held") == (0, b"OK")
+    assert consumer.message()[3] == b"held"
+    [broker_id] = [p.id for p in Deployment.read(client).processes if p.kind == "broker"]
+
+    client.set(keys.LAYOUT, 3)
+    for command, proc in running.items():
+        assert proc.wait(15) == 2, command
+        assert 'level=critical logger=relay.' in log_of(processes, command), command
+        assert REFUSAL in log_of(processes, command)
+        assert "Traceback" not in log_of(processes, command)
+    channel = Store(client).read_channel("t", "c")
+    assert (channel["in_flight_count"], channel["depth"]) == (1, 0)
+    assert client.zscore(keys.BROKERS, broker_id) is not None
+    assert broker_id.startswith(socket.gethostname())
+    consumer.close()
