@@ -50,10 +50,18 @@ def send_all(sock, data: bytes) -> None:
         sock.sendall(memoryview(data)[sent:])
 
 
+# sockets bound by a parent for this process to listen on (relay/broker/prefork.py), by
+# address: listen() takes the address's rather than binding another, so its accept queue
+# is the parent's to hand to this worker's successor
+inherited: dict[str, socket.socket] = {}
+
+
 def listen(address: str) -> socket.socket:
     """A listening socket that other broker processes may share (SO_REUSEPORT). An
     OSError names the address (its `filename`), so the one line says which port."""
-    sock = reserve(address)
+    given = inherited.pop(address, None)
+    # socket.socket, called now: gevent's in a patched worker, whatever made `given`
+    sock = reserve(address) if given is None else socket.socket(fileno=given.detach())
     try:
         sock.listen(1024)
     except OSError as e:

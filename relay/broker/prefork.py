@@ -1,11 +1,12 @@
 """`relay broker --workers N`: a parent process and N brokers sharing its ports.
 
 The parent binds every address first (sockio.reserve: port 0 becomes one free port, a
-port another program holds fails here with the usual one line) and keeps the sockets
-bound but not listening. Each worker is a full Broker, with its own id and
-registration, that listens on the same ports with SO_REUSEPORT as separate brokers do:
-the kernel spreads new connections over the workers' accept queues, and the port stays
-held while a worker is replaced.
+port another program holds fails here with the usual one line), once per worker: worker
+K gets the sockets of slot K and, once Redis serves, listens on them (sockio.inherited),
+with SO_REUSEPORT as separate brokers do: the kernel spreads new connections over the
+workers' accept queues. The parent keeps its copy of each slot's sockets and accepts
+nothing on them, so a slot's listener, with the connections in its accept queue, outlives
+the worker serving it: the next worker of the slot takes them over.
 
 Workers are forked, not spawned: until then the parent has only read its options and
 bound sockets (no gevent hub, Redis connection or thread: relay.cli imports none of
@@ -16,16 +17,35 @@ The parent forwards SIGTERM and SIGINT to the workers, which drain as any broker
 and exits when all have: status 0, or the first failure's. A worker that exits while
 serving is replaced, with one warning line; one that exits before it listens (a bad
 certificate) stops them all with its status, as its replacement would fail the same way.
+
+SIGHUP is a rolling restart onto the code on disk: the parent checks that the new code
+imports, then execs itself (same pid, same argv) with its sockets' fds and its workers'
+pids in RELAY_PREFORK_HANDOFF, so no port is ever released. The new parent adopts the
+workers (still its children) and replaces them one at a time: it forks the slot's next
+worker, waits until it serves (its ready pipe), then sends the old one SIGTERM and waits
+until it has drained and exited. Both share the slot's listener meanwhile: what is queued
+there is accepted by the new worker, never reset. A replacement that exits before it
+serves ends the restart, the old workers left serving.
+
+The parent handles its signals synchronously (blocked, taken with sigtimedwait), so a
+stop or a child's exit that comes while it forks, waits or execs is never lost: the
+blocked set and what is pending survive exec.
 """
 
 import dataclasses
+import json
 import logging
 import os
+import select
 import signal
+import socket
+import subprocess
 import sys
+import time
 import traceback
 from typing import Callable
 
+from relay import sockio
 from relay.lifetime import end_with_parent
 from relay.options import Options
 from relay.sockio import reserve
@@ -33,103 +53,194 @@ from relay.sockio import reserve
 log = logging.getLogger("relay.prefork")
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+WATCHED = STOP_SIGNALS | {signal.SIGHUP, signal.SIGCHLD}
+HANDOFF = "RELAY_PREFORK_HANDOFF"   # what a re-executed parent takes over (JSON)
+POLL = 0.02     # how often a wait for a worker's ready pipe looks at signals
+CHECK_TIMEOUT = 120     # for the new code to import before the parent execs into it
 
 
 class Workers:
     def __init__(self, options: Options, serve: Callable[[Options, Callable], int]):
-        """Bind the ports (an OSError names one that cannot be). `serve(options, started)`
-        runs one broker in a worker and returns its exit status."""
-        self.reserved = {name: reserve(address)
-                         for name, address in listen_addresses(options).items()}
-        self.options = dataclasses.replace(options, **{  # type: ignore[arg-type]
-            name: f"{getattr(options, name).rpartition(':')[0]}:{sock.getsockname()[1]}"
-            for name, sock in self.reserved.items()})
+        """Bind the ports (an OSError names one that cannot be), or take over those of the
+        parent this one re-executed, with its workers. `serve(options, started)` runs one
+        broker in a worker and returns its exit status."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)     # taken by run(), in turn
+        handoff = json.loads(os.environ.pop(HANDOFF, "null"))
+        addresses = listen_addresses(options)
+        # slot (worker number) -> option name -> a socket bound to its address
+        self.slots: dict[int, dict[str, socket.socket]] = {}
+        self.adopted: dict[int, int] = {}   # pid -> worker number, of the previous code
+        if handoff:
+            resolved = self._take_over(handoff, addresses)
+        else:
+            first = {name: reserve(address) for name, address in addresses.items()}
+            resolved = {name: _resolved(addresses[name], sock)
+                        for name, sock in first.items()}
+            self.slots[1] = first
+        self.options = dataclasses.replace(options, **resolved)
+        self.addresses = {name: getattr(self.options, name) for name in addresses}
+        for number in range(1, options.workers + 1):
+            self._bind(number)
         self.serve = serve
         self.pids: dict[int, int] = {}  # pid -> worker number
+        self.starting: dict[int, int | None] = {}   # pid -> exit code once reaped
+        self.retiring: set[int] = set()     # sent SIGTERM by a rolling restart
+        self.crashed: list[int] = []        # numbers of workers to start again
         self.stopping = False
+        self.hangup = False
         self.status = 0
 
+    # -- the main loop -----------------------------------------------------------
+
     def run(self) -> int:
-        """Start the workers, keep them running until SIGTERM/SIGINT; the exit status."""
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self._stop)
-        self._start([1])  # alone: a bad option fails once, in one line
-        if not self.stopping:
-            self._start(range(2, self.options.workers + 1))
-        if not self.stopping:
-            log.info("broker with %d workers (pids %s) on %s", len(self.pids),
-                     ",".join(map(str, self.pids)), " ".join(
-                         f"{name.removesuffix('_address').removesuffix('_http')}="
-                         f"{getattr(self.options, name)}" for name in self.reserved))
+        """Start the workers (or replace the adopted ones), keep them running until
+        SIGTERM/SIGINT, restart them on SIGHUP; the exit status."""
+        if self.adopted:
+            self.pids.update(self.adopted)
+            log.info("broker re-executed (pid %d): replacing its %d workers one at a time",
+                     os.getpid(), len(self.adopted))
+            self._roll(dict(self.adopted))
+        else:
+            self._start([1])  # alone: a bad option fails once, in one line
+            if not self.stopping:
+                self._start(range(2, self.options.workers + 1))
+            if not self.stopping:
+                log.info("broker with %d workers (pids %s) on %s", len(self.pids),
+                         ",".join(map(str, self.pids)), " ".join(
+                             f"{name.removesuffix('_address').removesuffix('_http')}="
+                             f"{address}" for name, address in self.addresses.items()))
         while self.pids:
-            pid, status = os.wait()
-            if pid in self.pids:
-                self._ended(pid, self.pids.pop(pid), os.waitstatus_to_exitcode(status), True)
+            if self.crashed and not self.stopping:
+                self._start([self.crashed.pop(0)])
+            elif self.hangup and not self.stopping:
+                self.hangup = False
+                self._reexec()
+            else:
+                self._signals(None)
         return self.status
 
-    def _stop(self, sig=signal.SIGTERM, frame=None) -> None:
-        """Pass the stop signal on to every worker; none is started after it."""
+    def _signals(self, timeout: float | None) -> None:
+        """Act on the signals pending, waiting up to `timeout` s (None: no limit) for one."""
+        info = signal.sigwaitinfo(WATCHED) if timeout is None \
+            else signal.sigtimedwait(WATCHED, timeout)
+        while info is not None:
+            if info.si_signo == signal.SIGCHLD:
+                self._reap()
+            elif info.si_signo == signal.SIGHUP:
+                self.hangup = True
+            else:
+                self._stop(info.si_signo)
+            info = signal.sigtimedwait(WATCHED, 0)
+
+    def _stop(self, sig: int = signal.SIGTERM) -> None:
+        """Pass the stop signal on to every worker; none is started after it. The parent
+        lets go of the listeners, so a connection arriving now is refused, as before."""
         self.stopping = True
         for pid in self.pids:
+            _kill(pid, sig)
+        for slot in self.slots.values():
+            for sock in slot.values():
+                sock.close()
+        self.slots.clear()
+
+    def _reap(self) -> None:
+        """Collect every worker that exited."""
+        while True:
             try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if not pid:
+                return
+            code = os.waitstatus_to_exitcode(status)
+            number = self.pids.pop(pid, None)
+            if number is None:
+                continue
+            if pid in self.starting:
+                self.starting[pid] = code   # _wait_ready says what becomes of it
+            elif self.stopping:
+                self._failed(code)
+            elif pid in self.retiring:
+                self.retiring.discard(pid)
+                if code and -code not in STOP_SIGNALS:
+                    log.warning("broker worker %d (pid %d) exited with %s while draining",
+                                number, pid, _described(code))
+            else:
+                log.warning("broker worker %d (pid %d) exited with %s; starting another",
+                            number, pid, _described(code))
+                self.crashed.append(number)
+
+    def _failed(self, code: int) -> None:
+        """A worker's exit while stopping: its status is the parent's unless it is 0, a
+        stop signal's, or another failure came first."""
+        if code and -code not in STOP_SIGNALS and not self.status:
+            self.status = _exit_status(code)
+
+    # -- starting workers --------------------------------------------------------
 
     def _start(self, numbers) -> None:
-        """Fork these workers and wait until each listens or exits."""
+        """Fork these workers and wait until each listens or exits: one that exits first
+        stops them all with its status."""
         started = [forked for forked in map(self._fork, numbers) if forked]
-        for pid, ready in started:
-            listening = os.read(ready, 1)
-            os.close(ready)
-            if not listening and pid in self.pids:
-                status = os.waitpid(pid, 0)[1]
-                self._ended(pid, self.pids.pop(pid), os.waitstatus_to_exitcode(status), False)
+        for pid, number, ready in started:
+            code = self._wait_ready(pid, number, ready)
+            if code is not None:
+                if self.stopping:
+                    self._failed(code)
+                else:
+                    self.status = _exit_status(code)
+                    self._stop()
 
-    def _ended(self, pid: int, number: int, code: int, listened: bool) -> None:
-        """A worker exited: a failure to report when stopping or before it listened,
-        else one to replace."""
-        if self.stopping:
-            if code and -code not in STOP_SIGNALS and not self.status:
-                self.status = _exit_status(code)
-        elif not listened:
-            self.status = _exit_status(code)
-            self._stop()
-        else:
-            log.warning("broker worker %d (pid %d) exited with %s; starting another",
-                        number, pid, _described(code))
-            self._start([number])
+    def _wait_ready(self, pid: int, number: int, ready: int) -> int | None:
+        """None once the worker serves (it wrote to its ready pipe), else its exit status
+        once it has exited. Signals are acted on meanwhile."""
+        try:
+            while not select.select([ready], [], [], POLL)[0]:
+                self._signals(0)
+            listening = os.read(ready, 1)
+        finally:
+            os.close(ready)
+        if listening:
+            code = self.starting.pop(pid)
+            if code is not None and not self.stopping:  # served, and exited already
+                log.warning("broker worker %d (pid %d) exited with %s; starting another",
+                            number, pid, _described(code))
+                self.crashed.append(number)
+            return None
+        while self.starting[pid] is None:     # it closed the pipe: it is exiting
+            self._signals(POLL)
+        return self.starting.pop(pid)
 
     def _fork(self, number: int) -> tuple | None:
-        """(pid, the read end of a pipe the worker writes to once it listens), or None
-        when stopping. Stop signals wait until the new pid is known, so each worker gets
-        them, and the child never runs the parent's handler."""
-        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-        try:
-            if self.stopping:
-                return None
-            ready, ready_w = os.pipe()
-            parent = os.getpid()
-            pid = os.fork()
-            if pid == 0:
-                os.close(ready)
-                self._child(parent, ready_w)
-            os.close(ready_w)
-            self.pids[pid] = number
-            return pid, ready
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        """(pid, number, the read end of a pipe the worker writes to once it listens),
+        or None when stopping."""
+        if self.stopping:
+            return None
+        ready, ready_w = os.pipe()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            os.close(ready)
+            self._child(number, parent, ready_w)
+        os.close(ready_w)
+        self.pids[pid] = number
+        self.starting[pid] = None
+        return pid, number, ready
 
-    def _child(self, parent: int, ready_w: int) -> None:
-        """Serve as one broker, then leave at once (os._exit: none of the parent's exit
-        handling runs twice)."""
+    def _child(self, number: int, parent: int, ready_w: int) -> None:
+        """Serve as one broker on the slot's sockets, then leave at once (os._exit: none
+        of the parent's exit handling runs twice)."""
         code = 1
         try:
             for sig in STOP_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-            for sock in self.reserved.values():
-                sock.close()
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, WATCHED)
+            for slot, sockets in self.slots.items():
+                for name, sock in sockets.items():
+                    if slot == number:
+                        sockio.inherited[self.addresses[name]] = sock
+                    else:
+                        sock.close()
             if _dies_with(parent):
                 code = self.serve(self.options, lambda: (os.write(ready_w, b"1"),
                                                          os.close(ready_w)))
@@ -142,6 +253,126 @@ class Workers:
             sys.stderr.flush()
             os._exit(code)
 
+    def _bind(self, number: int) -> None:
+        """The sockets of a worker's slot, those it has not yet."""
+        slot = self.slots.setdefault(number, {})
+        for name, address in self.addresses.items():
+            if name not in slot:
+                slot[name] = reserve(address)
+
+    # -- SIGHUP: a rolling restart -------------------------------------------------
+
+    def _reexec(self) -> None:
+        """Exec this program again, handing over the sockets and the workers; unless the
+        code on disk does not import, then one error line and nothing changes."""
+        began = time.monotonic()
+        check = subprocess.run([sys.executable, "-c", "import relay.cli, relay.broker.broker"],
+                               capture_output=True, text=True, timeout=CHECK_TIMEOUT)
+        if check.returncode:
+            lines = check.stderr.strip().splitlines() or [f"status {check.returncode}"]
+            log.error("SIGHUP: not restarting, the code on disk does not import: %s",
+                      lines[-1])
+            return
+        slots = {}
+        for number, sockets in self.slots.items():
+            for sock in sockets.values():
+                os.set_inheritable(sock.fileno(), True)
+            slots[str(number)] = {name: sock.fileno() for name, sock in sockets.items()}
+        handoff = {"slots": slots, "addresses": self.addresses,
+                   "workers": {str(pid): number for pid, number in self.pids.items()}}
+        log.info("SIGHUP: re-executing the broker (pid %d) on the code on disk (checked in "
+                 "%.1f s)", os.getpid(), time.monotonic() - began)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        try:
+            os.execve(sys.executable, sys.orig_argv,
+                      {**os.environ, HANDOFF: json.dumps(handoff)})
+        except OSError as e:
+            log.error("SIGHUP: could not re-execute %s (%s); the workers keep serving",
+                      sys.executable, e)
+
+    def _take_over(self, handoff: dict, addresses: dict) -> dict:
+        """The previous parent's sockets and workers; the addresses to serve on: each
+        listener it had keeps its address (and port), one turned on since is bound now,
+        one turned off is closed."""
+        resolved = {name: address for name, address in handoff["addresses"].items()
+                    if name in addresses}
+        for number, sockets in handoff["slots"].items():
+            for name, fd in sockets.items():
+                sock = socket.socket(fileno=fd)
+                os.set_inheritable(fd, False)
+                if name in resolved:
+                    self.slots.setdefault(int(number), {})[name] = sock
+                else:
+                    sock.close()
+        for name, address in addresses.items():
+            if name not in resolved:
+                sock = reserve(address)
+                resolved[name] = _resolved(address, sock)
+                self.slots.setdefault(1, {})[name] = sock
+        self.adopted = {int(pid): number for pid, number in handoff["workers"].items()}
+        return resolved
+
+    def _roll(self, old: dict[int, int]) -> None:
+        """Replace these workers (pid -> number) one at a time by forks of this code: the
+        new one serves before the old one is stopped; one past --workers just stops."""
+        began = time.monotonic()
+        replaced = 0
+        for pid, number in sorted(old.items(), key=lambda item: item[1]):
+            if self.stopping:
+                return
+            if pid not in self.pids:
+                self.crashed = [n for n in self.crashed if n != number]
+            if number <= self.options.workers:
+                self._bind(number)
+                if not self._replace(pid, number):
+                    return
+                replaced += 1
+            else:       # --workers is fewer now
+                if pid in self.pids:
+                    self._retire(pid)
+                for sock in self.slots.pop(number, {}).values():
+                    sock.close()
+        for number in range(1, self.options.workers + 1):   # new, or died meanwhile
+            if number not in self.pids.values() and not self.stopping:
+                self.crashed = [n for n in self.crashed if n != number]
+                self._start([number])
+        if not self.stopping:
+            log.info("rolling restart done: %d workers replaced in %.1f s (pids %s)",
+                     replaced, time.monotonic() - began, ",".join(map(str, self.pids)))
+
+    def _replace(self, old: int, number: int) -> bool:
+        """Start the slot's next worker; once it serves, stop the old one and wait until
+        it has exited. False if the new one could not serve (the restart stops there)."""
+        began = time.monotonic()
+        forked = self._fork(number)
+        if forked is None:
+            return False
+        code = self._wait_ready(*forked)
+        if code is not None:
+            if self.stopping:
+                self._failed(code)
+            else:
+                log.error("rolling restart stopped: the new broker worker %d exited with %s "
+                          "before it served; the old workers keep serving", number,
+                          _described(code))
+            return False
+        ready = time.monotonic()
+        if old in self.pids:
+            self._retire(old)
+        log.info("broker worker %d replaced: pid %d -> %d (serving after %.2f s, the old "
+                 "one drained in %.2f s)", number, old, forked[0], ready - began,
+                 time.monotonic() - ready)
+        return True
+
+    def _retire(self, pid: int) -> None:
+        """SIGTERM to a worker, and wait until it has drained and exited."""
+        self.retiring.add(pid)
+        _kill(pid, signal.SIGTERM)
+        while pid in self.pids:
+            self._signals(None)
+        self.retiring.discard(pid)
+
 
 def listen_addresses(options: Options) -> dict:
     """The options naming an address a broker listens on (those that are on)."""
@@ -149,6 +380,18 @@ def listen_addresses(options: Options) -> dict:
     if options.tls_cert:
         names.append("https_address")
     return {name: getattr(options, name) for name in names if getattr(options, name)}
+
+
+def _resolved(address: str, sock: socket.socket) -> str:
+    """The address with the port the socket has (port 0: the one it was given)."""
+    return f"{address.rpartition(':')[0]}:{sock.getsockname()[1]}"
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _dies_with(parent: int) -> bool:
