@@ -118,14 +118,20 @@ class System:
 
     def stop(self):
         """Brokers and scanners first, so they leave their registries while Redis runs."""
-        for group in ([*self.brokers.values(), *self.scanners], self.redis.processes()):
-            for proc in group:
-                proc.terminate()
-            for proc in group:
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        stop_in_turn([*self.brokers.values(), *self.scanners], self.redis.processes())
+
+
+def stop_in_turn(*groups: list) -> None:
+    """Each group of processes sent SIGTERM and waited for (killed after 10 s), one group
+    after the other."""
+    for group in groups:
+        for proc in group:
+            proc.terminate()
+        for proc in group:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 class Tally:
@@ -140,15 +146,17 @@ class Tally:
         self.reconnects = 0
 
 
-def produce(system, tally, index, count, batch, rate, stop):
+def produce(system, tally, index, count, batch, rate, stop, waits=None):
     """Publish `count` numbered messages in batches (PUB when `batch` is 1), each until it
-    is acknowledged; every refusal or lost connection is noted with its duration."""
+    is acknowledged; every refusal or lost connection is noted with its duration. Given
+    `waits`, each batch's seconds from its first try to its OK go there."""
     conn = None
     pause = batch / rate if rate else 0
     for start in range(0, count, batch):
         chunk = [b"%d:%d" % (index, n) for n in range(start, min(start + batch, count))]
         command = (pub_command(TOPIC.encode(), chunk[0]) if batch == 1
                    else mpub_command(TOPIC.encode(), chunk))
+        first = time.monotonic()
         while not stop.is_set():
             sent = time.monotonic()
             try:
@@ -160,6 +168,8 @@ def produce(system, tally, index, count, batch, rate, stop):
                 with tally.lock:
                     tally.acked.update(chunk)
                     tally.acked_at.append((sent, time.monotonic()))
+                if waits is not None:
+                    waits.append(time.monotonic() - first)
                 break
             except (OSError, EOFError, RuntimeError) as e:
                 with tally.lock:

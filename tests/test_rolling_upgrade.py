@@ -1,0 +1,72 @@
+"""A rolling upgrade from the previous release under load (scripts/rolling_upgrade.py):
+its brokers, scanner and jobs worker replaced one at a time by this checkout's, then
+`relay-admin upgrade finish`; every acknowledged message delivered, no publish waiting
+longer than a broker's replacement, no traceback. The previous release is the script's
+PREVIOUS: the next release that changes a layout names this one there, and passes too."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from scripts.compare import ROOT
+from scripts.rolling_upgrade import PREVIOUS
+
+pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
+
+EARLIER = "0.1.0 or earlier"
+
+
+def upgrade(*args: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "scripts.rolling_upgrade", "--rate", "400",
+                          "--settle", "1.5", *args], capture_output=True, text=True,
+                         timeout=240, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    print(json.dumps(report, indent=1))
+    return report
+
+
+def processes(report: dict) -> list:
+    return [(s["step"], s["status"]["layout"], s["status"]["processes"])
+            for s in report["steps"]]
+
+
+def test_the_previous_release_is_in_this_clone():
+    """The upgrade runs the release named PREVIOUS from a git worktree."""
+    found = subprocess.run(["git", "-C", ROOT, "cat-file", "-e", f"{PREVIOUS}^{{commit}}"],
+                           capture_output=True, text=True)
+    assert found.returncode == 0, (f"commit {PREVIOUS} is not in this clone (a shallow "
+                                   f"clone? `git fetch --unshallow`): {found.stderr}")
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["drained", "killed"])
+def test_a_rolling_upgrade_under_load_loses_nothing(kill):
+    report = upgrade(*(["--kill"] if kill else []))
+    assert report["acknowledged"] > 1000
+    assert (report["lost"], report["left_queued"], report["left_in_flight"],
+            report["left_deferred"]) == (0, 0, 0, 0)
+    assert report["tracebacks"] == []
+    steps = processes(report)
+    if kill:    # the killed broker is live in the registry until its registration expires
+        steps = [(step, layout, {k: n for k, n in live.items() if k != "broker " + EARLIER})
+                 if step.startswith(("broker 2", "upgrade")) else (step, layout, live)
+                 for step, layout, live in steps]
+    assert steps == [
+        ("previous release serving", None, {"broker " + EARLIER: 2, "jobs " + EARLIER: 1,
+                                         "scanner " + EARLIER: 1}),
+        ("scanner replaced", 2, {"broker " + EARLIER: 2, "jobs " + EARLIER: 1,
+                                 "scanner 0.2.0": 1}),
+        ("jobs worker replaced", 2, {"broker " + EARLIER: 2, "jobs 0.2.0": 1,
+                                     "scanner 0.2.0": 1}),
+        ("broker 1 replaced", 2, {"broker " + EARLIER: 1, "broker 0.2.0": 1, "jobs 0.2.0": 1,
+                                  "scanner 0.2.0": 1}),
+        ("broker 2 " + ("killed -9 and replaced" if kill else "replaced"), 2,
+         {"broker 0.2.0": 2, "jobs 0.2.0": 1, "scanner 0.2.0": 1}),
+        ("upgrade finish", 2, {"broker 0.2.0": 2, "jobs 0.2.0": 1, "scanner 0.2.0": 1})]
+    assert report["finish"] == {
+        "returncode": 0, "output": "data layout 2 is in force; relay 0.2.0 writes no newer one"}
+    # a producer waits no longer than a broker's replacement (its port unserved) and a retry
+    longest_replacement = max(s.get("unserved_s", 0) for s in report["steps"])
+    assert report["longest_publish_wait_ms"] < (longest_replacement + 2) * 1000
