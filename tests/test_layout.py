@@ -54,6 +54,21 @@ def test_a_layout_this_release_cannot_read_is_refused_in_one_line(backend, value
     assert backend.get(keys.LAYOUT) == value
 
 
+def test_a_redis_still_holding_layout_1_is_refused_and_keeps_no_layout(backend):
+    """Messages left in flight by a release before issue 35, in a Redis that 0.1.0 ran
+    (no relay:layout): refused with what was found, not misread."""
+    backend.sadd(keys.TOPICS, "t")
+    backend.hset("relay:{t}:ch:c:leases", "0000000000000001", "1700000000000 b1:1")
+    with pytest.raises(LayoutRefused) as refused:
+        layout.establish(backend)
+    assert str(refused.value) == (
+        "relay 0.2.0 reads data layout 2; this Redis holds data layout 1 (before issue 35 "
+        "(2026-11-25), with a leases hash beside each in-flight set): relay:{t}:ch:c:leases "
+        "(1 message in flight of layout 1): serve it with relay 0.1.0 until none of layout "
+        "1 is left (that release reads both), then start 0.2.0")
+    assert backend.get(keys.LAYOUT) is None
+
+
 def test_relay_admin_refuses_a_layout_it_cannot_read_but_shows_the_upgrade(backend):
     backend.set(keys.LAYOUT, 3)
     result = run(backend, "topics")

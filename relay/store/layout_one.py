@@ -59,7 +59,8 @@ def _leftover(node: redis.Redis, key: str, prefixes: nodes.Nodes) -> str | None:
     if ":trash:" in key or ":staging:" in key:
         return None           # being freed; bodies, not records
     if ":ch:" in key and key.endswith(":leases"):
-        return f"{key} ({node.hlen(key)} messages in flight of layout 1)"
+        held = node.hlen(key)
+        return f"{key} ({held} message{'s' * (held != 1)} in flight of layout 1)"
     if key.endswith((":queue", ":backlog")) or (":spark:" in key and ":batch:" in key):
         old = any(map(_old_record, _list(node, key)))
     elif ":ch:" in key and key.endswith(":msgs"):
