@@ -30,8 +30,11 @@ CLUSTER_MODULES = {"test_nsq_clients", "test_client", "test_protocol", "test_htt
 
 
 def pytest_generate_tests(metafunc):
-    """Tests of CLUSTER_MODULES, and tests marked `cluster`, run on both deployments."""
-    if "deployment" in metafunc.fixturenames:
+    """Tests of CLUSTER_MODULES, and tests marked `cluster`, run on both deployments
+    (unless they parametrize `deployment` themselves)."""
+    explicit = any("deployment" in str(m.args[0])
+                   for m in metafunc.definition.iter_markers("parametrize"))
+    if "deployment" in metafunc.fixturenames and not explicit:
         module = metafunc.module.__name__.rpartition(".")[2]
         both = module in CLUSTER_MODULES or metafunc.definition.get_closest_marker("cluster")
         metafunc.parametrize("deployment", ["redis", "cluster"] if both else ["redis"])
