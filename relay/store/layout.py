@@ -30,6 +30,7 @@ from relay.errors import ConfigError
 from relay.liveness import Liveness
 from relay.store import bookkeeping, keys
 from relay.store.connection import RedisClient
+from relay.store.layout_one import find_layout_one
 
 log = logging.getLogger("relay.layout")
 
@@ -83,7 +84,6 @@ def establish(client: RedisClient) -> int:
     this release cannot read it."""
     layout = in_force(client)
     if layout is None:
-        from relay.store.layout_one import find_layout_one
         found = find_layout_one(client)
         if found is not None:
             raise refusal(1, found)
@@ -122,7 +122,7 @@ class Presence:
 
     def writes(self) -> list[tuple]:
         """The bookkeeping writes of one heartbeat, then the read of the layout in force
-        (for a caller that sends them with its own: `changed` reads the last reply)."""
+        (for a caller that sends them with its own: `refused` reads the last reply)."""
         key = keys.process_key(self.id)
         return [("HSET", key, "kind", self.kind, "release", RELEASE,
                  "reads", ",".join(map(str, READS)), "writes", self.layout,
@@ -172,9 +172,8 @@ class Deployment:
     @classmethod
     def read(cls, client: RedisClient) -> "Deployment":
         registered = _registered(client)
-        from relay.broker.registry import broker_liveness
-        from workers.operations import worker_names
-        earlier = [("broker", i) for i in broker_liveness(client).live()] \
+        from workers.operations import worker_names     # rq, only once read
+        earlier = [("broker", i) for i in Liveness(client, keys.BROKERS, 0).live()] \
             + [("scanner", i) for i in Liveness(client, keys.SCANNERS, 0).live()] \
             + [("jobs", name) for name in worker_names(client)]
         processes = list(registered.values()) + [
