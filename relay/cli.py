@@ -48,9 +48,14 @@ def main():
 
 @main.command()
 @option_flags(BROKER)
-def broker(config, **flags):
+@click.option("--check", is_flag=True,
+              help="check the options, TLS and auth files and exit: 0 if a broker could "
+                   "start with them (SIGHUP of --workers runs this first)")
+def broker(config, check, **flags):
     """Serve the NSQ TCP protocol (as nsqd) on --tcp-address."""
     options = load(config, flags)
+    if check:
+        sys.exit(_checked(options))
     if options.workers == 1:
         sys.exit(_serve(options))
     from relay.broker.prefork import Workers
@@ -75,6 +80,18 @@ def _serve(options: Options, started=None) -> int:
         serve(options, started)
     except (ConfigError, OSError) as e:
         return _refused(e)
+    return 0
+
+
+def _checked(options: Options) -> int:
+    """`relay broker --check`: the options' files usable and the broker's code
+    importable (ports are not bound: a running broker holds them); the exit status."""
+    from relay.broker.broker import check_files
+    try:
+        check_files(options)
+    except (ConfigError, OSError) as e:
+        return _refused(e)
+    click.echo("relay: the broker's options are good")
     return 0
 
 

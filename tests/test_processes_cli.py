@@ -146,7 +146,23 @@ def test_each_process_lists_the_options_it_uses(process, flags, tmp_path):
 def test_broker_lists_every_option_but_the_scanners_and_the_consoles(tmp_path):
     every = {f"--{option_flag(name)}" for name in OPTION_NAMES}
     assert help_flags("broker", tmp_path) == every - SCANNER_ONLY - CONSOLE_ONLY | {
-        "--config", "--help"}
+        "--config", "--check", "--help"}
+
+
+def test_broker_check_says_whether_a_broker_could_start_without_taking_its_ports(tmp_path):
+    """`relay broker --check`, as SIGHUP of --workers runs it: the options and files,
+    not the ports (the running broker holds them)."""
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    tcp = f"127.0.0.1:{held.getsockname()[1]}"
+    good = relay("broker", "--tcp-address", tcp, "--check", cwd=tmp_path)
+    assert (good.returncode, good.stdout, good.stderr) == (
+        0, "relay: the broker's options are good\n", "")
+    bad = relay("broker", "--tcp-address", tcp, "--tls-cert", "c.pem", "--check", cwd=tmp_path)
+    assert (bad.returncode, bad.stdout, bad.stderr) == (
+        2, "", "relay: invalid tls_cert: give both tls_cert and tls_key\n")
+    held.close()
 
 
 def test_broker_help_explains_max_defer_timeout(tmp_path):

@@ -274,6 +274,23 @@ def test_sigterm_during_a_rolling_restart_stops_everything(parent, single_redis_
     assert "rolling restart done" not in log_text(proc)
 
 
+def test_sighup_with_options_the_broker_would_refuse_keeps_the_workers(parent, tmp_path):
+    """As a reload of nginx: options the new broker would refuse leave the old workers
+    serving, with one error line."""
+    (tmp_path / "relay.toml").write_text('msg_timeout = "60s"\n')
+    proc = parent(2, "--config", "relay.toml")
+    old = worker_pids(proc)
+    (tmp_path / "relay.toml").write_text('msg_timeout = "soon"\n')
+    proc.send_signal(signal.SIGHUP)
+    refused = ("SIGHUP: not restarting, the broker on disk would not start with these "
+               "options: relay: invalid msg_timeout: not a duration: 'soon' (use e.g. "
+               "250ms, 60s, 15m, 1h)")
+    assert wait_for(lambda: refused in log_text(proc), timeout=30), log_text(proc)
+    assert (proc.poll(), worker_pids(proc)) == (None, old)
+    tcp, _ = shared_ports(proc)
+    assert Wire(tcp).pub("t", b"still served") == (0, b"OK")
+
+
 def test_connections_queued_on_a_stuck_worker_are_served_by_its_replacement(parent):
     """The old worker's accept queue is its replacement's: connections the kernel put
     there while the old one could not take them are answered by the new one."""

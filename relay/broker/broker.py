@@ -438,10 +438,15 @@ def serve(options: Options, started=None) -> None:
 def _check_before_waiting(options: Options) -> None:
     """What stops a broker whatever Redis does, found before waiting for it: TLS and auth
     files that cannot be used (ConfigError), a port another program holds (OSError)."""
-    transport.server_context(options)
-    Authorizer(options)
+    check_files(options)
     for address in listen_addresses(options).values():
         reserve(address).close()
+
+
+def check_files(options: Options) -> None:
+    """Raise ConfigError if the TLS or auth files cannot be used."""
+    transport.server_context(options)
+    Authorizer(options)
 
 
 def stop_on_signals() -> Event:

@@ -19,13 +19,15 @@ serving is replaced, with one warning line; one that exits before it listens (a 
 certificate) stops them all with its status, as its replacement would fail the same way.
 
 SIGHUP is a rolling restart onto the code on disk: the parent checks that the new code
-imports, then execs itself (same pid, same argv) with its sockets' fds and its workers'
-pids in RELAY_PREFORK_HANDOFF, so no port is ever released. The new parent adopts the
-workers (still its children) and replaces them one at a time: it forks the slot's next
-worker, waits until it serves (its ready pipe), then sends the old one SIGTERM and waits
-until it has drained and exited. Both share the slot's listener meanwhile: what is queued
-there is accepted by the new worker, never reset. A replacement that exits before it
-serves ends the restart, the old workers left serving.
+takes its command line and options (`relay broker ... --check`: a bad option or file
+leaves the workers serving, with one error line), then execs itself (same pid, same
+argv) with its sockets' fds and its workers' pids in RELAY_PREFORK_HANDOFF, so no port
+is ever released. The new parent adopts the workers (still its children) and replaces
+them one at a time: it forks the slot's next worker, waits until it serves (its ready
+pipe), then sends the old one SIGTERM and waits until it has drained and exited. Both
+share the slot's listener meanwhile: what is queued there is accepted by the new worker,
+never reset. A replacement that exits before it serves ends the restart, the old
+workers left serving.
 
 The parent handles its signals synchronously (blocked, taken with sigtimedwait), so a
 stop or a child's exit that comes while it forks, waits or execs is never lost: the
@@ -56,7 +58,7 @@ STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 WATCHED = STOP_SIGNALS | {signal.SIGHUP, signal.SIGCHLD}
 HANDOFF = "RELAY_PREFORK_HANDOFF"   # what a re-executed parent takes over (JSON)
 POLL = 0.02     # how often a wait for a worker's ready pipe looks at signals
-CHECK_TIMEOUT = 120     # for the new code to import before the parent execs into it
+CHECK_TIMEOUT = 120     # for the new code to check the options before the parent execs
 
 
 class Workers:
@@ -266,12 +268,12 @@ class Workers:
         """Exec this program again, handing over the sockets and the workers; unless the
         code on disk does not import, then one error line and nothing changes."""
         began = time.monotonic()
-        check = subprocess.run([sys.executable, "-c", "import relay.cli, relay.broker.broker"],
-                               capture_output=True, text=True, timeout=CHECK_TIMEOUT)
+        check = subprocess.run([*sys.orig_argv, "--check"], capture_output=True, text=True,
+                               timeout=CHECK_TIMEOUT)
         if check.returncode:
             lines = check.stderr.strip().splitlines() or [f"status {check.returncode}"]
-            log.error("SIGHUP: not restarting, the code on disk does not import: %s",
-                      lines[-1])
+            log.error("SIGHUP: not restarting, the broker on disk would not start with "
+                      "these options: %s", lines[-1])
             return
         slots = {}
         for number, sockets in self.slots.items():
