@@ -20,12 +20,11 @@ scripts/scanner_scale.py).
 
 The node index is made up from the topics' own (seed.lua, Store.seed_due) when the
 scanner starts (a restarted Redis may have lost writes, a node index may be lost),
-reconnects, takes a new share,
-or sees a cluster's slots move (checked every TOPOLOGY_EVERY); and every part of its
-share is seeded again by a sweep, a slice every second, the whole share in
-SWEEP_EVERY seconds or, past SWEEP_MOST parts a second, longer: a safety net for a
-node index write lost (sent to a stale node's keys), at a bounded cost. The sweep also trims the swept parts'
-histories (trim.lua), so a topic with retention that nobody publishes to is trimmed
+reconnects, takes a new share, or sees a cluster's slots move (checked every
+TOPOLOGY_EVERY); and every part of its share is seeded again by a sweep, a slice every
+second, the whole share in SWEEP_EVERY seconds or, past SWEEP_MOST parts a second,
+longer: a safety net for a node index write lost (sent to a stale node's keys), at a
+bounded cost. The sweep also trims the swept parts' histories (trim.lua), so a topic with retention that nobody publishes to is trimmed
 too, within SWEEP_EVERY of its due time (a big trim, in calls of a bounded cost, for up
 to TRIM_SECONDS a slice, going on at the part's next sweep), finishes the staged MPUBs
 that a dead broker committed but left part published (data_path.finish_stalled, in
