@@ -278,6 +278,19 @@ def drain(tally, timeout: float) -> None:
         time.sleep(0.2)
 
 
+def settle(system, timeout: float) -> None:
+    """Until both channels hold nothing, queued or in flight, or `timeout` seconds: what
+    a broker killed last held comes back after --msg-timeout and is finished again."""
+    store = Store(connect(system.redis.url))
+    deadline = time.monotonic() + timeout
+    time.sleep(0.5)
+    while time.monotonic() < deadline:
+        states = [store.read_channel(TOPIC, channel) for channel in (LIVE, HELD)]
+        if not any(s["depth"] or s["in_flight_count"] for s in states):
+            return
+        time.sleep(0.2)
+
+
 def run(args) -> dict:
     """Messages go to two channels: LIVE is consumed while processes are killed, HELD
     only once publishing is over, so every acknowledged message must still be in Redis
@@ -302,7 +315,7 @@ def run(args) -> dict:
         kills, redis_kills = kill_while_publishing(system, args, producers)
         reading += consumers(system, tally, HELD, stop_consumers, args)
         drain(tally, args.drain_timeout)
-        time.sleep(0.5)
+        settle(system, args.drain_timeout)
         stop_consumers.set()
         stop_producers.set()
         for t in reading:

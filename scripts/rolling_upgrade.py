@@ -29,7 +29,7 @@ import time
 
 from relay import embedded
 from scripts.chaos import (HELD, HERE, LIVE, Tally, consumers, create_channel, delivery, drain,
-                           produce, redis_conf, stop_in_turn)
+                           produce, redis_conf, settle, stop_in_turn)
 from scripts.chaos_redis import SingleRedis, kill9
 from scripts.compare import checked_out
 
@@ -192,6 +192,7 @@ def run(args) -> dict:
             publishing = time.monotonic() - publishing
             reading += consumers(deployment, tally, HELD, stop_consumers, args)
             drain(tally, args.drain_timeout)
+            settle(deployment, args.drain_timeout)
             stop_consumers.set()
             for t in reading:
                 t.join(5)

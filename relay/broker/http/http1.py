@@ -26,6 +26,7 @@ from typing import Callable, NamedTuple
 from urllib.parse import unquote_to_bytes
 
 import httptools
+from gevent.pool import Pool
 from gevent.server import StreamServer
 
 from relay.log import ClientFaults
@@ -283,7 +284,9 @@ class Http1Server(StreamServer):
 
     def __init__(self, listener, app, body_limit: BodyLimit, ssl_context=None):
         extra = {"ssl_context": ssl_context} if ssl_context else {}
-        super().__init__(listener, self._serve, **extra)
+        # a pool, so stop(timeout) lets the requests being served end (without one,
+        # gevent only stops accepting, and a stopping broker exited under them)
+        super().__init__(listener, self._serve, spawn=Pool(), **extra)
         self.app = app
         self.body_limit = body_limit
         self.scheme = "https" if ssl_context else "http"
