@@ -35,6 +35,7 @@ from relay.broker.protocol.v2 import ProtocolV2
 from relay.broker.registry import TTL_MS, Registry
 from relay.broker.wakeups import WakeupListener
 from relay.codec import NSQD_VERSION
+from relay.deadlines import Deadlines
 from relay.errors import StoreError
 from relay.liveness import new_id
 from relay.options import Options, redacted_url
@@ -71,10 +72,12 @@ class Broker:
         self.store = Store(self.redis, topic_partitions=options.topic_partitions,
                            topic_retention_ms=options.retention_time)
         self.metrics = Metrics(self)
+        self.deadlines = Deadlines()    # of clients' commands and of their Redis answers
         self.commit = GroupCommit(Store(self.redis, True, **replication(options)),
                                   options.commit_lanes,
                                   observe=self.metrics.redis_round_trip.observe,
-                                  patience=options.redis_timeout / 1000)
+                                  patience=options.redis_timeout / 1000,
+                                  deadlines=self.deadlines)
         self.store.lookup = self.commit.call
         self.tls_context = transport.server_context(options)
         self.auth = Authorizer(options)
@@ -253,13 +256,14 @@ class Broker:
                     pass
             sock.close()
             return
-        client = Client(next(self._numbers), sock, address, self.id, self.options)
+        client = Client(next(self._numbers), sock, address, self.id, self.options,
+                        self.deadlines)
         self.clients[client.number] = client
         log.debug("%r connected", client)
         writer = gevent.spawn(self.protocol.write_replies, client)
         pump = gevent.spawn(client.pump)
         try:
-            self.protocol.io_loop(client, Reader(client))
+            self.protocol.io_loop(client, Reader(client, self.deadlines))
         finally:
             client.replies.put(None)
             writer.join()

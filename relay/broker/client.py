@@ -14,6 +14,7 @@ from gevent.queue import Queue
 
 from relay import codec
 from relay.broker import transport
+from relay.deadlines import Deadlines
 
 if TYPE_CHECKING:
     import ssl
@@ -50,8 +51,9 @@ class Client:
     """
 
     def __init__(self, number: int, sock: socket.socket, address: tuple, broker_id: str,
-                 options: "Options") -> None:
+                 options: "Options", deadlines: Deadlines) -> None:
         self.number = number
+        self.deadlines = deadlines
         self.owner = f"{broker_id}:{number}"
         self.sock = sock
         self.transport: transport.Transport = transport.Plain(sock)
@@ -248,8 +250,12 @@ class Client:
     # -- writing -------------------------------------------------------------------
 
     def send(self, data: bytes) -> None:
-        """Write whole frames; one writer at a time so frames never interleave."""
+        """Write whole frames; one writer at a time so frames never interleave. A write
+        the client does not take within two heartbeats fails (socket.timeout): the reader
+        keeps its deadline apart (Reader._recv), so the socket's timeout is the writes'."""
         with self._write_lock:
+            hb = self.heartbeat_interval
+            self.sock.settimeout(2 * hb / 1000 if hb > 0 else None)
             self.transport.send(data)
 
     # -- upgrades negotiated by IDENTIFY ---------------------------------------------
@@ -283,8 +289,7 @@ class Client:
         """Write delivered messages, and a heartbeat each interval (nsqd messagePump)."""
         try:
             while not self.closed:
-                interval = self.heartbeat_interval / 1000 if self.heartbeat_interval > 0 else None
-                if not self._outbox_ready.wait(interval):
+                if not self._woken():
                     self.send(codec.frame(codec.FRAME_RESPONSE, codec.HEARTBEAT))
                     continue
                 self._outbox_ready.clear()
@@ -295,6 +300,22 @@ class Client:
                     self._sent(len(data))
         except OSError:
             self.close()  # the peer is gone; what it held in flight is requeued
+
+    def _woken(self) -> bool:
+        """Waits for the outbox to be woken (True), or a heartbeat interval (False: a
+        heartbeat is due). The broker's Deadlines keep the interval, for a gevent
+        Timeout per wait cost more than the wait; the beat leaves the outbox woken, so
+        the next call returns at once, and a wake at the same time is not lost."""
+        if self.heartbeat_interval <= 0:
+            self._outbox_ready.wait()
+            return True
+        beat = Beat(time.monotonic() + self.heartbeat_interval / 1000, self._outbox_ready)
+        self.deadlines.watch(beat)
+        try:
+            self._outbox_ready.wait()
+        finally:
+            self.deadlines.unwatch(beat)
+        return not beat.due or bool(self._outbox) or self.closed
 
     def _buffer(self) -> None:
         """nsqd's output buffering: while the client can take more messages, wait up to
@@ -330,6 +351,21 @@ class Client:
             except OSError:
                 pass
             gevent.spawn_later(0, self.sock.close)
+
+
+class Beat:
+    """A heartbeat interval of a client's pump (Client._woken), kept by Deadlines."""
+
+    __slots__ = ("expires", "outbox_ready", "due")
+
+    def __init__(self, expires: float, outbox_ready: Event) -> None:
+        self.expires = expires
+        self.outbox_ready = outbox_ready
+        self.due = False
+
+    def expire(self) -> None:
+        self.due = True
+        self.outbox_ready.set()
 
 
 def client_stats(client: Client) -> dict:

@@ -5,8 +5,12 @@ import socket
 import time
 from typing import TYPE_CHECKING
 
+import gevent
+import greenlet
+
 from relay import codec
 from relay.broker.client import Client
+from relay.deadlines import Deadlines
 from relay.errors import Disconnect
 from relay.sockio import Turns
 
@@ -18,6 +22,7 @@ FIN_LINE = re.compile(rb"FIN ([^ \r\n]{%d})\r?\n" % codec.MSG_ID_LENGTH)
 # FINs taken in one go from the read buffer: the group commit merges what follows, so a
 # flood of FINs never makes one huge call (nor holds more than this per queued reply)
 MAX_GATHERED_FINS = 128
+TIMED_OUT = "command not complete within the client timeout"
 
 
 def largest_command(options: "Options") -> int:
@@ -31,14 +36,16 @@ class Reader:
 
     CHUNK = 64 * 1024
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, deadlines: Deadlines) -> None:
         self.client = client
+        self.deadlines = deadlines
         self.buf = bytearray()
         self.pos = 0
         # monotonic seconds by which the command being read must have arrived whole, as
         # nsqd's read deadline (2 heartbeats); None: no limit
         self.deadline: float | None = None
         self.turns = Turns()
+        self._reading: "greenlet.greenlet | None" = None     # while it waits in recv
 
     def take_turn(self) -> None:
         """Let the broker's other greenlets run if this connection has run long (Turns)."""
@@ -53,19 +60,42 @@ class Reader:
         """Read more; a client that drips a command slower than its deadline times out."""
         self.take_turn()
         while True:
-            remaining = None
-            if self.deadline is not None:
-                remaining = self.deadline - time.monotonic()
-                if remaining <= 0:
-                    raise socket.timeout("command not complete within the client timeout")
-            self.client.sock.settimeout(remaining)
-            chunk = self.client.transport.recv(self.CHUNK)
+            if self.deadline is not None and self.deadline <= time.monotonic():
+                raise socket.timeout(TIMED_OUT)
+            chunk = self._recv()
             if chunk:
                 break
         if self.pos:
             del self.buf[:self.pos]
             self.pos = 0
         self.buf += chunk
+
+    def _recv(self) -> bytes:
+        """A read of the transport, which the broker's Deadlines end at the deadline (the
+        socket's own timeout stays for writes: Client.send)."""
+        self.client.sock.settimeout(None)
+        if self.deadline is None:
+            return self.client.transport.recv(self.CHUNK)
+        self._reading = greenlet.getcurrent()
+        self.deadlines.watch(self)
+        try:
+            return self.client.transport.recv(self.CHUNK)
+        finally:
+            self._reading = None
+            self.deadlines.unwatch(self)
+
+    @property
+    def expires(self) -> float:
+        return self.deadline if self.deadline is not None else float("inf")
+
+    def expire(self) -> None:
+        """Raise socket.timeout in the recv this reader waits in, as the socket's own
+        timeout would; from the hub, where nothing runs between the check and the throw."""
+        gevent.get_hub().loop.run_callback(self._time_out)
+
+    def _time_out(self) -> None:
+        if self._reading is not None and self.expires <= time.monotonic():
+            self._reading.throw(socket.timeout(TIMED_OUT))
 
     def line(self) -> bytes:
         while True:
