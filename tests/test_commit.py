@@ -10,6 +10,7 @@ import redis
 from relay.codec import parse_record
 from relay.errors import NoAnswer, OutcomeUnknown, StoreConnectionError, StoreError
 from relay.store import Store
+from relay.deadlines import Deadlines
 from relay.store.commit import MAX_MERGED_ARGS, GroupCommit, _answers, _merge
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.runner import MAX_CALL_ARGS
@@ -388,22 +389,62 @@ def test_an_op_past_its_patience_fails_and_is_never_sent(fake_store):
         commit.stop()
 
 
+def slow_down(store, seconds: float) -> None:
+    """Every pipeline of `store` waits `seconds` before it runs, as on a loaded Redis."""
+    execute = store.runner._execute
+
+    def slow(calls):
+        gevent.sleep(seconds)
+        return execute(calls)
+    store.runner._execute = slow
+
+
 def test_an_op_sent_and_not_answered_in_its_patience_may_have_run(fake_store):
     """Its waiter stops at the deadline, but Redis may run it (here it does, later): the
     error says so (NoAnswer), for the publish's answer to say it may have been published."""
     fake_store.runner.load_scripts()
-    execute = fake_store.runner._execute
-
-    def slow(ops):
-        gevent.sleep(0.4)
-        return execute(ops)
-    fake_store.runner._execute = slow
+    slow_down(fake_store, 0.4)
     commit = GroupCommit(fake_store, patience=0.2)
     try:
         sent = commit.submit(fake_store.publish_op("t", [b"slow"]))
         with pytest.raises(NoAnswer, match="^no answer from redis within 200ms$"):
             sent.get()
         assert wait_for(lambda: fake_store.redis.get(TopicKeys.of("t").ids) == b"1")
+    finally:
+        commit.stop()
+
+
+def test_waiters_stop_at_their_own_deadlines_once_the_keeper_has_gone_idle(
+        fake_store, monkeypatch):
+    """One greenlet keeps every waiter's deadline (Deadlines), not a gevent Timeout per
+    wait: waiters of different deadlines each stop at theirs, within a TICK, and so does
+    one that comes after the keeper ended for want of waiters."""
+    monkeypatch.setattr(Deadlines, "IDLE", 0.1)
+    fake_store.runner.load_scripts()
+    ops = [fake_store.publish_op("t", [b"x"]) for _ in range(4)]  # built before Redis slows
+    slow_down(fake_store, 0.6)
+    commit = GroupCommit(fake_store, patience=0.2)
+
+    def on_time(waited: float, deadline: float) -> bool:
+        """Not before the deadline, and well before the call's answer (0.6 s)."""
+        return deadline - 0.01 <= waited < deadline + Deadlines.TICK + 0.1
+
+    def stopped_after(op, since: float) -> float:
+        waited = commit.submit(op, since=since)
+        started = time.monotonic()
+        with pytest.raises(StoreError):
+            waited.get()
+        return time.monotonic() - started
+    try:
+        waits = [gevent.spawn(stopped_after, op, time.monotonic() - back)
+                 for op, back in zip(ops, (0.1, 0, 0))]
+        gevent.joinall(waits, raise_error=True)
+        assert [on_time(w.value, deadline) for w, deadline in zip(waits, (0.1, 0.2, 0.2))] \
+            == [True] * 3, [w.value for w in waits]
+        gevent.sleep(1.2)       # every call is answered; nothing waits for 0.1 s
+        assert commit.deadlines._keeper is None
+        last = stopped_after(ops[3], time.monotonic())
+        assert on_time(last, 0.2), last
     finally:
         commit.stop()
 

@@ -146,7 +146,7 @@ def test_the_broker_connection_tells_a_call_sent_from_one_refused(own_redis):
     assert store.run(store.publish_op("t", [b"first"])) == 1
     server["proc"].send_signal(signal.SIGSTOP)
     try:
-        with pytest.raises(NoAnswer, match="^Timeout reading from socket$"):
+        with pytest.raises(NoAnswer, match="^no answer from redis within 500ms$"):
             store.run(store.publish_op("t", [b"sent"]))
     finally:
         server["proc"].send_signal(signal.SIGCONT)

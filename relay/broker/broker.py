@@ -72,11 +72,12 @@ class Broker:
         self.store = Store(self.redis, topic_partitions=options.topic_partitions,
                            topic_retention_ms=options.retention_time)
         self.metrics = Metrics(self)
-        self.deadlines = Deadlines()    # of clients' commands and heartbeats
+        self.deadlines = Deadlines()    # of clients' commands, heartbeats, Redis answers
         self.commit = GroupCommit(Store(self.redis, True, **replication(options)),
                                   options.commit_lanes,
                                   observe=self.metrics.redis_round_trip.observe,
-                                  patience=options.redis_timeout / 1000)
+                                  patience=options.redis_timeout / 1000,
+                                  deadlines=self.deadlines)
         self.store.lookup = self.commit.call
         self.tls_context = transport.server_context(options)
         self.auth = Authorizer(options)

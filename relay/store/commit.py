@@ -18,6 +18,7 @@ from typing import Any, Callable, NamedTuple, Protocol
 import gevent
 from gevent.event import AsyncResult, Event
 
+from relay.deadlines import Deadlines
 from relay.errors import NoAnswer, OutcomeUnknown, StoreConnectionError, StoreError
 from relay.store.causes import cause
 from relay.store.connection import UNREACHABLE
@@ -47,34 +48,42 @@ class _Queued:
 
 
 class Bounded:
-    """An op's result that its waiter stops waiting for at the op's deadline. get() then
+    """An op's result that its waiter stops waiting for at the op's deadline (kept by
+    Deadlines, for a gevent Timeout per wait cost more than the wait). get() then
     fails: with StoreConnectionError if the lane had not sent the op yet (it skips it: it
     never runs), else with NoAnswer (Redis may still run it). Without it, an op queued
     behind a pipeline that waits out its socket timeout (a partition from Redis) would
-    wait that timeout again for its own. Its deadline is a gevent Timeout, not one of
-    relay/deadlines.py's: started before its pipeline's socket read, of the same length,
-    it fires first, so the waiter's answer says what it waited for."""
+    wait that timeout again for its own."""
 
-    __slots__ = ("queued", "expires", "patience")
+    __slots__ = ("queued", "expires", "patience", "deadlines")
 
-    def __init__(self, queued: _Queued, patience: float, since: float) -> None:
+    def __init__(self, queued: _Queued, patience: float, since: float,
+                 deadlines: Deadlines) -> None:
         self.queued = queued
         self.patience = patience
         self.expires = since + patience
+        self.deadlines = deadlines
 
     def get(self) -> Any:
         result = self.queued.result
-        remaining = self.expires - time.monotonic()
-        if remaining > 0 or result.ready():
-            try:
-                return result.get(timeout=max(0.0, remaining))
-            except gevent.Timeout:
-                pass
+        if not result.ready():
+            if time.monotonic() >= self.expires:
+                self.expire()
+            else:
+                self.deadlines.watch(self)
+                try:
+                    result.wait()
+                finally:
+                    self.deadlines.unwatch(self)
+        return result.get()
+
+    def expire(self) -> None:
+        """Fail the result (its waiter raises the error), unless it came meanwhile."""
+        if self.queued.result.ready():
+            return
         waited = f"no answer from redis within {self.patience * 1000:.0f}ms"
-        error = NoAnswer(waited) if self.queued.sent else StoreConnectionError(
-            waited + " (not sent)")
-        result.set_exception(error)
-        raise error
+        self.queued.result.set_exception(NoAnswer(waited) if self.queued.sent else
+                                         StoreConnectionError(waited + " (not sent)"))
 
 
 class Submitted(Protocol):
@@ -124,9 +133,11 @@ class GroupCommit:
 
     def __init__(self, store: Store, lanes: int = 1, max_batch: int = 2000,
                  observe: Callable[[float], object] | None = None,
-                 patience: float | None = None) -> None:
+                 patience: float | None = None,
+                 deadlines: Deadlines | None = None) -> None:
         """`observe(seconds)` is told the time of each pipeline round trip; `patience`:
-        the seconds an op's result is waited for at most (see Bounded), None: no bound."""
+        the seconds an op's result is waited for at most (see Bounded), None: no bound;
+        `deadlines`: who keeps them (the broker's)."""
         stores = [store] + [store.sibling() for _ in range(lanes - 1)]
         self.quiet = False    # a stopping broker's: its stop says in one line what failed
         self.calls: Counter[str] = Counter()    # script calls sent, by script (/metrics)
@@ -134,6 +145,7 @@ class GroupCommit:
         self.lanes = [_Lane(s, max_batch, observe, lambda: self.quiet, self.calls,
                             self._settled) for s in stores]
         self.patience = patience
+        self.deadlines = Deadlines() if deadlines is None else deadlines
 
     def submit(self, op: Op, order: int | None = None,
                since: float | None = None) -> Submitted:
@@ -145,7 +157,7 @@ class GroupCommit:
         if self.patience is None:
             return queued.result
         return Bounded(queued, self.patience * op.calls,
-                       time.monotonic() if since is None else since)
+                       time.monotonic() if since is None else since, self.deadlines)
 
     def _lane_index(self, op: Op, order: int | None) -> int:
         """The op's lane: its own lane key's, else its order's; but while ops of its

@@ -53,6 +53,16 @@ REDIS_MAX_ARGS = 1024 * 1024 - 3
 # broker's other greenlets a turn between sends (packing 10,000 takes about 2 ms)
 PACKED_ARGS = MAX_CALL_ARGS
 CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+def no_answer(error: Exception, conn: "AbstractConnection") -> NoAnswer:
+    """What calls sent and not answered fail with. A read that timed out says what it
+    waited for, in the words of a waiter's own deadline (commit.Bounded), which is as long
+    and races it: the answer reads the same whichever comes first."""
+    timeout = getattr(conn, "socket_timeout", None)
+    if isinstance(error, redis.exceptions.TimeoutError) and timeout:
+        return NoAnswer(f"no answer from redis within {timeout * 1000:.0f}ms")
+    return NoAnswer(str(error))
 UNANSWERED = object()  # a pipeline's place whose reply was not read
 
 _T = TypeVar("_T")
@@ -398,7 +408,7 @@ class ScriptRunner:
             try:
                 return self._replies.read(len(commands))
             except CONNECTION_ERRORS as e:
-                raise NoAnswer(str(e)) from e
+                raise no_answer(e, conn) from e
         except BaseException:
             conn.disconnect()
             self._replies = None
@@ -448,7 +458,7 @@ class ScriptRunner:
                         self._confirm(commands, raw, indexes, _read(conn))
                 except CONNECTION_ERRORS as e:
                     lost.append(indexes)
-                    self._unreachable(commands, raw, indexes, NoAnswer(str(e)))
+                    self._unreachable(commands, raw, indexes, no_answer(e, conn))
         finally:
             for pool, conn, indexes in sent:
                 if indexes in lost:
