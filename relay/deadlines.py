@@ -4,9 +4,10 @@ A gevent Timeout per wait (a libev timer started and stopped, an exception objec
 cost the broker more than many waits themselves: a socket ping-pong between two
 greenlets took about 2x as long with the reading socket's timeout set. The read of a
 client's next command, its answer from Redis and a pump's heartbeat interval are each
-such a wait, so they keep their deadlines here instead, in slots of TICK, and one greenlet expires each at its
-time, reading only the slots coming due: its work follows what expires, not what waits
-(10,000 idle connections cost it nothing but a wake-up each TICK).
+such a wait, so they keep their deadlines here instead, in slots of TICK, and one
+greenlet expires each at its time, reading only the slots coming due: its work follows
+what expires, not what waits (10,000 idle connections cost it nothing but a wake-up
+each TICK).
 """
 
 import logging
@@ -16,6 +17,7 @@ from typing import Protocol
 import gevent
 
 log = logging.getLogger("relay.deadlines")
+
 
 class Expiring(Protocol):
     """A wait that may pass its deadline: `expires` (monotonic seconds, fixed while it is

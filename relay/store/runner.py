@@ -53,6 +53,13 @@ REDIS_MAX_ARGS = 1024 * 1024 - 3
 # broker's other greenlets a turn between sends (packing 10,000 takes about 2 ms)
 PACKED_ARGS = MAX_CALL_ARGS
 CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+UNANSWERED = object()  # a pipeline's place whose reply was not read
+
+_T = TypeVar("_T")
+
+
+def identity(value: _T) -> _T:
+    return value
 
 
 def no_answer(error: Exception, conn: "AbstractConnection") -> NoAnswer:
@@ -63,13 +70,6 @@ def no_answer(error: Exception, conn: "AbstractConnection") -> NoAnswer:
     if isinstance(error, redis.exceptions.TimeoutError) and timeout:
         return NoAnswer(f"no answer from redis within {timeout * 1000:.0f}ms")
     return NoAnswer(str(error))
-UNANSWERED = object()  # a pipeline's place whose reply was not read
-
-_T = TypeVar("_T")
-
-
-def identity(value: _T) -> _T:
-    return value
 
 
 class Op(NamedTuple):
