@@ -10,7 +10,7 @@ import time
 import pytest
 from redis.crc import key_slot
 
-from relay.errors import StoreError
+from relay.errors import StoreConnectionError, StoreError
 from relay.store import Store, keys
 from relay.store.connection import connect
 from relay.store.inflight import member_id
@@ -226,6 +226,30 @@ def test_scanner_passes_start_every_interval():
     scanner.scan_once = slow_pass
     scanner.run()
     assert naps == [pytest.approx(0.07)]
+
+
+def test_a_seeding_that_cannot_reach_redis_fails_the_pass_without_a_warning(store, caplog):
+    """The pass's outage line (run) reports an unreachable Redis once; the seeding's own
+    warning came before it, in whichever order the two met the outage. A seeding Redis
+    refuses otherwise is a warning, and the pass goes on."""
+    subscribed(store, "t", "c")
+    scanner = Scanner(type(store)(store.redis))
+
+    def unreachable(parts):
+        raise StoreConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+    scanner.store.seed_due = unreachable
+    with pytest.raises(StoreConnectionError):
+        scanner.scan_once()
+    assert [r for r in caplog.records if r.levelname == "WARNING"] == []
+
+    def refused(parts):
+        raise StoreError("OOM command not allowed when used memory > 'maxmemory'.")
+    scanner.store.seed_due = refused
+    scanner.reseed()    # as the outage did (run)
+    assert scanner.scan_once() is False
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "node due indexes not seeded: OOM command not allowed when used memory "
+                    "> 'maxmemory'.")]
 
 
 # -- shares: scanners split the topics ---------------------------------------------

@@ -217,7 +217,8 @@ class Scanner:
         """Redis' clock every CLOCK_EVERY, a cluster's slots every TOPOLOGY_EVERY, then
         the seeding of the node due indexes if due, else the next slice of the sweep
         (every SWEEP_STEP). A seeding that failed is tried again a step later, without
-        holding up the passes."""
+        holding up the passes; one that could not reach Redis fails the pass, whose
+        outage line says so (run), rather than a warning of its own before it."""
         now = self.clock()
         if now - self._clock_read >= CLOCK_EVERY:
             self._clock_read = now
@@ -248,6 +249,8 @@ class Scanner:
             self.seeded = True
             log.info("node due indexes seeded from %d parts (%d entries)",
                      len(self.share.topics), seen)
+        except StoreConnectionError:
+            raise   # an outage, which the pass reports (run) and which seeds again
         except StoreError as e:
             log.warning("node due indexes not %s: %s", "swept" if self.seeded else "seeded", e)
 
@@ -257,6 +260,8 @@ class Scanner:
         goes on at the parts' next sweep."""
         try:
             published = self.store.finish_stalled(parts, TRIM_SECONDS)
+        except StoreConnectionError:
+            raise
         except StoreError as e:
             log.warning("stalled publishes of swept parts not finished: %s", e)
             return
@@ -269,11 +274,15 @@ class Scanner:
         started = time.monotonic()
         try:
             self.store.trim_parts(parts, TRIM_SECONDS)
+        except StoreConnectionError:
+            raise
         except StoreError as e:
             log.warning("histories of swept parts not trimmed: %s", e)
         left = max(0.0, TRIM_SECONDS - (time.monotonic() - started))
         try:
             self.store.expire_parts(parts, left, self.max_attempts)
+        except StoreConnectionError:
+            raise
         except StoreError as e:
             log.warning("expired messages of swept parts not taken out: %s", e)
 
