@@ -1,8 +1,11 @@
 """Listening sockets brokers can share, and socket writes without gevent's per-call
 overhead."""
 
+import fcntl
 import resource
 import socket
+import struct
+import termios
 import time
 
 import gevent
@@ -50,6 +53,15 @@ def send_all(sock, data: bytes) -> None:
     if sent < len(data):
         sock.settimeout(timeout)    # another greenlet may have set its own while send waited
         sock.sendall(memoryview(data)[sent:])
+
+
+def unread_bytes(sock) -> int:
+    """Bytes that arrived on the socket and were not read yet (FIONREAD): what a busy
+    process has received though it has not looked; 0 once the socket is closed."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+    except (OSError, ValueError):
+        return 0
 
 
 # sockets bound by a parent for this process to listen on (relay/broker/prefork.py), by

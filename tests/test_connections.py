@@ -5,6 +5,7 @@ import json
 import os
 import resource
 import selectors
+import signal
 import socket
 import struct
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 
 from relay import embedded
 from tests.helpers.api import Api
+from tests.helpers.wait import wait_for
 from tests.helpers.wire import FRAME_RESPONSE, Wire
 
 pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
@@ -33,16 +35,22 @@ def idle_connection(port, heartbeat_ms=1000):
 
 
 class HeartbeatAnswerer(threading.Thread):
-    """Answers every heartbeat with NOP, as a client library does; counts them."""
+    """Answers every heartbeat with NOP, as a client library does; counts them. A socket
+    is answered from when it is added: a connection made while others are still being
+    made (2,000 took over 2 s beside a busy core) must answer at once, as a client
+    library's does, or the broker rightly closes it after two heartbeats."""
 
-    def __init__(self, socks):
+    def __init__(self):
         super().__init__(daemon=True)
         self.selector = selectors.DefaultSelector()
-        self.beats = {s: 0 for s in socks}
+        self.beats = {}
         self.closed = set()
         self.stop = threading.Event()
-        for s in socks:
-            self.selector.register(s, selectors.EVENT_READ)
+
+    def add(self, sock):
+        self.beats[sock] = 0
+        self.selector.register(sock, selectors.EVENT_READ)
+        return sock
 
     def run(self):
         while not self.stop.is_set():
@@ -61,9 +69,9 @@ class HeartbeatAnswerer(threading.Thread):
 def test_two_thousand_idle_connections_while_others_work(processes):
     proc, port = processes.broker()
     processes.scanner()
-    idle = [idle_connection(port) for _ in range(2000)]
-    answerer = HeartbeatAnswerer(idle)
+    answerer = HeartbeatAnswerer()
     answerer.start()
+    idle = [answerer.add(idle_connection(port)) for _ in range(2000)]
 
     api = Api(port, processes.http_ports[port])
     consumer = Wire(port)
@@ -88,6 +96,54 @@ def test_two_thousand_idle_connections_while_others_work(processes):
     assert api.json("GET", "/stats?format=json")[1]["health"] == "OK"
     for sock in idle:
         sock.close()
+    assert proc.poll() is None
+
+
+def waiting(pid: int) -> bool:
+    """The process sleeps (in a gevent process: its loop waits for events, with no greenlet
+    left to run), twice in a row 5 ms apart."""
+    def state():
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    if state() != "S":
+        return False
+    time.sleep(0.005)
+    return state() == "S"
+
+
+def test_a_broker_stopped_past_two_heartbeats_closes_only_the_silent_client(processes):
+    """A broker held up (here stopped, as a process starved of CPU is) for longer than
+    two heartbeat intervals closes no client that answered its heartbeat, though the NOP
+    still waits unread in the socket, nor one it had sent no heartbeat to answer yet; a
+    client that left a heartbeat unanswered is closed as soon as the broker runs."""
+    proc, port = processes.broker()
+    answering, silent = Wire(port), Wire(port)
+    for wire in (answering, silent):
+        assert wire.identify(heartbeat_interval=1000) == (FRAME_RESPONSE, b"OK")
+    for wire in (answering, silent):
+        assert wire.frame(skip_heartbeats=False) == (FRAME_RESPONSE, b"_heartbeat_")
+    unbeaten = Wire(port)     # its first heartbeat is due a second after the stop began
+    assert unbeaten.identify(heartbeat_interval=1000) == (FRAME_RESPONSE, b"OK")
+    # each reader waits for its next command: the stop comes after its deadline is set
+    assert wait_for(lambda: waiting(proc.pid), 5, 0.001)
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        answering.send(b"NOP\n")
+        time.sleep(2.5)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    resumed = time.monotonic()
+    assert silent.closed(timeout=1.0)
+    assert time.monotonic() - resumed < 1.0
+    answerer = HeartbeatAnswerer()
+    for wire in (answering, unbeaten):
+        answerer.add(wire.sock)
+    answerer.start()
+    time.sleep(3.0)
+    answerer.stop.set()
+    answerer.join()
+    assert answerer.closed == set()
+    assert min(answerer.beats.values()) >= 2
     assert proc.poll() is None
 
 

@@ -67,6 +67,9 @@ class Client:
         self.client_id = self.hostname = str(address[0])
         self.user_agent = ""
         self.heartbeat_interval = options.heartbeat_interval
+        # monotonic time the first heartbeat was written since the command being read
+        # began (Reader.begin_command), None if none was: the read deadline counts from it
+        self.unanswered_beat: float | None = None
         self.msg_timeout = options.msg_timeout
         self.sample_rate = 0
         self.dedup = False      # IDENTIFY relay_dedup: its publishes may carry keys
@@ -291,6 +294,8 @@ class Client:
             while not self.closed:
                 if not self._woken():
                     self.send(codec.frame(codec.FRAME_RESPONSE, codec.HEARTBEAT))
+                    if self.unanswered_beat is None:
+                        self.unanswered_beat = time.monotonic()
                     continue
                 self._outbox_ready.clear()
                 self._buffer()

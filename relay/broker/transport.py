@@ -1,9 +1,10 @@
 """What a client connection reads from and writes to: the socket, then what IDENTIFY
 negotiates on top of it, in nsqd's order (TLS, then snappy or deflate).
 
-Each layer has recv(n) and send(data). recv gives at most n bytes, b"" when what it read
-decoded to nothing yet, and raises EOFError at the end. Compression layers flush on
-every send, as nsqd does, so a frame never waits in a compressor.
+Each layer has recv(n), send(data) and unread(). recv gives at most n bytes, b"" when what
+it read decoded to nothing yet, and raises EOFError at the end; unread() says whether the
+client sent bytes that no recv has taken yet. Compression layers flush on every send, as
+nsqd does, so a frame never waits in a compressor.
 
 Inflating is lazy and bounded: deflate gives out at most n bytes per recv and keeps the
 rest compressed, and the bytes one read of the socket may inflate to are capped
@@ -17,7 +18,7 @@ import zlib
 import snappy
 
 from relay.errors import ConfigError, FatalClientError, RelayError
-from relay.sockio import send_all
+from relay.sockio import send_all, unread_bytes
 
 TLS_VERSIONS = {"tls1.0": ssl.TLSVersion.TLSv1, "tls1.1": ssl.TLSVersion.TLSv1_1,
                 "tls1.2": ssl.TLSVersion.TLSv1_2, "tls1.3": ssl.TLSVersion.TLSv1_3}
@@ -42,6 +43,11 @@ class Plain:
     def send(self, data: bytes) -> None:
         send_all(self.sock, data)
 
+    def unread(self) -> bool:
+        """Bytes in the socket, or decrypted ones a TLS socket holds."""
+        pending = getattr(self.sock, "pending", None)
+        return bool(pending is not None and pending()) or unread_bytes(self.sock) > 0
+
 
 class Snappy:
     """nsqd's snappy: the framed stream format, both ways."""
@@ -63,6 +69,9 @@ class Snappy:
 
     def send(self, data: bytes) -> None:
         self.inner.send(self.compressor.add_chunk(data))
+
+    def unread(self) -> bool:
+        return self.inner.unread()
 
 
 class Deflate:
@@ -95,6 +104,9 @@ class Deflate:
     def send(self, data: bytes) -> None:
         self.inner.send(self.compressor.compress(data)
                         + self.compressor.flush(zlib.Z_SYNC_FLUSH))
+
+    def unread(self) -> bool:
+        return bool(self.decompressor.unconsumed_tail) or self.inner.unread()
 
 
 # what a client connection reads from and writes to, as IDENTIFY left it

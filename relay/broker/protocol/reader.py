@@ -41,8 +41,8 @@ class Reader:
         self.deadlines = deadlines
         self.buf = bytearray()
         self.pos = 0
-        # monotonic seconds by which the command being read must have arrived whole, as
-        # nsqd's read deadline (2 heartbeats); None: no limit
+        # monotonic seconds at which to look whether the command being read is overdue
+        # (begin_command); None: no limit
         self.deadline: float | None = None
         self.turns = Turns()
         self._reading: "greenlet.greenlet | None" = None     # while it waits in recv
@@ -56,12 +56,40 @@ class Reader:
         """Bytes read from the transport and not yet consumed."""
         return len(self.buf) - self.pos
 
+    def begin_command(self) -> None:
+        """nsqd's read deadline: the next command must arrive whole within two heartbeats.
+
+        A client is closed for it only when it is also silent towards the broker: a
+        heartbeat it was sent an interval ago is still unanswered, and nothing it sent
+        waits unread (_past_deadline). A broker that was busy (or starved of CPU) past the
+        deadline thus closes no client whose answer is in the socket, nor one it sent no
+        heartbeat to answer; otherwise this is nsqd's deadline, as heartbeats come every
+        interval."""
+        hb = self.client.heartbeat_interval
+        self.deadline = time.monotonic() + 2 * hb / 1000 if hb > 0 else None
+        self.client.unanswered_beat = None
+
+    def _past_deadline(self, now: float) -> None:
+        """The deadline passed: socket.timeout if the command is overdue (begin_command),
+        else the deadline moves to when to look again: once a heartbeat's interval is up,
+        or now if bytes wait unread (the read takes them, then looks again)."""
+        assert self.deadline is not None
+        interval = self.client.heartbeat_interval / 1000
+        beat = self.client.unanswered_beat
+        later = max(self.deadline, now + interval if beat is None else beat + interval)
+        if later <= now:
+            if not self.client.transport.unread():
+                raise socket.timeout(TIMED_OUT)
+            later = now
+        self.deadline = later
+
     def _fill(self) -> None:
         """Read more; a client that drips a command slower than its deadline times out."""
         self.take_turn()
         while True:
-            if self.deadline is not None and self.deadline <= time.monotonic():
-                raise socket.timeout(TIMED_OUT)
+            now = time.monotonic()
+            if self.deadline is not None and self.deadline <= now:
+                self._past_deadline(now)
             chunk = self._recv()
             if chunk:
                 break
@@ -89,13 +117,22 @@ class Reader:
         return self.deadline if self.deadline is not None else float("inf")
 
     def expire(self) -> None:
-        """Raise socket.timeout in the recv this reader waits in, as the socket's own
-        timeout would; from the hub, where nothing runs between the check and the throw."""
+        """Raise socket.timeout in the recv this reader waits in if the command is
+        overdue, as the socket's own timeout would, else watch it to its new deadline;
+        from the hub, where nothing runs between the check and the throw."""
         gevent.get_hub().loop.run_callback(self._time_out)
 
     def _time_out(self) -> None:
-        if self._reading is not None and self.expires <= time.monotonic():
-            self._reading.throw(socket.timeout(TIMED_OUT))
+        now = time.monotonic()
+        if self._reading is None or self.deadline is None or self.deadline > now:
+            return      # it read meanwhile, and its next read keeps its own deadline
+        try:
+            self._past_deadline(now)
+        except socket.timeout as e:
+            self._reading.throw(e)
+            return
+        self.deadlines.unwatch(self)    # as the keeper left it, or watched again meanwhile
+        self.deadlines.watch(self)
 
     def line(self) -> bytes:
         while True:

@@ -10,7 +10,6 @@ connections is batched by the group commit.
 
 import json
 import logging
-import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 from marshmallow import ValidationError
@@ -54,12 +53,11 @@ class ProtocolV2:
         """Read commands until EOF, a timeout or a fatal error; replies go to the writer.
 
         Each command must arrive whole within two heartbeats of the last one (nsqd's read
-        deadline), and the broker's other greenlets get a turn at least every few
-        milliseconds (Reader.take_turn)."""
+        deadline, as Reader.begin_command counts it), and the broker's other greenlets
+        get a turn at least every few milliseconds (Reader.take_turn)."""
         while not client.closed:
             reader.take_turn()
-            hb = client.heartbeat_interval
-            reader.deadline = time.monotonic() + 2 * hb / 1000 if hb > 0 else None
+            reader.begin_command()
             try:
                 params = reader.line().split(b" ")
                 reply = self.exec(client, params, reader)
