@@ -115,12 +115,13 @@ def test_a_broker_stopped_past_two_heartbeats_closes_only_the_silent_client(proc
     """A broker held up (here stopped, as a process starved of CPU is) for longer than
     two heartbeat intervals closes no client that answered its heartbeat, though the NOP
     still waits unread in the socket, nor one it had sent no heartbeat to answer yet; a
-    client that left a heartbeat unanswered is closed as soon as the broker runs."""
+    client that left a heartbeat unanswered is closed as soon as the broker runs. The
+    test's own steps before each client's deadline have a second or more to spare."""
     proc, port = processes.broker()
     answering, silent = Wire(port), Wire(port)
     for wire in (answering, silent):
-        assert wire.identify(heartbeat_interval=1000) == (FRAME_RESPONSE, b"OK")
-    for wire in (answering, silent):
+        assert wire.identify(heartbeat_interval=2000) == (FRAME_RESPONSE, b"OK")
+    for wire in (answering, silent):    # deadlines 2 s after these
         assert wire.frame(skip_heartbeats=False) == (FRAME_RESPONSE, b"_heartbeat_")
     unbeaten = Wire(port)     # its first heartbeat is due a second after the stop began
     assert unbeaten.identify(heartbeat_interval=1000) == (FRAME_RESPONSE, b"OK")
@@ -129,16 +130,16 @@ def test_a_broker_stopped_past_two_heartbeats_closes_only_the_silent_client(proc
     proc.send_signal(signal.SIGSTOP)
     try:
         answering.send(b"NOP\n")
-        time.sleep(2.5)
+        answerer = HeartbeatAnswerer()      # answers from the broker's first moment on
+        for wire in (answering, unbeaten):
+            answerer.add(wire.sock)
+        answerer.start()
+        time.sleep(3.0)
     finally:
         proc.send_signal(signal.SIGCONT)
     resumed = time.monotonic()
     assert silent.closed(timeout=1.0)
     assert time.monotonic() - resumed < 1.0
-    answerer = HeartbeatAnswerer()
-    for wire in (answering, unbeaten):
-        answerer.add(wire.sock)
-    answerer.start()
     time.sleep(3.0)
     answerer.stop.set()
     answerer.join()
