@@ -5,6 +5,7 @@ each stopped (SIGTERM) while waiting, or with its Redis gone, within its drain t
 one line and no traceback."""
 
 import calendar
+import logging
 import os
 import re
 import signal
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 
 import pytest
 import redis
@@ -20,7 +22,7 @@ import rq
 from relay import embedded
 from relay.broker.broker import DRAIN_GRACE, SHUTDOWN_GRACE
 from relay.broker.wakeups import CATCH_UP as WAKEUPS_CATCH_UP
-from relay.store.connection import connect
+from relay.store.connection import READY_EVERY, connect, connect_when_ready
 from workers import operations
 from workers.jobs import worker_connection
 from tests.helpers.wait import wait_for, wait_until
@@ -164,6 +166,26 @@ def assert_started_after_waiting(processes: dict, url: str, reason: str) -> None
 
 
 # -- started before Redis --------------------------------------------------------------
+
+def test_a_redis_gone_again_before_the_first_reads_is_waited_for_again(single_redis_url):
+    """A scanner whose Redis answered the readiness check, then was killed before the
+    scanner read its data layout, died with a traceback (test_outage in CI); each process
+    waits for Redis again instead (connect_when_ready)."""
+    calls = []
+
+    def establish(client):
+        calls.append(client)
+        if len(calls) == 1:
+            raise redis.exceptions.ConnectionError("Error 111 connecting. Connection refused.")
+        return client.ping()
+
+    options = SimpleNamespace(redis_url=single_redis_url, redis_timeout=1000)
+    naps = []
+    client, layout = connect_when_ready(options, lambda: False, logging.getLogger("test"),
+                                        naps.append, first=establish)
+    assert (layout, len(calls), naps) == (True, 2, [READY_EVERY])
+    assert calls[1] is client and client.ping()
+
 
 def test_each_waits_for_a_redis_started_after_it_then_serves(relay_processes, tmp_path):
     port = embedded.free_port()

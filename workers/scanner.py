@@ -356,16 +356,16 @@ def main(options) -> None:
     stopping: list[bool] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.append(True))
-    client = connect_when_ready(options, lambda: bool(stopping), log)
-    if client is None:
-        log.info("scanner stopped before redis at %s was ready: it scanned nothing and "
-                 "registered nowhere", redacted_url(options.redis_url))
-        return
     try:
-        layout = establish(client)
+        ready = connect_when_ready(options, lambda: bool(stopping), log, first=establish)
     except LayoutRefused as e:
         print(f"relay: {e}", file=sys.stderr)
         sys.exit(2)
+    if ready is None:
+        log.info("scanner stopped before redis at %s was ready: it scanned nothing and "
+                 "registered nowhere", redacted_url(options.redis_url))
+        return
+    client, layout = ready
     store = Store(client, **replication(options), topic_partitions=options.topic_partitions,
                   topic_retention_ms=options.retention_time)
     scanner = Scanner(store, options.queue_scan_interval, options.queue_scan_limit,

@@ -63,7 +63,9 @@ LATENCY_FLUSH_INTERVAL = 1.0
 
 
 class Broker:
-    def __init__(self, options: Options, client: RedisClient | None = None):
+    def __init__(self, options: Options, client: RedisClient | None = None,
+                 layout: int | None = None):
+        """`layout`: the data layout in force, as establish() read it (read if None)."""
         self.options = options
         self.id = new_id()
         self.redis = client or connect_redis(options)
@@ -90,7 +92,8 @@ class Broker:
         self.wakeups = WakeupListener(self)
         self.http = nsqd_server(self)
         self.lookupd = lookupd_server(self)
-        self.registry = Registry(self.redis, self.id, establish(self.redis))
+        self.registry = Registry(self.redis, self.id,
+                                 establish(self.redis) if layout is None else layout)
         self.e2e = E2eLatency(options.e2e_processing_latency_percentiles,
                               options.e2e_processing_latency_window_time)
         self.tcp_port = 0
@@ -431,12 +434,12 @@ def serve(options: Options, started=None) -> None:
     then serve until SIGTERM or SIGINT, which also end the wait."""
     stop = stop_on_signals()
     _check_before_waiting(options)
-    client = connect_when_ready(options, stop.is_set, log, stop.wait)
-    if client is None:
+    ready = connect_when_ready(options, stop.is_set, log, stop.wait, first=establish)
+    if ready is None:
         log.info("broker stopped before redis at %s was ready: it served nothing and "
                  "registered nowhere", redacted_url(options.redis_url))
         return
-    Broker(options, client).serve_forever(started, stop)
+    Broker(options, *ready).serve_forever(started, stop)
 
 
 def _check_before_waiting(options: Options) -> None:

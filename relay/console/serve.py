@@ -30,10 +30,11 @@ def serve(options: Options) -> None:
     if options.console_auth_file:
         load_file(options.console_auth_file)    # a bad file fails before the wait
     listener = listen(options.console_address)     # a port in use fails before the wait
-    client = connect_when_ready(options, stop.is_set, log, stop.wait)
-    if client is None:
+    # a data layout this release cannot read: one line, not a page (check)
+    ready = connect_when_ready(options, stop.is_set, log, stop.wait, first=check)
+    if ready is None:
         return
-    check(client)   # a data layout this release cannot read: one line, not a page
+    client = ready[0]
     store = Store(client, **replication(options))
     server = Http1Server(listener, create_app(store, options),
                          lambda method, path: (MAX_FORM_BYTES, TOO_BIG))

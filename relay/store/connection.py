@@ -12,7 +12,7 @@ client `connect` gives depends on what answers at the URL.
 
 import logging
 import time
-from typing import Any, Callable, TypeAlias, TypeGuard
+from typing import Any, Callable, TypeAlias, TypeGuard, TypeVar
 from urllib.parse import urlparse, urlunparse
 
 import redis
@@ -35,6 +35,7 @@ MAX_CONNECTIONS = 100
 
 # what `connect` gives: one server's client, or the cluster's
 RedisClient: TypeAlias = redis.Redis | RedisCluster
+T = TypeVar("T")
 
 # what a call raises when Redis cannot be reached, or a cluster cannot serve the slot:
 # the cluster client's "cannot be connected" and "slots not covered" are neither
@@ -194,13 +195,19 @@ def wait_until_ready(url: str, stopping: Callable[[], bool], log: logging.Logger
 
 
 def connect_when_ready(options, stopping: Callable[[], bool], log: logging.Logger,
-                       sleep: Callable[[float], Any] = time.sleep) -> "RedisClient | None":
-    """connect_redis once the Redis of `options` can serve (wait_until_ready); None if
-    stopping first. A Redis that goes away between the check and the connection is
-    waited for again."""
+                       sleep: Callable[[float], Any] = time.sleep, *,
+                       first: "Callable[[RedisClient], T]") -> "tuple[RedisClient, T] | None":
+    """connect_redis once the Redis of `options` can serve (wait_until_ready), and
+    first(client): the process's first reads, its data layout; None if stopping first. A
+    Redis that goes away between the check and these is waited for again (a scanner
+    whose Redis was killed just as it came back died there with a traceback)."""
     while wait_until_ready(options.redis_url, stopping, log, sleep):
+        client = None
         try:
-            return connect_redis(options)
+            client = connect_redis(options)
+            return client, first(client)
         except UNREACHABLE:
+            if client is not None:
+                client.close()
             sleep(READY_EVERY)
     return None
