@@ -11,6 +11,7 @@ from relay import embedded
 from relay.store import Store, keys
 from relay.store.connection import connect
 from relay.store.layout import Deployment
+from tests.helpers.servers import flush
 from tests.helpers.wait import wait_for
 from tests.helpers.wire import Wire
 
@@ -34,9 +35,18 @@ def arguments(command: str) -> list[str]:
             "console": ["--console-address", port()]}.get(command, [])
 
 
+@pytest.fixture
+def client(redis_url):
+    """A client of the test's Redis, flushed after the test (and after its processes
+    stopped, as it is asked for first): the layout no release reads that the test sets
+    would refuse the processes of a later test on the same Redis that does not flush it
+    first (test_processes_cli's failed so when run after this module)."""
+    yield connect(redis_url)
+    flush(redis_url)
+
+
 @pytest.mark.parametrize("command", ["broker", "scanner", "jobs", "console"])
-def test_a_process_refuses_to_start_on_a_layout_it_cannot_read(processes, redis_url, command):
-    client = connect(redis_url)
+def test_a_process_refuses_to_start_on_a_layout_it_cannot_read(client, processes, command):
     client.set(keys.LAYOUT, 3)
     proc = processes._start(command, arguments(command))
     assert proc.wait(30) == 2
@@ -46,10 +56,9 @@ def test_a_process_refuses_to_start_on_a_layout_it_cannot_read(processes, redis_
 
 
 def test_processes_that_find_a_layout_they_cannot_read_stop_without_touching_data(
-        processes, redis_url):
+        client, processes):
     """The broker stops without its drain (which would requeue the message it holds in
     flight) and without leaving the registry; the scanner and jobs worker stop too."""
-    client = connect(redis_url)
     broker, port = processes.broker()
     running = {"broker": broker, "scanner": processes.scanner(), "jobs": processes.jobs()}
     releases = lambda: sorted((p.kind, p.release) for p in Deployment.read(client).processes)  # noqa: E731,E501
