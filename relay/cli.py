@@ -167,6 +167,9 @@ def redis(config, redis_conf, data_dir, masters, replicas, **flags):
     except ConfigError as e:
         click.echo(f"relay: {e}", err=True)
         sys.exit(2)
+    except embedded.NodeFailed as e:
+        click.echo(f"relay: {e}", err=True)
+        sys.exit(1)
     os.execv(args[0], args)
 
 

@@ -138,8 +138,14 @@ class ClusterSupervisor:
         """A dead node whose back off is over: start it again from its data folder."""
         if time.monotonic() < node.start_at:
             return
-        node.proc, _ = embedded.spawn_cluster_node(
-            node.port, self.data_dir, conf=self.conf, node_timeout=self.node_timeout)
+        try:
+            node.proc, _ = embedded.spawn_cluster_node(
+                node.port, self.data_dir, conf=self.conf, node_timeout=self.node_timeout)
+        except embedded.NodeFailed as e:  # its port or bus port taken meanwhile
+            node.backoff = min(max(2 * node.backoff, FIRST_BACKOFF), MAX_BACKOFF)
+            node.start_at = time.monotonic() + node.backoff
+            log.warning(f"{e}; trying again in {node.backoff:.0f} s")
+            return
         node.started, node.state = time.monotonic(), STARTING
 
     def _await_listening(self, node: Node) -> None:

@@ -3,6 +3,7 @@
 import fcntl
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -100,17 +101,77 @@ def free_port() -> int:
 
 def free_ports(count: int) -> int:
     """The first of `count` free consecutive ports, with their cluster bus ports (+10000)
-    free: a node restarted from its nodes.conf must find its bus where its peers knew it."""
+    free, all below the kernel's ephemeral range (no outgoing connection takes one
+    between this check and a node's bind)."""
+    last = max(ephemeral_ports().start - BUS_OFFSET - count, 2048)
     while True:
-        first = random.randrange(20000, 45000)
-        try:
-            for port in range(first, first + count):
-                for p in (port, port + BUS_OFFSET):
-                    with socket.socket() as s:
-                        s.bind(("127.0.0.1", p))
+        first = random.randrange(1024, last)
+        if all(bindable(p) for port in range(first, first + count)
+               for p in (port, port + BUS_OFFSET)):
             return first
+
+
+def bindable(port: int) -> bool:
+    """Whether a server could listen on the port now (SO_REUSEADDR, as servers bind:
+    a closed connection's TIME_WAIT does not hold it, a live one does)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
         except OSError:
-            continue
+            return False
+        return True
+
+
+def ephemeral_ports() -> range:
+    """The kernel's ports for outgoing connections: any connect() may take one of them
+    between a check that it is free and a server's bind."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = map(int, f.read().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+class NodeFailed(RuntimeError):
+    """A cluster node exited before it listened; the message names it and says why."""
+
+
+def bus_port(port: int, node_dir: str, any_port: bool = True) -> int:
+    """A node's cluster bus port, chosen before it starts: the one its nodes.conf has
+    (where its peers know it), else port + 10000 if free and out of the kernel's
+    ephemeral range, else a free port below that range. `any_port` False: a server
+    without `cluster-port` (Redis 6.2), whose bus is port + 10000 or nothing."""
+    known = _known_bus_port(node_dir)
+    if known:
+        return known
+    bus = port + BUS_OFFSET
+    ephemeral = ephemeral_ports()
+    if not any_port:
+        if bus > 65535 or not bindable(bus):
+            raise NodeFailed(f"node 127.0.0.1:{port}: its cluster bus port {bus} (port + "
+                             f"{BUS_OFFSET}, as Redis 6.2 has it) is taken")
+        return bus
+    if bus <= 65535 and bus not in ephemeral and bindable(bus):
+        return bus
+    below = range(max(1024, ephemeral.start - 10_000), ephemeral.start)
+    for candidate in random.sample(below, min(len(below), 200)):
+        if bindable(candidate):
+            return candidate
+    raise NodeFailed(f"node 127.0.0.1:{port}: no free cluster bus port below "
+                     f"{ephemeral.start}")
+
+
+def _known_bus_port(node_dir: str) -> int | None:
+    """The bus port of the `myself` line of the node's nodes.conf, if it has one."""
+    try:
+        with open(os.path.join(node_dir, "nodes.conf")) as f:
+            mine = next((line for line in f if "myself" in line), "")
+    except OSError:
+        return None
+    found = re.search(r":\d+@(\d+)", mine)
+    return int(found.group(1)) if found else None
 
 
 def cluster_binary() -> str:
@@ -152,7 +213,7 @@ def start_cluster(ports: list, data_dir: str, extra: tuple = (), conf: str | Non
                                                node_timeout)
                 procs.append(proc)
                 buses.append(bus)
-            wait_for_port("127.0.0.1", port, proc)
+            wait_for_node(port, bus, data_dir, proc)
         _join(ports, buses, timeout, replicas)
     except BaseException:
         stop_nodes(procs)
@@ -277,23 +338,47 @@ def _cluster_node(port: int, data_dir: str, extra: tuple = (), conf: str | None 
     listens. The bus is on port + 10000 as Redis does, so a restart finds its peers. A
     replica's full sync starts at once (no diskless sync delay: 5 s by default)."""
     proc, bus = spawn_cluster_node(port, data_dir, extra, conf, binary, node_timeout)
-    wait_for_port("127.0.0.1", port, proc)
+    wait_for_node(port, bus, data_dir, proc)
     return proc, bus
+
+
+def wait_for_node(port: int, bus: int, data_dir: str, proc: subprocess.Popen) -> None:
+    """wait_for_port for a cluster node; NodeFailed if it exits first, with the reason
+    its log gives (a port taken, most often)."""
+    try:
+        wait_for_port("127.0.0.1", port, proc)
+    except RuntimeError:
+        raise NodeFailed(f"node 127.0.0.1:{port} (cluster bus port {bus}) exited with "
+                         f"{proc.returncode}: {node_log_reason(data_dir, port)}") from None
+
+
+def node_log_reason(data_dir: str, port: int) -> str:
+    """The last warning of a node's log (NODE_LOG), without its pid and time stamp."""
+    path = os.path.join(data_dir, str(port), NODE_LOG)
+    try:
+        with open(path, errors="replace") as f:
+            warnings = [line for line in f if " # " in line]
+    except OSError:
+        return f"no log at {path}"
+    return warnings[-1].split(" # ", 1)[1].strip() if warnings else f"see {path}"
 
 
 def spawn_cluster_node(port: int, data_dir: str, extra: tuple = (), conf: str | None = None,
                        binary: str | None = None, node_timeout: int = NODE_TIMEOUT) -> tuple:
     """_cluster_node without the wait: (process, bus port) at once, for a supervisor that
     must not stop watching the other nodes while one starts. The node logs to NODE_LOG
-    in its folder, which says why it died if it did of itself."""
+    in its folder, which says why it died if it did of itself. Its bus port is chosen
+    first (bus_port): NodeFailed if it has none."""
     node_dir = os.path.join(data_dir, str(port))
     os.makedirs(node_dir, exist_ok=True)
-    bus = port + BUS_OFFSET if port + BUS_OFFSET < 65536 else free_port()
+    if not bindable(port):
+        raise NodeFailed(f"node 127.0.0.1:{port}: its port {port} is taken")
+    any_port = binary is None or "valkey" in os.path.basename(binary)
+    bus = bus_port(port, node_dir, any_port)
     proc = subprocess.Popen(
         [binary or cluster_binary(), *([os.path.abspath(conf)] if conf else []),
          "--port", str(port), "--bind", "127.0.0.1", "--dir", node_dir,
-         "--cluster-enabled", "yes",
-         *(["--cluster-port", str(bus)] if bus != port + BUS_OFFSET else []),
+         "--cluster-enabled", "yes", *(["--cluster-port", str(bus)] if any_port else []),
          "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", str(node_timeout),
          "--repl-diskless-sync-delay", "0",
          "--logfile", os.path.abspath(os.path.join(node_dir, NODE_LOG)), *extra],

@@ -7,6 +7,7 @@ keeps dying, and SIGTERM stops every node."""
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -15,9 +16,11 @@ import time
 import pytest
 import redis
 from redis.cluster import RedisCluster
+from redis.crc import key_slot
 
 from relay import embedded
 from relay.cluster_supervisor import QUICK_DEATH, ClusterSupervisor
+from relay.embedded import BUS_OFFSET
 from relay.codec import FRAME_RESPONSE
 from relay.store.keys import TopicKeys
 from tests.helpers.processes import Processes
@@ -35,9 +38,12 @@ class Cluster:
     """`relay redis --cluster` as a process, from the checkout (so its nodes get
     conf/redis.conf, as a user's do), its output in a file."""
 
-    def __init__(self, tmp_path, masters: int, replicas: int):
+    def __init__(self, tmp_path, masters: int, replicas: int, hold_bus: int | None = None):
+        """`hold_bus`: the index of a node whose port + 10000 something else listens on
+        from before the start (self.held, closed by stop)."""
         first = embedded.free_ports(masters * (1 + replicas))
         self.ports = list(range(first, first + masters * (1 + replicas)))
+        self.held = None if hold_bus is None else listening(self.ports[hold_bus] + BUS_OFFSET)
         self.data = tmp_path / "data"
         self.log = open(tmp_path / "cluster.log", "w+")
         self.proc = subprocess.Popen(
@@ -75,6 +81,23 @@ class Cluster:
             return self.proc.wait(30)
         finally:
             self.log.close()
+            if self.held:
+                self.held.close()
+
+
+def listening(port: int) -> socket.socket:
+    held = socket.socket()
+    held.bind(("127.0.0.1", port))
+    held.listen()
+    return held
+
+
+def bus_ports(port: int) -> dict:
+    """Each node's cluster bus port, as the node on `port` knows it."""
+    client = redis.Redis(port=port, decode_responses=True)
+    client.set_response_callback("CLUSTER NODES", lambda reply, **_: reply)  # cports kept
+    found = (re.search(r":(\d+)@(\d+)", line) for line in client.cluster("nodes").splitlines())
+    return {int(m.group(1)): int(m.group(2)) for m in found}
 
 
 def pid(port: int) -> int:
@@ -223,11 +246,20 @@ def report(killed: float, rejoined: float, producer: Producer) -> None:
 
 def test_a_master_without_replicas_comes_back_from_its_aof_and_one_that_keeps_dying_is_backed_off(
         tmp_path):
-    cluster = Cluster(tmp_path, masters=3, replicas=0)
+    """The master killed had its port + 10000 taken before the cluster started: its bus
+    is on a port below the kernel's ephemeral range, where it comes back."""
+    killed = key_slot(b"acknowledged") * 3 // embedded.SLOTS   # the master that serves it
+    cluster = Cluster(tmp_path, masters=3, replicas=0, hold_bus=killed)
     try:
         client = RedisCluster(host="127.0.0.1", port=cluster.ports[0])
         client.set("acknowledged", "before the kill")
         dead = client.get_node_from_key("acknowledged").port
+        assert dead == cluster.ports[killed]
+        buses = bus_ports(cluster.ports[0])
+        assert buses[dead] != dead + BUS_OFFSET
+        assert buses[dead] < embedded.ephemeral_ports().start
+        assert [buses[p] for p in cluster.ports if p != dead] == [
+            p + BUS_OFFSET for p in cluster.ports if p != dead]
         node = redis.Redis(port=dead)
         assert node.execute_command("WAITAOF", 1, 0, 1000) == [1, 0]  # fsynced
         slots, before = slots_of(dead), pid(dead)
@@ -246,6 +278,7 @@ def test_a_master_without_replicas_comes_back_from_its_aof_and_one_that_keeps_dy
                                    rf"keys loaded: 1, {FIGURE} s after it died")]
         assert RedisCluster(host="127.0.0.1", port=cluster.ports[0]).get(
             "acknowledged") == b"before the kill"
+        assert bus_ports(cluster.ports[0]) == buses
 
         time.sleep(max(0.0, QUICK_DEATH - (time.monotonic() - back)))  # not dying quickly
         assert dying_thrice(cluster, dead) == ["killed by SIGKILL; starting it again"] + [
@@ -358,3 +391,41 @@ def test_a_stop_just_after_a_node_is_spawned_still_stops_it(tmp_path, monkeypatc
             proc.wait()
             assert not left_running
     assert len(spawned) == 1
+
+
+def test_a_node_whose_port_is_taken_stops_the_cluster_with_one_line(tmp_path):
+    """Something listens on the second node's port: `relay redis --cluster` says which
+    node and port in one line, exits 1, and the first node does not outlive it."""
+    first = embedded.free_ports(3)
+    held = listening(first + 1)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "relay", "redis", "--cluster", "3", "--redis-url",
+             f"redis://127.0.0.1:{first}/0", "--data-dir", str(tmp_path)],
+            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    finally:
+        held.close()
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        1, "", f"relay: node 127.0.0.1:{first + 1}: its port {first + 1} is taken\n")
+    assert not embedded.listens("127.0.0.1", first)
+
+
+def test_a_node_that_cannot_bind_its_bus_says_why_from_its_log(tmp_path, monkeypatch):
+    """The bus port taken between the choice and the node's bind: the error names the
+    node, the port and the line of its log that says why."""
+    port, bus = embedded.free_ports(1), embedded.free_ports(1)
+    monkeypatch.setattr(embedded, "bus_port", lambda *_: bus)
+    with listening(bus), pytest.raises(embedded.NodeFailed) as failed:
+        embedded.start_cluster([port], str(tmp_path))
+    assert str(failed.value) == (f"node 127.0.0.1:{port} (cluster bus port {bus}) exited with "
+                                 f"1: Failed listening on port {bus} (cluster), aborting.")
+
+
+def test_redis_6_takes_its_bus_at_port_plus_10000_or_names_it(tmp_path):
+    port = embedded.free_ports(1)
+    with listening(port + BUS_OFFSET):
+        with pytest.raises(embedded.NodeFailed) as failed:
+            embedded.start_cluster([port], str(tmp_path), binary=embedded.server_binary())
+    assert str(failed.value) == (f"node 127.0.0.1:{port}: its cluster bus port "
+                                 f"{port + BUS_OFFSET} (port + 10000, as Redis 6.2 has it) "
+                                 "is taken")

@@ -8,22 +8,12 @@ an outgoing connection can take no port there between the check and a node's bin
 """
 
 import os
-import socket
 
-from relay.embedded import BUS_OFFSET
+from relay.embedded import BUS_OFFSET, bindable
 
 FIRST = 10_000
 SPAN = 2_000
 RANGES = 5      # 10000-19999; bus ports 20000-29999; the ephemeral range starts at 32768
-
-
-def bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 class WorkerPorts:
