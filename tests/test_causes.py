@@ -4,8 +4,11 @@ give, as redis-py's parser makes them exceptions."""
 
 import pytest
 from redis._parsers.base import BaseParser
+from redis.cluster import RedisCluster
 
+from relay.errors import StoreConnectionError
 from relay.store.causes import cause
+from relay.store.runner import guarded
 
 SHA = "85a3" + "0" * 36
 
@@ -55,3 +58,15 @@ SHA = "85a3" + "0" * 36
 ])
 def test_an_error_is_told_by_its_cause(reply, expected):
     assert cause(BaseParser.parse_error(reply)) == expected
+
+
+def test_a_slot_map_in_flux_inside_the_cluster_client_is_an_outage_not_a_crash():
+    """redis-py's cluster client, given a node None for a slot while slots move, raises
+    AttributeError from redis/cluster.py (redis/redis-py#3835): a scanner died of it in
+    test_cluster. guarded makes it StoreConnectionError; any other AttributeError stays."""
+    with pytest.raises(StoreConnectionError) as raised:
+        guarded(RedisCluster.get_redis_connection, None, None)
+    assert str(raised.value) == ("the cluster's slot map is changing: 'NoneType' object has "
+                                 "no attribute 'redis_connection'")
+    with pytest.raises(AttributeError):
+        guarded(lambda: None.redis_connection)  # type: ignore[attr-defined]

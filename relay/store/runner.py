@@ -18,6 +18,7 @@ Redis may have run it. One that failed before (refused, not connected) did not r
 """
 
 import hashlib
+import os
 import re
 import time
 from importlib import resources
@@ -172,6 +173,22 @@ def guarded(fn: Callable[..., Any], *args: Any) -> Any:
         if isinstance(e.__cause__, UNREACHABLE_CAUSES):    # "cannot be connected"
             raise StoreConnectionError(str(e)) from e
         raise StoreError(str(e)) from e     # the client's own, e.g. keys of two slots
+    except AttributeError as e:
+        if not _from_cluster_client(e):
+            raise
+        # redis-py's cluster client, its slot map in flux while slots move, picks a node
+        # None for a slot ("'NoneType' object has no attribute 'redis_connection'":
+        # redis/redis-py#3835, open): a scanner died of it; the next call finds the map
+        raise StoreConnectionError(f"the cluster's slot map is changing: {e}") from e
+
+
+def _from_cluster_client(error: Exception) -> bool:
+    """Whether the error was raised inside redis-py's cluster client (redis/cluster.py)."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_filename.endswith(
+        os.path.join("redis", "cluster.py"))
 
 
 class ScriptRunner:
