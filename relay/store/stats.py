@@ -44,6 +44,7 @@ def collect(store: Store, topic: str | None = None, channel: str | None = None,
         masters = [store.nodes.address(part) for part in parts_of_topic] if by_part else []
         channels = []
         for ch in chs:
+            turns.take()
             channel_parts = next(figures)
             c = summed(channel_parts)
             channels.append({"channel_name": ch, "depth": c["depth"],

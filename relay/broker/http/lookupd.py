@@ -12,8 +12,9 @@ import logging
 from relay.broker import registry
 from relay.codec import NSQD_VERSION, is_valid_name
 from relay.broker.context import BrokerContext
-from relay.broker.http.server import (HttpError, HttpServer, Routes, existing_topic, from_registry,
-                               from_store)
+from relay.broker.http.server import (JSON, HttpError, HttpServer, Routes, Typed,
+                                      existing_topic, from_registry, from_store, json_bytes)
+from relay.broker.http.shared import SharedReads
 from relay.broker.registry import live_brokers
 
 log = logging.getLogger("relay.http")
@@ -29,6 +30,7 @@ class LookupdApi:
 
     def __init__(self, broker: BrokerContext):
         self.broker = broker
+        self.shared = SharedReads()
 
     def queries(self) -> Routes:
         """What a consumer asks a lookupd: served on nsqd's port too."""
@@ -65,13 +67,18 @@ class LookupdApi:
         return {"channels": from_store(self.broker, lambda s: s.channel_names(topic))}
 
     def nodes(self, request):
-        """Every live broker, tombstoned or not, with a tombstone flag per topic."""
+        """Every live broker, tombstoned or not, with a tombstone flag per topic: one
+        read of every topic's tombstones for all the pollers asking at once."""
+        return self.shared.read("nodes", self._nodes)
+
+    def _nodes(self) -> Typed:
         topics = from_store(self.broker, lambda s: s.topic_names())
         brokers, tombstones = from_registry(
             self.broker, lambda r: (live_brokers(r), registry.tombstoned(r, topics)))
-        return {"producers": [{**_peer(b), "topics": topics,
-                               "tombstones": [registry.node(b) in tombstones[t] for t in topics]}
-                              for b in brokers]}
+        return Typed(json_bytes({"producers": [
+            {**_peer(b), "topics": topics,
+             "tombstones": [registry.node(b) in tombstones[t] for t in topics]}
+            for b in brokers]}), JSON)
 
     def topic_create(self, request):
         """nsqlookupd registers the topic; a bad name is its INVALID_ARG_TOPIC."""

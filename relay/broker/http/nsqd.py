@@ -25,7 +25,8 @@ from relay.broker.http.history import HistoryApi
 from relay.broker.http.lookupd import LookupdApi
 from relay.broker.http.server import (JSON, HttpError, HttpServer, Routes, Typed,
                                       existing_channel, existing_topic, from_registry,
-                                      from_store)
+                                      from_store, json_bytes)
+from relay.broker.http.shared import SharedReads
 from relay.broker.metrics import CONTENT_TYPE
 from relay.log import LEVELS, set_level
 from relay.options import DURATION
@@ -56,6 +57,7 @@ class NsqdApi:
         self.broker = broker
         self.options = broker.options
         self.start_time = int(time.time())
+        self.shared = SharedReads()
 
     def routes(self) -> Routes:
         return {
@@ -341,11 +343,19 @@ class NsqdApi:
         self.broker.options = dataclasses.replace(self.broker.options, log_level=level)
 
     def metrics(self, request):
-        return Typed(from_store(self.broker, lambda s: self.broker.metrics.render()), CONTENT_TYPE)
+        return self.shared.read("metrics", lambda: Typed(
+            from_store(self.broker, lambda s: self.broker.metrics.render()), CONTENT_TYPE))
 
     def stats(self, request):
+        """One read for all the pollers asking at once (shared.py), encoded once."""
         topic, channel = request.arg("topic"), request.arg("channel")
         include_clients = BOOLS.get(request.arg("include_clients") or "", True)
+        as_json = request.arg("format") == "json"
+        return self.shared.read(("stats", topic, channel, include_clients, as_json),
+                                lambda: self._stats(topic, channel, include_clients, as_json))
+
+    def _stats(self, topic: str | None, channel: str | None, include_clients: bool,
+               as_json: bool) -> str | Typed:
         self.broker.flush_latency()
         data = from_store(self.broker, lambda s: stats.collect(s, topic, channel, self.broker.e2e))
         clients = self._clients() if include_clients else {}
@@ -355,10 +365,11 @@ class NsqdApi:
         health = self.health() or "OK"
         producers = [producer_stats(c) for c in list(self.broker.clients.values())
                      if c.pub_counts] if include_clients else []
-        if request.arg("format") != "json":
+        if not as_json:
             return stats.text(data, health, self.start_time, producers)
-        return {"version": NSQD_VERSION, "health": health, "start_time": self.start_time,
-                "topics": data["topics"], "producers": producers}
+        return Typed(json_bytes({"version": NSQD_VERSION, "health": health,
+                                 "start_time": self.start_time, "topics": data["topics"],
+                                 "producers": producers}), JSON)
 
     def _clients(self) -> dict:
         """This broker's consumers, by (topic, channel), in nsqd's ClientStats shape."""

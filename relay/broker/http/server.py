@@ -10,12 +10,12 @@ server refuses a body past its path's limit before reading it (body_limit).
 
 import functools
 import html
-import json
 import logging
 import re
 from typing import Callable, NamedTuple
 from urllib.parse import parse_qs
 
+import orjson
 import redis
 
 from relay import codec
@@ -336,10 +336,15 @@ def encode(code: int, data) -> tuple[str, list, bytes]:
     elif isinstance(data, bytes):
         body = data
     else:
-        body = json.dumps(data, separators=(",", ":")).encode()
+        body = json_bytes(data)
         headers.append(("Content-Type", JSON))
     headers.append(("Content-Length", str(len(body))))
     return f"{code} {REASONS.get(code, '')}", headers, body
+
+
+def json_bytes(data) -> bytes:
+    """Compact JSON, UTF-8 (non-ASCII not escaped, as Go writes it)."""
+    return orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS)
 
 
 class BearerAuth:

@@ -1,0 +1,99 @@
+"""Heavy reads off the serving path (issue 57 item 2): /stats, /metrics and /nodes read
+thousands of keys, once for all the requests that ask at once (relay/broker/http/
+shared.py), and never hold the loop that answers publishers for long."""
+
+import http.client
+import json
+import threading
+import time
+
+import gevent
+import pytest
+
+from relay.broker.http.shared import SharedReads
+from relay.store import Store
+from relay.store.connection import connect
+from tests.helpers.witness import Witness
+
+CHANNELS = 5000
+POLLERS = 4
+# the targets are /stats in 0.1 s and the witness's slowest PUB in 0.15 s beside 4
+# pollers (BENCHMARKS.md has them beside nsqd); bounds for a shared 2-core machine
+SLOWEST_STATS = 0.5
+SLOWEST_PUB = 0.5
+
+
+def test_requests_during_a_read_wait_for_the_next_and_share_it():
+    """The first request starts a read; two that come while it runs get the next one,
+    begun after they came (so it holds what their clients did before), read once."""
+    shared, began = SharedReads(), []
+
+    def read():
+        began.append(time.monotonic())
+        number = len(began)
+        gevent.sleep(0.05)
+        return number
+
+    first = gevent.spawn(shared.read, "stats", read)
+    gevent.sleep(0.01)
+    came = time.monotonic()
+    later = [gevent.spawn(shared.read, "stats", read) for _ in range(2)]
+    other = gevent.spawn(shared.read, "metrics", read)
+    gevent.joinall([first, *later, other], raise_error=True)
+    assert [first.value, *(g.value for g in later)] == [1, 3, 3]
+    assert other.value == 2     # another key's read is its own, at once
+    assert len(began) == 3 and began[2] >= came
+
+
+def test_a_read_that_fails_fails_every_request_that_shared_it():
+    shared = SharedReads()
+
+    def read():
+        gevent.sleep(0.02)
+        raise RuntimeError("redis gone")
+
+    waiting = [gevent.spawn(shared.read, "stats", read) for _ in range(3)]
+    gevent.joinall(waiting)
+    assert [str(g.exception) for g in waiting] == ["redis gone"] * 3
+    assert shared.read("stats", lambda: "back") == "back"
+
+
+def stats(http_port: int) -> tuple[float, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", http_port, timeout=30)
+    started = time.perf_counter()
+    conn.request("GET", "/stats?format=json")
+    response = conn.getresponse()
+    body = response.read()
+    took = time.perf_counter() - started
+    conn.close()
+    assert response.status == 200
+    return took, json.loads(body)
+
+
+@pytest.mark.integration
+def test_four_stats_pollers_at_5000_channels_leave_publishers_served(processes, redis_url):
+    _, port = processes.broker()
+    http_port = processes.http_ports[port]
+    store = Store(connect(redis_url))
+    for i in range(CHANNELS):
+        store.subscribe("wide", f"c{i}", "test")
+    store.publish("wide", [b"x"])
+    stats(http_port)        # the broker's first look at the topic
+    took, data = stats(http_port)
+    [topic] = data["topics"]
+    assert (len(topic["channels"]), {c["depth"] for c in topic["channels"]}) == (CHANNELS, {1})
+    assert took < SLOWEST_STATS
+
+    witness = Witness(port)
+    until, answers = time.monotonic() + 5, [[] for _ in range(POLLERS)]
+
+    def poll(answered: list) -> None:
+        while time.monotonic() < until:
+            answered.append(len(stats(http_port)[1]["topics"][0]["channels"]))
+    pollers = [threading.Thread(target=poll, args=(a,)) for a in answers]
+    for poller in pollers:
+        poller.start()
+    for poller in pollers:
+        poller.join(60)
+    assert witness.stop() < SLOWEST_PUB
+    assert all(a and set(a) == {CHANNELS} for a in answers), answers
