@@ -70,6 +70,15 @@ def unread_bytes(sock) -> int:
 inherited: dict[str, socket.socket] = {}
 
 
+# connections a listener accepts per turn of the event loop (gevent's default: 100). Each
+# one's greenlet starts from the loop's callback queue, behind which every wake-up waits
+# (a lane's next pipeline, a channel's delivery); the loop runs 5 ms of callbacks per
+# turn, so 100 new connections a turn, at about 0.3 ms each, grew that queue without
+# bound under a flood of connections: a PUB waited 1.1-7.4 s (issue 57). Eight a turn
+# cost at most about 2.5 ms of it.
+MAX_ACCEPT = 8
+
+
 def listen(address: str) -> socket.socket:
     """A listening socket that other broker processes may share (SO_REUSEPORT). An
     OSError names the address (its `filename`), so the one line says which port."""

@@ -39,7 +39,7 @@ from relay.deadlines import Deadlines
 from relay.errors import StoreError
 from relay.liveness import new_id
 from relay.options import Options, redacted_url
-from relay.sockio import listen, raise_open_file_limit, reserve
+from relay.sockio import MAX_ACCEPT, listen, raise_open_file_limit, reserve
 from relay.store import Store, connect_redis, replication
 from relay.store.commit import GroupCommit
 from relay.store.connection import UNREACHABLE, RedisClient, connect_when_ready
@@ -113,6 +113,7 @@ class Broker:
         """Listen and start the background loops; returns the TCP address bound."""
         self.max_clients = max(raise_open_file_limit() - FILES_RESERVED, 1)
         self._server = StreamServer(listen(self.options.tcp_address), self.handle)
+        self._server.max_accept = MAX_ACCEPT
         self._server.start()
         collector.install()
         self._wakeups = [gevent.spawn(self.wakeups.run), gevent.spawn(self.wakeups.catch_up)]

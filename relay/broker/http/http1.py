@@ -30,7 +30,7 @@ from gevent.pool import Pool
 from gevent.server import StreamServer
 
 from relay.log import ClientFaults
-from relay.sockio import Turns, send_all
+from relay.sockio import MAX_ACCEPT, Turns, send_all
 
 log = logging.getLogger("relay.http")
 
@@ -281,6 +281,8 @@ class Connection:
 
 class Http1Server(StreamServer):
     """A WSGI app served over strict HTTP/1.1 (and HTTPS with an ssl_context)."""
+
+    max_accept = MAX_ACCEPT
 
     def __init__(self, listener, app, body_limit: BodyLimit, ssl_context=None):
         extra = {"ssl_context": ssl_context} if ssl_context else {}
