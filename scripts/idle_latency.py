@@ -76,7 +76,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def commands(client) -> int:
-    return client.info("stats")["total_commands_processed"]
+    return client.info("stats")["total_commands_processed"] if client else 0
 
 
 def percentile(samples: list, q: float) -> float:
@@ -99,7 +99,7 @@ def measure(port: int, broker_pid: int, client, args) -> dict:
     time.sleep(args.idle_seconds)
     elapsed = time.monotonic() - start
     idle_cpu = (cpu_seconds(broker_pid) - cpu) / elapsed
-    idle_commands = (commands(client) - sent - 1) / elapsed
+    idle_commands = (commands(client) - sent - 1) / elapsed if client else 0
     per_topic = {}
     for consumer in consumers:
         per_topic[consumer.topic] = per_topic.get(consumer.topic, 0) + 1
@@ -142,12 +142,27 @@ def main():
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--gap-ms", type=int, default=20)
     parser.add_argument("--rev", help="run the broker of this git revision")
+    parser.add_argument("--nsqd", action="store_true",
+                        help="measure nsqd v1.3.0 (../shared/bin/nsq-1.3.0) instead")
     args = parser.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    if args.nsqd:
+        print(json.dumps({**run_nsqd(args), "revision": "nsqd v1.3.0"}))
+        return
     with checked_out(args.rev, "relay-idle-") as source:
         result = run(source, args)
     print(json.dumps({**result, "revision": args.rev or "this checkout"}))
+
+
+def run_nsqd(args) -> dict:
+    """The measurement on nsqd (its Redis figures 0)."""
+    from scripts.bench_stats import Nsqd
+    nsqd = Nsqd()
+    try:
+        return measure(nsqd.tcp_port, nsqd.proc.pid, None, args)
+    finally:
+        nsqd.stop()
 
 
 def run(source: str, args) -> dict:

@@ -73,6 +73,9 @@ class StoreBase:
         self._registered: dict[str, float] = {}
         self._partitions: dict[str, tuple[tuple[str, ...], float]] = {}  # part names, when
         self._counted: dict[str, int] = {}     # topic -> its news when its count was read
+        # topics whose partition count changed since the wake-up listener last looked
+        # (WakeupListener._grow: their local channels join the new parts)
+        self.recounted: set[str] = set()
         self._order_rules: dict[str, str] = {}  # topic -> its order key rule, read with it
         self._reading: dict[str, threading.Lock] = {}   # one read per topic at a time
         self._unread: dict[str, tuple[StoreError, float]] = {}  # a failed read, and when
@@ -93,6 +96,7 @@ class StoreBase:
         other._partitions, other._turns = self._partitions, self._turns
         other._reading, other.lookup = self._reading, self.lookup
         other._unread, other._order_rules = self._unread, self._order_rules
+        other.recounted = self.recounted
         other.nodes = self.nodes
         return other
 
@@ -216,6 +220,9 @@ class StoreBase:
         self.learn_parts(topic, keys.part_names(topic, count, salts))
 
     def learn_parts(self, topic: str, names: Sequence[str]) -> None:
+        known = self._partitions.get(topic)
+        if known is not None and len(known[0]) != len(names):
+            self.recounted.add(topic)
         self._partitions[topic] = (tuple(names), time.monotonic())
 
     def parts(self, topic: str, fresh: bool = False) -> list[str]:
