@@ -168,7 +168,10 @@ def test_the_node_index_keeps_a_requeue_on_time_across_many_topics(backend):
     busy = topics[::75]
     for topic in busy:
         store.publish(topic, [b"x"])
-        store.deliver(topic, "c", [("gone:1", 300, 1)])
+        # 1.5 s: the first pass below must come before these deadlines; with 300 ms a
+        # loaded machine's 4 publishes, delivers and the scanner's seeding took longer
+        # (this module run beside a full test suite, [cluster])
+        store.deliver(topic, "c", [("gone:1", 1500, 1)])
     scanner = Scanner(Store(backend))
     called = scans(scanner)
     assert scanner.scan_once() is False and called == []

@@ -4,6 +4,7 @@ from the node due indexes, and their seeding; stored parts, consumers' brokers) 
 a broker's wake-ups (topic versions, from the node news hashes; channel states)."""
 
 import functools
+import time
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import redis
@@ -101,12 +102,17 @@ class Reads(StoreBase):
         partition counts and placements read are learned, the others kept fresh. The
         topics of a read that failed are left out, for the next one."""
         groups = self.nodes.by_node(topics)
-        pipe = self.redis.pipeline(transaction=False)
-        for prefix, group in groups.items():
-            pipe.hmget(prefix + nodes.NEWS, group)
-        replies = self._guard(lambda: pipe.execute(raise_on_error=False))
+        if type(self.redis) is redis.Redis:     # one server: the same HMGET each second
+            replies = self._guard(self._read_pipeline, [
+                news_read(prefix + nodes.NEWS, tuple(group)) for prefix, group in groups.items()])
+        else:
+            pipe = self.redis.pipeline(transaction=False)
+            for prefix, group in groups.items():
+                pipe.hmget(prefix + nodes.NEWS, group)
+            replies = self._guard(lambda: pipe.execute(raise_on_error=False))
         read: dict = {}
         fallback = []
+        now = time.monotonic()
         for group, reply in zip(groups.values(), replies):
             if isinstance(reply, Exception):
                 if self.cluster:
@@ -121,7 +127,7 @@ class Reads(StoreBase):
                     continue
                 known = self._partitions.get(topic)
                 if known and self._counted.get(topic) == read[topic]:
-                    self.learn_parts(topic, known[0])
+                    self._partitions[topic] = (known[0], now)   # kept fresh: no news
                 else:
                     fallback.append(topic)
         if fallback:
@@ -320,6 +326,15 @@ def channel_reads(part: str, channel: str) -> Packed:
                 ("ZCARD", c.inflight), ("ZCARD", c.deferred), ("HGETALL", c.meta),
                 ("HVALS", c.consumers))
     return Packed(commands, resp.pack(commands))
+
+
+@functools.lru_cache(maxsize=8)
+def news_read(news: str, parts: tuple[str, ...]) -> Packed:
+    """The HMGET of the parts' fields of a node news hash, packed once for as long as a
+    broker follows the same parts: at 5,000 topics, packing it each second was a sixth
+    of an idle broker's CPU."""
+    command = ("HMGET", news, *parts)
+    return Packed((command,), resp.pack((command,)))
 
 
 def pairs(reply: Any) -> dict:
