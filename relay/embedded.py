@@ -103,9 +103,9 @@ def free_ports(count: int) -> int:
     """The first of `count` free consecutive ports, with their cluster bus ports (+10000)
     free, all below the kernel's ephemeral range (no outgoing connection takes one
     between this check and a node's bind)."""
-    last = max(ephemeral_ports().start - BUS_OFFSET - count, 2048)
+    last = max(ephemeral_ports().start - BUS_OFFSET - count, 10_001)
     while True:
-        first = random.randrange(1024, last)
+        first = random.randrange(10_000, last)
         if all(bindable(p) for port in range(first, first + count)
                for p in (port, port + BUS_OFFSET)):
             return first

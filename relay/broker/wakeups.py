@@ -329,13 +329,14 @@ class NodeLink:
             while True:
                 topics = listener.wanted()
                 if self.changed:
-                    self.changed = False
-                    added, removed = self.want - self.subscribed, self.subscribed - self.want
+                    # a change made while these calls wait is applied next time round
+                    self.changed, want = False, self.want
+                    added, removed = want - self.subscribed, self.subscribed - want
                     for channel in added:  # one per call: one call's channels share a slot
                         pubsub.ssubscribe(channel)
                     for channel in removed:
                         pubsub.sunsubscribe(channel)
-                    self.subscribed = set(self.want)
+                    self.subscribed = set(want)
                     for channel in added:
                         if channel in topics:
                             listener.messages_arrived(topics[channel])
