@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from relay.broker.context import BrokerContext
+from relay.sockio import Turns
 from relay.store import stats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -79,6 +80,7 @@ class _QueueCollector:
                          ["topic", "channel"]),
                         ("channel_overflowed", "Messages a depth limit dropped or "
                          "dead-lettered (relay-admin limit)", ["topic", "channel"])]}
+        turns = Turns()
         for t in data["topics"]:
             name = [t["topic_name"]]
             gauges["topic_depth"].add_metric(name, t["depth"])
@@ -87,6 +89,7 @@ class _QueueCollector:
             if "retention" in t:
                 _add_retained(gauges, name, t["retention"])
             for c in t["channels"]:
+                turns.take()
                 labels = name + [c["channel_name"]]
                 for metric, field in [("channel_depth", "depth"),
                                       ("channel_in_flight", "in_flight_count"),
@@ -105,8 +108,9 @@ class _QueueCollector:
                                       ("channel_expired", "expired_count"),
                                       ("channel_overflowed", "overflow_count")]:
                     counters[metric].add_metric(labels, c[field])
-        yield from gauges.values()
-        yield from counters.values()
+        for family in [*gauges.values(), *counters.values()]:
+            family.samples = TurnTaking(family.samples)
+            yield family
         calls = CounterMetricFamily(
             "relay_redis_script_calls", "Script calls this broker's group commit sent to "
             "Redis, by script (publishes, FINs, REQs and TOUCHes merged into one call count "
@@ -118,6 +122,18 @@ class _QueueCollector:
                                 value=len(self.broker.clients))
         yield GaugeMetricFamily("relay_uptime_seconds", "Seconds since this broker started",
                                 value=time.time() - self.started)
+
+
+class TurnTaking(list):
+    """A family's samples that give the broker's other greenlets turns while
+    generate_latest formats them: at 5,000 channels its 75,000 lines took 1.3 s in one
+    go, and a PUB beside 4 /metrics pollers waited 1.36 s."""
+
+    def __iter__(self):
+        turns = Turns()
+        for sample in list.__iter__(self):
+            turns.take()
+            yield sample
 
 
 def _add_retained(gauges: dict, name: list, retention: dict) -> None:
