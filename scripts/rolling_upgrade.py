@@ -144,6 +144,18 @@ def status(deployment: Deployment) -> dict:
             "next": data["next"]}
 
 
+def wait_registered(deployment: Deployment, kinds: tuple, timeout: float = 30.0) -> None:
+    """Until a process of each kind is in the registry: under load a jobs worker took
+    longer than a settle to register, and the first step missed it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        live = {key.split()[0] for key in status(deployment).get("processes", {})}
+        if live >= set(kinds):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"not all of {kinds} registered after {timeout:.0f} s")
+
+
 def upgrade(deployment: Deployment, args, steps: list) -> dict:
     """Replace every process, one at a time, then finish; each step's status."""
     def step(name: str, **figures) -> None:
@@ -175,6 +187,7 @@ def run(args) -> dict:
         deployment = Deployment(args, workdir, previous)
         try:
             deployment.start("previous")
+            wait_registered(deployment, ("broker", "scanner", "jobs"))
             for channel in (LIVE, HELD):
                 create_channel(deployment, channel)
             reading = consumers(deployment, tally, LIVE, stop_consumers, args)
