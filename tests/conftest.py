@@ -18,8 +18,8 @@ from tests.helpers.processes import Processes
 from tests.helpers.servers import flush, local_cluster, replicated_cluster
 from tests.helpers.tls import write_pki
 
-if (ports := worker_ports()) is not None:
-    embedded.free_port, embedded.free_ports = ports.free_port, ports.free_ports
+ports = worker_ports()
+embedded.free_port, embedded.free_ports = ports.free_port, ports.free_ports
 
 
 # Modules whose tests run against a one-node Redis and again against a 3-master
