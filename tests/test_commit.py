@@ -11,7 +11,7 @@ from relay.codec import parse_record
 from relay.errors import NoAnswer, OutcomeUnknown, StoreConnectionError, StoreError
 from relay.store import Store
 from relay.deadlines import Deadlines
-from relay.store.commit import MAX_MERGED_ARGS, GroupCommit, _answers, _merge
+from relay.store.commit import MANY_FINISHES, MAX_MERGED_ARGS, GroupCommit, _answers, _merge
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.runner import MAX_CALL_ARGS
 from tests.helpers.store import mid
@@ -116,6 +116,8 @@ def test_touch_ops_of_one_channel_merge(fake_store):
 
 
 def test_different_keys_are_not_merged(fake_store):
+    """FINs of one channel merge into one call; those of different channels of one part
+    into one finish_many call (below); other parts' stay apart."""
     s = fake_store
     ops = [s.finish_op("t", "c1", [("a", "1")]),
            s.finish_op("t", "c2", [("a", "1")]),
@@ -123,12 +125,50 @@ def test_different_keys_are_not_merged(fake_store):
            s.requeue_op("t", "c1", [("a", "1", 0)]),
            s.finish_op("t", "c1", [("a", "2")])]
     merged, answer = merge(ops)
-    assert [op.script for op in merged] == ["finish", "finish", "finish", "requeue"]
-    assert [list(op.args)[3:] for op in merged[:3]] == [["a", "1", "a", "2"], ["a", "1"],
-                                                        ["a", "1"]]
-    assert list(merged[3].args) == list(ops[3].args)
-    assert carried(ops) == [[([0, 4], None)], [([1], None)], [([2], None)], [([3], None)]]
-    assert answer([[1, -1], [0], [1], [1]]) == [[1], [0], [1], [1], [-1]]
+    assert [op.script for op in merged] == ["finish_many", "finish", "requeue"]
+    assert list(merged[0].args)[2:] == ["c1", 2, "a", "1", "a", "2", "c2", 1, "a", "1"]
+    assert list(merged[1].args)[3:] == ["a", "1"]
+    assert list(merged[2].args) == list(ops[3].args)
+    assert carried(ops) == [[([0, 4], None), ([1], None)], [([2], None)], [([3], None)]]
+    assert answer([[[1, -1], [0]], [1], [1]]) == [[1], [0], [1], [1], [-1]]
+
+
+def test_finishes_of_a_parts_channels_become_one_call(fake_store):
+    """A wide topic's consumers each FIN on their own channel: one finish_many call per
+    MANY_FINISHES channels of a part, where the first FIN stands. A FIN whose channel a
+    call between touched (a REQ here) does not overtake it: it starts the next call."""
+    s = fake_store
+    ops = [s.finish_op("t", f"c{i}", [("a", str(i))]) for i in range(MANY_FINISHES + 6)]
+    ops.insert(3, s.requeue_op("t", "c4", [("a", "x", 0)]))
+    ops.insert(4, s.publish_op("t", [b"x"], timestamp_ns=1))
+    merged, answer = merge(ops)
+    assert [op.script for op in merged] == ["finish_many", "requeue", "publish",
+                                            "finish_many", "finish_many"]
+    assert list(merged[0].keys[:9]) == [TopicKeys.of("t").due, TopicKeys.of("t").version,
+                                        *ops[0].keys[:7]]
+    assert [list(op.args)[2::4] for op in (merged[0], merged[4])] == [
+        ["c0", "c1", "c2", "c3"], ["c104", "c105"]]
+    assert len(merged[3].keys) == 2 + 7 * MANY_FINISHES
+    assert answer([[[1]] * 4, [1], 1, [[0]] + [[1]] * 99, [[1], [-1]]]) == (
+        [[1]] * 3 + [[1], 1, [1], [0]] + [[1]] * 100 + [[-1]])
+
+
+def test_merged_finishes_of_many_channels_run_as_alone(backend):
+    """finish_many, on every backend, gives each channel's FINs what their own call
+    would: taken, not in flight, another's."""
+    s = Store(backend)
+    for channel in ("c", "d"):
+        s.subscribe("t", channel, "b1")
+    s.publish("t", [b"1", b"2"])
+    s.deliver("t", "c", [("a", 60_000, 2)])
+    s.deliver("t", "d", [("b", 60_000, 2)])
+    ops = [s.finish_op("t", "c", [("a", mid(1)), ("b", mid(2))]),
+           s.finish_op("t", "d", [("b", mid(2)), ("b", mid(9))])]
+    merged, answer = merge(ops)
+    assert [op.script for op in merged] == ["finish_many"]
+    assert answer(s.run_many(merged)) == [[1, -1], [1, 0]]
+    assert [(st["in_flight_count"], st["depth"]) for st in
+            (s.read_channel("t", "c"), s.read_channel("t", "d"))] == [(1, 0), (1, 0)]
 
 
 def test_ops_that_cannot_merge_are_untouched(fake_store):

@@ -769,6 +769,34 @@ def test_paused_channel_delivers_nothing_until_unpaused(store):
     assert [r[26:] for r in store.deliver("t", "c", [("b1:1", 60000, 5)])[0]] == [b"a", b"b"]
 
 
+def test_deliver_many_does_each_channels_deliver_in_one_call(store):
+    """A wake-up of a topic with many channels on one broker delivers to all of them in
+    one call: each channel gets what its own deliver call would have given, paused ones
+    nothing, and each says for itself whether its queue has more and its empties."""
+    for channel in ("a", "b", "c", "d"):
+        store.subscribe("t", channel, "b1")
+    store.pause_channel("t", "c", True)
+    store.publish("t", [b"1", b"2", b"3"])
+    store.empty_channel("t", "d")
+    store.publish("t", [b"4"])
+    before = now_ms(store)
+    got = store.run(store.deliver_many_op("t", [
+        ("a", [("b1:1", 60_000, 1, 0), ("b1:2", 1_000, 5, 0)]),
+        ("b", [("b1:3", 60_000, 3, 0)]),
+        ("c", [("b1:4", 60_000, 5, 0)]),
+        ("d", [("b1:5", 60_000, 5, 0)])]))
+    assert [[bodies(g) for g in d] for d in got] == [
+        [[b"1"], [b"2", b"3", b"4"]], [[b"1", b"2", b"3"]], [[]], [[b"4"]]]
+    assert [(d.more, d.empties, d.finished) for d in got] == [
+        (False, 0, []), (True, 0, []), (False, 0, []), (False, 1, [])]
+    assert attempts(got[0][1]) == [1, 1, 1]
+    assert holder_of(store, "t", "a", mid(1))[0] == "b1:1"
+    assert holder_of(store, "t", "b", mid(3))[0] == "b1:3"
+    assert before + 1_000 <= due_score(store, "t", "a") <= now_ms(store) + 1_000
+    assert store.read_channel("t", "b")["in_flight_count"] == 3
+    assert store.read_channel("t", "c")["depth"] == 4
+
+
 def test_paused_topic_keeps_messages_until_unpaused(store):
     store.subscribe("t", "c", "b1")
     store.subscribe("t", "d", "b1")

@@ -24,7 +24,7 @@ from gevent.server import StreamServer
 from relay import codec
 from relay.broker import collector, transport
 from relay.broker.auth import Authorizer
-from relay.broker.channel import Channel
+from relay.broker.channel import Channel, Deliveries
 from relay.broker.client import CLOSING, INIT, SUBSCRIBED, Client, announcement
 from relay.broker.http.lookupd import lookupd_server
 from relay.broker.http.nsqd import nsqd_server
@@ -86,6 +86,7 @@ class Broker:
         self.protocol = ProtocolV2(self)
         self.channels: dict[tuple, Channel] = {}
         self.topics: dict[str, dict[str, Channel]] = {}   # the same channels, by topic
+        self.deliveries: dict[str, Deliveries] = {}     # each topic's delivery loop
         self.clients: dict[int, Client] = {}
         self.connections = 0    # TCP connections being served, from accept to close
         self.holding: set[Client] = set()     # clients that may hold messages in flight
@@ -316,7 +317,9 @@ class Broker:
         joined = self._join(parts, channel_name, client.number)
         channel = self.channels.get((topic, channel_name))  # the calls let others run
         if channel is None:
-            channel = Channel(self, topic, channel_name, parts, joined)
+            if topic not in self.deliveries:
+                self.deliveries[topic] = Deliveries(self, topic)
+            channel = self.deliveries[topic].channel(channel_name, parts, joined)
             self.channels[(topic, channel_name)] = channel
             self.topics.setdefault(topic, {})[channel_name] = channel
             for part in channel.parts:
@@ -383,6 +386,7 @@ class Broker:
             del local[channel.name]
             if not local:
                 del self.topics[channel.topic]
+                self.deliveries.pop(channel.topic).stop()
                 for part in channel.parts:
                     self.wakeups.unwatch(part.name)
         store = self.store

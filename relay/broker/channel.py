@@ -1,11 +1,18 @@
-"""This broker's side of one channel: its local consumers and one delivery loop.
+"""This broker's side of one channel: its local consumers; and each topic's delivery loop.
 
-The loop (nsqd's messagePump, turned around): when some local client has RDY
-credit and the channel may have messages, pop up to the summed credit in one
-deliver call and hand each client its share. When a call comes back short or says the
-queue is empty, the channel is drained and the loop sleeps until a wake-up (a publish or
-requeue on this topic, via Redis pub/sub, or the broker's once-a-second read of its
-topics' versions when one was missed: relay/broker/wakeups.py) or more credit.
+The loop (nsqd's messagePump, turned around): when some local client has RDY credit
+and its channel may have messages, pop up to the summed credit in one deliver call and
+hand each client its share. When a call comes back short or says the queue is empty,
+the channel is drained and waits for a wake-up (a publish or requeue on this topic, via
+Redis pub/sub, or the broker's once-a-second read of its topics' versions when one was
+missed: relay/broker/wakeups.py) or more credit.
+
+One loop serves all of a topic's channels on this broker (Deliveries): each round
+takes every channel told to look again since the round before, and the channels of one
+topic part that have work go in one deliver_many call (at most MANY_CHANNELS each), so
+a publish to a topic of 5,000 channels costs 50 calls and no greenlet per channel. A
+round with one channel in a part makes a plain deliver call, into which the group
+commit folds the FINs that came before it.
 
 A channel deleted or emptied elsewhere is seen the same two ways, and compared with
 what SUB returned (its incarnation and count of empties, subscribe.lua).
@@ -26,6 +33,8 @@ from gevent.event import Event
 from relay.broker.client import Client
 from relay.broker.context import BrokerContext
 from relay.errors import StoreError
+from relay.sockio import Turns
+from relay.store.commit import Submitted
 from relay.store.keys import id_part
 from relay.store.replies import Delivered, Subscribed
 from relay.store.runner import MAX_CALL_ARGS
@@ -35,6 +44,10 @@ log = logging.getLogger("relay.channel")
 RETRY_DELAY = 0.5
 # consumers in one deliver call (4 arguments each): a bounded call however many there are
 MAX_GROUPS = MAX_CALL_ARGS // 4 - 4
+# channels in one deliver_many call: each costs Redis 10-30 us with nothing to pop, so a
+# call stays within a few ms (no call over 10 ms: issue 57), and its consumers' groups
+# within MAX_GROUPS
+MANY_CHANNELS = 100
 
 
 class Part:
@@ -56,18 +69,18 @@ class Part:
 
 
 class Channel:
-    def __init__(self, broker: BrokerContext, topic: str, name: str, parts: list[str],
+    def __init__(self, deliveries: "Deliveries", name: str, parts: list[str],
                  joined: list[Subscribed]):
-        """`joined`: what SUB returned in each of the `parts`."""
-        self.broker = broker
-        self.topic = topic
+        """`joined`: what SUB returned in each of the `parts`; `deliveries`: its topic's
+        loop."""
+        self.deliveries = deliveries
+        self.broker = deliveries.broker
+        self.topic = deliveries.topic
         self.name = name
         self.clients: list[Client] = []
         self.parts = [Part(p, name, i, j) for i, (p, j) in enumerate(zip(parts, joined))]
         self.stopped = False
         self._turn = 0
-        self._look_again = Event()
-        self._greenlet = gevent.spawn(self._loop)
 
     def __repr__(self) -> str:
         return f"Channel({self.topic}/{self.name})"
@@ -94,8 +107,10 @@ class Channel:
 
     def credit_changed(self) -> None:
         """A client's credit may have changed (RDY, FIN, REQ, a timeout, its unsent
-        messages written) or a client came or went: look again."""
-        self._look_again.set()
+        messages written) or a client came or went: look again, unless no part may
+        have messages (a wake-up makes it look then: messages_arrived)."""
+        if any(p.maybe_ready for p in self.parts):
+            self.deliveries.look(self)
 
     def messages_arrived(self, index: int | None = None) -> None:
         """Messages may have arrived in Redis, in part `index` or any: a wake-up came, or
@@ -103,7 +118,7 @@ class Channel:
         for part in self.parts if index is None else self.parts[index:index + 1]:
             part.arrivals += 1
             part.maybe_ready = True
-        self._look_again.set()
+        self.deliveries.look(self)
 
     def check(self, index: int, incarnation: int | None, empties: int) -> None:
         """Compare the channel's part in Redis (Store.channel_states, Subscribed) with the
@@ -145,21 +160,21 @@ class Channel:
         self.credit_changed()
 
     def stop(self) -> None:
-        """End the loop once its deliver call in the air, if any, is back: killing it
-        there would lose that reply's records until their msg_timeout. What it brings
-        for clients that left is given back (Client.accept)."""
+        """No more rounds. What a deliver call in the air brings for clients that left
+        is given back (Client.accept): stopping it there would lose that reply's records
+        until their msg_timeout."""
         self.stopped = True
-        self._look_again.set()
 
-    def _loop(self) -> None:
-        while not self.stopped:
-            self._look_again.clear()
-            groups = [(c, c.credit()) for c in self.clients]
-            groups = [(c, n) for c, n in groups if n > 0]
-            if not groups or not any(p.maybe_ready for p in self.parts):
-                self._look_again.wait()
-                continue
-            self._deliver(self._shares(groups))
+    def round(self) -> list:
+        """This round's work (_shares): none when no client has credit or no part may
+        have messages."""
+        if self.stopped:
+            return []
+        groups = [(c, c.credit()) for c in self.clients]
+        groups = [(c, n) for c, n in groups if n > 0]
+        if not groups or not any(p.maybe_ready for p in self.parts):
+            return []
+        return self._shares(groups)
 
     def _shares(self, groups: list[tuple[Client, int]]) -> list:
         """(part, [(client, count, bytes)]) for this round: each client's credit and room
@@ -178,26 +193,7 @@ class Channel:
         return [(ready[k], share[i:i + MAX_GROUPS]) for k, share in sorted(shares.items())
                 for i in range(0, len(share), MAX_GROUPS)]
 
-    def _deliver(self, rounds: list) -> None:
-        store, commit = self.broker.store, self.broker.commit
-        calls = [(part, share, part.arrivals, commit.submit(store.deliver_op(
-                    part.name, self.name,
-                    [(c.owner, c.msg_timeout, n, room) for c, n, room in share],
-                    self.broker.options.max_attempts), part.order))
-                 for part, share in rounds]
-        failed = False
-        for part, share, seen, call in calls:
-            try:
-                batches = call.get()
-            except StoreError as e:
-                log.warning("deliver %s/%s failed: %s", part.name, self.name, e)
-                failed = True
-                continue
-            self._hand_out(part, share, seen, batches)
-        if failed:
-            gevent.sleep(RETRY_DELAY)
-
-    def _hand_out(self, part: Part, share: list, seen: int, batches: Delivered) -> None:
+    def hand_out(self, part: Part, share: list, seen: int, batches: Delivered) -> None:
         store, commit = self.broker.store, self.broker.commit
         if batches.empties < part.empties:
             return  # popped before an empty already applied: they went with it
@@ -217,3 +213,107 @@ class Channel:
                               part.order)
         if not batches.more and part.arrivals == seen:
             part.maybe_ready = False    # drained (a call cut short by bytes is not)
+
+
+class Deliveries:
+    """One topic's delivery loop on this broker: rounds over the channels told to look
+    again (Channel.look), one deliver call per part for all of those with work there."""
+
+    def __init__(self, broker: BrokerContext, topic: str):
+        self.broker = broker
+        self.topic = topic
+        self.stopped = False
+        self._looking: dict[Channel, None] = {}     # in the order told
+        self._told = Event()
+        self._turns = Turns()   # handing out to thousands of channels holds no one up
+        self._greenlet = gevent.spawn(self._loop)
+
+    def channel(self, name: str, parts: list[str], joined: list[Subscribed]) -> Channel:
+        return Channel(self, name, parts, joined)
+
+    def look(self, channel: Channel) -> None:
+        self._looking[channel] = None
+        self._told.set()
+
+    def stop(self) -> None:
+        """End the loop once its round in the air, if any, is handed out."""
+        self.stopped = True
+        self._told.set()
+
+    def _loop(self) -> None:
+        while not self.stopped:
+            self._told.wait()
+            self._told.clear()
+            looking, self._looking = self._looking, {}
+            work = [(channel, share) for channel in looking
+                    for share in channel.round()]
+            if work:
+                self._deliver(work)
+
+    def _deliver(self, work: list[tuple[Channel, tuple]]) -> None:
+        """Submit every call of the round, then hand out each reply. A channel whose
+        call failed looks again after RETRY_DELAY; one not drained, at once (more credit
+        makes it look by itself: Channel.credit_changed)."""
+        by_part: dict[str, list] = {}
+        for channel, (part, share) in work:
+            by_part.setdefault(part.name, []).append((channel, part, share))
+        calls = [(chunk, [p.arrivals for _, p, _ in chunk], self._submit(name, chunk))
+                 for name, entries in by_part.items() for chunk in _chunks(entries)]
+        failed: dict[Channel, None] = {}
+        for chunk, seen, call in calls:
+            try:
+                replies = call.get()
+            except StoreError as e:
+                log.warning("deliver %s failed (%d channels): %s", chunk[0][1].name,
+                            len(chunk), e)
+                failed.update((channel, None) for channel, _, _ in chunk)
+                continue
+            for (channel, part, share), arrivals, batches in zip(chunk, seen, replies):
+                channel.hand_out(part, share, arrivals, batches)
+                self._turns.take()
+        for channel in dict.fromkeys(channel for channel, _ in work):
+            if channel in failed:
+                gevent.spawn_later(RETRY_DELAY, self.look, channel)
+            elif any(p.maybe_ready for p in channel.parts):
+                self.look(channel)
+
+    def _submit(self, part: str, chunk: list) -> Submitted:
+        """A deliver call for one channel (its FINs may fold into it), else deliver_many:
+        a Submitted whose value is a list of one Delivered per channel."""
+        store, commit, attempts = self.broker.store, self.broker.commit, \
+            self.broker.options.max_attempts
+        if len(chunk) == 1:
+            channel, p, share = chunk[0]
+            return _Listed(commit.submit(store.deliver_op(
+                part, channel.name, [(c.owner, c.msg_timeout, n, room) for c, n, room in share],
+                attempts), p.order))
+        return commit.submit(store.deliver_many_op(
+            part, [(channel.name, [(c.owner, c.msg_timeout, n, room) for c, n, room in share])
+                   for channel, _, share in chunk], attempts), hash(part))
+
+
+def _chunks(entries: list) -> list[list]:
+    """The (channel, part, share) entries of one part in calls of at most MANY_CHANNELS
+    channels and MAX_GROUPS consumers."""
+    chunks: list[list] = [[]]
+    groups = 0
+    for entry in entries:
+        if chunks[-1] and (len(chunks[-1]) == MANY_CHANNELS
+                           or groups + len(entry[2]) > MAX_GROUPS):
+            chunks.append([])
+            groups = 0
+        chunks[-1].append(entry)
+        groups += len(entry[2])
+    return chunks
+
+
+class _Listed:
+    """One deliver call's result as a list of one (as deliver_many's)."""
+
+    __slots__ = ("call",)
+
+    def __init__(self, call: Submitted):
+        self.call = call
+
+    def get(self) -> list:
+        return [self.call.get()]

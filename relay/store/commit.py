@@ -29,6 +29,8 @@ log = logging.getLogger("relay.commit")
 
 # a merged call stops growing here, leaving room for the deliver call a finish folds into
 MAX_MERGED_ARGS = MAX_CALL_ARGS // 2
+# channels in one finish_many call: Redis spends 15-50 us on each, so it stays short
+MANY_FINISHES = 100
 
 
 class _Queued:
@@ -315,9 +317,10 @@ def _alone(value: Any) -> list:
 
 def _merge(ops: list, orders: list | None = None) -> list[_Call]:
     """The calls that do the ops' work: ops of one merge key in one call (Op.merge),
-    then finishes folded into the delivers that follow them. `orders`: each op's order
+    then finishes folded into the delivers that follow them, then the finishes left of
+    one part's channels in one call. `orders`: each op's order
     (GroupCommit.submit), which a merged call of ops with a lane key keeps."""
-    return _fold_finishes(_merge_items(ops, orders or [None] * len(ops)))
+    return _merge_finishes(_fold_finishes(_merge_items(ops, orders or [None] * len(ops))))
 
 
 def _merge_items(ops: list, orders: list) -> list[_Call]:
@@ -385,9 +388,50 @@ def _fold_finishes(calls: list[_Call]) -> list[_Call]:
                              call.answers + [(members, split, "finished")
                                              for members, split, _ in calls[j].answers])
         elif op.script != "publish" and waiting:
-            for key in [k for k in waiting if k in op.keys]:
+            for key in set(op.keys).intersection(waiting):
                 del waiting[key]
     return [call for i, call in enumerate(calls) if i not in folded]
+
+
+def _merge_finishes(calls: list[_Call]) -> list[_Call]:
+    """The finish calls of different channels of one part as one call, where the first
+    stands (Store.finishing_together), up to MANY_FINISHES channels and MAX_MERGED_ARGS:
+    a wide topic's consumers each FIN their own channel, a call each before. One joins
+    only if nothing but publishes touched its channel since that place, so it overtakes
+    nothing of its own channel (a REQ of the same id, say)."""
+    out: list[_Call] = []
+    groups: dict[int, list[_Call]] = {}     # place in `out` -> the finish calls there
+    touched: dict[int, set] = {}            # place -> keys other calls touched since
+    sizes: dict[int, int] = {}
+    open_at: dict[str, int] = {}            # a part's due index key -> its open place
+    for call in calls:
+        op = call.op
+        if op.script == "finish":
+            at = open_at.get(op.keys[7])
+            if (at is not None and op.keys[0] not in touched[at]
+                    and len(groups[at]) < MANY_FINISHES
+                    and sizes[at] + len(op.args) <= MAX_MERGED_ARGS):
+                groups[at].append(call)
+                sizes[at] += len(op.args)
+                continue
+            open_at[op.keys[7]] = len(out)
+            groups[len(out)], touched[len(out)], sizes[len(out)] = [call], set(), len(op.args)
+        elif op.script != "publish":
+            for keys in touched.values():
+                keys.update(op.keys)
+        out.append(call)
+    for at, members in groups.items():
+        if len(members) > 1:
+            out[at] = _Call(Store.finishing_together([m.op for m in members]),
+                            [(indexes, _nth(j, split), None)
+                             for j, member in enumerate(members)
+                             for indexes, split, _ in member.answers])
+    return out
+
+
+def _nth(j: int, split: Callable[[Any], list]) -> Callable[[Any], list]:
+    """A merged call's answers to the ops of its j-th call: split of that call's reply."""
+    return lambda value: split(value[j])
 
 
 def _answers(calls: list[_Call], results: list, count: int) -> list:

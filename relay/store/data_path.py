@@ -254,6 +254,21 @@ class DataPath(StoreBase):
                               c.deferred, c.gate, c.key_of, c.waiting, t.version], args,
                   Delivered.parse)
 
+    def deliver_many_op(self, part: str, channels: Sequence[tuple[str, Sequence[tuple]]],
+                        max_attempts: int = 0) -> Op:
+        """deliver_op's work for each (channel, groups) of one part, in one call
+        (deliver_many.lua): a list of one Delivered per channel, in their order."""
+        t = TopicKeys.of(part)
+        call_keys, args = [t.due, t.version], [max_attempts, t.wake, self.node(part)]
+        for channel, groups in channels:
+            c = ChannelKeys.of(part, channel)
+            call_keys += [c.queue, c.inflight, c.msgs, c.meta, c.dead, c.deferred, c.gate,
+                          c.key_of, c.waiting]
+            args += [channel, len(groups)]
+            for group in groups:
+                args += group
+        return Op("deliver_many", call_keys, args, Delivered.parse_many)
+
     def deliver(self, topic: str, channel: str, groups: Sequence[tuple],
                 max_attempts: int = 0) -> list:
         """deliver_op over the topic's parts, starting at the next in turn, until each
@@ -286,6 +301,18 @@ class DataPath(StoreBase):
         return deliver._replace(args=[*args[:2], pairs + len(finished) // 2,
                                       *args[3:3 + 2 * pairs], *finished,
                                       *args[3 + 2 * pairs:]])
+
+    @staticmethod
+    def finishing_together(finishes: Sequence[Op]) -> Op:
+        """One call (finish_many.lua) doing the work of finish calls of channels of one
+        part: its reply is the list of theirs, in order. The group commit merges a
+        pipeline's that way."""
+        first = finishes[0]
+        call_keys, args = list(first.keys[7:9]), list(first.args[1:FINISH_HEAD])
+        for op in finishes:
+            call_keys += op.keys[:7]
+            args += [op.args[0], (len(op.args) - FINISH_HEAD) // 2, *op.args[FINISH_HEAD:]]
+        return Op("finish_many", call_keys, args)
 
     def finish_op(self, part: str, channel: str, pairs: Sequence[tuple]) -> Op:
         """FIN each (owner, id) of one part: per pair 1 done, 0 not in flight, -1 owned

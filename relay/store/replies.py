@@ -96,6 +96,11 @@ class Delivered(list):
         delivered.more = bool(reply[-1])
         return delivered
 
+    @classmethod
+    def parse_many(cls, reply: list[Any]) -> "list[Delivered]":
+        """deliver_many.lua's reply: one Delivered per channel."""
+        return [cls.parse(channel) for channel in reply]
+
 
 class DueView(NamedTuple):
     now: int
