@@ -101,6 +101,13 @@ def listening_ports(pid: int) -> set:
     return ports
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time the process has used (user and system)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_kb(pid: int) -> int:
     """The process's resident memory (VmRSS), in kB."""
     with open(f"/proc/{pid}/status") as f:
