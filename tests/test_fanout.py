@@ -4,13 +4,12 @@ with a consumer on this broker, reaches them all in one deliver call per 100 cha
 
 import http.client
 import re
-import socket
-import struct
 import time
 
 import pytest
 
 from tests.helpers.consumers import Consumers
+from tests.helpers.wire import Wire
 from tests.helpers.witness import Witness
 
 CHANNELS = 2000
@@ -46,16 +45,10 @@ def test_one_message_reaches_2000_channels_while_others_publish(processes):
     try:
         calls = deliver_calls(processes.http_ports[port])
         witness = Witness(port)
-        producer = socket.create_connection(("127.0.0.1", port))
-        producer.sendall(b"  V2")
-        reached = []
+        producer, reached = Wire(port), []
         for n in range(MESSAGES):
             time.sleep(0.3)
-            body = b"m%d" % n
-            started = time.monotonic()
-            producer.sendall(b"PUB wide\n" + struct.pack(">i", len(body)) + body)
-            got = consumers.receive(body, CHANNELS, 10)
-            reached.append((got, time.monotonic() - started))
+            reached.append(consumers.time_publish(producer, "wide", b"m%d" % n, CHANNELS, 10))
         slowest_pub = witness.stop()
         assert [got for got, _ in reached] == [CHANNELS] * MESSAGES
         assert deliver_calls(processes.http_ports[port]) - calls <= MOST_CALLS * MESSAGES

@@ -52,6 +52,15 @@ class Consumers:
                        if kind == 2 and payload[26:] == body)
         return got
 
+    def time_publish(self, wire, topic: str, body: bytes, expected: int,
+                     within: float) -> tuple[int, float]:
+        """PUB `body` on `wire` (its OK left unread), then how many consumers got it,
+        waiting up to `within` seconds for `expected`, and how long that took."""
+        started = time.monotonic()
+        wire.command(f"PUB {topic}", body)
+        got = self.receive(body, expected, within)
+        return got, time.monotonic() - started
+
     def close(self) -> None:
         for sock in self.buffers:
             sock.close()
