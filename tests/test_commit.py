@@ -153,6 +153,18 @@ def test_finishes_of_a_parts_channels_become_one_call(fake_store):
         [[1]] * 3 + [[1], 1, [1], [0]] + [[1]] * 100 + [[-1]])
 
 
+def test_another_parts_calls_do_not_keep_finishes_apart(fake_store):
+    """What touches another part's keys (a deliver of topic u) cannot be overtaken in a
+    way that matters: t's FINs around it still merge."""
+    s = fake_store
+    ops = [s.finish_op("t", "c1", [("a", "1")]),
+           s.deliver_op("u", "c1", [("a", 1_000, 1)]),
+           s.requeue_op("u", "c2", [("a", "2", 0)]),
+           s.finish_op("t", "c2", [("a", "3")])]
+    merged, _ = merge(ops)
+    assert [op.script for op in merged] == ["finish_many", "deliver", "requeue"]
+
+
 def test_merged_finishes_of_many_channels_run_as_alone(backend):
     """finish_many, on every backend, gives each channel's FINs what their own call
     would: taken, not in flight, another's."""

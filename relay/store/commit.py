@@ -22,6 +22,7 @@ from relay.deadlines import Deadlines
 from relay.errors import NoAnswer, OutcomeUnknown, StoreConnectionError, StoreError
 from relay.store.causes import cause
 from relay.store.connection import UNREACHABLE
+from relay.store.keys import hash_tag
 from relay.store.runner import MAX_CALL_ARGS, Continued, Op
 from relay.store.store import Store
 
@@ -398,26 +399,29 @@ def _merge_finishes(calls: list[_Call]) -> list[_Call]:
     stands (Store.finishing_together), up to MANY_FINISHES channels and MAX_MERGED_ARGS:
     a wide topic's consumers each FIN their own channel, a call each before. One joins
     only if nothing but publishes touched its channel since that place, so it overtakes
-    nothing of its own channel (a REQ of the same id, say)."""
+    nothing of its own channel (a REQ of the same id, say). A call touches the keys of
+    one part (its hash tag), so only that part's open place hears of it."""
     out: list[_Call] = []
     groups: dict[int, list[_Call]] = {}     # place in `out` -> the finish calls there
-    touched: dict[int, set] = {}            # place -> keys other calls touched since
     sizes: dict[int, int] = {}
-    open_at: dict[str, int] = {}            # a part's due index key -> its open place
+    open_at: dict[str, int] = {}            # a part's hash tag -> its open place
+    touched: dict[str, set] = {}            # a part's hash tag -> keys touched since
     for call in calls:
         op = call.op
+        tag = hash_tag(op.keys[0]) if op.keys else ""
         if op.script == "finish":
-            at = open_at.get(op.keys[7])
-            if (at is not None and op.keys[0] not in touched[at]
+            at = open_at.get(tag)
+            if (at is not None and op.keys[0] not in touched[tag]
                     and len(groups[at]) < MANY_FINISHES
                     and sizes[at] + len(op.args) <= MAX_MERGED_ARGS):
                 groups[at].append(call)
                 sizes[at] += len(op.args)
                 continue
-            open_at[op.keys[7]] = len(out)
-            groups[len(out)], touched[len(out)], sizes[len(out)] = [call], set(), len(op.args)
+            open_at[tag], touched[tag] = len(out), set()
+            groups[len(out)], sizes[len(out)] = [call], len(op.args)
         elif op.script != "publish":
-            for keys in touched.values():
+            for keys in (touched.values() if not tag else
+                         [touched[tag]] if tag in touched else []):
                 keys.update(op.keys)
         out.append(call)
     for at, members in groups.items():

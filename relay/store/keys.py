@@ -187,13 +187,18 @@ def reap_claim_key(broker_id: str) -> str:
     return f"{PREFIX}:reap:{broker_id}"
 
 
+def hash_tag(key: str) -> str:
+    """The hash tag T of a key "...{T}..." (a topic part's, on relay's keys), which puts
+    it in T's slot; "" for a key without one."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    return key[start + 1:end] if 0 <= start < end - 1 else ""
+
+
 def nothing_key(key: str) -> str:
     """A key that never exists, in the slot of `key`: "{T}:nothing" for a key of hash
     tag T, else "{key}:nothing" (as lib/maxmemory.lua names it)."""
-    start = key.find("{")
-    end = key.find("}", start + 1)
-    tag = key[start + 1:end] if 0 <= start < end - 1 else key
-    return "{" + tag + "}:nothing"
+    return "{" + (hash_tag(key) or key) + "}:nothing"
 
 
 # The keys that hold a channel's messages (an empty drops them); a channel's keys, in the
