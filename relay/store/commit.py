@@ -4,7 +4,9 @@ Connections submit Ops and wait on their results; one greenlet sends whatever
 has queued up as one pipeline. While a pipeline is in flight the next batch
 builds up, so the batch grows with load. FIN, REQ and TOUCH calls on the same
 channel are merged into one script call (their args are lists of items), up to
-MAX_MERGED_ARGS: a flood of FINs makes many calls, never one Redis refuses.
+MAX_MERGED_ARGS: a flood of FINs makes many calls, never one Redis refuses. FINs fold
+into the deliver call of their channel that follows them; those left of one part's
+channels merge into finish_many calls.
 
 A broker's commit is patient for --redis-timeout per op (Bounded): a client's PUB is
 answered within it however long the lane's pipelines wait for an unreachable Redis.
