@@ -256,19 +256,26 @@ class ShardedSubscriptions:
         self.seen = -1      # the listener's generation reconciled
 
     def run(self) -> None:
+        """Until killed (a stopping broker), with the node links: left running, a link
+        would log its node's loss after the broker's stopping line, which says in one
+        line what failed."""
         unreachable = False
-        while True:
-            try:
-                self._reconcile()
-                unreachable = False
-            except UNREACHABLE as e:  # the cluster gone: said once, until it is back
-                if not unreachable:
-                    log.warning("wake-up subscriptions not reconciled: %s", e)
-                unreachable = self.moved = True
-            except Exception:  # the catch-up read covers us meanwhile; never stop listening
-                log.exception("wake-up subscriptions not reconciled")
-                self.moved = True
-            gevent.sleep(POLL)
+        try:
+            while True:
+                try:
+                    self._reconcile()
+                    unreachable = False
+                except UNREACHABLE as e:  # the cluster gone: said once, until it is back
+                    if not unreachable:
+                        log.warning("wake-up subscriptions not reconciled: %s", e)
+                    unreachable = self.moved = True
+                except Exception:  # the catch-up read covers us meanwhile; never stop
+                    log.exception("wake-up subscriptions not reconciled")
+                    self.moved = True
+                gevent.sleep(POLL)
+        finally:
+            for link in self.links.values():
+                link.stop()
 
     def _reconcile(self) -> None:
         """Each wanted channel on a link to the node that serves it now: looked at when
