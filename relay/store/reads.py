@@ -5,6 +5,7 @@ a broker's wake-ups (topic versions, from the node news hashes; channel states).
 
 import functools
 import time
+from itertools import islice
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import redis
@@ -103,8 +104,9 @@ class Reads(StoreBase):
         topics of a read that failed are left out, for the next one."""
         groups = self.nodes.by_node(topics)
         if type(self.redis) is redis.Redis:     # one server: the same HMGET each second
-            replies = self._guard(self._read_pipeline, [
-                news_read(prefix + nodes.NEWS, tuple(group)) for prefix, group in groups.items()])
+            reads = [news_read(prefix + nodes.NEWS, tuple(group))
+                     for prefix, group in groups.items()]
+            (replies,) = self._guard(list, self._read_pipelines([reads]))
         else:
             pipe = self.redis.pipeline(transaction=False)
             for prefix, group in groups.items():
@@ -234,43 +236,58 @@ class Reads(StoreBase):
                  take: Callable[..., Any]) -> list:
         """take(replies, *item) of each item, from the replies to the commands
         send(commands, *item) added for it, in pipelines of READ_BATCH items."""
-        out = []
-        for start in range(0, len(items), READ_BATCH):
-            batch = items[start:start + READ_BATCH]
+        batches = [items[start:start + READ_BATCH] for start in range(0, len(items), READ_BATCH)]
+        pipelines = []
+        for batch in batches:
             commands: list = []
             for item in batch:
                 send(commands, *item)
-            replies = iter(self._guard(self._read_pipeline, commands))
-            out += [take(replies, *item) for item in batch]
+            pipelines.append(commands)
+        return self._guard(self._taken, batches, self._read_pipelines(pipelines), take)
+
+    @staticmethod
+    def _taken(batches: list, replied: Iterator[list], take: Callable[..., Any]) -> list:
+        out = []
+        for replies, batch in zip(replied, batches):    # replied first: ended, it frees its connection
+            each = iter(replies)
+            out += [take(each, *item) for item in batch]
         return out
 
-    def _read_pipeline(self, commands: list) -> list:
-        """The replies to read-only commands (a tuple each, or Packed), in one pipeline:
-        on one server packed and read in RESP directly (resp.py), as redis-py's pipeline
-        code was 80% of /stats' time with thousands of channels (BENCHMARKS.md); else
-        through redis-py (a cluster's nodes, fakeredis). An error reply raises."""
+    def _read_pipelines(self, pipelines: list[list]) -> Iterator[list]:
+        """The replies to each pipeline of read-only commands (a tuple each, or Packed),
+        one pipeline's at a time. On one server they are packed and read in RESP directly
+        (resp.py), as redis-py's pipeline code was 80% of /stats' time with thousands of
+        channels (BENCHMARKS.md), and the next pipeline is sent before this one's replies
+        are read: Redis answers it while the caller takes these. Else through redis-py
+        (a cluster's nodes, fakeredis). An error reply raises."""
         if type(self.redis) is not redis.Redis:
-            pipe = self.redis.pipeline(transaction=False)
-            for command in commands:
-                for each in command.commands if isinstance(command, Packed) else (command,):
-                    pipe.execute_command(*each)
-            return pipe.execute()
+            for commands in pipelines:
+                pipe = self.redis.pipeline(transaction=False)
+                for command in commands:
+                    for each in command.commands if isinstance(command, Packed) else (command,):
+                        pipe.execute_command(*each)
+                yield pipe.execute()
+            return
         pool = self.redis.connection_pool
         conn = pool.get_connection()
-        count = sum(len(c.commands) if isinstance(c, Packed) else 1 for c in commands)
         try:
-            conn.send_packed_command([b"".join(c.data if isinstance(c, Packed) else resp.pack((c,))
-                                               for c in commands)])
-            replies = resp.Replies(conn).read(count)
+            reader = resp.Replies(conn)
+            if pipelines:
+                conn.send_packed_command([_packed(pipelines[0])])
+            for sent, commands in enumerate(pipelines, 1):
+                if sent < len(pipelines):
+                    conn.send_packed_command([_packed(pipelines[sent])])
+                replies = reader.read(sum(len(c.commands) if isinstance(c, Packed) else 1
+                                          for c in commands))
+                for reply in replies:
+                    if isinstance(reply, Exception):
+                        raise reply
+                yield replies
         except BaseException:
             conn.disconnect()
             raise
         finally:
             pool.release(conn)
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        return replies
 
     def read_channel(self, topic: str, channel: str) -> dict:
         """Depth, in-flight, deferred and counters of a channel as stored, summed over
@@ -289,13 +306,7 @@ class Reads(StoreBase):
             commands += [channel_reads(part, channel) for part in parts]
 
         def take(replies: Iterator, parts: list[str], channel: str) -> list[dict]:
-            out = []
-            for _ in parts:
-                queued, waiting, keys_out, inflight, deferred, meta, consumers = (
-                    next(replies) for _ in range(7))
-                out.append(_channel_figures(queued, waiting, keys_out, inflight, deferred,
-                                            pairs(meta), consumers))
-            return out
+            return [_channel_figures(*islice(replies, 7)) for _ in parts]
         return self._batched(channels, send, take)
 
     def queued_records(self, topic: str, channel: str, chunk: int):
@@ -337,17 +348,22 @@ def news_read(news: str, parts: tuple[str, ...]) -> Packed:
     return Packed((command,), resp.pack((command,)))
 
 
+def _packed(commands: list) -> bytes:
+    return b"".join(c.data if isinstance(c, Packed) else resp.pack((c,)) for c in commands)
+
+
 def pairs(reply: Any) -> dict:
     """An HGETALL reply as a dict: redis-py's already is, RESP's is a flat list."""
     return reply if isinstance(reply, dict) else dict(zip(reply[::2], reply[1::2]))
 
 
 def _channel_figures(queued: int, waiting: int, keys_out: int, inflight: int, deferred: int,
-                     meta: dict, consumers: list) -> dict:
+                     meta: Any, consumers: list) -> dict:
     """A channel part's figures from its LLEN, ZCARDs, HLEN of the order gate, meta and
     consumers' counts: the depth counts the messages of an ordered channel waiting behind
     their keys, which order_waiting counts alone, beside whether it is ordered and its
     keys with a message out (queued, in flight or deferred: order_keys_out)."""
+    meta = pairs(meta)
     return {"depth": queued + waiting, "in_flight_count": inflight, "deferred_count": deferred,
             "message_count": int(meta.get(b"message_count", 0)),
             "requeue_count": int(meta.get(b"requeue_count", 0)),
@@ -356,5 +372,5 @@ def _channel_figures(queued: int, waiting: int, keys_out: int, inflight: int, de
             "deleted_count": int(meta.get(b"deleted_count", 0)),
             "expired_count": int(meta.get(b"expired_count", 0)),
             "overflow_count": int(meta.get(b"overflow_count", 0)),
-            "client_count": sum(int(v) for v in consumers), "paused": b"paused" in meta,
+            "client_count": sum(map(int, consumers)), "paused": b"paused" in meta,
             "ordered": b"ordered" in meta, "order_keys_out": keys_out, "order_waiting": waiting}

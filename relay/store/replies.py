@@ -114,7 +114,10 @@ FIRST_PART_ONLY = ("paused", "client_count", "ordered")
 
 
 def summed(parts: list[dict]) -> dict:
-    """One dict of the parts' counts: summed, but FIRST_PART_ONLY as part 0's."""
+    """One dict of the parts' counts: summed, but FIRST_PART_ONLY as part 0's (the one
+    part's own dict when there is one)."""
+    if len(parts) == 1:
+        return parts[0]
     total = dict(parts[0])
     for part in parts[1:]:
         for name, value in part.items():
