@@ -247,8 +247,10 @@ class Reads(StoreBase):
 
     @staticmethod
     def _taken(batches: list, replied: Iterator[list], take: Callable[..., Any]) -> list:
+        """Each batch's items taken from its replies; `replied` is zipped first, so that
+        it runs to its end and frees its connection."""
         out = []
-        for replies, batch in zip(replied, batches):    # replied first: ended, it frees its connection
+        for replies, batch in zip(replied, batches):
             each = iter(replies)
             out += [take(each, *item) for item in batch]
         return out
