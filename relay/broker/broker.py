@@ -30,6 +30,7 @@ from relay.broker.http.lookupd import lookupd_server
 from relay.broker.http.nsqd import nsqd_server
 from relay.broker.metrics import Metrics
 from relay.broker.prefork import listen_addresses
+from relay.broker.publishing import Publishing
 from relay.broker.protocol.reader import Reader
 from relay.broker.protocol.v2 import ProtocolV2
 from relay.broker.registry import TTL_MS, Registry
@@ -81,6 +82,7 @@ class Broker:
                                   patience=options.redis_timeout / 1000,
                                   deadlines=self.deadlines)
         self.store.lookup = self.commit.call
+        self.publishing = Publishing(self)
         self.tls_context = transport.server_context(options)
         self.auth = Authorizer(options)
         self.protocol = ProtocolV2(self)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from relay.broker.http.server import HttpServer
     from relay.store.latency import E2eLatency
     from relay.broker.metrics import Metrics
+    from relay.broker.publishing import Publishing
     from relay.options import Options
     from relay.store import Store
     from relay.store.commit import GroupCommit
@@ -32,6 +33,7 @@ class BrokerContext(Protocol):
     redis: Redis | RedisCluster
     store: Store
     commit: GroupCommit                     # batches the Store's ops of all connections
+    publishing: Publishing                  # the one path of TCP and HTTP publishes
     channels: dict[tuple[str, str], Channel]    # (topic, channel) with local consumers
     topics: dict[str, dict[str, Channel]]   # the same channels, by topic and name
     holding: set[Client]                    # clients given messages: the expiry walks these

@@ -208,20 +208,13 @@ class NsqdApi:
                  publish_keys: list | None = None, order_keys: list | None = None) -> str:
         """Publish, with publish keys (relay/store/dedup.py) "OK" all the same, and how
         many were duplicates, not published, in the header X-Relay-Duplicates; with order
-        keys, given or by the topic's rule (relay/store/ordering.py), one call per part
-        they reach."""
-        broker, store = self.broker, self.broker.store
-
-        def submit():
-            keys = store.order_keys(topic, bodies, order_keys)
-            if publish_keys is None and keys is None:
-                return broker.commit.submit_made(lambda: store.publish_op(topic, bodies, defer))
-            return broker.commit.submit_all_made(
-                lambda: store.keyed_publish_ops(topic, bodies, publish_keys, defer, keys))
-        result = self._publishing(request, topic, submit, before=True)
-        got = self._publishing(request, topic, result.get)
-        duplicates = sum(got) if publish_keys is not None else 0
-        broker.metrics.published.inc(len(bodies) - duplicates)
+        keys, given or by the topic's rule (relay/store/ordering.py): the one path of
+        publishes (relay/broker/publishing.py)."""
+        publishing = self.broker.publishing
+        result = self._publishing(request, topic, lambda: publishing.submit(
+            topic, bodies, defer, publish_keys, order_keys), before=True)
+        duplicates = publishing.published(len(bodies), publish_keys,
+                                          self._publishing(request, topic, result.get))
         if publish_keys is not None:
             request.reply_headers.append((DUPLICATES_HEADER, str(duplicates)))
         return "OK"

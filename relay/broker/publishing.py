@@ -1,0 +1,37 @@
+"""The one path of a publish, for TCP PUB, DPUB and MPUB (protocol/v2.py) and HTTP /pub and
+/mpub (http/nsqd.py): the front ends parse and answer; this resolves the order keys
+(given, or by the topic's rule: relay/store/ordering.py), builds the ops (one, or with
+keys one per part they reach), submits them on the group commit, and counts what a
+reply says was published (publish keys: relay/store/dedup.py)."""
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from relay.broker.context import BrokerContext
+    from relay.store.commit import Submitted
+
+
+class Publishing:
+    def __init__(self, broker: "BrokerContext") -> None:
+        self.broker = broker
+
+    def submit(self, topic: str, bodies: list[bytes], defer: int = 0,
+               publish_keys: list[bytes] | None = None,
+               order_keys: "list[bytes | None] | None" = None,
+               order: int | None = None) -> "Submitted":
+        """The publish, submitted in `order` (a connection's: its publishes stay in
+        order). Reading the topic's partitions or rule first may raise StoreError: then
+        nothing was sent."""
+        store, commit = self.broker.store, self.broker.commit
+        keys = store.order_keys(topic, bodies, order_keys)
+        if publish_keys is None and keys is None:
+            return commit.submit_made(lambda: store.publish_op(topic, bodies, defer), order)
+        return commit.submit_all_made(
+            lambda: store.keyed_publish_ops(topic, bodies, publish_keys, defer, keys), order)
+
+    def published(self, count: int, publish_keys: list[bytes] | None, value: Any) -> int:
+        """How many of the `count` messages were duplicates (not published), from the
+        submitted publish's value; the rest are counted as published."""
+        duplicates = sum(value) if publish_keys is not None else 0
+        self.broker.metrics.published.inc(count - duplicates)
+        return duplicates
