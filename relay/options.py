@@ -99,7 +99,8 @@ def _opt(default, help, kind=None, used_by=(BROKER,), **meta):
 class Options:
     tcp_address: str = _opt("0.0.0.0:4150", "<addr>:<port> to listen on for TCP clients")
     workers: int = _opt(1, "broker processes sharing the ports (SO_REUSEPORT), forked and "
-                        "kept running by this one (default 1: this process serves)")
+                        "kept running by this one; auto: one per core this process may "
+                        "use (default 1: this process serves)")
     http_address: str = _opt("0.0.0.0:4151", "<addr>:<port> for the HTTP API (empty: none)")
     lookupd_http_address: str = _opt("", "<addr>:<port> for nsqlookupd's HTTP API alone, "
                                      "e.g. 0.0.0.0:4161 (default none: it is on "
@@ -221,6 +222,16 @@ class _Count(fields.Integer):
         return super()._deserialize(value, attr, data, **kwargs)
 
 
+class _Workers(_Count):
+    """A count, or `auto`: one per core the process may run on (its CPU affinity, which
+    a container's cpuset limits)."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return len(os.sched_getaffinity(0))
+        return super()._deserialize(value, attr, data, **kwargs)
+
+
 class _Quantiles(fields.Field):
     """0.99,0.95 (flag, env) or [0.99, 0.95] (TOML): each in (0, 1], as nsqd checks."""
 
@@ -283,7 +294,7 @@ def _dead_letter_topic(value: str) -> None:
 
 class OptionsSchema(Schema):
     tcp_address = fields.String(validate=_address)
-    workers = _Count(validate=validate.Range(min=1, max=256))
+    workers = _Workers(validate=validate.Range(min=1, max=256))
     http_address = fields.String(validate=lambda v: v == "" or _address(v))
     lookupd_http_address = fields.String(validate=lambda v: v == "" or _address(v))
     broadcast_address = fields.String(validate=validate.Length(min=1))

@@ -101,6 +101,15 @@ def test_env_values_are_parsed():
     assert opts.heartbeat_interval == 5_000
 
 
+def test_workers_auto_is_one_per_core_the_process_may_use(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5})
+    assert load_options({"workers": "auto"}, None, environ={}).workers == 3
+    assert load_options({}, None, environ={"RELAY_WORKERS": "AUTO"}).workers == 3
+    assert load_options({}, write(tmp_path, 'workers = "auto"\n'), environ={}).workers == 3
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert load_options({"workers": "auto"}, None, environ={}).workers == 1
+
+
 def test_redis_url_sources(tmp_path):
     path = write(tmp_path, 'redis_url = "redis://file:6379/0"\n')
     assert load_options({}, path, environ={}).redis_url == "redis://file:6379/0"

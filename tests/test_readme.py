@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from relay import admin, cli, embedded, options
+from tests.helpers.wait import wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -106,6 +107,9 @@ def test_a_second_stack_on_other_ports(tmp_path):
                                    capture_output=True, text=True)
         assert published.stdout == "OK"
         assert redis_py.Redis(port=redis_port).smembers("relay:topics") == {b"second"}
+        cores = len(os.sched_getaffinity(0))    # the Procfile's broker: --workers auto
+        assert wait_for(lambda: redis_py.Redis(port=redis_port).zcard("relay:brokers") == cores,
+                        timeout=30)
         assert os.listdir(tmp_path / "var" / "redis") == [str(redis_port)]
         overview = subprocess.run(["curl", "-s", f"http://127.0.0.1:{console}/"],
                                   capture_output=True, text=True)
