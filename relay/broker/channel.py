@@ -198,7 +198,7 @@ class Channel:
         if batches.empties < part.empties:
             return  # popped before an empty already applied: they went with it
         self.emptied(batches.empties, part.index)
-        self.broker.metrics.delivered.inc(sum(len(records) for records in batches))
+        self.broker.metrics.delivered += sum(len(records) for records in batches)
         for (client, _, _), records in zip(share, batches):
             give_back, sampled_out = client.accept(records)
             if client.in_flight:

@@ -7,7 +7,7 @@ round trips) are its own, so sum them across brokers.
 
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from relay.broker.context import BrokerContext
@@ -20,10 +20,11 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 class Metrics:
     def __init__(self, broker: BrokerContext):
         self.registry = CollectorRegistry()
-        self.published = Counter("relay_published_messages", "Messages published through "
-                                 "this broker (PUB, MPUB, DPUB, HTTP)", registry=self.registry)
-        self.delivered = Counter("relay_delivered_messages", "Messages this broker sent "
-                                 "to its consumers", registry=self.registry)
+        # plain counts, added to by one greenlet at a time and read at scrape time: a
+        # prometheus Counter takes a lock per inc (1% of the broker's CPU per PUB)
+        self.published = 0      # messages published through this broker
+        self.delivered = 0      # messages this broker sent to its consumers
+        self.registry.register(_BrokerCounters(self))
         self.redis_round_trip = Histogram(
             "relay_redis_round_trip_seconds", "Time of one group-commit pipeline to Redis",
             buckets=(.0005, .001, .002, .005, .01, .02, .05, .1, .5, 1),
@@ -32,6 +33,21 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _BrokerCounters:
+    """This broker's own message counters."""
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+
+    def collect(self):
+        published = CounterMetricFamily("relay_published_messages", "Messages published "
+                                        "through this broker (PUB, MPUB, DPUB, HTTP)",
+                                        value=self.metrics.published)
+        delivered = CounterMetricFamily("relay_delivered_messages", "Messages this broker "
+                                        "sent to its consumers", value=self.metrics.delivered)
+        return [published, delivered]
 
 
 class _QueueCollector:

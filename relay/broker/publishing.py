@@ -33,5 +33,5 @@ class Publishing:
         """How many of the `count` messages were duplicates (not published), from the
         submitted publish's value; the rest are counted as published."""
         duplicates = sum(value) if publish_keys is not None else 0
-        self.broker.metrics.published.inc(count - duplicates)
+        self.broker.metrics.published += count - duplicates
         return duplicates
