@@ -1,0 +1,213 @@
+"""relay beside nsqd v1.3.0 (../shared/bin/nsq-1.3.0) under nsq's own Go clients, in one
+run: each workload --runs rounds, each round relay then nsqd (the order reversed every
+other round), each on a fresh broker (a fresh Stack: embedded Redis, one broker, a
+scanner; a fresh nsqd in a temporary folder), --seconds each. Reports the rate the client
+reports, the CPU per message of the broker (relay: its processes, workers included;
+nsqd: its process) and of Redis (relay only), read from /proc every 0.1 s over the
+client's run (its process' start to end; rdy1: the counted window), and the ratio of
+the rate to nsqd's in the same round (median over rounds). With --before REV, relay at
+git revision REV too (a temporary worktree), so before, after and nsqd in one run.
+
+Workloads (-size 200, topic t, channel c; PORT the broker's TCP port, N --seconds):
+
+    pub1    GOMAXPROCS=16 bench_writer -nsqd-tcp-address 127.0.0.1:PORT -topic t
+                -runfor Ns -size 200 -batch-size 1    (16 producers, one message a PUB)
+    pub200  GOMAXPROCS=2 bench_writer ... -runfor Ns -size 200 -batch-size 200
+    rdy1    channel c made (a SUB), the topic prefilled with
+                GOMAXPROCS=2 bench_writer ... -runfor 3s -size 200 -batch-size 200,
+            then 4 of  nsq_tail -nsqd-tcp-address 127.0.0.1:PORT -topic t -channel c
+                -max-in-flight 1    (go-nsq's Consumer at RDY 1, one connection each)
+            counted over N s after 0.5 s of warm-up (their output is 201 bytes a message).
+            Not bench_reader -rdy 1: v1.3.0's bench_reader (one connection per GOMAXPROCS)
+            flushes its FINs only once msgCount % rdy > 0.75 * rdy, which never happens
+            below -rdy 5, so at RDY 1 it gets one message per connection and stalls.
+    e2e     channel c made, then at once
+                GOMAXPROCS=2 bench_reader ... -channel c -runfor Ns -size 200 -rdy 2500
+                GOMAXPROCS=2 bench_writer ... -runfor Ns -size 200 -batch-size 200
+            the reader's rate reported.
+
+Messages = rate x --seconds (rdy1: the count). --workers N is the relay broker's --workers.
+
+    .venv/bin/python -m scripts.nsq_bench [--workloads pub1 pub200 rdy1 e2e] [--runs 3]
+        [--seconds 5] [--before REV] [--workers 1] [--json]
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from scripts.bench import CpuSampler, Stack
+from scripts.bench_stats import Nsqd
+from scripts.compare import checked_out
+from scripts.loadgen import Conn
+
+BIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..",
+                   "shared", "bin", "nsq-1.3.0")
+TOPIC, CHANNEL, SIZE = "t", "c", 200
+PREFILL_S, WARMUP_S, TAILS = 3, 0.5, 4
+
+
+def client(tool: str, port: int, gomaxprocs: int, seconds: float, *flags: str):
+    return subprocess.Popen(
+        [os.path.join(BIN, tool), "-nsqd-tcp-address", f"127.0.0.1:{port}", "-topic", TOPIC,
+         "-runfor", f"{seconds:g}s", "-size", str(SIZE), *flags],
+        env={**os.environ, "GOMAXPROCS": str(gomaxprocs)}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+
+
+def ops(proc) -> float:
+    """The ops/s a bench client printed once it ends."""
+    out = proc.communicate(timeout=120)[0]
+    found = re.search(r"([\d.]+)ops/s", out)
+    if proc.returncode or not found:
+        raise RuntimeError(f"{proc.args[0]} failed: {out.strip()}")
+    return float(found.group(1))
+
+
+def make_channel(port: int) -> None:
+    conn = Conn("127.0.0.1", port)
+    conn.sock.sendall(f"SUB {TOPIC} {CHANNEL}\n".encode())
+    conn.expect_ok()
+    conn.sock.close()
+
+
+def writer(gomaxprocs: int, batch: int):
+    def run(port: int, seconds: float) -> tuple:
+        start = time.time()
+        rate = ops(client("bench_writer", port, gomaxprocs, seconds, "-batch-size", str(batch)))
+        return rate, rate * seconds, start, time.time()
+    return run
+
+
+def rdy1(port: int, seconds: float) -> tuple:
+    make_channel(port)
+    filled = ops(client("bench_writer", port, 2, PREFILL_S, "-batch-size", "200")) * PREFILL_S
+    outs = [tempfile.TemporaryFile() for _ in range(TAILS)]
+    tails = [subprocess.Popen(
+        [os.path.join(BIN, "nsq_tail"), "-nsqd-tcp-address", f"127.0.0.1:{port}", "-topic",
+         TOPIC, "-channel", CHANNEL, "-max-in-flight", "1"], stdout=out,
+        stderr=subprocess.DEVNULL) for out in outs]
+
+    def received() -> int:
+        return sum(os.fstat(out.fileno()).st_size for out in outs) // (SIZE + 1)
+    try:
+        time.sleep(WARMUP_S)
+        start, first = time.time(), received()
+        time.sleep(seconds)
+        end, last = time.time(), received()
+    finally:
+        for tail in tails:
+            tail.terminate()
+        for tail in tails:
+            tail.wait(10)
+        for out in outs:
+            out.close()
+    if last > 0.9 * filled:
+        print(f"rdy1: {last:,} of ~{filled:,.0f} prefilled messages consumed; the rate may "
+              "be the prefill's", file=sys.stderr)
+    return (last - first) / (end - start), last - first, start, end
+
+
+def e2e(port: int, seconds: float) -> tuple:
+    make_channel(port)
+    start = time.time()
+    reader = client("bench_reader", port, 2, seconds, "-channel", CHANNEL, "-rdy", "2500")
+    publisher = client("bench_writer", port, 2, seconds, "-batch-size", "200")
+    ops(publisher)
+    rate = ops(reader)
+    return rate, rate * seconds, start, time.time()
+
+
+WORKLOADS = {"pub1": writer(16, 1), "pub200": writer(2, 200), "rdy1": rdy1, "e2e": e2e}
+
+
+def one_round(workload: str, source: str | None, args) -> dict:
+    """`workload` once on a fresh nsqd (source "nsqd") or Stack of relay from `source`."""
+    if source == "nsqd":
+        broker = Nsqd()
+        pids = {"broker": [broker.proc.pid]}
+    else:
+        broker = Stack(1, source=source, workers=args.workers)
+        pids = {"broker": broker.broker_pids(), "redis": [broker.redis_servers[0].pid]}
+    try:
+        sampler = CpuSampler(pids)
+        try:
+            rate, messages, start, end = WORKLOADS[workload](broker.tcp_port, args.seconds)
+        finally:
+            sampler.stop()
+        before, after = sampler.at(start), sampler.at(end)
+        result = {"msgs_per_s": round(rate), "window_s": round(end - start, 2)}
+        for k in ("broker", "redis"):
+            result[f"{k}_us_per_msg"] = (round(1e6 * (after[k] - before[k]) / messages, 1)
+                                         if k in pids and messages else None)
+        return result
+    finally:
+        broker.stop()
+
+
+def medians(rounds: dict) -> dict:
+    """Per target: the median of each figure, and of its rate / nsqd's in the same round."""
+    out = {}
+    for target, runs in rounds.items():
+        out[target] = {k: round(statistics.median(r[k] for r in runs), 1)
+                       if runs[0][k] is not None else None
+                       for k in ("msgs_per_s", "broker_us_per_msg", "redis_us_per_msg")}
+        out[target]["vs_nsqd"] = round(statistics.median(
+            r["msgs_per_s"] / n["msgs_per_s"] for r, n in zip(runs, rounds["nsqd"])), 3)
+    return out
+
+
+def table(workload: str, summary: dict) -> str:
+    def fmt(value, spec):
+        return "-" if value is None else format(value, spec)
+    lines = [f"### {workload}", "", "| target | msgs/s | broker µs/msg | redis µs/msg | "
+             "msgs/s vs nsqd |", "| --- | --- | --- | --- | --- |"]
+    for target, m in summary.items():
+        lines.append(f"| {target} | {m['msgs_per_s']:,.0f} | {fmt(m['broker_us_per_msg'], '.1f')}"
+                     f" | {fmt(m['redis_us_per_msg'], '.1f')} | {m['vs_nsqd']:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS),
+                        default=list(WORKLOADS))
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--before", help="a git revision of relay to measure too")
+    parser.add_argument("--workers", type=int, default=1, help="the relay broker's --workers")
+    parser.add_argument("--json", action="store_true", help="everything as JSON instead")
+    args = parser.parse_args()
+    with checked_out(args.before, "relay-nsq-bench-") as before:
+        targets = ({f"before {args.before}": before, "after": None} if args.before
+                   else {"relay": None})
+        targets["nsqd"] = "nsqd"
+        results = {}
+        for workload in args.workloads:
+            rounds = results[workload] = {target: [] for target in targets}
+            for i in range(args.runs):
+                for target in list(targets)[::-1 if i % 2 else 1]:
+                    rounds[target].append(one_round(workload, targets[target], args))
+                    if not args.json:
+                        r = rounds[target][-1]
+                        print(f"{workload} round {i + 1} {target}: {r['msgs_per_s']:,} msgs/s,"
+                              f" broker {r['broker_us_per_msg']} µs/msg, redis "
+                              f"{r['redis_us_per_msg'] or '-'} µs/msg over {r['window_s']} s",
+                              flush=True)
+    summary = {workload: medians(rounds) for workload, rounds in results.items()}
+    if args.json:
+        print(json.dumps({"args": vars(args), "rounds": results, "medians": summary}, indent=1))
+        return
+    for workload in results:
+        print()
+        print(table(workload, summary[workload]))
+
+
+if __name__ == "__main__":
+    main()
