@@ -2,10 +2,14 @@
 RDY credit (set_ready, settled), CLS (start_close) and the msg_timeout it asked for."""
 
 import json
+import socket
 import time
 
 import pytest
+import redis
 
+from relay.codec import FRAME_ERROR
+from relay.store.connection import connect
 from tests.helpers.wire import FRAME_RESPONSE, Wire, subscribed
 
 pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
@@ -45,6 +49,32 @@ def test_rdy_zero_stops_delivery(broker):
     assert c.nothing(1.5)
     c.command("RDY 1")
     assert c.message()[3] == b"m"
+
+
+# -- replies answered late ----------------------------------------------------------------
+
+
+def test_a_late_answer_keeps_its_place_among_the_replies(processes, redis_url):
+    """A PUB is answered once Redis has, while the broker reads on (ProtocolV2._answer_later):
+    with Redis holding its writes, the reply to a command behind the PUB still comes after
+    the PUB's OK, and a client that half-closes after a PUB still gets its OK."""
+    _, port = processes.broker()
+    first, second = Wire(port), Wire(port)
+    assert first.pub("t", b"warm") == OK and second.pub("t", b"warm") == OK
+    client = connect(redis_url)
+    if isinstance(client, redis.RedisCluster):      # writes wait, on every master
+        client.client_pause(700, all=False, target_nodes=redis.RedisCluster.PRIMARIES)
+    else:
+        client.client_pause(700, all=False)
+    first.command("PUB t", b"late")
+    time.sleep(0.2)         # read, and waiting for Redis: the next command comes apart
+    first.command("DPUB t -1", b"x")
+    second.command("PUB t", b"late too")
+    second.sock.shutdown(socket.SHUT_WR)
+    assert first.frame() == OK
+    assert first.frame() == (FRAME_ERROR, b"E_INVALID DPUB could not parse timeout -1")
+    assert second.frame() == OK
+    assert first.closed() and second.closed()
 
 
 # -- CLS --------------------------------------------------------------------------------

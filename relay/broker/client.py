@@ -89,6 +89,10 @@ class Client:
         # to the writer: replies and errors in command order, None once the reader is done
         self.replies: Queue[Reply | ClientError] = Queue(MAX_PENDING_REPLIES)
         self.writing = False    # the writer greenlet is sending a reply
+        # set while no reply is being answered from the hub (ProtocolV2._answer_later):
+        # the replies after it wait for it
+        self.answered = Event()
+        self.answered.set()
         self._outbox: list[bytes] = []
         self._unsent = 0
         self._outbox_ready = Event()
@@ -202,6 +206,38 @@ class Client:
             return False
         self._outbox.clear()
         return True
+
+    def send_now(self, data: bytes) -> bool:
+        """Write whole frames without waiting, from the hub too: False, having written
+        nothing, unless the socket is plain and no one else is writing. What the socket
+        does not take at once is sent by a greenlet of its own, the frames kept whole."""
+        if (self.tls or type(self.transport) is not transport.Plain
+                or not self._write_lock.acquire(blocking=False)):
+            return False
+        try:
+            sent = os.write(self.sock.fileno(), data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._write_lock.release()
+            self.close()
+            return True
+        if sent == len(data):
+            self._write_lock.release()
+        else:
+            gevent.spawn(self._send_rest, data[sent:])
+        return True
+
+    def _send_rest(self, data: bytes) -> None:
+        """The rest of a send_now, under the write lock it took."""
+        try:
+            hb = self.heartbeat_interval
+            self.sock.settimeout(2 * hb / 1000 if hb > 0 else None)
+            self.transport.send(data)
+        except OSError:
+            self.close()
+        finally:
+            self._write_lock.release()
 
     def set_ready(self, count: int) -> None:
         """RDY (nsqd SetReadyCount)."""

@@ -82,6 +82,19 @@ class Bounded:
                     self.deadlines.unwatch(self)
         return result.get()
 
+    def when_ready(self, callback: Callable[[], None]) -> None:
+        """callback() once the result is ready, or failed at the op's deadline, instead
+        of a wait: it runs in the hub, so it must never wait itself."""
+        if time.monotonic() >= self.expires:
+            self.expire()
+        else:
+            self.deadlines.watch(self)
+
+        def ready(_: Any) -> None:
+            self.deadlines.unwatch(self)
+            callback()
+        self.queued.result.rawlink(ready)
+
     def expire(self) -> None:
         """Fail the result (its waiter raises the error), unless it came meanwhile."""
         if self.queued.result.ready():

@@ -24,6 +24,15 @@ class Pending:
         self.result = result
         self.finish = finish
 
+    def when_ready(self, callback: Callable[[], None]) -> bool:
+        """callback() from the hub once resolve() would not wait (Bounded.when_ready);
+        False if the result cannot say (a keyed publish's several calls): wait for it."""
+        when_ready = getattr(self.result, "when_ready", None)
+        if when_ready is None:
+            return False
+        when_ready(callback)
+        return True
+
     def resolve(self) -> bytes | None:
         try:
             value = self.result.get()
@@ -47,6 +56,22 @@ class Settled:
         self.command = command
         self.ids = ids
         self.took = took
+
+    def when_ready(self, callback: Callable[[], None]) -> bool:
+        """callback() from the hub once errors() would not wait, as Pending.when_ready."""
+        waits = [wait for result, _ in self.calls
+                 if (wait := getattr(result, "when_ready", None)) is not None]
+        if len(waits) < len(self.calls):
+            return False
+        left = [len(waits)]
+
+        def one() -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                callback()
+        for wait in waits:
+            wait(one)
+        return True
 
     def errors(self) -> list[ClientError]:
         codes: list = [None] * len(self.ids)
