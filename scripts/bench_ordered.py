@@ -75,7 +75,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from scripts import loadgen  # noqa: E402
-from scripts.bench import CpuSampler, Stack, _cpu_model, cpu_seconds  # noqa: E402
+from scripts.bench import CpuSampler, Stack, cpu_model, cpu_seconds  # noqa: E402
 from scripts.compare import checked_out  # noqa: E402
 
 TOPIC = "ordered-bench"
@@ -682,7 +682,7 @@ def table(header: list, rows: list) -> list:
 
 def render(results: dict, args) -> list:
     lines = [f"# bench_ordered {datetime.datetime.now().isoformat(timespec='seconds')}",
-             f"Machine: {os.cpu_count()} cores, {platform.machine()}, {_cpu_model()}, "
+             f"Machine: {os.cpu_count()} cores, {platform.machine()}, {cpu_model()}, "
              f"Python {platform.python_version()}; brokers from {args.source or ROOT}; "
              f"bodies {'xxx... KEY SEQ' if BODY_TAIL else 'KEY SEQ xxx...'}"
              + (" (PRETEND: plain channels, not ordered)" if PRETEND else ""), ""]
@@ -842,7 +842,7 @@ def main() -> None:
     print("\n".join(lines))
     if args.json:
         print(json.dumps({"command": command, "date": datetime.date.today().isoformat(),
-                          "cpus": os.cpu_count(), "cpu_model": _cpu_model(),
+                          "cpus": os.cpu_count(), "cpu_model": cpu_model(),
                           "pretend_unordered": PRETEND, **results}))
 
 

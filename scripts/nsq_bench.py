@@ -27,14 +27,19 @@ Workloads (-size 200, topic t, channel c; PORT the broker's TCP port, N --second
             the reader's rate reported.
 
 Messages = rate x --seconds (rdy1: the count). --workers N is the relay broker's --workers.
+--write FILE puts one table of every workload, relay beside nsqd, with the ceilings of
+relay's scripts and of plain Redis (scripts/ceiling.py, as scripts/bench.py measures them),
+at the top of FILE (BENCHMARKS.md), in place of the one an earlier --write put there.
 
     .venv/bin/python -m scripts.nsq_bench [--workloads pub1 pub200 rdy1 e2e] [--runs 3]
-        [--seconds 5] [--before REV] [--workers 1] [--json]
+        [--seconds 5] [--before REV] [--workers 1] [--json] [--write BENCHMARKS.md]
 """
 
 import argparse
+import datetime
 import json
 import os
+import platform
 import re
 import statistics
 import subprocess
@@ -42,7 +47,7 @@ import sys
 import tempfile
 import time
 
-from scripts.bench import CpuSampler, Stack
+from scripts.bench import CURRENT_BEGIN, CURRENT_END, CpuSampler, Stack, ceilings, cpu_model
 from scripts.bench_stats import Nsqd
 from scripts.compare import checked_out
 from scripts.loadgen import Conn
@@ -174,6 +179,54 @@ def table(workload: str, summary: dict) -> str:
     return "\n".join(lines)
 
 
+CLIENTS = {"pub1": "`bench_writer -batch-size 1`, 16 producers",
+           "pub200": "`bench_writer -batch-size 200`, 2 producers",
+           "rdy1": "4 `nsq_tail -max-in-flight 1`",
+           "e2e": "`bench_writer` 200 + `bench_reader` RDY 2500"}
+
+
+def current_table(summary: dict, ceiling: dict, args) -> str:
+    """The table --write puts at the top of BENCHMARKS.md."""
+    revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True).stdout.strip()
+    command = (f".venv/bin/python -m scripts.nsq_bench --runs {args.runs} "
+               f"--seconds {args.seconds:g} --write {args.write}")
+    lines = [CURRENT_BEGIN, "", "## Now: relay beside nsqd v1.3.0", "",
+             f"`{command}`, on {revision}, {datetime.date.today().isoformat()}: "
+             f"{os.cpu_count()} cores, {cpu_model()}, Python {platform.python_version()}. "
+             f"Medians of {args.runs} alternating rounds of {args.seconds:g} s, each on a "
+             "fresh broker (relay: one broker, a scanner, the embedded Redis with "
+             "conf/redis.conf); µs/msg is CPU time per message, which holds on any host.", "",
+             "| workload (nsq's clients) | relay msgs/s | nsqd msgs/s | relay / nsqd "
+             "| relay broker µs/msg | nsqd µs/msg | relay Redis µs/msg |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for workload, m in summary.items():
+        relay, nsqd = m["relay"], m["nsqd"]
+        lines.append(f"| {workload}: {CLIENTS[workload]} | {relay['msgs_per_s']:,.0f} | "
+                     f"{nsqd['msgs_per_s']:,.0f} | {relay['vs_nsqd']:.2f} | "
+                     f"{relay['broker_us_per_msg']:.1f} | {nsqd['broker_us_per_msg']:.1f} | "
+                     f"{relay['redis_us_per_msg']:.1f} |")
+    lines += ["", "Ceilings in the same run (scripts/ceiling.py, 200 B, batches of 100 from "
+              "one process): relay's scripts / plain Redis lists, msgs/s: " + "; ".join(
+                  f"{work} {ceiling[('scripts', work)]:,} / {ceiling[('plain', work)]:,}"
+                  for work in ("publish", "consume", "loop")) + ".", "", CURRENT_END]
+    return "\n".join(lines)
+
+
+def write(path: str, block: str) -> None:
+    """`block` in place of the one between the markers in the file, or after its title."""
+    with open(path) as f:
+        text = f.read()
+    if CURRENT_BEGIN in text:
+        head, _, rest = text.partition(CURRENT_BEGIN)
+        text = head + block + rest.partition(CURRENT_END)[2]
+    else:
+        title, _, rest = text.partition("\n")
+        text = f"{title}\n\n{block}\n{rest}"
+    with open(path, "w") as f:
+        f.write(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS),
@@ -183,7 +236,10 @@ def main() -> None:
     parser.add_argument("--before", help="a git revision of relay to measure too")
     parser.add_argument("--workers", type=int, default=1, help="the relay broker's --workers")
     parser.add_argument("--json", action="store_true", help="everything as JSON instead")
+    parser.add_argument("--write", metavar="FILE", help="the table at the top of FILE")
     args = parser.parse_args()
+    if args.write and args.before:
+        parser.error("--write puts this checkout beside nsqd: not with --before")
     with checked_out(args.before, "relay-nsq-bench-") as before:
         targets = ({f"before {args.before}": before, "after": None} if args.before
                    else {"relay": None})
@@ -207,6 +263,9 @@ def main() -> None:
     for workload in results:
         print()
         print(table(workload, summary[workload]))
+    if args.write:
+        write(args.write, current_table(summary, ceilings(args.seconds), args))
+        print(f"wrote {args.write}")
 
 
 if __name__ == "__main__":
