@@ -14,7 +14,7 @@ import pytest
 from relay import codec
 from relay.codec import make_record, parse_record
 from relay.errors import StoreError
-from relay.store import keys, runner
+from relay.store import codes, keys, runner
 from relay.store import data_path
 from relay.store.keys import ChannelKeys, TopicKeys
 from tests.helpers.servers import all_keys
@@ -612,9 +612,10 @@ def test_lua_record_layout_is_relay_codecs(store):
 
 
 def test_included_files_come_first_and_no_script_has_flags():
-    """news.lua names node.lua, which comes before it. No script has a flags line
-    (#!lua): without one, a script may reach keys of other slots of its node, as the
-    node keys are (relay/store/nodes.py)."""
+    """news.lua names node.lua, which comes before it; the codes come before all
+    (relay/store/codes.py). No script has a flags line (#!lua): without one, a script
+    may reach keys of other slots of its node, as the node keys are (relay/store/
+    nodes.py)."""
     plain, sharded = runner.load_scripts(), runner.load_scripts(sharded=True)
     libs = b"".join(lua_lib(n) for n in ("fanout.lua", "time.lua", "chunked.lua", "record.lua",
                                          "node.lua", "news.lua", "history.lua",
@@ -622,7 +623,7 @@ def test_included_files_come_first_and_no_script_has_flags():
                                          "append.lua", "dedup.lua"))
     own = (resources.files("relay.store") / "scripts" / "publish.lua").read_bytes()
     assert own.startswith(b"-- include: append.lua, dedup.lua\n")
-    assert plain["publish"].source == libs + own
+    assert plain["publish"].source == codes.lua() + libs + own
     assert sharded["publish"].source == plain["publish"].source.replace(
         b"redis.call('PUBLISH', wake", b"redis.call('SPUBLISH', wake")
     assert b"'PUBLISH'" not in b"".join(s.source for s in sharded.values())
@@ -650,7 +651,7 @@ def test_a_script_names_only_what_it_uses_and_gets_each_include_once():
     scripts = runner.load_scripts()
     own = (resources.files("relay.store") / "scripts" / "finish.lua").read_bytes()
     assert own.startswith(b"-- include: finish.lua\n")
-    assert scripts["finish"].source == b"".join(lua_lib(n) for n in (
+    assert scripts["finish"].source == codes.lua() + b"".join(lua_lib(n) for n in (
         "chunked.lua", "inflight.lua", "time.lua", "node.lua", "news.lua", "order.lua",
         "finish.lua")) + own
     deliver = scripts["deliver"].source

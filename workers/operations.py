@@ -21,7 +21,7 @@ from rq.job import Job
 from relay.codec import record_id
 from relay.errors import RelayError
 from relay.store import deadletter
-from relay.store import Store, guarded
+from relay.store import Store, codes, guarded
 from relay.store.connection import whole
 from relay.store.keys import ChannelKeys
 
@@ -228,7 +228,7 @@ def ordered_replay(store: Store, topic: str, channel: str, starts: list[str], en
                 part, channel, records, store.node(part),
                 deadletter.rule_keys(store, topic, index, records), counted=True)) \
                 if records else 0
-            if queued < 0:
+            if queued == codes.REDRIVE_NO_CHANNEL:
                 raise NotFound(f"channel {topic}/{channel} not found")
             progress["replayed"] += queued
             progress["skipped"] += done.skipped + len(read) - queued

@@ -29,7 +29,7 @@ from functools import cached_property
 
 from relay.broker.registry import broker_liveness
 from relay.liveness import Liveness
-from relay.store import Store, bookkeeping, guarded, keys
+from relay.store import Store, bookkeeping, codes, guarded, keys
 
 log = logging.getLogger("relay.reaper")
 
@@ -102,9 +102,10 @@ class Reaper:
                 if isinstance(result, Exception):
                     raise result
                 gone, n = result
-                channels += gone > 0
+                channels += gone != codes.KEPT
                 requeued += n
-            if any(r[0] == 2 for r in results) and keys.PART_MARK not in part:
+            if any(r[0] == codes.TOPIC_DELETED for r in results) \
+                    and keys.PART_MARK not in part:
                 self.store.forget_topic(part)
         guarded(bookkeeping.write, redis, ("SET", claim, "done", "PX", DONE_TTL_MS))
         self.reaped += 1

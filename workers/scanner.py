@@ -59,7 +59,7 @@ from redis.exceptions import RedisClusterException, RedisError
 from relay.errors import StoreConnectionError, StoreError
 from relay.liveness import Liveness, new_id
 from relay.options import redacted_url
-from relay.store import Store, deadletter, guarded, keys, replication
+from relay.store import Store, codes, deadletter, guarded, keys, replication
 from relay.store.causes import cause
 from relay.store.connection import connect_when_ready, unready, wait_until_ready
 from relay.store.keys import TopicKeys
@@ -205,7 +205,7 @@ class Scanner:
             if timed_out or promoted:
                 log.debug("%s/%s: %d timed out, %d deferred due", topic, channel,
                           timed_out, promoted)
-            busy = busy or (next_due != -1 and next_due <= now)
+            busy = busy or (next_due != codes.NO_TIME and next_due <= now)
         return busy
 
     def now_ms(self) -> int:

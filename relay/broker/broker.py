@@ -41,7 +41,7 @@ from relay.errors import StoreError
 from relay.liveness import new_id
 from relay.options import Options, redacted_url
 from relay.sockio import MAX_ACCEPT, listen, raise_open_file_limit, reserve
-from relay.store import Store, connect_redis, replication
+from relay.store import Store, codes, connect_redis, replication
 from relay.store.commit import GroupCommit
 from relay.store.connection import UNREACHABLE, RedisClient, connect_when_ready
 from relay.store.latency import E2eLatency
@@ -400,7 +400,7 @@ class Broker:
                 part.name, channel.name, self.id, codec.is_ephemeral(channel.name),
                 codec.is_ephemeral(channel.topic), incarnation), client.number)
                 for part, incarnation in zip(channel.parts, client.incarnation)]
-            if [call.get() for call in leaving][:1] == [2]:
+            if [call.get() for call in leaving][:1] == [codes.TOPIC_DELETED]:
                 store.forget_topic(channel.topic)
         except StoreError as e:
             if self.stopping:      # one line at the end of the stop (_left_behind)

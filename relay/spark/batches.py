@@ -21,6 +21,7 @@ No pyspark here, and the Store keeps no Spark code: plain keys of the channel's 
 from typing import Sequence
 
 from relay.codec import record_id
+from relay.store import codes
 from relay.store.keys import ChannelKeys
 
 LEASE_MS = 60_000
@@ -88,7 +89,7 @@ class QueryBatches:
             ids = [record_id(r) for r in self.records(batch)]
             done = self.store.finish(self.topic, self.channel,
                                      [(self.owner(batch), i) for i in ids]) if ids else []
-            lost = [i for i, d in zip(ids, done) if d != 1]
+            lost = [i for i, d in zip(ids, done) if d != codes.DONE]
             pipe = self.store.redis.pipeline(transaction=True)
             if lost:
                 pipe.sadd(self.strays_key, *lost)
@@ -118,5 +119,6 @@ class QueryBatches:
             triples = [(self.owner(batch), record_id(r), ms) for r in self.records(batch)]
             if triples:
                 deadlines = self.store.touch(self.topic, self.channel, triples)
-                lost += sum(1 for d in deadlines if d <= 0)
+                lost += sum(1 for d in deadlines
+                            if d in (codes.NOT_IN_FLIGHT, codes.NOT_OWNER))
         return lost

@@ -6,7 +6,7 @@ import secrets
 from typing import Iterator, Sequence
 
 from relay.errors import RelayError
-from relay.store import keys
+from relay.store import codes, keys
 from relay.store.dedup import DEDUP_FIELD
 from relay.store.expiry import CHANNEL_TTL_FIELD, Expiry
 from relay.store.history import RETENTION_FIELDS
@@ -195,8 +195,8 @@ class Control(Expiry, Limits):
         """Requeue in-flight messages by their members, each from the owner it names
         (lib/inflight.lua). Per member: 1 requeued, 0 no longer held so."""
         triples = [(member_owner(m), member_id(m), 0) for m in members]
-        return [max(code, 0) for code in (self.requeue(topic, channel, triples)
-                                          if triples else [])]
+        return [int(code == codes.DONE) for code in (self.requeue(topic, channel, triples)
+                                                     if triples else [])]
 
     def configure_channel(self, topic: str, channel: str, name: str, value) -> None:
         """Set (or with None, clear) a channel setting kept in its meta hash, on every

@@ -27,7 +27,7 @@ from typing import Sequence
 from relay import codec
 from relay.errors import StoreError
 from relay.options import DEFAULT_DEAD_LETTER_TOPIC
-from relay.store import Op, Store, guarded
+from relay.store import Op, Store, codes, guarded
 from relay.store.dedup import key_part
 from relay.store.keys import ChannelKeys, TopicKeys, id_part, split_part
 
@@ -153,10 +153,10 @@ def letters(store: Store, topic: str, channel: str, chunk: int = 1000):
 def redrive_op(topic: str, channel: str, records: Sequence[bytes], node: str,
                order_keys: "Sequence[bytes | None] | None" = None,
                counted: bool = False) -> Op:
-    """Queue records on one channel (part) again: how many, or -1 if there is no such
-    channel. `node`: the prefix of the node keys of the node serving the topic
-    (Store.node). On an ordered channel the records it still holds are skipped and
-    those with an order key (one or None per record) pass its gate (redrive.lua);
+    """Queue records on one channel (part) again: how many, or codes.REDRIVE_NO_CHANNEL
+    if there is no such channel. `node`: the prefix of the node keys of the node serving
+    the topic (Store.node). On an ordered channel the records it still holds are skipped
+    and those with an order key (one or None per record) pass its gate (redrive.lua);
     `counted`: they count in its message_count (a replay's)."""
     t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
     joined = b"\n".join(k or b"" for k in order_keys) if order_keys and any(order_keys) \
@@ -187,8 +187,8 @@ def rule_keys(store: Store, topic: str, part: int, records: Sequence[bytes]
 
 def _redrive(store: Store, topic: str, channel: str, records: dict) -> int:
     """Queue records (by id) again, each on the part its id names, an ordered channel's
-    through its gate with the keys of the topic's rule (rule_keys): how many, or -1 if
-    there is no such channel."""
+    through its gate with the keys of the topic's rule (rule_keys): how many, or
+    codes.REDRIVE_NO_CHANNEL if there is no such channel."""
     by_part: dict[int, list] = {}
     for msg_id, record in records.items():
         by_part.setdefault(max(id_part(msg_id.encode()), 0), []).append(record)
@@ -199,7 +199,9 @@ def _redrive(store: Store, topic: str, channel: str, records: dict) -> int:
     for reply in queued:
         if isinstance(reply, Exception):
             raise reply
-    return -1 if min(queued) < 0 else sum(queued)
+    if codes.REDRIVE_NO_CHANNEL in queued:
+        return codes.REDRIVE_NO_CHANNEL
+    return sum(queued)
 
 
 def _remove(store: Store, key: str, records: Sequence[bytes]) -> None:
@@ -220,7 +222,7 @@ def redrive_ids(store: Store, topic: str, channel: str, ids: set[str]) -> int:
             found.setdefault(letter["id"], codec.make_record(
                 letter["timestamp"], 0, letter["id"].encode(), letter["body_bytes"]))
             copies.setdefault(key, []).append(record)
-    if found and _redrive(store, topic, channel, found) < 0:
+    if found and _redrive(store, topic, channel, found) == codes.REDRIVE_NO_CHANNEL:
         raise StoreError(f"channel {topic}/{channel} does not exist")
     for key, records in copies.items():
         _remove(store, key, records)
@@ -248,7 +250,7 @@ def redrive(store: Store, topic: str, channel: str, chunk: int = 1000):
                 fresh[letter["id"]] = codec.make_record(letter["timestamp"], 0,
                                                         letter["id"].encode(),
                                                         letter["body_bytes"])
-        if fresh and _redrive(store, topic, channel, fresh) < 0:
+        if fresh and _redrive(store, topic, channel, fresh) == codes.REDRIVE_NO_CHANNEL:
             raise StoreError(f"channel {topic}/{channel} does not exist")
         seen.update(fresh)
         for key in {key for key, _, _ in batch}:

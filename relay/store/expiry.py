@@ -9,6 +9,7 @@ own), so the sweep calls expire.lua only on parts where it can find something.""
 
 from typing import Any, NamedTuple, Sequence
 
+from relay.store import codes
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.reads import Reads
 from relay.store.runner import Op
@@ -32,7 +33,8 @@ class Expiry(Reads):
     """Message TTLs, and the sweep of expired messages."""
 
     def ttl_op(self, part: str, channel: str | None, ttl_ms: int | None) -> Op:
-        """ttl.lua on one part: 1, or 0 if the channel is not one of its."""
+        """ttl.lua on one part: codes.DONE, or codes.NO_CHANNEL if the channel is not
+        one of its."""
         t = TopicKeys.of(part)
         return self._fanout_op("ttl", part, [t.meta, t.channels],
                                [channel or "", "" if ttl_ms is None else ttl_ms])
@@ -41,8 +43,8 @@ class Expiry(Reads):
         """Set (None: clear) the message TTL of a topic, for its channels without one of
         their own and those made later, or of one channel, on every part (ttl.lua).
         False if the channel is not one of the topic's."""
-        return all([self.run(self.ttl_op(part, channel, ttl_ms))
-                    for part in self.parts(topic)])
+        return codes.NO_CHANNEL not in [self.run(self.ttl_op(part, channel, ttl_ms))
+                                        for part in self.parts(topic)]
 
     def ttl_settings(self, topic: str) -> dict:
         """The TTLs as part 0 has them: {"ttl_ms": the topic's or None, "channels":

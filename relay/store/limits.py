@@ -10,6 +10,7 @@ the parts in turn, so they fill evenly, and the channel holds at most P * ceil(N
 from typing import NamedTuple
 
 from relay.errors import RelayError
+from relay.store import codes
 from relay.store.data_path import DataPath
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.reads import Reads
@@ -36,7 +37,8 @@ def part_share(max_depth: int, parts: int) -> int:
 
 
 def _limit_op(part: str, channel: str, args: list) -> Op:
-    """limit.lua on one part: 1, or 0 if the part has no such channel."""
+    """limit.lua on one part: codes.DONE, codes.NO_CHANNEL if the part has no such
+    channel, or codes.ORDERED if the channel is ordered."""
     t = TopicKeys.of(part)
     return Op("limit", [t.channels, t.meta, ChannelKeys.of(part, channel).meta],
               [channel, *args])
@@ -55,11 +57,11 @@ class Limits(DataPath, Reads):
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
-            if reply == -1:
+            if reply == codes.ORDERED:
                 raise OrderedAndLimited(f"channel {topic}/{channel} is ordered: turn that off "
                                    "first (relay-admin order --off), a depth limit and "
                                    "ordered delivery do not go together")
-        return all(replies)
+        return codes.NO_CHANNEL not in replies
 
     def limit(self, topic: str, channel: str) -> Limit | None:
         """The channel's limit in force (part 0's), or None."""

@@ -17,6 +17,7 @@ import json
 from typing import NamedTuple, Sequence
 
 from relay.errors import StoreError
+from relay.store import codes
 from relay.store.data_path import DataPath
 from relay.store.dedup import BadKeyedMessage, key_problem, keyed_messages
 from relay.store.keys import ChannelKeys, TopicKeys
@@ -110,7 +111,7 @@ class Ordering(DataPath):
                     [int(on), channel, t.wake, self.node(part), RELEASE_STEP])
             while True:
                 reply = self.run(op)
-                if int(reply[0]) < 0:
+                if int(reply[0]) == codes.LIMITED:
                     raise OrderedAndLimited(
                         f"channel {topic}/{channel} has a depth limit: remove it first "
                         "(relay-admin limit --off), ordered delivery and a depth limit do "

@@ -31,6 +31,7 @@ from redis.exceptions import RedisClusterException, TryAgainError
 
 from relay.errors import NoAnswer, OutcomeUnknown, StoreConnectionError, StoreError
 from relay.sockio import Turns, send_all
+from relay.store import codes
 from relay.store.causes import REFUSALS, cause, refusal
 from relay.store.connection import SLOT_MOVING, RedisClient, is_cluster, sharded_pubsub
 from relay.store.resp import Replies, pack
@@ -123,19 +124,21 @@ class Script(NamedTuple):
 
 
 def load_scripts(sharded: bool = False) -> dict[str, Script]:
-    """Each script of scripts/ by its file's name, after the shared files (scripts/lib/)
-    it names on its first line as `-- include: X.lua, Y.lua`, each with what it names
+    """Each script of scripts/ by its file's name, after the table CODE of the codes
+    scripts answer with (relay/store/codes.py) and the shared files (scripts/lib/) it
+    names on its first line as `-- include: X.lua, Y.lua`, each with what it names
     itself first, and each once. Where `sharded` (a cluster of Redis 7+): wake-ups by
     SPUBLISH instead of PUBLISH. No script has flags (#!lua): without them, Redis 6.2, 7
     and Valkey 8 let a script reach keys of other slots of its node, as the node keys
     are (relay/store/nodes.py)."""
     folder = resources.files("relay.store") / "scripts"
+    code_table = codes.lua()
     scripts = {}
     for path in sorted(folder.iterdir(), key=lambda p: p.name):
         if not path.name.endswith(".lua"):
             continue
         name = path.name[:-len(".lua")]
-        source = with_includes(folder / "lib", path.read_bytes(), set())
+        source = code_table + with_includes(folder / "lib", path.read_bytes(), set())
         if sharded:
             source = source.replace(b"redis.call('PUBLISH'", b"redis.call('SPUBLISH'")
         scripts[name] = Script(name, source, hashlib.sha1(source).hexdigest())

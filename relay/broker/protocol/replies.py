@@ -8,6 +8,7 @@ from gevent.event import AsyncResult
 
 from relay.codec import as_text
 from relay.errors import ClientError, StoreConnectionError, StoreError
+from relay.store.codes import NOT_IN_FLIGHT, NOT_OWNER
 
 if TYPE_CHECKING:
     from relay.store.commit import Submitted
@@ -98,8 +99,8 @@ class Settled:
 
 # a FIN, REQ or TOUCH's code from Redis (None: no answer) -> why it failed; a call Redis
 # refused fails with its cause (relay/store/causes.py)
-SETTLE_FAILURES = {None: "redis unavailable", 0: "ID not in flight",
-                   -1: "client does not own message"}
+SETTLE_FAILURES = {None: "redis unavailable", NOT_IN_FLIGHT: "ID not in flight",
+                   NOT_OWNER: "client does not own message"}
 
 
 class Upgrade:

@@ -7,5 +7,7 @@
 --
 -- KEYS[1] the key   ARGV[1] the command   ARGV[2..] its arguments after the key
 -- Returns the command's reply.
-past_maxmemory()
-return redis.call(ARGV[1], KEYS[1], unpack(ARGV, 2))
+local key, command = KEYS[1], ARGV[1]
+local FIRST_ARG = 2
+past_maxmemory(key)
+return redis.call(command, key, unpack(ARGV, FIRST_ARG))

@@ -14,14 +14,22 @@
 -- Returns one list of records per group, in ARGV order, then the channel's count of
 -- empties, then the finish codes (finish.lua's), one per pair, then 1 if the queue
 -- still has messages, else 0.
+local queue, inflight, msgs, due_index = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local meta, dead, deferred, gate = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local key_of, waiting, version = KEYS[9], KEYS[10], KEYS[11]
+local channel, max_attempts, to_finish = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local wake, node = ARGV[#ARGV - 1], ARGV[#ARGV]
+local FIRST_PAIR = 4
+-- the groups' arguments: after the pairs, before the wake channel and the node prefix
+local first_group, last_group = FIRST_PAIR + 2 * to_finish, #ARGV - 2
 
-local groups = 4 + 2 * tonumber(ARGV[3])
-local c = {queue = KEYS[1], inflight = KEYS[2], msgs = KEYS[3], due_index = KEYS[4],
-           meta = KEYS[5], dead = KEYS[6], deferred = KEYS[7], gate = KEYS[8],
-           key_of = KEYS[9], waiting = KEYS[10], version = KEYS[11],
-           channel = ARGV[1], wake = ARGV[#ARGV - 1], node = ARGV[#ARGV]}
-local finished = finish_pairs(c, ARGV, 4, groups - 1, c)
-local out, empties, more = deliver_channel(c, ARGV[2], ARGV, groups, #ARGV - 2)
+-- the channel's gate (lib/order.lua) with its other keys: the finish's k and
+-- deliver_channel's c
+local c = order_gate(queue, deferred, msgs, gate, key_of, waiting, due_index, version,
+                     channel, wake, node)
+c.inflight, c.meta, c.dead = inflight, meta, dead
+local finished = finish_pairs(c, ARGV, FIRST_PAIR, first_group - 1, c)
+local out, empties, more = deliver_channel(c, max_attempts, ARGV, first_group, last_group)
 out[#out + 1] = empties
 out[#out + 1] = finished
 out[#out + 1] = more

@@ -10,18 +10,23 @@
 -- groups of 4 as deliver.lua's
 -- Returns per channel what deliver.lua returns with no FINs folded in: one list of
 -- records per group, the count of empties, {} (no finish codes), 1 if more else 0.
+local due_index, version = KEYS[1], KEYS[2]
+local FIRST_CHANNEL_KEY, KEYS_PER_CHANNEL = 3, 9
+local max_attempts, wake, node = ARGV[1], ARGV[2], ARGV[3]
+local FIRST_CHANNEL_ARG = 4
 
 local out = {}
-local a = 4
-for key = 3, #KEYS, 9 do
-  local c = {queue = KEYS[key], inflight = KEYS[key + 1], msgs = KEYS[key + 2],
-             meta = KEYS[key + 3], dead = KEYS[key + 4], deferred = KEYS[key + 5],
-             gate = KEYS[key + 6], key_of = KEYS[key + 7], waiting = KEYS[key + 8],
-             due_index = KEYS[1], version = KEYS[2],
-             channel = ARGV[a], wake = ARGV[2], node = ARGV[3]}
+local a = FIRST_CHANNEL_ARG
+for key = FIRST_CHANNEL_KEY, #KEYS, KEYS_PER_CHANNEL do
+  local queue, inflight, msgs, meta, dead, deferred, gate, key_of, waiting =
+      unpack(KEYS, key, key + KEYS_PER_CHANNEL - 1)
+  local channel, group_count = ARGV[a], tonumber(ARGV[a + 1])
+  local c = order_gate(queue, deferred, msgs, gate, key_of, waiting, due_index, version,
+                       channel, wake, node)
+  c.inflight, c.meta, c.dead = inflight, meta, dead
   local first = a + 2
-  local last = first + 4 * tonumber(ARGV[a + 1]) - 1
-  local records, empties, more = deliver_channel(c, ARGV[1], ARGV, first, last)
+  local last = first + 4 * group_count - 1
+  local records, empties, more = deliver_channel(c, max_attempts, ARGV, first, last)
   records[#records + 1] = empties
   records[#records + 1] = {}
   records[#records + 1] = more

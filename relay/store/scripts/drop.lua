@@ -20,9 +20,12 @@
 -- the node keys' prefix (lib/node.lua: a dropped channel leaves the node due index too)
 -- Returns {the topic's last message id, trash keys used...}, nil when the channel to
 -- delete does not exist, or the stale reply.
+local topic_ids, channels, topic_meta, backlog = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local backlog_deferred, due_index, version, history = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local FIRST_TRASH = 9
 local channel, delete = ARGV[ARG0 + 1], ARGV[ARG0 + 2] == '1'
-local NODE = ARGV[ARG0 + 4]
-local trash, free = {}, 9
+local wake, node = ARGV[ARG0 + 3], ARGV[ARG0 + 4]
+local trash, free = {}, FIRST_TRASH
 local function detach(key)
   if redis.call('EXISTS', key) == 1 then
     trash[#trash + 1] = KEYS[free]
@@ -35,15 +38,15 @@ local function drop_channel(c)
   for _, suffix in ipairs({'queue', 'inflight', 'deferred', 'msgs', 'gate', 'key_of', 'waiting'}) do
     detach(channel_key(c, suffix))
   end
-  redis.call('ZREM', KEYS[6], channel_name(c))
-  node_set(NODE, KEYS[6], channel_name(c), nil)
+  redis.call('ZREM', due_index, channel_name(c))
+  node_set(node, due_index, channel_name(c), nil)
   if delete then
     local meta = redis.call('HMGET', channel_key(c, 'meta'), 'max_depth', 'ordered')
     if meta[1] then
-      redis.call('HINCRBY', KEYS[3], 'limited_channels', -1)   -- lib/limit.lua
+      redis.call('HINCRBY', topic_meta, 'limited_channels', -1)   -- lib/limit.lua
     end
     if meta[2] then
-      redis.call('HINCRBY', KEYS[3], 'ordered_channels', -1)   -- lib/order.lua
+      redis.call('HINCRBY', topic_meta, 'ordered_channels', -1)   -- lib/order.lua
     end
     for _, suffix in ipairs({'meta', 'consumers', 'dead', 'dead_lock'}) do
       redis.call('UNLINK', channel_key(c, suffix))
@@ -52,27 +55,27 @@ local function drop_channel(c)
 end
 
 if channel ~= '' then
-  if delete and redis.call('SREM', KEYS[2], channel) == 0 then
+  if delete and redis.call('SREM', channels, channel) == 0 then
     return nil
   end
   drop_channel(1)
 else
   if delete then
-    local stale = stale_channels(KEYS[2])
+    local stale = stale_channels(channels)
     if stale then return stale end
   end
-  detach(KEYS[4])
-  detach(KEYS[5])
+  detach(backlog)
+  detach(backlog_deferred)
   if delete then
-    detach(KEYS[8])
+    detach(history)
     for c = 1, N_CHANNELS do drop_channel(c) end
-    redis.call('UNLINK', KEYS[2], KEYS[3], KEYS[6])
+    redis.call('UNLINK', channels, topic_meta, due_index)
   end
 end
 if delete then
-  announce(KEYS[7], ARGV[ARG0 + 3], '!' .. channel, NODE)
-elseif channel ~= '' and redis.call('SISMEMBER', KEYS[2], channel) == 1 then
+  announce(version, wake, '!' .. channel, node)
+elseif channel ~= '' and redis.call('SISMEMBER', channels, channel) == 1 then
   local empties = redis.call('HINCRBY', channel_key(1, 'meta'), 'empties', 1)
-  announce(KEYS[7], ARGV[ARG0 + 3], '~' .. empties .. ':' .. channel, NODE)
+  announce(version, wake, '~' .. empties .. ':' .. channel, node)
 end
-return {tonumber(redis.call('GET', KEYS[1]) or '0'), unpack(trash)}
+return {tonumber(redis.call('GET', topic_ids) or '0'), unpack(trash)}

@@ -17,12 +17,13 @@
 -- call, the scanner's max attempts (0: unlimited; a channel's max_attempts wins), the
 -- node keys' prefix (node.lua), the wake pub/sub channel
 -- Returns {taken out, more}: more is 1 when the call stopped at its bound (`most`).
-local STEP = 100   -- records read per LRANGE
-
-local stale = stale_channels(KEYS[2])
-if stale then return stale end
+local channels, due_index, version = KEYS[2], KEYS[3], KEYS[4]
 local most, max_attempts, node = tonumber(ARGV[ARG0 + 1]), ARGV[ARG0 + 2], ARGV[ARG0 + 3]
 local wake = ARGV[ARG0 + 4]
+local STEP = 100   -- records read per LRANGE
+
+local stale = stale_channels(channels)
+if stale then return stale end
 local now = now_ms()
 local total, more = 0, 0
 
@@ -30,10 +31,10 @@ local total, more = 0, 0
 -- how many expired, and how many were spent (delivered max_attempts times already).
 local function expire_head(c, oldest_live, attempts, dead_letters)
   local queue, expired, spent = channel_key(c, 'queue'), 0, 0
-  local o = {queue = queue, gate = channel_key(c, 'gate'), key_of = channel_key(c, 'key_of'),
-             waiting = channel_key(c, 'waiting'), msgs = channel_key(c, 'msgs'),
-             deferred = channel_key(c, 'deferred'), due_index = KEYS[3], version = KEYS[4],
-             channel = channel_name(c), wake = wake, node = node}
+  local o = order_gate(queue, channel_key(c, 'deferred'), channel_key(c, 'msgs'),
+                       channel_key(c, 'gate'), channel_key(c, 'key_of'),
+                       channel_key(c, 'waiting'), due_index, version, channel_name(c), wake,
+                       node)
   while expired + spent < most do
     local want = math.min(STEP, most - expired - spent)
     local records = redis.call('LRANGE', queue, 0, want - 1)
@@ -72,7 +73,7 @@ for c = 1, N_CHANNELS do
     if expired > 0 then redis.call('HINCRBY', meta, 'expired_count', expired) end
     if spent > 0 then redis.call('HINCRBY', meta, 'dead_count', spent) end
     if spent > 0 or (dead_letters and expired > 0) then
-      due_lower(node, KEYS[3], channel_name(c), now)
+      due_lower(node, due_index, channel_name(c), now)
     end
     total, most = total + expired + spent, most - expired - spent
   elseif ttl > 0 and not got[4] then

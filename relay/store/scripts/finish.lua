@@ -7,10 +7,14 @@
 -- KEYS[9] topic version (lib/news.lua)
 -- ARGV[1] channel name   ARGV[2] wake pub/sub channel   ARGV[3] the node keys' prefix
 -- (lib/node.lua), then pairs: owner, id
--- Returns per pair: 1 finished, 0 not in flight (or finished earlier in this call),
--- -1 in flight for another client.
-local k = {inflight = KEYS[1], msgs = KEYS[2], deferred = KEYS[3]}
-local o = {queue = KEYS[4], gate = KEYS[5], key_of = KEYS[6], waiting = KEYS[7],
-           msgs = KEYS[2], deferred = KEYS[3], due_index = KEYS[8], version = KEYS[9],
-           channel = ARGV[1], wake = ARGV[2], node = ARGV[3]}
-return finish_pairs(k, ARGV, 4, #ARGV, o)
+-- Returns per pair: CODE.DONE finished, CODE.NOT_IN_FLIGHT not in flight (or finished
+-- earlier in this call), CODE.NOT_OWNER in flight for another client.
+local inflight, msgs, deferred, queue, gate = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local key_of, waiting, due_index, version = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local channel, wake, node = ARGV[1], ARGV[2], ARGV[3]
+local FIRST_PAIR = 4
+
+local k = {inflight = inflight, msgs = msgs, deferred = deferred}
+local o = order_gate(queue, deferred, msgs, gate, key_of, waiting, due_index, version,
+                     channel, wake, node)
+return finish_pairs(k, ARGV, FIRST_PAIR, #ARGV, o)

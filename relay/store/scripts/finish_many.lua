@@ -7,17 +7,24 @@
 -- inflight, msgs, deferred, queue, gate, key_of, waiting
 -- ARGV[1] wake pub/sub channel   ARGV[2] the node keys' prefix (lib/node.lua), then per
 -- channel: its name, its count of pairs P, and P pairs: owner, id
--- Returns per channel finish.lua's reply: per pair 1 finished, 0 not in flight (or
--- finished earlier in this call), -1 in flight for another client.
+-- Returns per channel finish.lua's reply: per pair CODE.DONE finished,
+-- CODE.NOT_IN_FLIGHT not in flight (or finished earlier in this call), CODE.NOT_OWNER
+-- in flight for another client.
+local due_index, version = KEYS[1], KEYS[2]
+local FIRST_CHANNEL_KEY, KEYS_PER_CHANNEL = 3, 7
+local wake, node = ARGV[1], ARGV[2]
+local FIRST_CHANNEL_ARG = 3
+
 local out = {}
-local a = 3
-for key = 3, #KEYS, 7 do
-  local k = {inflight = KEYS[key], msgs = KEYS[key + 1], deferred = KEYS[key + 2]}
-  local o = {queue = KEYS[key + 3], gate = KEYS[key + 4], key_of = KEYS[key + 5],
-             waiting = KEYS[key + 6], msgs = KEYS[key + 1], deferred = KEYS[key + 2],
-             due_index = KEYS[1], version = KEYS[2],
-             channel = ARGV[a], wake = ARGV[1], node = ARGV[2]}
-  local last = a + 1 + 2 * tonumber(ARGV[a + 1])
+local a = FIRST_CHANNEL_ARG
+for key = FIRST_CHANNEL_KEY, #KEYS, KEYS_PER_CHANNEL do
+  local inflight, msgs, deferred, queue, gate, key_of, waiting =
+      unpack(KEYS, key, key + KEYS_PER_CHANNEL - 1)
+  local channel, pair_count = ARGV[a], tonumber(ARGV[a + 1])
+  local k = {inflight = inflight, msgs = msgs, deferred = deferred}
+  local o = order_gate(queue, deferred, msgs, gate, key_of, waiting, due_index, version,
+                       channel, wake, node)
+  local last = a + 1 + 2 * pair_count
   out[#out + 1] = finish_pairs(k, ARGV, a + 2, last, o)
   a = last + 1
 end

@@ -7,10 +7,14 @@
 -- KEYS[1] topic version (part 0's)
 -- ARGV[1] the rule ('' removes it)   ARGV[2] the topic's wake channel   ARGV[3] the node
 -- keys' prefix (lib/node.lua)
-if ARGV[1] == '' then
-  redis.call('HDEL', KEYS[1], 'order_key')
+-- Returns CODE.DONE.
+local version = KEYS[1]
+local rule, wake, node = ARGV[1], ARGV[2], ARGV[3]
+
+if rule == '' then
+  redis.call('HDEL', version, 'order_key')
 else
-  redis.call('HSET', KEYS[1], 'order_key', ARGV[1])
+  redis.call('HSET', version, 'order_key', rule)
 end
-announce(KEYS[1], ARGV[2], '', ARGV[3])
-return 1
+announce(version, wake, '', node)
+return CODE.DONE

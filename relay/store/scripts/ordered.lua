@@ -14,25 +14,31 @@
 -- ARGV[1] 1 on, 0 off   ARGV[2] channel   ARGV[3] wake pub/sub channel
 -- ARGV[4] the node keys' prefix (lib/node.lua)   ARGV[5] the most waiting messages to
 -- send out
--- Returns {1, messages released, 1 if some are left else 0} done, {0} no such channel,
--- {-1} the channel has a depth limit.
-if redis.call('SISMEMBER', KEYS[1], ARGV[2]) == 0 then
-  return {0}
+-- Returns {CODE.DONE, messages released, 1 if some are left else 0} done,
+-- {CODE.NO_CHANNEL} no such channel, {CODE.LIMITED} the channel has a depth limit.
+local channels, topic_meta, channel_meta, queue = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local deferred, msgs, gate, key_of, waiting = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local due_index, version = KEYS[10], KEYS[11]
+local on, channel, wake, node = ARGV[1] == '1', ARGV[2], ARGV[3], ARGV[4]
+local most = tonumber(ARGV[5])
+local STEP = 1000   -- waiting messages read per ZRANGE
+
+if redis.call('SISMEMBER', channels, channel) == 0 then
+  return {CODE.NO_CHANNEL}
 end
-if ARGV[1] == '1' then
-  if redis.call('HEXISTS', KEYS[3], 'max_depth') == 1 then return {-1} end
-  if redis.call('HSETNX', KEYS[3], 'ordered', 1) == 1 then
-    redis.call('HINCRBY', KEYS[2], 'ordered_channels', 1)
+if on then
+  if redis.call('HEXISTS', channel_meta, 'max_depth') == 1 then return {CODE.LIMITED} end
+  if redis.call('HSETNX', channel_meta, 'ordered', 1) == 1 then
+    redis.call('HINCRBY', topic_meta, 'ordered_channels', 1)
   end
-  return {1, 0, 0}
+  return {CODE.DONE, 0, 0}
 end
-if redis.call('HDEL', KEYS[3], 'ordered') == 1 then
-  redis.call('HINCRBY', KEYS[2], 'ordered_channels', -1)
+if redis.call('HDEL', channel_meta, 'ordered') == 1 then
+  redis.call('HINCRBY', topic_meta, 'ordered_channels', -1)
 end
 local now, ready, released, earliest = now_ms(), {}, 0, nil
-local STEP, most = 1000, tonumber(ARGV[5])
 while released < most do
-  local members = redis.call('ZRANGE', KEYS[9], 0, math.min(STEP, most - released) - 1)
+  local members = redis.call('ZRANGE', waiting, 0, math.min(STEP, most - released) - 1)
   if #members == 0 then break end
   for _, member in ipairs(members) do
     local at = string.find(member, ' ', 1, true) + 1
@@ -40,20 +46,20 @@ while released < most do
     local id, due = string.sub(member, at, at + 15), tonumber(string.sub(member, at + 17, space - 1))
     local record = string.sub(member, space + 1)
     if due > now then
-      redis.call('HSET', KEYS[6], id, record)
-      redis.call('ZADD', KEYS[5], due, id)
+      redis.call('HSET', msgs, id, record)
+      redis.call('ZADD', deferred, due, id)
       if not earliest or due < earliest then earliest = due end
     else
       ready[#ready + 1] = record
     end
   end
   released = released + #members
-  call_chunked('RPUSH', KEYS[4], ready)
+  call_chunked('RPUSH', queue, ready)
   ready = {}
-  call_chunked('ZREM', KEYS[9], members)
+  call_chunked('ZREM', waiting, members)
 end
-local left = redis.call('EXISTS', KEYS[9])
-if left == 0 then redis.call('DEL', KEYS[7], KEYS[8]) end
-if earliest then due_lower(ARGV[4], KEYS[10], ARGV[2], earliest) end
-if released > 0 then announce(KEYS[11], ARGV[3], ARGV[2], ARGV[4]) end
-return {1, released, left}
+local left = redis.call('EXISTS', waiting)
+if left == 0 then redis.call('DEL', gate, key_of) end
+if earliest then due_lower(node, due_index, channel, earliest) end
+if released > 0 then announce(version, wake, channel, node) end
+return {CODE.DONE, released, left}

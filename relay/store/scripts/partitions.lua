@@ -18,19 +18,21 @@
 -- Returns {the count now, the count before, 1 if this call found the topic new and
 -- gave it the retention, else 0, the placement now ('' if none), the order key rule
 -- ('' if none)}.
-local fields = redis.call('HMGET', KEYS[1], 'partitions', 'placement', 'order_key')
+local version, topic_meta = KEYS[1], KEYS[2]
+local default, wanted, wake, node = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local retention, given = tonumber(ARGV[5] or '0'), ARGV[6] or ''
+
+local fields = redis.call('HMGET', version, 'partitions', 'placement', 'order_key')
 local rule = fields[3] or ''
 local before = tonumber(fields[1] or '0')
 local placement = fields[2] or ''
-local wanted = tonumber(ARGV[2])
-local retention, made = tonumber(ARGV[5] or '0'), 0
+local made = 0
 if before == 0 then
-  local default = tonumber(ARGV[1])
-  if ((wanted == 0 and default > 1) or retention > 0) and redis.call('EXISTS', KEYS[1]) == 0
-      and redis.call('EXISTS', KEYS[2]) == 0 then
+  if ((wanted == 0 and default > 1) or retention > 0) and redis.call('EXISTS', version) == 0
+      and redis.call('EXISTS', topic_meta) == 0 then
     if wanted == 0 and default > 1 then wanted = default end
     if retention > 0 then
-      redis.call('HSET', KEYS[2], 'retention_ms', retention)
+      redis.call('HSET', topic_meta, 'retention_ms', retention)
       made = 1
     end
   end
@@ -39,8 +41,7 @@ end
 if wanted <= before then
   return {before, before, made, placement, rule}
 end
-redis.call('HSET', KEYS[1], 'partitions', wanted)
-local given = ARGV[6] or ''
+redis.call('HSET', version, 'partitions', wanted)
 if given ~= '' or placement ~= '' then
   local salts, offered = {}, {}
   for salt in placement:gmatch('%S+') do salts[#salts + 1] = salt end
@@ -49,7 +50,7 @@ if given ~= '' or placement ~= '' then
     salts[i] = (i >= before and offered[i]) or '0'
   end
   placement = table.concat(salts, ' ')
-  redis.call('HSET', KEYS[1], 'placement', placement)
+  redis.call('HSET', version, 'placement', placement)
 end
-announce(KEYS[1], ARGV[3], '', ARGV[4])
+announce(version, wake, '', node)
 return {wanted, before, made, placement, rule}

@@ -8,25 +8,29 @@
 -- (fanout.lua)
 -- ARGV[1..ARG0] the channels (fanout.lua), then: 1 to pause, 0 to unpause,
 -- wake pub/sub channel, the node keys' prefix (lib/node.lua)
--- Returns 1, or the stale reply.
-if ARGV[ARG0 + 1] == '1' then
-  redis.call('HSET', KEYS[1], 'paused', 1)
-  return 1
+-- Returns CODE.DONE, or the stale reply.
+local topic_meta, channels, backlog, backlog_deferred = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local due_index, version = KEYS[5], KEYS[6]
+local pause, wake, node = ARGV[ARG0 + 1] == '1', ARGV[ARG0 + 2], ARGV[ARG0 + 3]
+
+if pause then
+  redis.call('HSET', topic_meta, 'paused', 1)
+  return CODE.DONE
 end
-local stale = stale_channels(KEYS[2])
+local stale = stale_channels(channels)
 if stale then return stale end
-redis.call('HDEL', KEYS[1], 'paused')
+redis.call('HDEL', topic_meta, 'paused')
 if N_CHANNELS == 0 then
-  return 1
+  return CODE.DONE
 end
-local records = redis.call('LRANGE', KEYS[3], 0, -1)
-local deferred = redis.call('ZRANGE', KEYS[4], 0, -1, 'WITHSCORES')
+local records = redis.call('LRANGE', backlog, 0, -1)
+local deferred = redis.call('ZRANGE', backlog_deferred, 0, -1, 'WITHSCORES')
 for c = 1, N_CHANNELS do
   call_chunked('RPUSH', channel_key(c, 'queue'), records)
-  hand_over_deferred(deferred, channel_key(c, 'msgs'), channel_key(c, 'deferred'), KEYS[5],
-                     channel_name(c), ARGV[ARG0 + 3])
+  hand_over_deferred(deferred, channel_key(c, 'msgs'), channel_key(c, 'deferred'), due_index,
+                     channel_name(c), node)
   redis.call('HINCRBY', channel_key(c, 'meta'), 'message_count', #records + #deferred / 2)
 end
-redis.call('UNLINK', KEYS[3], KEYS[4])
-announce(KEYS[6], ARGV[ARG0 + 2], '', ARGV[ARG0 + 3])
-return 1
+redis.call('UNLINK', backlog, backlog_deferred)
+announce(version, wake, '', node)
+return CODE.DONE

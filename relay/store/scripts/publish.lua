@@ -38,21 +38,27 @@
 -- or `dead-letter` channel's oldest go after it.
 -- Ids are the part's number in 4 hex digits, then the topic's count in 12.
 -- The stale reply (fanout.lua) comes before anything is done.
-local stale = stale_channels(KEYS[3])
-if stale then return stale end
+-- KEYS[2..8] are lib/append.lua's too, which reads them itself.
+local topic_ids, topic_meta, channels = KEYS[1], KEYS[2], KEYS[3]
+local dedup_set = KEYS[9]     -- with publish keys only
 local wake, timestamp = ARGV[ARG0 + 1], ARGV[ARG0 + 2]
 local defer = tonumber(ARGV[ARG0 + 3])
 local part = tonumber(ARGV[ARG0 + 4])
-local NODE = ARGV[ARG0 + 5]
+local node = ARGV[ARG0 + 5]
 local keyed = tonumber(ARGV[ARG0 + 6])
-local grouped = ARGV[ARG0 + 7] ~= ''
+local group_sizes = ARGV[ARG0 + 7]
 local ordered = ARGV[ARG0 + 8]
 local FIRST_BODY = ARG0 + 9
+local joined_keys = ARGV[#ARGV]     -- with publish keys only
+
+local stale = stale_channels(channels)
+if stale then return stale end
+local grouped = group_sizes ~= ''
 local n = #ARGV - FIRST_BODY + 1 - math.min(keyed, 1)
 local publish_keys, known, window = nil, nil, nil
 if keyed > 0 then
-  publish_keys = dedup_split(ARGV[#ARGV])
-  known, window = dedup_known(KEYS[2], KEYS[9], publish_keys)
+  publish_keys = dedup_split(joined_keys)
+  known, window = dedup_known(topic_meta, dedup_set, publish_keys)
 end
 local due = nil
 if defer > 0 then due = now_ms() + defer end
@@ -81,7 +87,7 @@ local function admit(sizes, answers)
       end
     end
     local full = p.limits and #mine > 0 and
-        full_channel(p.limits, count + #mine, part_of(KEYS[2]))
+        full_channel(p.limits, count + #mine, part_of(topic_meta))
     if full then
       answers[g] = {0, full}
     else
@@ -98,13 +104,13 @@ end
 local fresh, answers = nil, nil
 if known or p.limits then
   answers = {}
-  fresh = admit(grouped and dedup_split(ARGV[ARG0 + 7]) or {n}, answers)
+  fresh = admit(grouped and dedup_split(group_sizes) or {n}, answers)
   n = #fresh
 end
 local last = 0
 if n > 0 then
-  last = redis.call('INCRBY', KEYS[1], n)
-  if window then dedup_remember(KEYS[9], window, publish_keys, fresh) end
+  last = redis.call('INCRBY', topic_ids, n)
+  if window then dedup_remember(dedup_set, window, publish_keys, fresh) end
   local bodies, order_keys, given = {}, nil, nil
   if ordered ~= '' and p.ordered then
     order_keys, given = {}, order_split(ordered)
@@ -114,7 +120,7 @@ if n > 0 then
     if order_keys then order_keys[i] = given[fresh and fresh[i] or i] end
   end
   local bytes = append(p, last - n + 1, bodies, timestamp, part, order_keys)
-  appended(p, n, bytes, wake, NODE)
+  appended(p, n, bytes, wake, node)
 end
 if not answers then
   if keyed > 0 and not grouped then return {last, 0} end

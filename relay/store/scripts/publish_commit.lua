@@ -13,11 +13,15 @@
 -- ARGV[1..ARG0] the channels (fanout.lua), then: 8-byte timestamp, defer ms (0 = now),
 -- the number of bodies staged, the stage's token
 -- Returns the count of the last message, or the stale reply.
-local stale = stale_channels(KEYS[3])
-if stale then return stale end
+-- KEYS[2..8] are lib/append.lua's too, which reads them itself.
+local topic_ids, topic_meta, channels = KEYS[1], KEYS[2], KEYS[3]
+local stage, publishing_hash = KEYS[9], KEYS[10]
 local timestamp, defer = ARGV[ARG0 + 1], tonumber(ARGV[ARG0 + 2])
 local n, token = tonumber(ARGV[ARG0 + 3]), ARGV[ARG0 + 4]
-if redis.call('LLEN', KEYS[9]) ~= n then
+
+local stale = stale_channels(channels)
+if stale then return stale end
+if redis.call('LLEN', stage) ~= n then
   return redis.error_reply('the MPUB was not staged whole: redis refused part of it')
 end
 local now = now_ms()
@@ -25,14 +29,15 @@ local due = nil
 if defer > 0 then due = now + defer end
 local p = publishing(due)
 if p.limits then
-  local full = full_channel(p.limits, n, part_of(KEYS[2]))
+  local full = full_channel(p.limits, n, part_of(topic_meta))
   if full then
-    redis.call('DEL', KEYS[9])
+    redis.call('DEL', stage)
     return redis.error_reply(full)
   end
 end
-local last = redis.call('INCRBY', KEYS[1], n)
-redis.call('PERSIST', KEYS[9])
-redis.call('HSET', KEYS[10], token, marker({next = last - n + 1, last = last, due = due,
-                                            advanced = now, timestamp = timestamp}))
+local last = redis.call('INCRBY', topic_ids, n)
+redis.call('PERSIST', stage)
+redis.call('HSET', publishing_hash, token,
+           marker({next = last - n + 1, last = last, due = due, advanced = now,
+                   timestamp = timestamp}))
 return last

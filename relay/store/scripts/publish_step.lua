@@ -15,15 +15,18 @@
 -- number (keys.py), the node keys' prefix (lib/node.lua), the stage's token
 -- Returns {messages published, messages left} ({0, 0}: another call finished it), or
 -- the stale reply.
+-- KEYS[2..8] are lib/append.lua's too, which reads them itself.
+local topic_ids, channels, stage, publishing_hash = KEYS[1], KEYS[3], KEYS[9], KEYS[10]
+local wake, part = ARGV[ARG0 + 1], tonumber(ARGV[ARG0 + 2])
+local node, token = ARGV[ARG0 + 3], ARGV[ARG0 + 4]
 local STEP_COPIES, STEP_BYTES = 1000, 262144
 local TAKE = 500    -- bodies read from the stage at a time
-local stale = stale_channels(KEYS[3])
+
+local stale = stale_channels(channels)
 if stale then return stale end
-local wake, part = ARGV[ARG0 + 1], tonumber(ARGV[ARG0 + 2])
-local NODE, token = ARGV[ARG0 + 3], ARGV[ARG0 + 4]
-local value = redis.call('HGET', KEYS[10], token)
+local value = redis.call('HGET', publishing_hash, token)
 if not value then return {0, 0} end
-past_maxmemory()
+past_maxmemory(topic_ids)
 local m = read_marker(value)
 local p = publishing(m.due)
 local copies = math.max(p.channels, 1) + (p.history and 1 or 0)
@@ -31,7 +34,7 @@ local most = math.min(math.max(1, math.floor(STEP_COPIES / copies)), m.last - m.
 local most_bytes = STEP_BYTES / copies
 local bodies, bytes, full = {}, 0, false
 while #bodies < most and not full do
-  local got = redis.call('LRANGE', KEYS[9], #bodies, #bodies + math.min(TAKE, most - #bodies) - 1)
+  local got = redis.call('LRANGE', stage, #bodies, #bodies + math.min(TAKE, most - #bodies) - 1)
   if #got == 0 then break end
   for _, body in ipairs(got) do
     full = #bodies > 0 and bytes + #body > most_bytes
@@ -41,19 +44,19 @@ while #bodies < most and not full do
   end
 end
 if #bodies == 0 then
-  redis.call('HDEL', KEYS[10], token)
+  redis.call('HDEL', publishing_hash, token)
   return redis.error_reply('the staged MPUB ' .. token .. ' lost its stage')
 end
-redis.call('LTRIM', KEYS[9], #bodies, -1)
+redis.call('LTRIM', stage, #bodies, -1)
 append(p, m.next, bodies, m.timestamp, part)
-appended(p, #bodies, bytes, wake, NODE)
+appended(p, #bodies, bytes, wake, node)
 m.next = m.next + #bodies
 local left = m.last - m.next + 1
 if left == 0 then
-  redis.call('HDEL', KEYS[10], token)
-  redis.call('DEL', KEYS[9])
+  redis.call('HDEL', publishing_hash, token)
+  redis.call('DEL', stage)
 else
   m.advanced = now_ms()
-  redis.call('HSET', KEYS[10], token, marker(m))
+  redis.call('HSET', publishing_hash, token, marker(m))
 end
 return {#bodies, left}

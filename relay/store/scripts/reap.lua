@@ -12,22 +12,33 @@
 -- ARGV[1] channel name   ARGV[2] dead broker id   ARGV[3] 1 if the channel is ephemeral
 -- ARGV[4] 1 if the topic is ephemeral   ARGV[5] wake pub/sub channel
 -- ARGV[6] the node keys' prefix (lib/node.lua)
--- Returns {0 kept, 1 channel deleted, 2 channel and topic deleted; messages requeued}.
-if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then
-  return {0, 0}
+-- Returns {CODE.KEPT, CODE.CHANNEL_DELETED or CODE.TOPIC_DELETED (channel and topic);
+-- messages requeued}.
+local channels, topic_meta, consumers, due_index = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local queue, inflight, deferred, msgs = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local channel_meta, version = KEYS[9], KEYS[15]
+local channel_keys = {unpack(KEYS, 5, 14)}   -- the channel's keys but consumers
+local channel, dead_broker = ARGV[1], ARGV[2]
+local channel_ephemeral, topic_ephemeral, wake, node = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+
+if redis.call('SISMEMBER', channels, channel) == 0 then
+  return {CODE.KEPT, 0}
 end
-redis.call('HDEL', KEYS[3], ARGV[2])
-local gone = drop_if_unused(ARGV[1], ARGV[3], ARGV[4])
-if gone > 0 then
+redis.call('HDEL', consumers, dead_broker)
+local gone = drop_if_unused({channels = channels, topic_meta = topic_meta,
+                             due_index = due_index, consumers = consumers,
+                             channel_meta = channel_meta, others = channel_keys},
+                            channel, channel_ephemeral, topic_ephemeral)
+if gone ~= CODE.KEPT then
   return {gone, 0}
 end
-local k = {inflight = KEYS[6], msgs = KEYS[8], deferred = KEYS[7]}
-local ids, members = holders(k, ARGV[2] .. ':')
-back_to_queue(KEYS[5], k.msgs, ids, true)
+local k = {inflight = inflight, msgs = msgs, deferred = deferred}
+local ids, members = holders(k, dead_broker .. ':')
+back_to_queue(queue, msgs, ids, true)
 release(k, ids, members, true)
 local requeued = #ids
 if requeued > 0 then
-  redis.call('HINCRBY', KEYS[9], 'requeue_count', requeued)
-  announce(KEYS[15], ARGV[5], ARGV[1], ARGV[6])
+  redis.call('HINCRBY', channel_meta, 'requeue_count', requeued)
+  announce(version, wake, channel, node)
 end
-return {0, requeued}
+return {CODE.KEPT, requeued}

@@ -15,19 +15,24 @@
 -- (lib/node.lua)   ARGV[4] 1 counted, else 0   ARGV[5] the order keys ('' for none;
 -- else one per record joined by newlines, an empty one for a record without)
 -- ARGV[6..] records
--- Returns how many were queued (or wait behind their keys), or -1 if the channel does
--- not exist.
-local FIRST = 6
-if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then
-  return -1
+-- Returns how many were queued (or wait behind their keys), or CODE.REDRIVE_NO_CHANNEL
+-- if the channel does not exist.
+local channels, queue, version, channel_meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local msgs, gate, key_of, waiting = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local channel, wake, node, counted = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1'
+local joined_keys = ARGV[5]
+local FIRST_RECORD = 6
+
+if redis.call('SISMEMBER', channels, channel) == 0 then
+  return CODE.REDRIVE_NO_CHANNEL
 end
 local records = {}
-for i = FIRST, #ARGV do records[#records + 1] = ARGV[i] end
-if redis.call('HEXISTS', KEYS[4], 'ordered') == 1 and #records > 0 then
+for i = FIRST_RECORD, #ARGV do records[#records + 1] = ARGV[i] end
+if redis.call('HEXISTS', channel_meta, 'ordered') == 1 and #records > 0 then
   local ids = {}
   for i, record in ipairs(records) do ids[i] = record_id(record) end
   local held, n = {}, 0
-  for _, key in ipairs({KEYS[5], KEYS[7]}) do
+  for _, key in ipairs({msgs, key_of}) do
     n = 0
     for _, reply in ipairs(call_chunked('HMGET', key, ids)) do
       for _, value in ipairs(reply) do
@@ -37,8 +42,8 @@ if redis.call('HEXISTS', KEYS[4], 'ordered') == 1 and #records > 0 then
     end
   end
   local given = {}
-  if ARGV[5] ~= '' then
-    for key in string.gmatch(ARGV[5] .. '\n', '([^\n]*)\n') do
+  if joined_keys ~= '' then
+    for key in string.gmatch(joined_keys .. '\n', '([^\n]*)\n') do
       given[#given + 1] = key ~= '' and key
     end
   end
@@ -50,15 +55,17 @@ if redis.call('HEXISTS', KEYS[4], 'ordered') == 1 and #records > 0 then
       order_keys[#fresh] = given[i] or false
     end
   end
-  local _, out = order_admit({gate = KEYS[6], key_of = KEYS[7], waiting = KEYS[8]},
-                             fresh_ids, fresh, order_keys, 0)
+  -- admitting reads the gate's own keys only: no deferred or due index is given
+  local o = order_gate(queue, nil, msgs, gate, key_of, waiting, nil, version, channel, wake,
+                       node)
+  local _, out = order_admit(o, fresh_ids, fresh, order_keys, 0)
   records = fresh
-  if #out > 0 then call_chunked('RPUSH', KEYS[2], out) end
+  if #out > 0 then call_chunked('RPUSH', queue, out) end
 else
-  call_chunked('RPUSH', KEYS[2], records)
+  call_chunked('RPUSH', queue, records)
 end
 if #records > 0 then
-  if ARGV[4] == '1' then redis.call('HINCRBY', KEYS[4], 'message_count', #records) end
-  announce(KEYS[3], ARGV[2], ARGV[1], ARGV[3])
+  if counted then redis.call('HINCRBY', channel_meta, 'message_count', #records) end
+  announce(version, wake, channel, node)
 end
 return #records

@@ -15,24 +15,28 @@
 -- Returns 1 removed, 0 not there any more (delivered, finished or gone meanwhile).
 -- Its first write is LREM or ZREM, which Redis lets through at maxmemory
 -- (lib/maxmemory.lua).
+local queue, deferred, msgs, channel_meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local gate, key_of, waiting = KEYS[5], KEYS[6], KEYS[7]
+local due_index, version = KEYS[8], KEYS[9]
+local state, target, channel, wake, node = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+
 local removed, id = 0, nil
-if ARGV[1] == 'queued' then
-  removed = redis.call('LREM', KEYS[1], 1, ARGV[2])
-  id = record_id(ARGV[2])
-elseif ARGV[1] == 'deferred' then
-  removed = redis.call('ZREM', KEYS[2], ARGV[2])
-  if removed == 1 then redis.call('HDEL', KEYS[3], ARGV[2]) end
-  id = ARGV[2]
+if state == 'queued' then
+  removed = redis.call('LREM', queue, 1, target)
+  id = record_id(target)
+elseif state == 'deferred' then
+  removed = redis.call('ZREM', deferred, target)
+  if removed == 1 then redis.call('HDEL', msgs, target) end
+  id = target
 else
-  removed = redis.call('ZREM', KEYS[7], ARGV[2])
+  removed = redis.call('ZREM', waiting, target)
 end
 if removed == 1 then
-  redis.call('HINCRBY', KEYS[4], 'deleted_count', 1)
+  redis.call('HINCRBY', channel_meta, 'deleted_count', 1)
   if id then
-    order_release({queue = KEYS[1], deferred = KEYS[2], msgs = KEYS[3], gate = KEYS[5],
-                   key_of = KEYS[6], waiting = KEYS[7], due_index = KEYS[8],
-                   version = KEYS[9], channel = ARGV[3], wake = ARGV[4], node = ARGV[5]},
-                  {id})
+    local o = order_gate(queue, deferred, msgs, gate, key_of, waiting, due_index, version,
+                         channel, wake, node)
+    order_release(o, {id})
   end
 end
 return removed

@@ -24,11 +24,15 @@
 -- Returns {replayed, skipped, messages read, the last entry read or '', 1 if the range
 -- is done else 0}, handing back with the records not skipped as a 6th (replayed 0), or
 -- nil when the channel does not exist.
-if redis.call('SISMEMBER', KEYS[5], ARGV[1]) == 0 then
+local history, queue, msgs, channel_meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local channels, version = KEYS[5], KEYS[6]
+local channel, start, stop, budget = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local forward, cut = ARGV[5] == '1', tonumber(ARGV[6])
+local wake, node, hand_back = ARGV[7], ARGV[8], ARGV[9] == '1'
+
+if redis.call('SISMEMBER', channels, channel) == 0 then
   return nil
 end
-local start, stop, budget = ARGV[2], ARGV[3], tonumber(ARGV[4])
-local forward, cut = ARGV[5] == '1', tonumber(ARGV[6])
 if cut == 0 then cut = math.huge end
 local records, read, entries, last = {}, 0, 0, ''
 
@@ -37,7 +41,7 @@ local records, read, entries, last = {}, 0, 0, ''
 local function head()
   local ms, count = entry_id(start)
   if not ms or count == 0 then return nil end
-  local before = redis.call('XREVRANGE', KEYS[1], start, '-', 'COUNT', 1)[1]
+  local before = redis.call('XREVRANGE', history, start, '-', 'COUNT', 1)[1]
   if not before then return nil end
   local before_ms, first = entry_id(before[1])
   local stop_ms = tonumber(string.match(stop, '^%(?(%d+)'))
@@ -72,9 +76,9 @@ while not done and read < budget do
   want = math.max(1, math.min(want, 64))
   local range
   if forward then
-    range = redis.call('XRANGE', KEYS[1], from, stop, 'COUNT', want)
+    range = redis.call('XRANGE', history, from, stop, 'COUNT', want)
   else
-    range = redis.call('XREVRANGE', KEYS[1], from, start, 'COUNT', want)
+    range = redis.call('XREVRANGE', history, from, start, 'COUNT', want)
   end
   local used = 0
   for i, entry in ipairs(range) do
@@ -95,18 +99,18 @@ for i, record in ipairs(records) do
   ids[i] = record_id(record)
 end
 local fresh, n = {}, 0
-for _, reply in ipairs(call_chunked('HMGET', KEYS[3], ids)) do
+for _, reply in ipairs(call_chunked('HMGET', msgs, ids)) do
   for _, held in ipairs(reply) do
     n = n + 1
     if not held then fresh[#fresh + 1] = records[n] end
   end
 end
-if ARGV[9] == '1' then
+if hand_back then
   return {0, #records - #fresh, read, last, done and 1 or 0, fresh}
 end
-call_chunked(forward and 'RPUSH' or 'LPUSH', KEYS[2], fresh)
+call_chunked(forward and 'RPUSH' or 'LPUSH', queue, fresh)
 if #fresh > 0 then
-  redis.call('HINCRBY', KEYS[4], 'message_count', #fresh)
-  announce(KEYS[6], ARGV[7], ARGV[1], ARGV[8])
+  redis.call('HINCRBY', channel_meta, 'message_count', #fresh)
+  announce(version, wake, channel, node)
 end
 return {#fresh, #records - #fresh, read, last, done and 1 or 0}

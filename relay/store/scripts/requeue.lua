@@ -7,46 +7,52 @@
 -- KEYS[6] topic due index   KEYS[7] topic version (news.lua)
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] wake pub/sub channel
 -- ARGV[3] the node keys' prefix (node.lua), then triples: owner, id, delay ms
--- Returns per triple: 1 requeued, 0 not in flight, -1 in flight for another client.
-past_maxmemory()
-local k = {inflight = KEYS[2], msgs = KEYS[3], deferred = KEYS[4]}
+-- Returns per triple: CODE.DONE requeued, CODE.NOT_IN_FLIGHT not in flight (or requeued
+-- earlier in this call), CODE.NOT_OWNER in flight for another client.
+local queue, inflight, msgs, deferred = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local channel_meta, due_index, version = KEYS[5], KEYS[6], KEYS[7]
+local channel, wake, node = ARGV[1], ARGV[2], ARGV[3]
+local FIRST_TRIPLE = 4
+
+past_maxmemory(queue)
+local k = {inflight = inflight, msgs = msgs, deferred = deferred}
 local now = now_ms()
-local held, codes = holdings(k, ARGV, 4, #ARGV, 3)
+local held, codes = holdings(k, ARGV, FIRST_TRIPLE, #ARGV, 3)
 local out = {}
 local requeued, taken = 0, {}
 local ready, ready_members = {}, {}
-local deferred, deferred_members = {}, {}
+local delayed, delayed_members = {}, {}
 for n, member in ipairs(held) do
-  local i = 4 + 3 * (n - 1)
+  local i = FIRST_TRIPLE + 3 * (n - 1)
   local id, delay = ARGV[i + 1], tonumber(ARGV[i + 2])
   if not member or taken[id] then
-    out[n] = member and 0 or codes[n]
+    out[n] = member and CODE.NOT_IN_FLIGHT or codes[n]
   else
     taken[id] = true
     local ids, members = ready, ready_members
     if delay > 0 then
-      ids, members = deferred, deferred_members
-      redis.call('ZADD', k.deferred, now + delay, id)
-      due_lower(ARGV[3], KEYS[6], ARGV[1], now + delay)
+      ids, members = delayed, delayed_members
+      redis.call('ZADD', deferred, now + delay, id)
+      due_lower(node, due_index, channel, now + delay)
     end
     ids[#ids + 1] = id
     members[#ids] = member
     requeued = requeued + 1
-    out[n] = 1
+    out[n] = CODE.DONE
   end
 end
-if #deferred > 0 then
-  count_delivery(k.msgs, deferred)
-  release(k, deferred, deferred_members, true)
+if #delayed > 0 then
+  count_delivery(msgs, delayed)
+  release(k, delayed, delayed_members, true)
 end
 if #ready > 0 then
-  back_to_queue(KEYS[1], k.msgs, ready, true)
+  back_to_queue(queue, msgs, ready, true)
   release(k, ready, ready_members, true)
 end
 if requeued > 0 then
-  redis.call('HINCRBY', KEYS[5], 'requeue_count', requeued)
+  redis.call('HINCRBY', channel_meta, 'requeue_count', requeued)
 end
 if #ready > 0 then
-  announce(KEYS[7], ARGV[2], ARGV[1], ARGV[3])
+  announce(version, wake, channel, node)
 end
 return out

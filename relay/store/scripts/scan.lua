@@ -12,58 +12,62 @@
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] wake pub/sub channel
 -- ARGV[3] at most this many messages of each kind per call   ARGV[4] the node keys' prefix
 -- (node.lua): the channel's entry in the node due index is set as in the topic's
--- Returns {timed out, promoted, next due ms or -1, messages in the dead-letter outbox}.
-past_maxmemory()
-local now = now_ms()
-local limit = tonumber(ARGV[3])
+-- Returns {timed out, promoted, next due ms or CODE.NO_TIME, messages in the dead-letter
+-- outbox}.
+local queue, inflight, msgs, deferred = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local channel_meta, due_index, outbox, version = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local channel, wake, limit, node = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 
-local k = {inflight = KEYS[2], msgs = KEYS[3], deferred = KEYS[4]}
+past_maxmemory(queue)
+local now = now_ms()
+
+local k = {inflight = inflight, msgs = msgs, deferred = deferred}
 
 -- Up to `limit` in-flight messages past their deadline back to the queue; how many.
 local function time_out()
-  local members = redis.call('ZRANGEBYSCORE', k.inflight, '-inf', now, 'LIMIT', 0, limit)
+  local members = redis.call('ZRANGEBYSCORE', inflight, '-inf', now, 'LIMIT', 0, limit)
   local ids = {}
   for i, member in ipairs(members) do
     ids[i] = member_id(member)
   end
-  back_to_queue(KEYS[1], k.msgs, ids, true)
+  back_to_queue(queue, msgs, ids, true)
   release(k, ids, members, true)
   return #ids
 end
 
 -- Up to `limit` deferred messages that are due into the queue; how many.
 local function promote()
-  local ids = redis.call('ZRANGEBYSCORE', k.deferred, '-inf', now, 'LIMIT', 0, limit)
-  back_to_queue(KEYS[1], k.msgs, ids)
-  call_chunked('ZREM', k.deferred, ids)
+  local ids = redis.call('ZRANGEBYSCORE', deferred, '-inf', now, 'LIMIT', 0, limit)
+  back_to_queue(queue, msgs, ids)
+  call_chunked('ZREM', deferred, ids)
   return #ids
 end
 
 local timed_out = time_out()
 local promoted = promote()
 if timed_out > 0 then
-  redis.call('HINCRBY', KEYS[5], 'timeout_count', timed_out)
+  redis.call('HINCRBY', channel_meta, 'timeout_count', timed_out)
 end
 if timed_out + promoted > 0 then
-  announce(KEYS[8], ARGV[2], ARGV[1], ARGV[4])
+  announce(version, wake, channel, node)
 end
 
-local next_due = -1
-for _, zset in ipairs({KEYS[2], KEYS[4]}) do
+local next_due = CODE.NO_TIME
+for _, zset in ipairs({inflight, deferred}) do
   local first = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
-  if #first > 0 and (next_due == -1 or tonumber(first[2]) < next_due) then
+  if #first > 0 and (next_due == CODE.NO_TIME or tonumber(first[2]) < next_due) then
     next_due = tonumber(first[2])
   end
 end
-local dead = redis.call('LLEN', KEYS[7])
-if dead > 0 and (next_due == -1 or next_due > now + 1000) then
+local dead = redis.call('LLEN', outbox)
+if dead > 0 and (next_due == CODE.NO_TIME or next_due > now + 1000) then
   next_due = now + 1000
 end
-if next_due == -1 then
-  redis.call('ZREM', KEYS[6], ARGV[1])
-  node_set(ARGV[4], KEYS[6], ARGV[1], nil)
+if next_due == CODE.NO_TIME then
+  redis.call('ZREM', due_index, channel)
+  node_set(node, due_index, channel, nil)
 else
-  redis.call('ZADD', KEYS[6], next_due, ARGV[1])
-  node_set(ARGV[4], KEYS[6], ARGV[1], next_due)
+  redis.call('ZADD', due_index, next_due, channel)
+  node_set(node, due_index, channel, next_due)
 end
 return {timed_out, promoted, next_due, dead}

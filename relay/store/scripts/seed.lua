@@ -9,20 +9,23 @@
 --
 -- KEYS[1] the node due index   ARGV the parts' due indexes
 -- Returns how many entries were seen.
-past_maxmemory()
+local node_due = KEYS[1]
+local due_indexes = ARGV
 local CHUNK = 500
+
+past_maxmemory(node_due)
 local seen = 0
-for i = 1, #ARGV do
-  local entries = redis.pcall('ZRANGE', ARGV[i], 0, -1, 'WITHSCORES')
+for _, due_index in ipairs(due_indexes) do
+  local entries = redis.pcall('ZRANGE', due_index, 0, -1, 'WITHSCORES')
   if type(entries) == 'table' and not entries.err and #entries > 0 then
-    local part = part_of(ARGV[i])
+    local part = part_of(due_index)
     local args = {}
     for j = 1, #entries, 2 do
       args[#args + 1] = entries[j + 1]
       args[#args + 1] = part .. ' ' .. entries[j]
     end
     for j = 1, #args, 2 * CHUNK do
-      redis.call('ZADD', KEYS[1], 'LT', unpack(args, j, math.min(j + 2 * CHUNK - 1, #args)))
+      redis.call('ZADD', node_due, 'LT', unpack(args, j, math.min(j + 2 * CHUNK - 1, #args)))
     end
     seen = seen + #entries / 2
   end

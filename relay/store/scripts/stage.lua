@@ -10,7 +10,11 @@
 -- so a publish sent again stages its bodies once; ARGV[3..] the bodies.
 -- Its first write is refused at maxmemory, as publish's (lib/maxmemory.lua).
 -- Returns the stage's length.
-if ARGV[2] == '1' then redis.call('DEL', KEYS[1]) end
-call_chunked('RPUSH', KEYS[1], ARGV, 3)
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
-return redis.call('LLEN', KEYS[1])
+local stage = KEYS[1]
+local ttl, first_piece = ARGV[1], ARGV[2] == '1'
+local FIRST_BODY = 3
+
+if first_piece then redis.call('DEL', stage) end
+call_chunked('RPUSH', stage, ARGV, FIRST_BODY)
+redis.call('PEXPIRE', stage, ttl)
+return redis.call('LLEN', stage)

@@ -5,19 +5,22 @@
 --
 -- KEYS[1] inflight   KEYS[2] msgs   KEYS[3] deferred
 -- ARGV triples: owner, id, timeout ms from now
--- Returns per triple: the new deadline (ms), 0 not in flight, -1 in flight for another
--- client.
-past_maxmemory()
-local k = {inflight = KEYS[1], msgs = KEYS[2], deferred = KEYS[3]}
+-- Returns per triple: the new deadline (ms), CODE.NOT_IN_FLIGHT not in flight,
+-- CODE.NOT_OWNER in flight for another client.
+local inflight, msgs, deferred = KEYS[1], KEYS[2], KEYS[3]
+local FIRST_TRIPLE = 1
+
+past_maxmemory(inflight)
+local k = {inflight = inflight, msgs = msgs, deferred = deferred}
 local now = now_ms()
-local held, codes = holdings(k, ARGV, 1, #ARGV, 3)
+local held, codes = holdings(k, ARGV, FIRST_TRIPLE, #ARGV, 3)
 local out = {}
 for n, member in ipairs(held) do
   if not member then
     out[n] = codes[n]
   else
-    local deadline = now + tonumber(ARGV[3 * n])
-    redis.call('ZADD', k.inflight, 'XX', deadline, member)
+    local deadline = now + tonumber(ARGV[FIRST_TRIPLE + 3 * n - 1])
+    redis.call('ZADD', inflight, 'XX', deadline, member)
     out[n] = deadline
   end
 end

@@ -9,18 +9,21 @@
 -- KEYS[1] topic meta   KEYS[2] topic channels, then the channels' keys (fanout.lua)
 -- ARGV[1..ARG0] the channels (fanout.lua), then: the channel to set ('': the topic),
 -- the TTL in ms ('': clear the setting)
--- Returns 1, 0 if the channel named is not one of the topic's, or the stale reply.
-local stale = stale_channels(KEYS[2])
-if stale then return stale end
+-- Returns CODE.DONE, CODE.NO_CHANNEL if the channel named is not one of the topic's, or
+-- the stale reply.
+local topic_meta, channels = KEYS[1], KEYS[2]
 local target, ttl = ARGV[ARG0 + 1], ARGV[ARG0 + 2]
+
+local stale = stale_channels(channels)
+if stale then return stale end
 if target == '' then
   if ttl == '' then
-    redis.call('HDEL', KEYS[1], 'ttl_ms')
+    redis.call('HDEL', topic_meta, 'ttl_ms')
   else
-    redis.call('HSET', KEYS[1], 'ttl_ms', ttl)
+    redis.call('HSET', topic_meta, 'ttl_ms', ttl)
   end
 end
-local topic_ttl = redis.call('HGET', KEYS[1], 'ttl_ms')
+local topic_ttl = redis.call('HGET', topic_meta, 'ttl_ms')
 
 -- whether channel c takes the topic's TTL now: each without one of its own when the
 -- topic's is set, the one named when its own is cleared
@@ -53,8 +56,8 @@ for c = 1, N_CHANNELS do
   own = own or redis.call('HGET', channel_key(c, 'meta'), 'ttl_from') == 'channel'
 end
 if own then
-  redis.call('HSET', KEYS[1], 'channel_ttl', 1)
+  redis.call('HSET', topic_meta, 'channel_ttl', 1)
 else
-  redis.call('HDEL', KEYS[1], 'channel_ttl')
+  redis.call('HDEL', topic_meta, 'channel_ttl')
 end
-return found and 1 or 0
+return found and CODE.DONE or CODE.NO_CHANNEL

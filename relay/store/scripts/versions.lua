@@ -11,13 +11,16 @@
 -- KEYS[1] the node news hash   ARGV the parts' version keys
 -- Returns news, partitions, placement, order key rule of each in ARGV order, nil where
 -- one is absent.
-past_maxmemory()
+local node_news = KEYS[1]
+local version_keys = ARGV
+
+past_maxmemory(node_news)
 local out = {}
-for i = 1, #ARGV do
-  local part = part_of(ARGV[i])
-  local fields = redis.call('HMGET', ARGV[i], 'news', 'partitions', 'placement', 'order_key')
-  redis.call('HSETNX', KEYS[1], part, fields[1] or 0)
+for i, version in ipairs(version_keys) do
+  local part = part_of(version)
+  local fields = redis.call('HMGET', version, 'news', 'partitions', 'placement', 'order_key')
+  redis.call('HSETNX', node_news, part, fields[1] or 0)
   out[4 * i - 3], out[4 * i - 2], out[4 * i - 1], out[4 * i] =
-    redis.call('HGET', KEYS[1], part), fields[2], fields[3], fields[4]
+    redis.call('HGET', node_news, part), fields[2], fields[3], fields[4]
 end
 return out

@@ -1,7 +1,9 @@
 -- include: fanout.lua, time.lua, chunked.lua, record.lua, news.lua, history.lua, limit.lua, order.lua
 -- append.lua provides publishing(), append() and appended(): how published messages are
 -- made visible, shared by publish.lua (a whole publish in one call) and publish_step.lua
--- (a step of a staged one). The including script's KEYS[1..8] are publish.lua's.
+-- (a step of a staged one). The including script's KEYS[1..8] are publish.lua's, and
+-- this file reads the topic's keys among them itself (KEYS[2], KEYS[4..8]): every script
+-- that includes it lays them out so.
 -- publishing(due) reads, once per call, where its messages go: `channels` (0 while the
 -- topic is paused: its backlog keeps them), the channels' depth limits (`limits`, read
 -- only when the topic meta counts one, for messages made ready now), which channels are
@@ -54,9 +56,10 @@ end
 -- those whose key has a message out wait (lib/order.lua).
 local function going_out(p, c, ids, records, order_keys)
   if not (order_keys and p.ordered and p.ordered[c]) then return ids, records end
-  return order_admit({gate = channel_key(c, 'gate'), key_of = channel_key(c, 'key_of'),
-                      waiting = channel_key(c, 'waiting')}, ids, records, order_keys,
-                     p.due or 0)
+  local o = order_gate(channel_key(c, 'queue'), channel_key(c, 'deferred'),
+                       channel_key(c, 'msgs'), channel_key(c, 'gate'),
+                       channel_key(c, 'key_of'), channel_key(c, 'waiting'))
+  return order_admit(o, ids, records, order_keys, p.due or 0)
 end
 
 -- The bodies queued (or deferred) in every channel, else the backlog, and retained;

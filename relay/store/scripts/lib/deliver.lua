@@ -14,10 +14,9 @@
 -- `expired` if the channel has a dead-letter topic (max attempts in force, or a
 -- dead_letter_topic of its own), else it is dropped; expired_count counts both.
 --
--- c: the channel's keys {queue =, inflight =, msgs =, meta =, dead =, deferred =,
--- gate =, key_of =, waiting =}, its topic's {due_index =, version =}, and channel =,
--- wake =, node = (lib/order.lua's o: what is finished, dead-lettered or expired
--- releases its order key). The meta hash: a paused channel delivers nothing; its
+-- c: the channel's gate (lib/order.lua's order_gate(): what is finished, dead-lettered
+-- or expired releases its order key) with its other keys inflight =, meta = and dead =
+-- (the dead-letter outbox). The meta hash: a paused channel delivers nothing; its
 -- max_attempts field overrides `max_attempts` (0: unlimited); ttl_ms,
 -- dead_letter_topic: above. args[first..last]: groups of 4: owner, timeout ms, count,
 -- most bytes (0: any).

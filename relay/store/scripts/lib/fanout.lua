@@ -4,7 +4,9 @@
 -- keys last in KEYS, 11 per channel in keys.CHANNEL_SUFFIXES order, so that on Redis
 -- Cluster every key is checked before the script runs. The caller's list may be
 -- stale: stale_channels() then gives the reply that makes it ask again with the
--- topic's real channels. The script's own ARGV start at ARGV[ARG0 + 1].
+-- topic's real channels. The script's own ARGV start at ARGV[ARG0 + 1]. This file
+-- reads KEYS and ARGV itself: the channels' part of them is laid out alike in every
+-- script that includes it.
 local SUFFIX = {queue = 1, inflight = 2, deferred = 3, msgs = 4, meta = 5, consumers = 6,
                 dead = 7, dead_lock = 8, gate = 9, key_of = 10, waiting = 11}
 local PER_CHANNEL = 11

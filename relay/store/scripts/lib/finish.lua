@@ -4,9 +4,9 @@
 -- HDEL for all that took. finish.lua runs it alone; deliver.lua first, for the FINs
 -- the group commit folds into a deliver call of the same channel.
 -- k: {inflight =, msgs =, deferred =} keys; o: the channel's order gate
--- (lib/order.lua), which the messages finished release.
--- Returns per pair: 1 finished, 0 not in flight (or finished earlier in this call),
--- -1 in flight for another client.
+-- (lib/order.lua's order_gate()), which the messages finished release.
+-- Returns per pair: CODE.DONE finished, CODE.NOT_IN_FLIGHT not in flight (or finished
+-- earlier in this call), CODE.NOT_OWNER in flight for another client.
 local function finish_pairs(k, args, first, last, o)
   local out = {}
   if last < first then
@@ -20,9 +20,9 @@ local function finish_pairs(k, args, first, last, o)
       finished[id] = true
       done[#done + 1] = id
       members[#done] = member
-      out[n] = 1
+      out[n] = CODE.DONE
     else
-      out[n] = member and 0 or codes[n]
+      out[n] = member and CODE.NOT_IN_FLIGHT or codes[n]
     end
   end
   if #done > 0 then

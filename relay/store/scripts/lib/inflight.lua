@@ -6,6 +6,7 @@
 -- from two, and who holds a message is checked by its member alone. Delivery makes no
 -- new long string per message: each costs Lua's string table more than a write
 -- (BENCHMARKS.md).
+-- CODE: the codes scripts answer with (relay/store/codes.py), first in every script.
 local ID_LENGTH = 16
 
 local function in_flight_member(id, owner)
@@ -19,10 +20,10 @@ end
 
 -- Who holds the messages of (owner, id) items args[first], args[first + step], ... up
 -- to `last` (owner at i, id at i + 1). Per item n: held[n] the member to take if that
--- owner holds the message, else held[n] false and codes[n] the item's reply: 0 not in
--- flight, -1 in flight for another owner. One ZMSCORE per CHUNK items; an item not
--- found looks in the msgs hash (a record there that is not deferred is in flight),
--- which is rare.
+-- owner holds the message, else held[n] false and codes[n] the item's reply:
+-- CODE.NOT_IN_FLIGHT, or CODE.NOT_OWNER in flight for another owner. One ZMSCORE per
+-- CHUNK items; an item not found looks in the msgs hash (a record there that is not
+-- deferred is in flight), which is rare.
 -- k: {inflight =, msgs =, deferred =} keys.
 local function holdings(k, args, first, last, step)
   local held, codes = {}, {}
@@ -48,9 +49,9 @@ local function holdings(k, args, first, last, step)
     if not held[n] then
       local id = args[i + 1]
       if redis.call('HEXISTS', k.msgs, id) == 0 or redis.call('ZSCORE', k.deferred, id) then
-        codes[n] = 0
+        codes[n] = CODE.NOT_IN_FLIGHT
       else
-        codes[n] = -1
+        codes[n] = CODE.NOT_OWNER
       end
     end
   end

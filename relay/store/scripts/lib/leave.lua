@@ -1,23 +1,23 @@
 -- leave.lua provides drop_if_unused(): after a broker's consumers left a channel (it
 -- unsubscribed one, or a reaper removed a dead broker's), an ephemeral channel with no
 -- consumer left on any broker is deleted, and an ephemeral topic with its last channel.
--- KEYS are laid out as unsubscribe.lua's: [1] topic channels [2] topic meta
--- [3] channel consumers [4] topic due index [5..14] the other keys of the channel
--- (keys.CHANNEL_SUFFIXES order, without consumers: [9] channel meta).
--- Returns 0 kept, 1 channel deleted, 2 channel and topic deleted.
-local function drop_if_unused(channel, channel_ephemeral, topic_ephemeral)
-  if channel_ephemeral ~= '1' or redis.call('HLEN', KEYS[3]) > 0 then
-    return 0
+-- l: the topic's keys {channels =, topic_meta =, due_index =} and the channel's
+-- {consumers =, channel_meta =, others =}, others the list of its keys but consumers
+-- (keys.CHANNEL_SUFFIXES order, its meta among them), which go with it.
+-- Returns CODE.KEPT, CODE.CHANNEL_DELETED, or CODE.TOPIC_DELETED (the channel and topic).
+local function drop_if_unused(l, channel, channel_ephemeral, topic_ephemeral)
+  if channel_ephemeral ~= '1' or redis.call('HLEN', l.consumers) > 0 then
+    return CODE.KEPT
   end
-  redis.call('SREM', KEYS[1], channel)
-  redis.call('ZREM', KEYS[4], channel)
-  if redis.call('HEXISTS', KEYS[9], 'ordered') == 1 then
-    redis.call('HINCRBY', KEYS[2], 'ordered_channels', -1)   -- lib/order.lua
+  redis.call('SREM', l.channels, channel)
+  redis.call('ZREM', l.due_index, channel)
+  if redis.call('HEXISTS', l.channel_meta, 'ordered') == 1 then
+    redis.call('HINCRBY', l.topic_meta, 'ordered_channels', -1)   -- lib/order.lua
   end
-  redis.call('UNLINK', KEYS[3], unpack(KEYS, 5, 14))
-  if topic_ephemeral == '1' and redis.call('SCARD', KEYS[1]) == 0 then
-    redis.call('UNLINK', KEYS[2])
-    return 2
+  redis.call('UNLINK', l.consumers, unpack(l.others))
+  if topic_ephemeral == '1' and redis.call('SCARD', l.channels) == 0 then
+    redis.call('UNLINK', l.topic_meta)
+    return CODE.TOPIC_DELETED
   end
-  return 1
+  return CODE.CHANNEL_DELETED
 end

@@ -8,7 +8,7 @@
 -- (scripting.c, luaRedisGenericCommand), Redis 7 and Valkey 8 `SCRIPT_WRITE_DIRTY` for
 -- a script without flags (script.c, scriptVerifyOOM), and any command with the write
 -- flag sets it, whatever it changes. So this deletes a key that never exists, in the
--- slot of the script's first key (on a cluster, a key of its own node): it changes
+-- slot of `key`, the script's first key (on a cluster, a key of its own node): it changes
 -- nothing, so nothing reaches the AOF or the replicas, and the script's writes then run.
 -- It is a pcall: while its slot migrates, a key that does not exist is "not local" to a
 -- cluster node, an error that comes after the flag is set (in 6.2 as in Valkey 8).
@@ -18,8 +18,8 @@
 -- The publishing scripts (publish, publish_commit, redrive) must not call it: refused at
 -- their first write, before any other, they are the back-pressure, and an MPUB stays all
 -- or nothing. publish_step calls it: a staged MPUB committed must be published whole.
-local function past_maxmemory()
-  local tag = string.match(KEYS[1], '{(.-)}')
-  if not tag or tag == '' then tag = KEYS[1] end
+local function past_maxmemory(key)
+  local tag = string.match(key, '{(.-)}')
+  if not tag or tag == '' then tag = key end
   redis.pcall('DEL', '{' .. tag .. '}:nothing')
 end

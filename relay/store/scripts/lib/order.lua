@@ -1,18 +1,28 @@
 -- include: chunked.lua, time.lua, news.lua
 -- order.lua provides the gate of ordered channels (relay-admin order; relay/store/
--- ordering.py): order_admit() for messages published to one, order_release() for
--- messages that leave one. On an ordered channel each order key has at most one
--- message out (queued, in flight or deferred): the gate hash maps the key to its id,
--- key_of the id to its key. The messages behind it wait in the waiting ZSET, all at
--- score 0, as "<order key> <id> <due ms, 0: now> <record>": a key's in id order, which
--- is its publish order (a key always goes to the same part). A REQ or a timeout keeps a
--- message out, so it stays first for its key; every other exit (FIN, dead letter, TTL,
--- delete) releases the key: its next message goes out (queued, or deferred until its
--- due time), else the key leaves the gate, so a key with nothing out costs nothing.
+-- ordering.py): order_gate() to name a channel's, order_admit() for messages published
+-- to one, order_release() for messages that leave one. On an ordered channel each order
+-- key has at most one message out (queued, in flight or deferred): the gate hash maps
+-- the key to its id, key_of the id to its key. The messages behind it wait in the
+-- waiting ZSET, all at score 0, as "<order key> <id> <due ms, 0: now> <record>": a key's
+-- in id order, which is its publish order (a key always goes to the same part). A REQ or
+-- a timeout keeps a message out, so it stays first for its key; every other exit (FIN,
+-- dead letter, TTL, delete) releases the key: its next message goes out (queued, or
+-- deferred until its due time), else the key leaves the gate, so a key with nothing out
+-- costs nothing.
 -- The queue only holds messages free to go: deliver.lua pops it as any channel's.
--- o: the channel's keys {gate =, key_of =, waiting =, queue =, msgs =, deferred =},
--- and for what goes out when a key is released: due_index =, version = (topic keys),
--- channel =, wake =, node =.
+-- o: the channel's gate, as order_gate() builds it.
+
+-- The gate of one channel (o): its keys queue, deferred, msgs, gate, key_of and waiting
+-- (keys.CHANNEL_SUFFIXES order), and for what goes out when a key is released its
+-- topic's due index and version keys, the channel's name, its wake pub/sub channel and
+-- the node keys' prefix (lib/node.lua). order_admit() needs the channel's keys alone.
+local function order_gate(queue, deferred, msgs, gate, key_of, waiting, due_index, version,
+                          channel, wake, node)
+  return {queue = queue, deferred = deferred, msgs = msgs, gate = gate, key_of = key_of,
+          waiting = waiting, due_index = due_index, version = version, channel = channel,
+          wake = wake, node = node}
+end
 
 -- Of messages published to an ordered channel (`ids`, `records`, `order_keys`: a key
 -- or false each), those that go out now: {ids}, {records}. The others wait, with their
