@@ -1,25 +1,33 @@
-"""The codes the scripts answer with, declared once (relay/store/codes.py): every script
-starts with them, Lua reads the values Python declares, and no script names one that is
-not declared (a misspelt CODE.X is nil in Lua, a reply no caller expects)."""
+"""The codes the scripts answer with, declared once (relay/store/codes.py): the loader
+writes their values in every script, Lua reads the values Python declares, and no script
+names one that is not declared (a misspelt CODE.X would be a Lua error or nil)."""
 
 import re
 from importlib import resources
 
+import pytest
+
 from relay.store import codes, runner
 
-NAMES = [name for name in vars(codes) if name.isupper()]
+NAMES = list(codes.CODES)
 
 
-def test_every_script_starts_with_the_codes():
+def test_every_script_has_the_values_in_place_of_the_names():
     for sharded in (False, True):
         for script in runner.load_scripts(sharded).values():
-            assert script.source.startswith(codes.lua()), script.name
+            assert b"CODE." not in script.source, script.name
 
 
 def test_lua_reads_the_codes_python_declares(store):
     read = b", ".join(b"CODE." + name.encode() for name in NAMES)
-    assert store.redis.eval(codes.lua() + b"return {" + read + b"}", 0) == \
+    assert store.redis.eval(codes.inline(b"return {" + read + b"}"), 0) == \
         [getattr(codes, name) for name in NAMES]
+    assert store.redis.eval(codes.inline(b"return 1-CODE.NOT_OWNER"), 0) == 2
+
+
+def test_a_name_not_declared_stops_the_loading():
+    with pytest.raises(KeyError):
+        codes.inline(b"return CODE.NOT_A_CODE")
 
 
 def test_scripts_name_only_declared_codes():

@@ -594,7 +594,8 @@ def test_incarnation_and_empties_tell_a_channel_deleted_or_emptied(store):
 # -- scripts, errors -----------------------------------------------------------
 
 def lua_lib(name: str) -> bytes:
-    return (resources.files("relay.store") / "scripts" / "lib" / name).read_bytes()
+    """A lib file as loaded: its codes' values in place of their names."""
+    return codes.inline((resources.files("relay.store") / "scripts" / "lib" / name).read_bytes())
 
 
 def test_lua_record_layout_is_relay_codecs(store):
@@ -612,10 +613,10 @@ def test_lua_record_layout_is_relay_codecs(store):
 
 
 def test_included_files_come_first_and_no_script_has_flags():
-    """news.lua names node.lua, which comes before it; the codes come before all
-    (relay/store/codes.py). No script has a flags line (#!lua): without one, a script
-    may reach keys of other slots of its node, as the node keys are (relay/store/
-    nodes.py)."""
+    """news.lua names node.lua, which comes before it; the codes' values stand in for
+    their names (relay/store/codes.py). No script has a flags line (#!lua): without one,
+    a script may reach keys of other slots of its node, as the node keys are
+    (relay/store/nodes.py)."""
     plain, sharded = runner.load_scripts(), runner.load_scripts(sharded=True)
     libs = b"".join(lua_lib(n) for n in ("fanout.lua", "time.lua", "chunked.lua", "record.lua",
                                          "node.lua", "news.lua", "history.lua",
@@ -623,7 +624,7 @@ def test_included_files_come_first_and_no_script_has_flags():
                                          "append.lua", "dedup.lua"))
     own = (resources.files("relay.store") / "scripts" / "publish.lua").read_bytes()
     assert own.startswith(b"-- include: append.lua, dedup.lua\n")
-    assert plain["publish"].source == codes.lua() + libs + own
+    assert plain["publish"].source == libs + codes.inline(own)
     assert sharded["publish"].source == plain["publish"].source.replace(
         b"redis.call('PUBLISH', wake", b"redis.call('SPUBLISH', wake")
     assert b"'PUBLISH'" not in b"".join(s.source for s in sharded.values())
@@ -651,9 +652,9 @@ def test_a_script_names_only_what_it_uses_and_gets_each_include_once():
     scripts = runner.load_scripts()
     own = (resources.files("relay.store") / "scripts" / "finish.lua").read_bytes()
     assert own.startswith(b"-- include: finish.lua\n")
-    assert scripts["finish"].source == codes.lua() + b"".join(lua_lib(n) for n in (
+    assert scripts["finish"].source == b"".join(lua_lib(n) for n in (
         "chunked.lua", "inflight.lua", "time.lua", "node.lua", "news.lua", "order.lua",
-        "finish.lua")) + own
+        "finish.lua")) + codes.inline(own)
     deliver = scripts["deliver"].source
     for lib in ("time.lua", "chunked.lua", "record.lua", "inflight.lua", "finish.lua"):
         assert deliver.count(lua_lib(lib)) == 1, lib

@@ -1,8 +1,11 @@
-"""The codes the Lua scripts (relay/store/scripts/) answer with, declared once. The loader
-(runner.load_scripts) puts them first in every script as the table CODE, so a script
-returns CODE.NOT_OWNER where Python compares a reply with codes.NOT_OWNER. A code's value
-never changes: brokers of the previous release read the replies of these scripts during
-a rolling upgrade."""
+"""The codes the Lua scripts (relay/store/scripts/) answer with, declared once. A script
+names one as CODE.NOT_OWNER where Python compares a reply with codes.NOT_OWNER; the
+loader (runner.load_scripts) writes its value in its place (inline), so a call pays
+nothing for the names (a table of them made per call cost Redis 1 µs) and a name not
+declared here stops the loading. A code's value never changes: brokers of the previous
+release read the replies of these scripts during a rolling upgrade."""
+
+import re
 
 # FIN, REQ and TOUCH, per (owner, id) item (lib/inflight.lua); TOUCH answers the new
 # deadline where FIN and REQ answer DONE
@@ -27,9 +30,14 @@ TOPIC_DELETED = 2       # and its ephemeral topic with it
 NO_TIME = -1
 
 
-def lua() -> bytes:
-    """The codes as the line of Lua every script starts with:
-    `local CODE = {DONE = 1, NOT_IN_FLIGHT = 0, ...}`."""
-    named = ", ".join(f"{name} = {value}" for name, value in globals().items()
-                      if name.isupper() and isinstance(value, int))
-    return f"local CODE = {{{named}}}\n".encode()
+def inline(source: bytes) -> bytes:
+    """`source` with each CODE.NAME as its value (a negative one in parentheses, so
+    `a-CODE.NOT_OWNER` stays a subtraction); KeyError for a name not declared."""
+    def value(named: re.Match) -> bytes:
+        code = CODES[named.group(1).decode()]
+        return str(code).encode() if code >= 0 else f"({code})".encode()
+    return re.sub(rb"\bCODE\.(\w+)", value, source)
+
+
+CODES = {name: value for name, value in dict(globals()).items()
+         if name.isupper() and isinstance(value, int)}

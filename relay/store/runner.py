@@ -124,21 +124,20 @@ class Script(NamedTuple):
 
 
 def load_scripts(sharded: bool = False) -> dict[str, Script]:
-    """Each script of scripts/ by its file's name, after the table CODE of the codes
-    scripts answer with (relay/store/codes.py) and the shared files (scripts/lib/) it
-    names on its first line as `-- include: X.lua, Y.lua`, each with what it names
-    itself first, and each once. Where `sharded` (a cluster of Redis 7+): wake-ups by
+    """Each script of scripts/ by its file's name, after the shared files (scripts/lib/)
+    it names on its first line as `-- include: X.lua, Y.lua`, each with what it names
+    itself first, and each once, with the values of the codes it names
+    (relay/store/codes.py) in place of their names. Where `sharded` (a cluster of Redis 7+): wake-ups by
     SPUBLISH instead of PUBLISH. No script has flags (#!lua): without them, Redis 6.2, 7
     and Valkey 8 let a script reach keys of other slots of its node, as the node keys
     are (relay/store/nodes.py)."""
     folder = resources.files("relay.store") / "scripts"
-    code_table = codes.lua()
     scripts = {}
     for path in sorted(folder.iterdir(), key=lambda p: p.name):
         if not path.name.endswith(".lua"):
             continue
         name = path.name[:-len(".lua")]
-        source = code_table + with_includes(folder / "lib", path.read_bytes(), set())
+        source = codes.inline(with_includes(folder / "lib", path.read_bytes(), set()))
         if sharded:
             source = source.replace(b"redis.call('PUBLISH'", b"redis.call('SPUBLISH'")
         scripts[name] = Script(name, source, hashlib.sha1(source).hexdigest())
