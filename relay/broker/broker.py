@@ -31,6 +31,7 @@ from relay.broker.http.nsqd import nsqd_server
 from relay.broker.metrics import Metrics
 from relay.broker.prefork import listen_addresses
 from relay.broker.publishing import Publishing
+from relay.broker.settling import Settling, wait_all
 from relay.broker.protocol.reader import Reader
 from relay.broker.protocol.v2 import ProtocolV2
 from relay.broker.registry import TTL_MS, Registry
@@ -83,6 +84,7 @@ class Broker:
                                   deadlines=self.deadlines)
         self.store.lookup = self.commit.call
         self.publishing = Publishing(self)
+        self.settling = Settling(self)
         self.tls_context = transport.server_context(options)
         self.auth = Authorizer(options)
         self.protocol = ProtocolV2(self)
@@ -393,9 +395,8 @@ class Broker:
                     self.wakeups.unwatch(part.name)
         store = self.store
         try:
-            for op, _ in store.by_part(store.requeue_op, channel.topic, channel.name,
-                                       [(client.owner, i, 0) for i in held]):
-                self.commit.call(op, client.number)
+            wait_all(self.settling.requeue(channel, client.owner, [(i, 0) for i in held],
+                                           client.number))
             leaving = [self.commit.submit(store.unsubscribe_op(
                 part.name, channel.name, self.id, codec.is_ephemeral(channel.name),
                 codec.is_ephemeral(channel.topic), incarnation), client.number)

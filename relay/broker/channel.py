@@ -194,7 +194,7 @@ class Channel:
                 for i in range(0, len(share), MAX_GROUPS)]
 
     def hand_out(self, part: Part, share: list, seen: int, batches: Delivered) -> None:
-        store, commit = self.broker.store, self.broker.commit
+        settling = self.broker.settling
         if batches.empties < part.empties:
             return  # popped before an empty already applied: they went with it
         self.emptied(batches.empties, part.index)
@@ -204,13 +204,9 @@ class Channel:
             if client.in_flight:
                 self.broker.holding.add(client)
             if give_back:
-                commit.submit(store.requeue_op(part.name, self.name,
-                                               [(client.owner, i, 0) for i in give_back]),
-                              part.order)
+                settling.requeue(self, client.owner, [(i, 0) for i in give_back])
             if sampled_out:
-                commit.submit(store.finish_op(part.name, self.name,
-                                              [(client.owner, i) for i in sampled_out]),
-                              part.order)
+                settling.finish(self, client.owner, sampled_out)
         if not batches.more and part.arrivals == seen:
             part.maybe_ready = False    # drained (a call cut short by bytes is not)
 

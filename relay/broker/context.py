@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from relay.store.latency import E2eLatency
     from relay.broker.metrics import Metrics
     from relay.broker.publishing import Publishing
+    from relay.broker.settling import Settling
     from relay.options import Options
     from relay.store import Store
     from relay.store.commit import GroupCommit
@@ -34,6 +35,7 @@ class BrokerContext(Protocol):
     store: Store
     commit: GroupCommit                     # batches the Store's ops of all connections
     publishing: Publishing                  # the one path of TCP and HTTP publishes
+    settling: Settling                      # FIN, REQ and TOUCH by part
     channels: dict[tuple[str, str], Channel]    # (topic, channel) with local consumers
     topics: dict[str, dict[str, Channel]]   # the same channels, by topic and name
     holding: set[Client]                    # clients given messages: the expiry walks these

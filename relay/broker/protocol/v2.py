@@ -10,7 +10,7 @@ connections is batched by the group commit.
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import gevent
 from marshmallow import ValidationError
@@ -31,9 +31,6 @@ if TYPE_CHECKING:
     import ssl
 
     from relay.broker.auth import Grant
-    from relay.broker.channel import Channel, Part
-    from relay.store.commit import Submitted
-    from relay.store.runner import Op
 
 log = logging.getLogger("relay.protocol")
 
@@ -358,8 +355,7 @@ class ProtocolV2:
         channel = client.channel
         assert channel is not None      # SUBSCRIBED or CLOSING (_message_id): SUB set it
         published = client.settled(ids)
-        calls = self._by_part(channel, self.broker.store.finish_op,
-                              [(client.owner, i) for i in ids])
+        calls = self.broker.settling.finish(channel, client.owner, ids)
 
         def took(done: list[bytes]) -> None:
             client.finish_count += len(done)
@@ -379,8 +375,7 @@ class ProtocolV2:
         channel = client.channel
         assert channel is not None      # SUBSCRIBED or CLOSING (_message_id): SUB set it
         client.settled([msg_id])
-        calls = self._by_part(channel, self.broker.store.requeue_op,
-                              [(client.owner, msg_id, delay)])
+        calls = self.broker.settling.requeue(channel, client.owner, [(msg_id, delay)])
 
         def took(done: list[bytes]) -> None:
             client.requeue_count += len(done)
@@ -391,29 +386,12 @@ class ProtocolV2:
         timeout = client.touch_timeout(msg_id, self.options.max_msg_timeout)
         channel = client.channel
         assert channel is not None      # SUBSCRIBED or CLOSING (_message_id): SUB set it
-        calls = self._by_part(channel, self.broker.store.touch_op,
-                              [(client.owner, msg_id, timeout)])
+        calls = self.broker.settling.touch(channel, client.owner, msg_id, timeout)
 
         def took(done: list[bytes]) -> None:
             for touched in done:
                 client.touched(touched, timeout)
         return Settled(calls, "TOUCH", [msg_id], took)
-
-    def _by_part(self, channel: "Channel", make_op: "Callable[..., Op]", items: list[tuple],
-                 *shared: Any) -> "list[tuple[Submitted, Sequence[int]]]":
-        """Submit make_op's call for the items (id second) of each part, on that part's
-        lane, where the deliver call for the credit they free is likely to join it."""
-        if len(channel.parts) == 1:
-            part = channel.parts[0]
-            return [(self.broker.commit.submit(make_op(part.name, channel.name, *shared, items),
-                                               part.order), range(len(items)))]
-        positions: dict["Part", list[int]] = {}
-        for i, item in enumerate(items):
-            positions.setdefault(channel.part_of(item[1]), []).append(i)
-        return [(self.broker.commit.submit(
-                    make_op(part.name, channel.name, *shared, [items[i] for i in where]),
-                    part.order), where)
-                for part, where in positions.items()]
 
     def cls(self, client: Client, params: list[bytes], reader: Reader) -> bytes:
         if client.state != SUBSCRIBED:

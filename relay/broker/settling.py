@@ -1,0 +1,61 @@
+"""FIN, REQ and TOUCH, in one place: a connection's commands (protocol/v2.py), what a
+delivery gives back or samples out (Channel.hand_out) and what a leaving consumer held
+(Broker._disconnect). Each goes by the part of the topic its message id names, one call
+per part, on that part's lane: there the deliver call for the credit it frees is likely
+to join it."""
+
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from relay.broker.channel import Channel, Part
+    from relay.broker.context import BrokerContext
+    from relay.store.commit import Submitted
+    from relay.store.runner import Op
+
+    # each part's call, and the positions of its items among those given
+    Calls: TypeAlias = list[tuple[Submitted, Sequence[int]]]
+
+
+class Settling:
+    def __init__(self, broker: "BrokerContext") -> None:
+        self.broker = broker
+
+    def finish(self, channel: "Channel", owner: str, ids: Sequence[bytes],
+               order: int | None = None) -> "Calls":
+        return self._by_part(channel, self.broker.store.finish_op,
+                             [(owner, msg_id) for msg_id in ids], order)
+
+    def requeue(self, channel: "Channel", owner: str, delays: Sequence[tuple[bytes, int]],
+                order: int | None = None) -> "Calls":
+        """REQ of each (id, delay ms)."""
+        return self._by_part(channel, self.broker.store.requeue_op,
+                             [(owner, msg_id, delay) for msg_id, delay in delays], order)
+
+    def touch(self, channel: "Channel", owner: str, msg_id: bytes, timeout: int) -> "Calls":
+        return self._by_part(channel, self.broker.store.touch_op, [(owner, msg_id, timeout)])
+
+    def _by_part(self, channel: "Channel", make_op: "Callable[..., Op]", items: list[tuple],
+                 order: int | None = None) -> "Calls":
+        """make_op's call for the items (id second) of each part, on that part's lane
+        unless `order` names another."""
+        commit = self.broker.commit
+        if not items:
+            return []
+        if len(channel.parts) == 1:
+            part = channel.parts[0]
+            return [(commit.submit(make_op(part.name, channel.name, items),
+                                   part.order if order is None else order),
+                     range(len(items)))]
+        positions: dict["Part", list[int]] = {}
+        for i, item in enumerate(items):
+            positions.setdefault(channel.part_of(item[1]), []).append(i)
+        return [(commit.submit(make_op(part.name, channel.name, [items[i] for i in where]),
+                               part.order if order is None else order), where)
+                for part, where in positions.items()]
+
+
+def wait_all(calls: "Calls") -> list[Any]:
+    """Each call's value, in order; the first error raises."""
+    return [result.get() for result, _ in calls]
