@@ -231,9 +231,7 @@ class Client:
     def _send_rest(self, data: bytes) -> None:
         """The rest of a send_now, under the write lock it took."""
         try:
-            hb = self.heartbeat_interval
-            self.sock.settimeout(2 * hb / 1000 if hb > 0 else None)
-            self.transport.send(data)
+            self._send_held(data)
         except OSError:
             self.close()
         finally:
@@ -318,9 +316,13 @@ class Client:
         the client does not take within two heartbeats fails (socket.timeout): the reader
         keeps its deadline apart (Reader._recv), so the socket's timeout is the writes'."""
         with self._write_lock:
-            hb = self.heartbeat_interval
-            self.sock.settimeout(2 * hb / 1000 if hb > 0 else None)
-            self.transport.send(data)
+            self._send_held(data)
+
+    def _send_held(self, data: bytes) -> None:
+        """send's write, the write lock held."""
+        hb = self.heartbeat_interval
+        self.sock.settimeout(2 * hb / 1000 if hb > 0 else None)
+        self.transport.send(data)
 
     # -- upgrades negotiated by IDENTIFY ---------------------------------------------
 
