@@ -12,7 +12,7 @@ import gnsq
 import pytest
 
 from relay import embedded
-from relay.broker.wakeups import WakeupListener
+from relay.broker.wakeups import CHECK_SLICE, WakeupListener
 from relay.store import Store
 from relay.store.connection import connect, is_cluster
 from relay.store.keys import TopicKeys
@@ -138,6 +138,31 @@ def test_the_once_a_second_read_looks_again_only_where_a_wake_up_was_missed(stor
     assert listener.versions["t"] == 3
     listener.received("t", b"5|c")          # news 4 missed: not heard in turn
     assert (told(), listener.versions["t"]) == ([("look", 0)], 3)
+
+
+def test_the_once_a_second_read_lets_the_broker_serve_between_its_slices(store):
+    """At thousands of parts followed, the read goes CHECK_SLICE parts at a time and
+    the other greenlets run in between: one read of 5,000 held the loop 20 ms, the
+    worst wait of a PUB to an idle consumer (issue 57 item 3)."""
+    listener = WakeupListener(SimpleNamespace(store=store, topics={}))
+    parts = [f"t{i:04}" for i in range(3 * CHECK_SLICE)]
+    for part in parts:
+        listener.watch(part)
+    seen = []
+
+    def another_client():
+        while True:
+            seen.append(len(listener.versions))     # the parts read so far
+            gevent.sleep(0)
+
+    other = gevent.spawn(another_client)
+    gevent.sleep(0)
+    seen.clear()
+    listener.check_versions()
+    between = sorted(set(seen))
+    other.kill()
+    assert listener.versions == dict.fromkeys(parts, 0)
+    assert between == [CHECK_SLICE, 2 * CHECK_SLICE]
 
 
 # -- brokers ----------------------------------------------------------------------
