@@ -12,7 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from relay.codec import FRAME_ERROR, FRAME_RESPONSE, parse_record
 from relay.errors import StoreError
 from relay.store import Store
-from relay.store.commit import GroupCommit, _answers, _merge
+from relay.store.batchers import answers
+from relay.store.commit import GroupCommit
 from relay.store.connection import connect
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.limits import Limit
@@ -30,8 +31,8 @@ def store(backend):
 def merged_run(store, ops):
     """The ops merged as a broker's group commit merges them, run: each op's answer,
     and the number of script calls made."""
-    calls = _merge(ops)
-    return _answers(calls, store.run_many([call.op for call in calls]), len(ops)), len(calls)
+    calls = store.runner.batchers.calls(ops)
+    return answers(calls, store.run_many([call.op for call in calls]), len(ops)), len(calls)
 
 
 def queued(store, topic="t", channel="c"):

@@ -11,7 +11,8 @@ from relay.codec import parse_record
 from relay.errors import NoAnswer, OutcomeUnknown, StoreConnectionError, StoreError
 from relay.store import Store
 from relay.deadlines import Deadlines
-from relay.store.commit import MANY_FINISHES, MAX_MERGED_ARGS, GroupCommit, _answers, _merge
+from relay.store.batchers import MANY_FINISHES, MAX_MERGED_ARGS, answers
+from relay.store.commit import GroupCommit
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.runner import MAX_CALL_ARGS
 from tests.helpers.store import mid
@@ -23,19 +24,24 @@ def fake_store():
     return Store(fakeredis.FakeRedis())
 
 
+def calls_of(ops):
+    """The pipeline's calls the batchers make of the ops (relay/store/batchers.py)."""
+    return Store(fakeredis.FakeRedis()).runner.batchers.calls(ops)
+
+
 def merge(ops):
     """The merged calls' ops, and what each input op gets from their results, as
     GroupCommit._run hands it out."""
-    calls = _merge(ops)
-    return [call.op for call in calls], lambda results: _answers(calls, results, len(ops))
+    calls = calls_of(ops)
+    return [call.op for call in calls], lambda results: answers(calls, results, len(ops))
 
 
 def carried(ops):
     """Per merged call, the input ops it answers (their indexes), and from which part."""
-    return [[(members, part) for members, _, part in call.answers] for call in _merge(ops)]
+    return [[(members, part) for members, _, part in call.answers] for call in calls_of(ops)]
 
 
-# -- _merge ----------------------------------------------------------------------
+# -- the batchers' calls ----------------------------------------------------------------------
 
 def test_only_fin_req_touch_and_small_publishes_merge(fake_store):
     s = fake_store
@@ -242,7 +248,7 @@ def test_finishes_do_not_fold_past_another_change_of_their_channel(fake_store, b
 
 
 def test_merge_of_nothing():
-    assert _merge([]) == []
+    assert calls_of([]) == []
 
 
 def test_merged_call_runs_as_the_separate_calls_would(fake_store):

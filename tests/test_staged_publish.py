@@ -20,11 +20,11 @@ def committed(store, topic="t", bodies_=None, defer_ms=0):
     """A staged publish committed and not stepped (as if its broker died right after):
     (its last count, its token)."""
     op = store.publish_op(topic, bodies_ or sent(), defer_ms)
-    while op.script == "stage":
-        op = op.then(store.run(op._replace(then=None)))
-    last = store.run(op._replace(then=None))
+    while op.script != "publish_step":      # the stage calls, then the commit
+        (goes_on,) = store.run_many([op], follow=False)
+        op = goes_on.op
     (token,) = [t.decode() for t in store.redis.hkeys(TopicKeys.of(topic).publishing)]
-    return last, token
+    return op.job.last, token
 
 
 def sent(n=N):

@@ -7,12 +7,13 @@ import itertools
 import secrets
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Self, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Self, Sequence, TypeVar
 
 from relay.errors import StoreError
 from relay.store import keys, placement
+from relay.store.batchers import Batchers, FanOut, fanout_op
 from relay.store.connection import RedisClient
-from relay.store.keys import ChannelKeys, TopicKeys
+from relay.store.keys import TopicKeys
 from relay.store.nodes import Nodes
 from relay.store.runner import Op, ScriptRunner, guarded, identity
 
@@ -34,22 +35,13 @@ def replication(options: "Options", socket_timeout: int | None = None) -> dict:
     return {"wait_replicas": options.wait_replicas, "wait_timeout": max(1, timeout // 2)}
 
 
-STALE = b"stale"
-
-
-def _channel_keys(topic: str, channels: Iterable[str]) -> list[str]:
-    return [k for c in channels for k in ChannelKeys.of(topic, c).all()]
-
-
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _stale(raw: Any) -> list[str] | None:
-    """The topic's real channels if a fan-out script was given a stale list."""
-    if isinstance(raw, list) and raw[:1] == [STALE]:
-        return sorted(c.decode() for c in raw[1:])
-    return None
+def _partitions_reply(reply: list) -> list:
+    """partitions.lua's reply: [now, before, made, placement, order key rule]."""
+    return [*(int(n) for n in reply[:3]), _text(reply[3]), _text(reply[4])]
 
 
 class StoreBase:
@@ -64,7 +56,8 @@ class StoreBase:
         `topic_partitions`, `topic_retention_ms`: the partition count and retention
         (--retention-time; 0: none) of topics this Store creates."""
         self.redis = client
-        self.runner = ScriptRunner(client, dedicated, wait_replicas, wait_timeout)
+        self.runner = ScriptRunner(client, Batchers(self), dedicated, wait_replicas,
+                                   wait_timeout)
         self.cluster = self.runner.cluster
         self.nodes = Nodes(client)
         self.topic_partitions = topic_partitions
@@ -132,27 +125,20 @@ class StoreBase:
                 break
         return done
 
-    def _fanout_op(self, script: str, topic: str, topic_keys: list[str], args: list[Any],
+    def _fanout_op(self, script: str, part: str, head_keys: list[str], args: list[Any],
                    parse: Callable[[Any], Any] = identity, pre: tuple[tuple[Any, ...], ...] = (),
-                   extra_keys: Callable[[list[str]], list[str]] | None = None,
-                   channels: list[str] | None = None) -> Op:
-        """A call of a script that touches every channel of the topic (fanout.lua), with
-        the channels this Store last saw; a stale reply sends it again with the real
-        ones. `extra_keys(channels)` are declared between the topic's and the channels'."""
+                   channels: list[str] | None = None, trash: str = "", job: Any = None) -> Op:
+        """A call of a script that touches every channel of the part (fanout.lua), with
+        the channels this Store last saw unless given; a stale reply sends it again with
+        the real ones (batchers.Batcher.again). `trash`: drop.lua's trash keys' prefix."""
         if channels is None:
-            channels = self._channels.get(topic, [])
+            channels = self._channels.get(part, [])
+        return fanout_op(script, FanOut(part, len(head_keys), trash), head_keys, args,
+                         channels, parse, pre, job)
 
-        def redo(raw: Any) -> Op | None:
-            real = _stale(raw)
-            if real is None:
-                return None
-            self._channels[topic] = real
-            return self._fanout_op(script, topic, topic_keys, args, parse, pre, extra_keys,
-                                   real)
-
-        extra = extra_keys(channels) if extra_keys else []
-        return Op(script, [*topic_keys, *extra, *_channel_keys(topic, channels)],
-                  [len(channels), *channels, *args], parse, pre, redo)
+    def learn_channels(self, part: str, channels: list[str]) -> None:
+        """The part's channels, as a fan-out call found them."""
+        self._channels[part] = channels
 
     def partitions_op(self, topic: str, raise_to: int = 0, salts: str | None = None) -> Op:
         """The topic's partition count, [now, before, made, placement, order key rule]
@@ -165,9 +151,7 @@ class StoreBase:
             salts = self.placement(topic, max(raise_to, self.topic_partitions))
         return Op("partitions", [t.version, t.meta],
                   [self.topic_partitions, raise_to, t.wake, self.node(topic),
-                   self.topic_retention_ms, salts],
-                  lambda reply: [*(int(n) for n in reply[:3]), _text(reply[3]),
-                                 _text(reply[4])])
+                   self.topic_retention_ms, salts], _partitions_reply)
 
     def placement(self, topic: str, count: int) -> str:
         """The salts that put `count` parts of the topic on the masters evenly, by this

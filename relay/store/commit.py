@@ -2,11 +2,11 @@
 
 Connections submit Ops and wait on their results; one greenlet sends whatever
 has queued up as one pipeline. While a pipeline is in flight the next batch
-builds up, so the batch grows with load. FIN, REQ and TOUCH calls on the same
-channel are merged into one script call (their args are lists of items), up to
-MAX_MERGED_ARGS: a flood of FINs makes many calls, never one Redis refuses. FINs fold
-into the deliver call of their channel that follows them; those left of one part's
-channels merge into finish_many calls.
+builds up, so the batch grows with load. The batchers (relay/store/batchers.py) make
+the pipeline's calls: FIN, REQ and TOUCH calls on the same channel merged into one
+script call, small publishes to one part into one, FINs folded into the deliver call of
+their channel that follows them, and those left of one part's channels merged into
+finish_many calls.
 
 A broker's commit is patient for --redis-timeout per op (Bounded): a client's PUB is
 answered within it however long the lane's pipelines wait for an unreachable Redis.
@@ -15,7 +15,7 @@ answered within it however long the lane's pipelines wait for an unreachable Red
 import logging
 import time
 from collections import Counter, deque
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import Any, Callable, Protocol
 
 import gevent
 from gevent.event import AsyncResult, Event
@@ -24,16 +24,11 @@ from relay.deadlines import Deadlines
 from relay.errors import NoAnswer, OutcomeUnknown, StoreConnectionError, StoreError
 from relay.store.causes import cause
 from relay.store.connection import UNREACHABLE
-from relay.store.keys import hash_tag
-from relay.store.runner import MAX_CALL_ARGS, Continued, Op
+from relay.store.batchers import answers
+from relay.store.runner import Continued, Op
 from relay.store.store import Store
 
 log = logging.getLogger("relay.commit")
-
-# a merged call stops growing here, leaving room for the deliver call a finish folds into
-MAX_MERGED_ARGS = MAX_CALL_ARGS // 2
-# channels in one finish_many call: Redis spends 15-50 us on each, so it stays short
-MANY_FINISHES = 100
 
 
 class _Queued:
@@ -233,6 +228,7 @@ class _Lane:
                  calls: "Counter[str] | None" = None,
                  settled: Callable[[int | None], None] = lambda order: None) -> None:
         self.store = store
+        self.batchers = store.runner.batchers
         self.calls = Counter() if calls is None else calls
         self.settled = settled
         self.quiet = quiet
@@ -276,13 +272,14 @@ class _Lane:
             else:
                 item.sent = True
                 batch.append(item)
-                if item.op.then is not None and item.order is not None:
+                if item.order is not None and self.batchers.of(item.op).goes_on(item.op):
                     self._stepping.add(item.order)  # a staged publish: it may go on
         self._queue.extendleft(reversed(held))
         return batch
 
     def _run(self, batch: list[_Queued]) -> None:
-        calls = _merge([item.op for item in batch], [item.order for item in batch])
+        calls = self.batchers.calls([item.op for item in batch],
+                                    [item.order for item in batch])
         self.calls.update(call.op.script for call in calls)
         started = time.perf_counter()
         try:
@@ -302,12 +299,12 @@ class _Lane:
             log.exception("pipeline failed")
             results = [OutcomeUnknown(f"pipeline failed: {e!r}")] * len(calls)
         going_on = []
-        for value, item in zip(_answers(calls, results, len(batch)), batch):
+        for value, item in zip(answers(calls, results, len(batch)), batch):
             result = item.result
             if isinstance(value, Continued):
                 going_on.append(_Queued(value.op, result, item.order, True))
                 continue
-            if item.op.then is not None:
+            if self.batchers.of(item.op).goes_on(item.op):
                 self._stepping.discard(item.order)
             self.settled(item.order)
             if result.ready():
@@ -317,152 +314,3 @@ class _Lane:
             else:
                 result.set(value)
         self._queue.extendleft(reversed(going_on))
-
-
-class _Call(NamedTuple):
-    """A call of a pipeline, and whom it answers: per group of input ops (their indexes),
-    the split of its result (or of that result's `part` attribute) into theirs."""
-
-    op: Op
-    answers: list[tuple[list[int], Callable[[Any], list], str | None]]
-
-
-def _alone(value: Any) -> list:
-    return [value]
-
-
-def _merge(ops: list, orders: list | None = None) -> list[_Call]:
-    """The calls that do the ops' work: ops of one merge key in one call (Op.merge),
-    then finishes folded into the delivers that follow them, then the finishes left of
-    one part's channels in one call. `orders`: each op's order
-    (GroupCommit.submit), which a merged call of ops with a lane key keeps."""
-    return _merge_finishes(_fold_finishes(_merge_items(ops, orders or [None] * len(ops))))
-
-
-def _merge_items(ops: list, orders: list) -> list[_Call]:
-    """Ops of the same merge key as one call each, up to MAX_MERGED_ARGS of their size
-    (a flood of FINs makes many calls, never one Redis refuses); the others alone. A
-    call stands where its first op was, so a merged call of ops with a lane key (small
-    publishes to a part) takes no op of an order after another op of that order to the
-    same part, or one of no lane key (a connection's MPUB of 100 between its PUBs): a
-    connection's publishes to a part keep their order."""
-    groups: list[list[int]] = []
-    open_groups: dict = {}      # merge key -> (group index, size so far)
-    # per order, and per (order, lane key): (the index of its last op, that op's group)
-    fences: dict = {}
-    for i, (op, order) in enumerate(zip(ops, orders)):
-        merge = op.merge
-        fence, fenced_in = max(fences.get(order, (-1, None)),
-                               fences.get((order, op.lane), (-1, None)), key=lambda f: f[0])
-        index, size = open_groups.get(merge.key, (None, 0)) if merge else (None, 0)
-        if merge is None:
-            index = len(groups)
-            groups.append([i])
-        else:
-            if index is None or size + merge.size > MAX_MERGED_ARGS or (
-                    op.lane is not None and groups[index][0] < fence and fenced_in != index):
-                index, size = len(groups), 0
-                groups.append([])
-            groups[index].append(i)
-            open_groups[merge.key] = (index, size + merge.size)
-        if order is not None:
-            fences[order if op.lane is None else (order, op.lane)] = (i, index)
-    return [_combined([ops[i] for i in members], members) for members in groups]
-
-
-def _combined(ops: list[Op], members: list[int]) -> _Call:
-    """The call of ops merged. One with a lane key (a publish) is built again even alone,
-    so every publish of a pipeline has the channel list known now: one built before
-    another lane learned a new channel would be sent again (stale) after the later
-    publishes of its connection had run."""
-    if len(ops) == 1:
-        op, merge = ops[0], ops[0].merge
-        if op.lane is not None and merge is not None:
-            op = merge.combine([merge.items])
-        return _Call(op, [(members, _alone, None)])
-    merges = [op.merge for op in ops if op.merge is not None]  # all: one merge key
-    merge, items = merges[0], [m.items for m in merges]
-    return _Call(merge.combine(items), [(members, lambda value: merge.split(value, items),
-                                         None)])
-
-
-def _fold_finishes(calls: list[_Call]) -> list[_Call]:
-    """Fold each finish call into the deliver call of its channel that follows it, when
-    nothing but publishes touches that channel in between: one script call then frees
-    RDY credit and uses it (Store.finishing_first). The finishes' answers are read from
-    the deliver's reply (Delivered.finished)."""
-    folded: set[int] = set()
-    waiting: dict[str, int] = {}    # a channel's inflight key -> its finish call's index
-    for i, call in enumerate(calls):
-        op = call.op
-        if op.script == "finish":
-            waiting[op.keys[0]] = i
-        elif op.script == "deliver" and op.keys[1] in waiting:
-            j = waiting.pop(op.keys[1])
-            folded.add(j)
-            calls[i] = _Call(Store.finishing_first(op, calls[j].op),
-                             call.answers + [(members, split, "finished")
-                                             for members, split, _ in calls[j].answers])
-        elif op.script != "publish" and waiting:
-            for key in set(op.keys).intersection(waiting):
-                del waiting[key]
-    return [call for i, call in enumerate(calls) if i not in folded]
-
-
-def _merge_finishes(calls: list[_Call]) -> list[_Call]:
-    """The finish calls of different channels of one part as one call, where the first
-    stands (Store.finishing_together), up to MANY_FINISHES channels and MAX_MERGED_ARGS:
-    a wide topic's consumers each FIN their own channel, a call each before. One joins
-    only if nothing but publishes touched its channel since that place, so it overtakes
-    nothing of its own channel (a REQ of the same id, say). A call touches the keys of
-    one part (its hash tag), so only that part's open place hears of it."""
-    out: list[_Call] = []
-    groups: dict[int, list[_Call]] = {}     # place in `out` -> the finish calls there
-    sizes: dict[int, int] = {}
-    open_at: dict[str, int] = {}            # a part's hash tag -> its open place
-    touched: dict[str, set] = {}            # a part's hash tag -> keys touched since
-    for call in calls:
-        op = call.op
-        tag = hash_tag(op.keys[0]) if op.keys else ""
-        if op.script == "finish":
-            at = open_at.get(tag)
-            if (at is not None and op.keys[0] not in touched[tag]
-                    and len(groups[at]) < MANY_FINISHES
-                    and sizes[at] + len(op.args) <= MAX_MERGED_ARGS):
-                groups[at].append(call)
-                sizes[at] += len(op.args)
-                continue
-            open_at[tag], touched[tag] = len(out), set()
-            groups[len(out)], sizes[len(out)] = [call], len(op.args)
-        elif op.script != "publish":
-            for keys in (touched.values() if not tag else
-                         [touched[tag]] if tag in touched else []):
-                keys.update(op.keys)
-        out.append(call)
-    for at, members in groups.items():
-        if len(members) > 1:
-            out[at] = _Call(Store.finishing_together([m.op for m in members]),
-                            [(indexes, _nth(j, split), None)
-                             for j, member in enumerate(members)
-                             for indexes, split, _ in member.answers])
-    return out
-
-
-def _nth(j: int, split: Callable[[Any], list]) -> Callable[[Any], list]:
-    """A merged call's answers to the ops of its j-th call: split of that call's reply."""
-    return lambda value: split(value[j])
-
-
-def _answers(calls: list[_Call], results: list, count: int) -> list:
-    """What each of `count` input ops gets from the calls' results: its value, or an
-    exception (the call's, or its own within a merged call)."""
-    out: list = [None] * count
-    for call, value in zip(calls, results):
-        for members, split, part in call.answers:
-            if isinstance(value, (Exception, Continued)):
-                parts = [value] * len(members)
-            else:
-                parts = split(value if part is None else getattr(value, part))
-            for i, answer in zip(members, parts):
-                out[i] = answer
-    return out

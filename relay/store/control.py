@@ -110,19 +110,13 @@ class Control(Expiry, Limits):
         messages move to new trash keys in this one call. Returns a Dropped, or None
         when the channel to delete does not exist."""
         t = TopicKeys.of(topic)
-        trash = keys.trash_prefix(topic, secrets.token_hex(8))
-        per_channel = len(keys.MESSAGE_SUFFIXES)
-
-        def trash_keys(channels):
-            return [f"{trash}{i}" for i in range(1, 4 + per_channel * len(channels))]
-
         return self._fanout_op(
             "drop", topic,
             [t.ids, t.channels, t.meta, t.backlog, t.backlog_deferred, t.due, t.version,
              t.history],
             [channel, int(delete), t.wake, self.node(topic)], Dropped.parse,
-            extra_keys=trash_keys,
-            channels=[channel] if channel else (None if delete else []))
+            channels=[channel] if channel else (None if delete else []),
+            trash=keys.trash_prefix(topic, secrets.token_hex(8)))
 
     def detach(self, topic: str, channel: str = "", delete: bool = False) -> "Dropped | None":
         """drop_op on every part, and a deleted topic leaves the topic registry; None if

@@ -14,7 +14,8 @@ from relay.store import keys
 from relay.store.base import StoreBase
 from relay.store.keys import ChannelKeys, TopicKeys, id_part, split_part
 from relay.store.replies import Delivered, Published, Stepped, Subscribed
-from relay.store.runner import MAX_CALL_ARGS, Merge, Op
+from relay.store.batchers import FINISH_HEAD, Publishing, items_merging, stage_op
+from relay.store.runner import MAX_CALL_ARGS, Op
 
 REGISTER_EVERY = 10.0
 # an MPUB of more messages is staged in a list first, then committed and published in
@@ -29,10 +30,6 @@ KEYED_BODIES = INLINE_BODIES // 2
 # at once (all of a part's on one lane ran 0.74x as fast for MPUBs of 100 from 2 producers)
 MERGED_BODIES = 16
 
-# finish.lua's arguments before its (owner, id) pairs: the channel, wake-up and node
-FINISH_HEAD = 3
-
-STAGE_TTL_MS = 300_000
 # a committed staged publish no call advanced for this long is finished by the scanner's
 # sweep: its broker died (a live one's steps follow each other within a round trip)
 STALLED_MS = 10_000
@@ -45,45 +42,15 @@ def _topic_keys(t: TopicKeys) -> list[str]:
 
 
 def _publish_size(bodies: Sequence[bytes], keyed: bool) -> int:
-    """A publish's size in a merged call (Merge.size): its arguments, and a KiB of its
+    """A publish's size in a merged call (Op.size): its arguments, and a KiB of its
     bodies as one, so a merged call stays under the bound of arguments and near 5 MB."""
     return len(bodies) * (1 + keyed) + sum(map(len, bodies)) // 1024
-
-
-def _items_merge(op: Op, shared: int, stride: int) -> Op:
-    """`op`, merging with the calls of its script on the same keys and `shared` leading
-    args into one call of all their items (`stride` args each, one code per item in the
-    reply): FIN, REQ and TOUCH of one channel."""
-    head, items = list(op.args[:shared]), list(op.args[shared:])
-
-    def combine(groups: list) -> Op:
-        return op._replace(args=head + [arg for group in groups for arg in group], merge=None)
-
-    def split(codes: list, groups: list) -> list:
-        out, start = [], 0
-        for group in groups:
-            stop = start + len(group) // stride
-            out.append(codes[start:stop])
-            start = stop
-        return out
-    return op._replace(merge=Merge((op.script, tuple(op.keys), tuple(head)), items,
-                                   len(items), combine, split))
 
 
 def _leave_keys(topic: str, channel: str) -> list[str]:
     """The keys of a consumer leaving a channel (lib/leave.lua's layout)."""
     t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
     return [t.channels, t.meta, c.consumers, t.due, *(k for k in c.all() if k != c.consumers)]
-
-
-def _stage_op(stage: str, bodies: Sequence[bytes], start: int, commit: Op) -> Op:
-    """A stage call (stage.lua) of the bodies from `start`, going on to the next one,
-    then to `commit`: each in a pipeline of its own."""
-    end = start + MAX_CALL_ARGS - 3     # with its key, its TTL and whether first
-    following = (lambda _: _stage_op(stage, bodies, end, commit)) if end < len(bodies) \
-        else (lambda _: commit)
-    return Op("stage", [stage], [STAGE_TTL_MS, int(start == 0), *bodies[start:end]],
-              then=following, calls=-(-(len(bodies) - start) // (end - start)) + 1)
 
 
 class DataPath(StoreBase):
@@ -113,23 +80,21 @@ class DataPath(StoreBase):
         topic_keys = _topic_keys(t)
         pre = self._register(topic, count)
         if publish_keys or order_keys or len(bodies) <= INLINE_BODIES:
-            return self._inline_publish_op(part, index, ts, defer_ms,
-                                           [(bodies, publish_keys, pre, order_keys)])
+            return self.inline_publish_op(part, index, ts, defer_ms,
+                                          [(bodies, publish_keys, pre, order_keys)])
         token = secrets.token_hex(8)
         stage = keys.staging_key(part, token)
-        commit = self._fanout_op("publish_commit", part, topic_keys,
-                                 [ts, defer_ms, len(bodies), token], int, pre=pre,
-                                 extra_keys=lambda channels: [stage, t.publishing])
-        commit = commit._replace(then=lambda last: self._steps(part, token, int(last)))
-        return _stage_op(stage, bodies, 0, commit)
+        commit = self._fanout_op("publish_commit", part, [*topic_keys, stage, t.publishing],
+                                 [ts, defer_ms, len(bodies), token], int, pre=pre, job=token)
+        return stage_op(stage, bodies, 0, commit)
 
-    def _inline_publish_op(self, part: str, index: int, ts: bytes, defer_ms: int,
-                           groups: list[tuple]) -> Op:
+    def inline_publish_op(self, part: str, index: int, ts: bytes, defer_ms: int,
+                          groups: list[tuple]) -> Op:
         """One publish.lua call of the (bodies, publish keys or None, registry commands,
         order keys or None) of each group: one publish's, or several merged (Op.merge: the
         group commit merges those of a part with the same delay, keyed-ness and
-        ordered-ness). Each group's result is as its own call's: the count of its last
-        message, or with keys its duplicates."""
+        ordered-ness: batchers.Publish). Each group's result is as its own call's: the
+        count of its last message, or with keys its duplicates."""
         t = TopicKeys.of(part)
         keyed, ordered = bool(groups[0][1]), bool(groups[0][3])
         bodies = [body for group in groups for body in group[0]]
@@ -140,36 +105,24 @@ class DataPath(StoreBase):
                 else "", *bodies]
         if keyed:
             args.append(b" ".join(key for group in groups for key in group[1]))
-        extra = (lambda channels: [keys.dedup_key(part)]) if keyed else None
+        head_keys = [*_topic_keys(t), keys.dedup_key(part)] if keyed else _topic_keys(t)
         if len(groups) > 1:
-            return self._fanout_op("publish", part, _topic_keys(t), args, Published.parse,
-                                   pre=pre, extra_keys=extra)
-        op = self._fanout_op("publish", part, _topic_keys(t), args,
-                             (lambda reply: int(reply[1])) if keyed else int, pre=pre,
-                             extra_keys=extra)
+            return self._fanout_op("publish", part, head_keys, args, Published.parse, pre)
+        op = self._fanout_op("publish", part, head_keys, args,
+                             Published.duplicates if keyed else int, pre)
         if len(bodies) > MERGED_BODIES:
             return op
-        return op._replace(lane=part, merge=Merge(
-            ("publish", part, defer_ms, keyed, ordered), groups[0],
-            _publish_size(groups[0][0], keyed),
-            lambda items: self._inline_publish_op(part, index, ts, defer_ms, items),
-            lambda published, items: Published.split(
-                published, [len(item[0]) for item in items], keyed)))
+        return op._replace(lane=part, merge=("publish", part, defer_ms, keyed, ordered),
+                           size=_publish_size(groups[0][0], keyed),
+                           job=Publishing(part, index, ts, defer_ms, groups[0]))
 
     def publish_step_op(self, part: str, token: str) -> Op:
         """The next step of a committed staged publish (publish_step.lua): a Stepped."""
         t = TopicKeys.of(part)
         stage = keys.staging_key(part, token)
-        return self._fanout_op("publish_step", part, _topic_keys(t),
+        return self._fanout_op("publish_step", part, [*_topic_keys(t), stage, t.publishing],
                                [t.wake, split_part(part)[1], self.node(part), token],
-                               Stepped.parse, extra_keys=lambda channels: [stage, t.publishing])
-
-    def _steps(self, part: str, token: str, last: int) -> Op:
-        """publish_step calls until none is left: the count of the publish's last message."""
-        return self.publish_step_op(part, token)._replace(
-            parse=lambda _: last,
-            then=lambda raw: self._steps(part, token, last) if Stepped.parse(raw).more
-            else None)
+                               Stepped.parse)
 
     def finish_stalled(self, parts: Sequence[str], seconds: float | None = None) -> int:
         """Steps of the staged publishes of `parts` that no call advanced for STALLED_MS
@@ -292,37 +245,15 @@ class DataPath(StoreBase):
                 got[i].extend(records)
         return got
 
-    @staticmethod
-    def finishing_first(deliver: Op, finish: Op) -> Op:
-        """A deliver call of the same channel that also does a finish call's work first:
-        the group commit folds FINs into the deliver that follows them."""
-        args, finished = deliver.args, finish.args[FINISH_HEAD:]
-        pairs = int(args[2])
-        return deliver._replace(args=[*args[:2], pairs + len(finished) // 2,
-                                      *args[3:3 + 2 * pairs], *finished,
-                                      *args[3 + 2 * pairs:]])
-
-    @staticmethod
-    def finishing_together(finishes: Sequence[Op]) -> Op:
-        """One call (finish_many.lua) doing the work of finish calls of channels of one
-        part: its reply is the list of theirs, in order. The group commit merges a
-        pipeline's that way."""
-        first = finishes[0]
-        call_keys, args = list(first.keys[7:9]), list(first.args[1:FINISH_HEAD])
-        for op in finishes:
-            call_keys += op.keys[:7]
-            args += [op.args[0], (len(op.args) - FINISH_HEAD) // 2, *op.args[FINISH_HEAD:]]
-        return Op("finish_many", call_keys, args)
-
     def finish_op(self, part: str, channel: str, pairs: Sequence[tuple]) -> Op:
         """FIN each (owner, id) of one part: per pair 1 done, 0 not in flight, -1 owned
         by another."""
         t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
-        return _items_merge(Op("finish",
-                               [c.inflight, c.msgs, c.deferred, c.queue, c.gate,
-                                c.key_of, c.waiting, t.due, t.version],
-                               [channel, t.wake, self.node(part),
-                                *(x for p in pairs for x in p)]), FINISH_HEAD, 2)
+        return items_merging(Op("finish",
+                                [c.inflight, c.msgs, c.deferred, c.queue, c.gate,
+                                 c.key_of, c.waiting, t.due, t.version],
+                                [channel, t.wake, self.node(part),
+                                 *(x for p in pairs for x in p)]), FINISH_HEAD)
 
     def finish(self, topic: str, channel: str, pairs: Sequence[tuple]) -> list:
         return self._by_part(self.finish_op, topic, channel, pairs)
@@ -354,11 +285,11 @@ class DataPath(StoreBase):
     def requeue_op(self, part: str, channel: str, triples: Sequence[tuple]) -> Op:
         """REQ each (owner, id, delay ms) of one part: per triple 1 done, 0 / -1 as finish."""
         t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
-        return _items_merge(Op("requeue",
-                               [c.queue, c.inflight, c.msgs, c.deferred, c.meta,
-                                t.due, t.version],
-                               [channel, t.wake, self.node(part),
-                                *(x for tr in triples for x in tr)]), 3, 3)
+        return items_merging(Op("requeue",
+                                [c.queue, c.inflight, c.msgs, c.deferred, c.meta,
+                                 t.due, t.version],
+                                [channel, t.wake, self.node(part),
+                                 *(x for tr in triples for x in tr)]), 3)
 
     def requeue(self, topic: str, channel: str, triples: Sequence[tuple]) -> list:
         return self._by_part(self.requeue_op, topic, channel, triples)
@@ -367,8 +298,8 @@ class DataPath(StoreBase):
         """TOUCH each (owner, id, timeout ms from now) of one part: per triple the new
         deadline ms, or 0 / -1. The caller caps the timeouts (--max-msg-timeout)."""
         c = ChannelKeys.of(part, channel)
-        return _items_merge(Op("touch", [c.inflight, c.msgs, c.deferred],
-                               [x for tr in triples for x in tr]), 0, 3)
+        return items_merging(Op("touch", [c.inflight, c.msgs, c.deferred],
+                                [x for tr in triples for x in tr]), 0)
 
     def touch(self, topic: str, channel: str, triples: Sequence[tuple]) -> list:
         return self._by_part(self.touch_op, topic, channel, triples)

@@ -33,6 +33,11 @@ class Published:
                 else (int(reply[i]), int(reply[i + 1])) for i in range(0, len(reply), 2)]
 
     @staticmethod
+    def duplicates(reply: list) -> int:
+        """A keyed publish's own reply: its duplicates."""
+        return int(reply[1])
+
+    @staticmethod
     def split(published: "int | list", sizes: list[int], keyed: bool) -> list:
         """Each publish's result (its messages `sizes` in order), as its own call's parse
         gives it: with keys its duplicates, else the count of its last message."""

@@ -6,8 +6,8 @@ are loaded again and the failed calls retried.
 On Redis Cluster the same calls go in one pipeline per node (_send_per_node). A call
 refused because its slot is being moved (TRYAGAIN, or ASK/MOVED that redis-py's own
 retries did not settle) did nothing, and is sent again until SLOT_MOVE_PATIENCE has
-passed; a call whose `redo` asks for it (a fan-out given a stale channel list, see
-Store._fanout_op) is sent again as redo builds it.
+passed; a call whose script's batcher asks for it (a fan-out given a stale channel
+list: relay/store/batchers.py) is sent again as the batcher builds it.
 
 With `wait_replicas` N, a pipeline holding a publish ends with one WAIT N (WAITAOF 0 N
 where the server fsyncs every write) per node that got a publish; when fewer than N
@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
     from redis.connection import AbstractConnection
+
+    from relay.store.batchers import Batchers
 
 # scripts acknowledged only once replicas hold their writes
 REPLICATED = ("publish", "publish_commit", "publish_step", "redrive")
@@ -75,39 +77,28 @@ def no_answer(error: Exception, conn: "AbstractConnection") -> NoAnswer:
 
 
 class Op(NamedTuple):
-    """One script call; `pre` are plain commands sent just before it (results ignored).
-    `redo(result)` may return another Op to send instead of accepting the result.
-    `then(result)`, of a result accepted, may return the Op that goes on after it (a
-    staged publish's next step), whose result then stands for both. `calls`: how many
-    calls it makes with those going on after it, as far as known (a client's patience
-    is given once per call: relay/store/commit.py). `merge`: how it joins others in one
-    call, if it can; `lane`: ops of one lane key go on one lane of a broker's group
-    commit, whoever submits them (the ops that may merge meet there)."""
+    """One script call, as plain data: its script, keys and args, and `parse`, which
+    reads its reply (a function of the reply alone). `pre`: plain commands sent just
+    before it (results ignored). `calls`: how many calls it makes with those going on
+    after it, as far as known (a client's patience is given once per call:
+    relay/store/commit.py). `lane`: ops of one lane key go on one lane of a broker's
+    group commit, whoever submits them (the ops that may merge meet there). `merge`: the
+    key of the ops it may be merged with into one call, adding `size` to it (its
+    arguments, about). `fan`: a call that names every channel of a topic part
+    (batchers.FanOut). `job`: the plain values its script's batcher needs beyond these
+    (relay/store/batchers.py: merging, sending again, going on)."""
 
     script: str
     keys: Sequence[str]
     args: Sequence[Any]
     parse: Callable[[Any], Any] = identity
     pre: tuple[tuple[Any, ...], ...] = ()
-    redo: "Callable[[Any], Op | None] | None" = None
-    then: "Callable[[Any], Op | None] | None" = None
     calls: int = 1
-    merge: "Merge | None" = None
     lane: Hashable = None
-
-
-class Merge(NamedTuple):
-    """How an op joins the others of its `key` in one script call (the group commit
-    merges those of a pipeline): `combine(items)` builds the call doing the work of ops
-    whose `items` those are, in order, and `split(result, items)` gives each op's result
-    (a value, or a StoreError for that op alone) from the call's parsed one. `size`: what
-    it adds to a merged call (its arguments, about), which stops growing at a bound."""
-
-    key: Hashable
-    items: Any
-    size: int
-    combine: Callable[[list], "Op"]
-    split: Callable[[Any, list], list]
+    merge: Hashable = None
+    size: int = 0
+    fan: Any = None
+    job: Any = None
 
 
 class Continued(NamedTuple):
@@ -196,9 +187,9 @@ def _from_cluster_client(error: Exception) -> bool:
 class ScriptRunner:
     """Runs Ops on one client: a single server or a cluster."""
 
-    def __init__(self, client: RedisClient, dedicated: bool = False, wait_replicas: int = 0,
-                 wait_timeout: int = 0) -> None:
-        """`dedicated`: pipelines go over one connection of their own; only for a
+    def __init__(self, client: RedisClient, batchers: "Batchers", dedicated: bool = False,
+                 wait_replicas: int = 0, wait_timeout: int = 0) -> None:
+        """`batchers`: the Store's (relay/store/batchers.py). `dedicated`: pipelines go over one connection of their own; only for a
         single caller at a time, as the broker's group commit (one server only).
         `wait_replicas`: replicas that must hold a publish before it succeeds, waited
         for `wait_timeout` ms."""
@@ -214,6 +205,7 @@ class ScriptRunner:
         self.wait_replicas = wait_replicas
         self.wait_timeout = wait_timeout
         self.wait_command: tuple[Any, ...] | None = None
+        self.batchers = batchers
 
     def load_scripts(self) -> None:
         if self.sharded is None:
@@ -243,15 +235,16 @@ class ScriptRunner:
 
     def run_many(self, ops: Sequence[Op], follow: bool = True) -> list:
         """Run ops in one pipeline; each result is a value or the exception for that op.
-        Unless `follow`, an op whose `then` goes on is not run on: its result is a
-        Continued."""
+        Unless `follow`, an op that goes on (Batcher.next) is not run on: its result is
+        a Continued."""
         self.ensure_loaded()
         ops = list(ops)
         results = guarded(self._execute, ops)
         self._again(ops, results, follow)
         out: list = []
         for op, r in zip(ops, results):
-            after = op.then(r) if op.then is not None and not isinstance(r, Exception) else None
+            batcher = self.batchers.of(op)
+            after = batcher.next(op, r) if not isinstance(r, Exception) else None
             if after is not None:
                 out.append(Continued(after))
                 continue
@@ -262,7 +255,7 @@ class ScriptRunner:
                 r = StoreError(refused or cause(r))
             elif op.script in REPLICATED and not isinstance(r, Exception):
                 REFUSALS.cleared()
-            out.append(r if isinstance(r, Exception) else op.parse(r))
+            out.append(r if isinstance(r, Exception) else batcher.read(op, r))
         return out
 
     def _wait_command(self) -> tuple[Any, ...]:
@@ -321,9 +314,9 @@ class ScriptRunner:
     def _again(self, ops: list, results: list, follow: bool = True) -> None:
         """Send again, in place, the calls that found no script (a restarted server, or
         a new cluster node: the scripts are loaded again first) and that were refused
-        while their slot moved, for SLOT_MOVE_PATIENCE, and those whose redo asks for
-        it, then, if `follow`, the ops their `then` goes on with (a staged publish's
-        steps) until none goes on."""
+        while their slot moved, for SLOT_MOVE_PATIENCE, and those whose batcher asks for
+        it (Batcher.again), then, if `follow`, the ops that go on after them (a staged
+        publish's steps: Batcher.next) until none goes on."""
         patience = time.monotonic() + SLOT_MOVE_PATIENCE
         while True:
             again = []
@@ -334,11 +327,10 @@ class ScriptRunner:
                     if time.monotonic() < patience:
                         again.append(i)
                 elif not isinstance(r, Exception):
-                    after = op.redo(r) if op.redo is not None else None
-                    if after is not None:
-                        after = after._replace(parse=op.parse, then=after.then or op.then)
-                    elif follow and op.then is not None:
-                        after = op.then(r)
+                    batcher = self.batchers.of(op)
+                    after = batcher.again(op, r)
+                    if after is None and follow:
+                        after = batcher.next(op, r)
                     if after is not None:
                         ops[i] = after
                         again.append(i)
