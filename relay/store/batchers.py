@@ -166,6 +166,10 @@ class Batcher:
     def read(self, op: Op, raw: Any) -> Any:
         return op.parse(raw)
 
+    def built(self, op: Op) -> Op:
+        """`op` as sent alone (a small publish is built where it merges)."""
+        return op
+
 
 class Items(Batcher):
     """FIN, REQ or TOUCH: the calls of one channel as one call of all their items,
@@ -201,6 +205,9 @@ class Publish(Batcher):
     def split(self, value: Any, ops: list[Op]) -> list:
         return Published.split(value, [len(op.job.group[0]) for op in ops],
                                bool(ops[0].job.group[1]))
+
+    def built(self, op: Op) -> Op:
+        return self.combine([op]) if op.merge is not None else op
 
 
 class Stage(Batcher):
@@ -296,16 +303,13 @@ class Batchers:
         return [self._combined([ops[i] for i in members], members) for members in groups]
 
     def _combined(self, ops: list[Op], members: list[int]) -> "Call":
-        """The call of ops merged. One with a lane key (a publish) is built again even
-        alone, so every publish of a pipeline has the channel list known now: one built
-        before another lane learned a new channel would be sent again (stale) after the
-        later publishes of its connection had run."""
+        """The call of ops merged, or of one op as it is sent alone. A publish is built
+        here, even alone, so every publish of a pipeline has the channel list known now:
+        one built before another lane learned a new channel would be sent again (stale)
+        after the later publishes of its connection had run."""
         batcher = self.of(ops[0])
         if len(ops) == 1:
-            op = ops[0]
-            if op.lane is not None and op.merge is not None:
-                op = batcher.combine(ops)
-            return Call(op, [(members, _alone, None)])
+            return Call(batcher.built(ops[0]), [(members, _alone, None)])
         return Call(batcher.combine(ops), [(members, functools.partial(_split, batcher, ops),
                                             None)])
 

@@ -41,6 +41,17 @@ def _topic_keys(t: TopicKeys) -> list[str]:
             t.history]
 
 
+def _merging_publish(p: Publishing) -> Op:
+    """A small publish, to be built into a call with the others of its part on its lane
+    that merge with it (batchers.Publish): its call is built once, there, with the
+    channel list known then."""
+    bodies, publish_keys, _, order_keys = p.group
+    keyed = bool(publish_keys)
+    return Op("publish", (), (), lane=p.part,
+              merge=("publish", p.part, p.defer_ms, keyed, bool(order_keys)),
+              size=_publish_size(bodies, keyed), job=p)
+
+
 def _publish_size(bodies: Sequence[bytes], keyed: bool) -> int:
     """A publish's size in a merged call (Op.size): its arguments, and a KiB of its
     bodies as one, so a merged call stays under the bound of arguments and near 5 MB."""
@@ -77,14 +88,16 @@ class DataPath(StoreBase):
         part = self.part(topic, index)
         t = TopicKeys.of(part)
         ts = stored_timestamp(timestamp_ns or time.time_ns())
-        topic_keys = _topic_keys(t)
         pre = self._register(topic, count)
+        group = (bodies, publish_keys, pre, order_keys)
+        if len(bodies) <= MERGED_BODIES:
+            return _merging_publish(Publishing(part, index, ts, defer_ms, group))
         if publish_keys or order_keys or len(bodies) <= INLINE_BODIES:
-            return self.inline_publish_op(part, index, ts, defer_ms,
-                                          [(bodies, publish_keys, pre, order_keys)])
+            return self.inline_publish_op(part, index, ts, defer_ms, [group])
         token = secrets.token_hex(8)
         stage = keys.staging_key(part, token)
-        commit = self._fanout_op("publish_commit", part, [*topic_keys, stage, t.publishing],
+        commit = self._fanout_op("publish_commit", part,
+                                 [*_topic_keys(t), stage, t.publishing],
                                  [ts, defer_ms, len(bodies), token], int, pre=pre, job=token)
         return stage_op(stage, bodies, 0, commit)
 
@@ -108,13 +121,8 @@ class DataPath(StoreBase):
         head_keys = [*_topic_keys(t), keys.dedup_key(part)] if keyed else _topic_keys(t)
         if len(groups) > 1:
             return self._fanout_op("publish", part, head_keys, args, Published.parse, pre)
-        op = self._fanout_op("publish", part, head_keys, args,
-                             Published.duplicates if keyed else int, pre)
-        if len(bodies) > MERGED_BODIES:
-            return op
-        return op._replace(lane=part, merge=("publish", part, defer_ms, keyed, ordered),
-                           size=_publish_size(groups[0][0], keyed),
-                           job=Publishing(part, index, ts, defer_ms, groups[0]))
+        return self._fanout_op("publish", part, head_keys, args,
+                               Published.duplicates if keyed else int, pre)
 
     def publish_step_op(self, part: str, token: str) -> Op:
         """The next step of a committed staged publish (publish_step.lua): a Stepped."""

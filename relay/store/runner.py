@@ -238,7 +238,7 @@ class ScriptRunner:
         Unless `follow`, an op that goes on (Batcher.next) is not run on: its result is
         a Continued."""
         self.ensure_loaded()
-        ops = list(ops)
+        ops = [self.batchers.of(op).built(op) for op in ops]
         results = guarded(self._execute, ops)
         self._again(ops, results, follow)
         out: list = []
