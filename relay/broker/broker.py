@@ -71,18 +71,20 @@ class Broker:
         self.options = options
         self.id = new_id()
         self.redis = client or connect_redis(options)
-        # builds every op, and runs the HTTP API's calls on the client's pool; the group
-        # commit sends on connections of its own, which nothing else may use meanwhile
-        self.store = Store(self.redis, topic_partitions=options.topic_partitions,
-                           topic_retention_ms=options.retention_time)
         self.metrics = Metrics(self)
         self.deadlines = Deadlines()    # of clients' commands, heartbeats, Redis answers
+        # the group commit sends on connections of its own, which nothing else may use
+        # meanwhile
         self.commit = GroupCommit(Store(self.redis, True, **replication(options)),
                                   options.commit_lanes,
                                   observe=self.metrics.redis_round_trip.observe,
                                   patience=options.redis_timeout / 1000,
                                   deadlines=self.deadlines)
-        self.store.lookup = self.commit.call
+        # builds every op, and runs the HTTP API's calls on the client's pool; the
+        # partition counts it misses are read through the group commit
+        self.store = Store(self.redis, topic_partitions=options.topic_partitions,
+                           topic_retention_ms=options.retention_time,
+                           lookup=self.commit.call)
         self.publishing = Publishing(self)
         self.settling = Settling(self)
         self.tls_context = transport.server_context(options)

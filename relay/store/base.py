@@ -51,10 +51,13 @@ class StoreBase:
 
     def __init__(self, client: RedisClient, dedicated: bool = False, wait_replicas: int = 0,
                  wait_timeout: int = 0, topic_partitions: int = 1,
-                 topic_retention_ms: int = 0) -> None:
+                 topic_retention_ms: int = 0,
+                 lookup: Callable[[Op], Any] | None = None) -> None:
         """`dedicated`, `wait_replicas`, `wait_timeout`: see ScriptRunner;
         `topic_partitions`, `topic_retention_ms`: the partition count and retention
-        (--retention-time; 0: none) of topics this Store creates."""
+        (--retention-time; 0: none) of topics this Store creates; `lookup`: how the
+        partition counts it misses are read (run(op) unless given: a broker's go through
+        its group commit, so a burst of SUBs and PUBs to new topics is one pipeline)."""
         self.redis = client
         self.runner = ScriptRunner(client, Batchers(self), dedicated, wait_replicas,
                                    wait_timeout)
@@ -72,9 +75,7 @@ class StoreBase:
         self._order_rules: dict[str, str] = {}  # topic -> its order key rule, read with it
         self._reading: dict[str, threading.Lock] = {}   # one read per topic at a time
         self._unread: dict[str, tuple[StoreError, float]] = {}  # a failed read, and when
-        # how the partition counts it caches are read: at once; a broker's go through
-        # its group commit, so a burst of SUBs and PUBs to new topics is one pipeline
-        self.lookup: Callable[[Op], Any] = self.run
+        self.lookup: Callable[[Op], Any] = lookup or self.run
         # from a random part: short-lived publishers (a Spark task, relay-admin pub)
         # spread over the parts too
         self._turns = itertools.count(secrets.randbelow(keys.MAX_PARTITIONS))
@@ -84,10 +85,10 @@ class StoreBase:
         what this one learned: channel lists, topic registrations, partition counts."""
         other = type(self)(self.redis, self.runner.dedicated, self.runner.wait_replicas,
                             self.runner.wait_timeout, self.topic_partitions,
-                            self.topic_retention_ms)
+                            self.topic_retention_ms, self.lookup)
         other._channels, other._registered = self._channels, self._registered
         other._partitions, other._turns = self._partitions, self._turns
-        other._reading, other.lookup = self._reading, self.lookup
+        other._reading = self._reading
         other._unread, other._order_rules = self._unread, self._order_rules
         other.recounted = self.recounted
         other.nodes = self.nodes
