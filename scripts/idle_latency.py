@@ -3,7 +3,8 @@
 
 Starts an embedded Redis and one broker on free ports, subscribes `--channels`
 consumers at RDY 1, each on a channel of its own, spread over `--topics` topics,
-and leaves them idle for `--idle-seconds`: the broker's CPU (share of one core)
+waits for the broker to be done with what they made (see settle), and leaves them
+idle for `--idle-seconds`: the broker's CPU (share of one core)
 and Redis' commands per second over that time are the idle cost. Then it
 publishes `--samples` single messages, `--gap-ms` apart, each to the next topic
 in turn, and times publish-to-receive at every consumer of that topic (each FINs
@@ -144,6 +145,8 @@ def measure(port: int, broker_pid: int, client, args, redis_pid: int | None = No
     while subscribed < len(consumers):
         for key, _ in selector.select(10):
             subscribed += sum(1 for kind, _ in key.data.frames() if kind == 0)
+    producer = Connection(port)
+    settle(producer, selector)
     witness = Witness(port) if args.witness else None
     time.sleep(SETTLE)
     cpu, sent, start = cpu_seconds(broker_pid), commands(client), time.monotonic()
@@ -154,7 +157,6 @@ def measure(port: int, broker_pid: int, client, args, redis_pid: int | None = No
     per_topic = {}
     for consumer in consumers:
         per_topic[consumer.topic] = per_topic.get(consumer.topic, 0) + 1
-    producer = Connection(port)
     samples = []
     if client:
         client.config_set("slowlog-log-slower-than", 0 if args.by_script else SLOW_CALL_US)
@@ -201,6 +203,23 @@ def measure(port: int, broker_pid: int, client, args, redis_pid: int | None = No
             **({"redis_ms_per_pub_by_call": {name: round(us / 1000 / args.samples, 1)
                                               for name, us in by_script.items()}}
                if by_script else {})}
+
+
+def settle(producer: Connection, selector) -> None:
+    """A PUB that makes a topic, the consumers' heartbeats answered until its OK. nsqd
+    writes its whole metadata file once per channel made, each write under the lock a
+    new topic needs: the OK comes after them all (at 5,000 channels, tens of seconds,
+    which would otherwise be the idle CPU measured and hold the PUBs timed)."""
+    producer.sock.sendall(b"PUB settle\n" + struct.pack(">i", 2) + b"ok")
+    selector.register(producer.sock, selectors.EVENT_READ, producer)
+    replies: list = []
+    while not replies:
+        for key, _ in selector.select(10):
+            frames = key.data.frames()
+            if key.data is producer:
+                replies = frames
+    selector.unregister(producer.sock)
+    assert replies == [(0, b"OK")], replies
 
 
 def redis_by_script(slow: list) -> dict:
