@@ -73,3 +73,10 @@ def test_a_lost_or_silent_connection_raises_as_redis_py_does(wire):
     peer.close()
     with pytest.raises(ConnectionError, match="^Connection closed by server.$"):
         replies.read(1)
+
+
+def test_an_unusable_connection_inside_an_array_raises(wire):
+    replies, peer = wire
+    peer.sendall(b":1\r\n*2\r\n-LOADING Redis is loading the dataset in memory\r\n:1\r\n")
+    with pytest.raises(BusyLoadingError):
+        replies.read(2)

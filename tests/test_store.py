@@ -705,6 +705,16 @@ def test_fresh_store_loads_scripts(store):
     assert fresh.publish("t", [b"x"]) == 1
 
 
+def test_a_channel_read_that_redis_refuses_is_a_store_error(store):
+    """Among replies read without looking at each (resp.Replies), an error still fails
+    the read: /stats answers 500, not figures made of an error."""
+    subscribed(store, "t", "good")
+    store.redis.set(ChannelKeys.of("t", "bad").queue, b"not a list")
+    with pytest.raises(StoreError, match="WRONGTYPE"):
+        store.read_channels([(["t"], "good"), (["t"], "bad")])
+    assert store.read_channel("t", "good")["client_count"] == 1
+
+
 def test_script_error_is_a_store_error_for_that_op_only(store):
     store.redis.set(ChannelKeys.of("t", "bad").queue, b"not a list")
     subscribed(store, "t", "good")

@@ -5,7 +5,6 @@ a broker's wake-ups (topic versions, from the node news hashes; channel states).
 
 import functools
 import time
-from itertools import islice
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import redis
@@ -20,6 +19,7 @@ from relay.store.runner import Op
 DUE_READ = 10_000   # entries of one node's due index read at most per pass
 SEED_CHUNK = 500    # parts per seed.lua call
 READ_BATCH = 250    # topics or channels per pipeline of /stats: others wait while one is parsed
+CHANNEL_READS = 7   # commands of a channel part's figures (channel_reads)
 
 
 class Reads(StoreBase):
@@ -233,9 +233,10 @@ class Reads(StoreBase):
         return self._batched(topics, send, take)
 
     def _batched(self, items: Sequence[tuple], send: Callable[..., None],
-                 take: Callable[..., Any]) -> list:
+                 take: Callable[..., Any], width: int = 1) -> list:
         """take(replies, *item) of each item, from the replies to the commands
-        send(commands, *item) added for it, in pipelines of READ_BATCH items."""
+        send(commands, *item) added for it, in pipelines of READ_BATCH items; with a
+        `width`, `replies` gives tuples of that many replies."""
         batches = [items[start:start + READ_BATCH] for start in range(0, len(items), READ_BATCH)]
         pipelines = []
         for batch in batches:
@@ -243,16 +244,18 @@ class Reads(StoreBase):
             for item in batch:
                 send(commands, *item)
             pipelines.append(commands)
-        return self._guard(self._taken, batches, self._read_pipelines(pipelines), take)
+        return self._guard(self._taken, batches, self._read_pipelines(pipelines), take, width)
 
     @staticmethod
-    def _taken(batches: list, replied: Iterator[list], take: Callable[..., Any]) -> list:
+    def _taken(batches: list, replied: Iterator[list], take: Callable[..., Any],
+               width: int) -> list:
         """Each batch's items taken from its replies; `replied` is zipped first, so that
         it runs to its end and frees its connection."""
         out = []
         for replies, batch in zip(replied, batches):
             each = iter(replies)
-            out += [take(each, *item) for item in batch]
+            rows = each if width == 1 else zip(*[each] * width)
+            out += [take(rows, *item) for item in batch]
         return out
 
     def _read_pipelines(self, pipelines: list[list]) -> Iterator[list]:
@@ -281,9 +284,10 @@ class Reads(StoreBase):
                     conn.send_packed_command([_packed(pipelines[sent])])
                 replies = reader.read(sum(len(c.commands) if isinstance(c, Packed) else 1
                                           for c in commands))
-                for reply in replies:
-                    if isinstance(reply, Exception):
-                        raise reply
+                if reader.errors.count:     # else none of them is one
+                    for reply in replies:
+                        if isinstance(reply, Exception):
+                            raise reply
                 yield replies
         except BaseException:
             conn.disconnect()
@@ -307,9 +311,9 @@ class Reads(StoreBase):
         def send(commands: list, parts: list[str], channel: str) -> None:
             commands += [channel_reads(part, channel) for part in parts]
 
-        def take(replies: Iterator, parts: list[str], channel: str) -> list[dict]:
-            return [_channel_figures(*islice(replies, 7)) for _ in parts]
-        return self._batched(channels, send, take)
+        def take(rows: Iterator, parts: list[str], channel: str) -> list[dict]:
+            return [_channel_figures(*next(rows)) for _ in parts]
+        return self._batched(channels, send, take, width=CHANNEL_READS)
 
     def queued_records(self, topic: str, channel: str, chunk: int):
         """The channel's ready queues, `chunk` records at a time, without taking them."""
@@ -357,7 +361,10 @@ def _packed(commands: list) -> bytes:
 
 def pairs(reply: Any) -> dict:
     """An HGETALL reply as a dict: redis-py's already is, RESP's is a flat list."""
-    return reply if isinstance(reply, dict) else dict(zip(reply[::2], reply[1::2]))
+    if isinstance(reply, dict):
+        return reply
+    each = iter(reply)
+    return dict(zip(each, each))
 
 
 def _channel_figures(queued: int, waiting: int, keys_out: int, inflight: int, deferred: int,
