@@ -165,6 +165,30 @@ def test_the_once_a_second_read_lets_the_broker_serve_between_its_slices(store):
     assert between == [CHECK_SLICE, 2 * CHECK_SLICE]
 
 
+def test_a_listener_waiting_on_its_connection_subscribes_a_new_part_at_once(single_redis_url):
+    """The listener of one server waits for its pub/sub connection or a change of the
+    parts followed, not polling: a part followed meanwhile is subscribed to at once,
+    and its wake-ups heard."""
+    client = connect(single_redis_url)
+    store = Store(client)
+    local = {"idle_a": LocalChannel(), "idle_b": LocalChannel()}
+    listener = WakeupListener(SimpleNamespace(
+        redis=client, store=store, topics={t: {"c": c} for t, c in local.items()}))
+    running = gevent.spawn(listener.run)
+    try:
+        listener.watch("idle_a")
+        assert wait_for(lambda: local["idle_a"].told == [("look", 0)], timeout=0.5)
+        gevent.sleep(0.2)                   # the listener waits on its connection
+        listener.watch("idle_b")
+        assert wait_for(lambda: local["idle_b"].told == [("look", 0)], timeout=0.5)
+        subscribed(store, "idle_b", "c")
+        store.publish("idle_b", [b"1"])
+        assert wait_for(lambda: len(local["idle_b"].told) == 2, timeout=0.5)
+    finally:
+        running.kill()
+        client.close()
+
+
 # -- brokers ----------------------------------------------------------------------
 
 def commands_run(client) -> int:
