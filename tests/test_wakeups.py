@@ -165,6 +165,25 @@ def test_the_once_a_second_read_lets_the_broker_serve_between_its_slices(store):
     assert between == [CHECK_SLICE, 2 * CHECK_SLICE]
 
 
+def test_a_versions_read_that_finds_nothing_new_keeps_the_partition_counts_fresh(store):
+    """A read whose reply is the same as the last one confirms the counts all at once,
+    with no work per topic: a PUB after idle still needs no read of its count."""
+    subscribed(store, "t", "c")
+    store.publish("t", [b"1"])
+    store.versions(["t", "u"])          # the counts read
+    store.versions(["t", "u"])          # found current: the reply kept
+    names, _ = store._partitions["t"]
+    store._partitions["t"] = (names, time.monotonic() - 10)
+    store._confirmed["t"].at -= 10      # both long ago
+    assert store.versions(["t", "u"]) == {"t": 1, "u": 0}     # the same reply
+
+    def no_read(op):
+        raise AssertionError("the count read again")
+    store.lookup = no_read
+    assert store.partitions("t") == 1
+    assert store.parts_of(["t"]) == [["t"]]
+
+
 def test_a_listener_waiting_on_its_connection_subscribes_a_new_part_at_once(single_redis_url):
     """The listener of one server waits for its pub/sub connection or a change of the
     parts followed, not polling: a part followed meanwhile is subscribed to at once,

@@ -78,6 +78,7 @@ class WakeupListener:
         # 5,000 topics that comparison was a third of an idle broker's CPU)
         self.generation = 0
         self._sorted: tuple[int, list[str]] = (-1, [])    # the parts followed, by generation
+        self._last_reads: dict[int, dict] = {}   # each slice's last versions read, by its start
         # set when the parts followed change, or the pub/sub connection has something to
         # read: what the listener of one server waits for
         self._stirred = gevent.event.Event()
@@ -168,18 +169,23 @@ class WakeupListener:
         the new parts."""
         if self._sorted[0] != self.generation:
             self._sorted = (self.generation, sorted(self.topics))
+            self._last_reads = {}
         parts = self._sorted[1]
         for start in range(0, len(parts), CHECK_SLICE):
             if start:
                 gevent.sleep(0)
-            self._check_slice(parts[start:start + CHECK_SLICE])
+            self._check_slice(start, parts[start:start + CHECK_SLICE])
         self._grow()
 
-    def _check_slice(self, parts: list[str]) -> None:
+    def _check_slice(self, start: int, parts: list[str]) -> None:
+        """The slice's versions read and applied; a read the same as the slice's last
+        one, with no part new here, leaves nothing to do."""
         unchecked = self.unchecked.intersection(parts)
         self.unchecked -= unchecked
         try:
             read = self.store.versions(parts)
+            if not unchecked and read == self._last_reads.get(start):
+                return
             moved = {t for t, v in read.items() if self.versions.get(t) != v}
             channels = [(part, local) for part in moved | (unchecked & read.keys())
                         for local in self._local(part)]
@@ -196,6 +202,7 @@ class WakeupListener:
             raise
         self.versions.update((t, v) for t, v in read.items() if t in self.topics)
         self.unchecked |= unchecked - read.keys()
+        self._last_reads[start] = read
 
     def _grow(self) -> None:
         """The local channels of topics whose partition count changed join new parts

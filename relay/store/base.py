@@ -44,6 +44,20 @@ def _partitions_reply(reply: list) -> list:
     return [*(int(n) for n in reply[:3]), _text(reply[3]), _text(reply[4])]
 
 
+class Confirmed:
+    """When a read of the news last found the partition counts of a set of topics
+    current (their news unmoved since the counts were read): one time for them all, so
+    that a read that finds nothing new confirms thousands at once."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+
+NEVER = Confirmed(float("-inf"))
+
+
 class StoreBase:
     """The client, the runner and the caches that the Store's parts share."""
 
@@ -69,6 +83,8 @@ class StoreBase:
         self._registered: dict[str, float] = {}
         self._partitions: dict[str, tuple[tuple[str, ...], float]] = {}  # part names, when
         self._counted: dict[str, int] = {}     # topic -> its news when its count was read
+        self._confirmed: dict[str, Confirmed] = {}     # topic -> when its count was found current
+        self._news_replies: dict[tuple, Any] = {}       # parts -> their last news (Reads.versions)
         # topics whose partition count changed since the wake-up listener last looked
         # (WakeupListener._grow: their local channels join the new parts)
         self.recounted: set[str] = set()
@@ -88,6 +104,7 @@ class StoreBase:
                             self.topic_retention_ms, self.lookup)
         other._channels, other._registered = self._channels, self._registered
         other._partitions, other._turns = self._partitions, self._turns
+        other._confirmed = self._confirmed
         other._reading = self._reading
         other._unread, other._order_rules = self._unread, self._order_rules
         other.recounted = self.recounted
@@ -165,7 +182,7 @@ class StoreBase:
         """The topic's partition count, as read at most PARTITIONS_TTL ago unless `fresh`."""
         asked = time.monotonic()
         known = self._partitions.get(topic)
-        if known and not fresh and asked - known[1] < PARTITIONS_TTL:
+        if known and not fresh and asked - self._read_at(topic, known[1]) < PARTITIONS_TTL:
             return len(known[0])
         # the SUBs and PUBs of a burst that meet a new topic wait for one read of it
         with self._reading.setdefault(topic, threading.Lock()):
@@ -180,6 +197,10 @@ class StoreBase:
             except StoreError as e:
                 self._unread[topic] = (e, time.monotonic())
                 raise
+
+    def _read_at(self, topic: str, learned: float) -> float:
+        """When the topic's partition count, learned then, was last read or confirmed."""
+        return max(learned, self._confirmed.get(topic, NEVER).at)
 
     def _learned(self, topic: str, reply: list) -> int:
         """The count of partitions_op's reply, its parts' names learned (and retention
@@ -219,8 +240,8 @@ class StoreBase:
         """parts() of each topic, those not read within PARTITIONS_TTL read together in
         pipelines of PARTS_BATCH (/stats over thousands of topics)."""
         now = time.monotonic()
-        stale = [t for t in topics
-                 if now - self._partitions.get(t, ((), float("-inf")))[1] >= PARTITIONS_TTL]
+        stale = [t for t in topics if t not in self._partitions
+                 or now - self._read_at(t, self._partitions[t][1]) >= PARTITIONS_TTL]
         for start in range(0, len(stale), PARTS_BATCH):
             batch = stale[start:start + PARTS_BATCH]
             for topic, reply in zip(batch, self.run_many([self.partitions_op(t)

@@ -83,6 +83,9 @@ class Nodes:
 
     def by_node(self, parts: Iterable[str]) -> dict[str, list[str]]:
         """The parts by the prefix of the node keys of the node serving them."""
+        if not self.cluster:    # no look-up per part: the idle broker's read each second
+            listed = list(parts)
+            return {SINGLE: listed} if listed else {}
         groups: dict[str, list[str]] = {}
         for part in parts:
             groups.setdefault(self.prefix(part), []).append(part)
