@@ -94,6 +94,7 @@ class Broker:
         self.topics: dict[str, dict[str, Channel]] = {}   # the same channels, by topic
         self.deliveries: dict[str, Deliveries] = {}     # each topic's delivery loop
         self.clients: dict[int, Client] = {}
+        self._announced: tuple[list[str], str] = ([], "[]")     # the entries, and their JSON
         self.connections = 0    # TCP connections being served, from accept to close
         self.holding: set[Client] = set()     # clients that may hold messages in flight
         self.wakeups = WakeupListener(self)
@@ -368,14 +369,18 @@ class Broker:
 
     def announced_clients(self) -> str:
         """What the registry announces, as one JSON list (client.announcement), encoded in
-        slices with the other greenlets let run in between."""
+        slices with the other greenlets let run in between. Joined again only when an
+        entry changed: at 5,000 idle consumers joining 1.5 MB every 5 s was 8% of
+        the broker's CPU, and the registry compares the same string at once."""
         entries = []
         for n, client in enumerate(self.subscribed_clients(), 1):
             if n % ANNOUNCE_SLICE == 0:
                 gevent.sleep(0)
             if client.channel is not None:      # it may have left meanwhile
                 entries.append(announcement(client))
-        return "[" + ", ".join(entries) + "]"
+        if entries != self._announced[0]:
+            self._announced = (entries, "[" + ", ".join(entries) + "]")
+        return self._announced[1]
 
     def _disconnect(self, client: Client) -> None:
         """Give back what the client held in flight and leave its channel."""
