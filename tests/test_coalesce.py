@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import gevent
 import pytest
+from redis.cluster import RedisCluster
 from prometheus_client.parser import text_string_to_metric_families
 
 from relay.codec import FRAME_ERROR, FRAME_RESPONSE, parse_record
@@ -14,7 +15,7 @@ from relay.errors import StoreError
 from relay.store import Store
 from relay.store.batchers import answers
 from relay.store.commit import GroupCommit
-from relay.store.connection import connect
+from relay.store.connection import connect, is_cluster
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.limits import Limit
 from tests.helpers.api import Api
@@ -142,6 +143,33 @@ def test_a_merged_call_with_a_stale_channel_list_is_sent_again(backend):
     other.subscribe("t", "c", "b1")
     assert merged_run(publisher, ops) == ([1, 2], 1)
     assert queued(publisher) == [b"x", b"y"]
+
+
+def evalsha_calls(client) -> int:
+    """The script calls Redis (each master of a cluster) has run."""
+    if is_cluster(client):
+        nodes = client.info("commandstats", target_nodes=RedisCluster.PRIMARIES).values()
+    else:
+        nodes = [client.info("commandstats")]
+    return sum(n.get("cmdstat_evalsha", {}).get("calls", 0) for n in nodes)
+
+
+@pytest.mark.integration
+def test_a_brokers_mpubs_to_a_topic_with_a_channel_are_one_call_each(processes, redis_url):
+    """What the broker's lanes learn of a topic's channels, the Store that builds its
+    ops knows: after the first MPUB found its channel list stale, each is built with the
+    real one and sent once (each was sent twice, stale and again, when the lanes alone
+    learned it)."""
+    _, port = processes.broker()
+    client = connect(redis_url)
+    Store(client).create_channel("t", "c")
+    producer = Wire(port)
+    assert producer.mpub("t", [b"m"] * 20) == (FRAME_RESPONSE, b"OK")
+    before = evalsha_calls(client)
+    for _ in range(5):
+        assert producer.mpub("t", [b"m"] * 20) == (FRAME_RESPONSE, b"OK")
+    assert evalsha_calls(client) - before == 5
+    assert Store(client).read_channel("t", "c")["depth"] == 120
 
 
 def test_a_failed_merged_call_fails_each_publish_it_carried(store):

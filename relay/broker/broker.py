@@ -15,7 +15,7 @@ import logging
 import signal
 import socket
 import time
-from typing import cast
+from typing import Any, cast
 
 import gevent
 from gevent.event import Event
@@ -47,6 +47,7 @@ from relay.store.commit import GroupCommit
 from relay.store.connection import UNREACHABLE, RedisClient, connect_when_ready
 from relay.store.latency import E2eLatency
 from relay.store.layout import establish
+from relay.store.runner import Op
 
 log = logging.getLogger("relay.broker")
 
@@ -73,18 +74,19 @@ class Broker:
         self.redis = client or connect_redis(options)
         self.metrics = Metrics(self)
         self.deadlines = Deadlines()    # of clients' commands, heartbeats, Redis answers
+        # builds every op, and runs the HTTP API's calls on the client's pool; the
+        # partition counts it misses are read through the group commit (_lookup)
+        self.store = Store(self.redis, topic_partitions=options.topic_partitions,
+                           topic_retention_ms=options.retention_time, lookup=self._lookup)
         # the group commit sends on connections of its own, which nothing else may use
-        # meanwhile
-        self.commit = GroupCommit(Store(self.redis, True, **replication(options)),
+        # meanwhile; its lanes' Stores share what this one learns (a topic's channels:
+        # a lane's learning them did not reach the ops built here, and each MPUB to a
+        # topic was sent twice, stale and again)
+        self.commit = GroupCommit(self.store.sibling(True, **replication(options)),
                                   options.commit_lanes,
                                   observe=self.metrics.redis_round_trip.observe,
                                   patience=options.redis_timeout / 1000,
                                   deadlines=self.deadlines)
-        # builds every op, and runs the HTTP API's calls on the client's pool; the
-        # partition counts it misses are read through the group commit
-        self.store = Store(self.redis, topic_partitions=options.topic_partitions,
-                           topic_retention_ms=options.retention_time,
-                           lookup=self.commit.call)
         self.publishing = Publishing(self)
         self.settling = Settling(self)
         self.tls_context = transport.server_context(options)
@@ -366,6 +368,11 @@ class Broker:
     def subscribed_clients(self) -> list[Client]:
         return [c for c in self.clients.values()
                 if c.state == SUBSCRIBED and c.channel is not None]
+
+    def _lookup(self, op: Op) -> Any:
+        """A partition count this broker's Store missed, read through the group commit:
+        a burst of SUBs and PUBs to new topics is one pipeline."""
+        return self.commit.call(op)
 
     def announced_clients(self) -> str:
         """What the registry announces, as one JSON list (client.announcement), encoded in

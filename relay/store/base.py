@@ -96,12 +96,19 @@ class StoreBase:
         # spread over the parts too
         self._turns = itertools.count(secrets.randbelow(keys.MAX_PARTITIONS))
 
-    def sibling(self) -> Self:
+    def sibling(self, dedicated: bool | None = None, wait_replicas: int | None = None,
+                wait_timeout: int | None = None) -> Self:
         """Another Store on the same client (a group-commit lane of its own) that shares
-        what this one learned: channel lists, topic registrations, partition counts."""
-        other = type(self)(self.redis, self.runner.dedicated, self.runner.wait_replicas,
-                            self.runner.wait_timeout, self.topic_partitions,
-                            self.topic_retention_ms, self.lookup)
+        what this one learned: channel lists, topic registrations, partition counts.
+        `dedicated`, `wait_replicas`, `wait_timeout`: as Store takes them, this one's
+        unless given (a broker's lanes: what a lane learns, the Store that builds the
+        ops knows)."""
+        runner = self.runner
+        other = type(self)(
+            self.redis, runner.dedicated if dedicated is None else dedicated,
+            runner.wait_replicas if wait_replicas is None else wait_replicas,
+            runner.wait_timeout if wait_timeout is None else wait_timeout,
+            self.topic_partitions, self.topic_retention_ms, self.lookup)
         other._channels, other._registered = self._channels, self._registered
         other._partitions, other._turns = self._partitions, self._turns
         other._confirmed = self._confirmed
