@@ -89,7 +89,7 @@ class Client:
         # to the writer: replies and errors in command order, None once the reader is done
         self.replies: Queue[Reply | ClientError] = Queue(MAX_PENDING_REPLIES)
         self.writing = False    # the writer greenlet is sending a reply
-        # set while no reply is being answered by a lane (ProtocolV2._answer_later):
+        # set while no reply is being answered from the hub (ProtocolV2._answer_later):
         # the replies after it wait for it
         self.answered = Event()
         self.answered.set()
@@ -208,7 +208,7 @@ class Client:
         return True
 
     def send_now(self, data: bytes) -> bool:
-        """Write whole frames without waiting, from a lane too: False, having written
+        """Write whole frames without waiting, from the hub too: False, having written
         nothing, unless the socket is plain and no one else is writing. What the socket
         does not take at once is sent by a greenlet of its own, the frames kept whole."""
         if (self.tls or type(self.transport) is not transport.Plain

@@ -8,7 +8,7 @@ script call, small publishes to one part into one, FINs folded into the deliver 
 their channel that follows them, and those left of one part's channels merged into
 finish_many calls.
 
-A broker's commit is patient for --redis-timeout per op (Outcome): a client's PUB is
+A broker's commit is patient for --redis-timeout per op (Bounded): a client's PUB is
 answered within it however long the lane's pipelines wait for an unreachable Redis.
 """
 
@@ -18,7 +18,7 @@ from collections import Counter, deque
 from typing import Any, Callable, Protocol
 
 import gevent
-from gevent.event import Event
+from gevent.event import AsyncResult, Event
 
 from relay.deadlines import Deadlines
 from relay.errors import NoAnswer, OutcomeUnknown, StoreConnectionError, StoreError
@@ -31,112 +31,78 @@ from relay.store.store import Store
 log = logging.getLogger("relay.commit")
 
 
-class Outcome:
-    """An op's result, set once by its lane, which its waiter stops waiting for at the
-    op's deadline (kept by Deadlines, for a gevent Timeout per wait cost more than the
-    wait): it then fails with StoreConnectionError if the lane had not sent the op yet
-    (it skips it: it never runs), else with NoAnswer (Redis may still run it). Without
-    it, an op queued behind a pipeline that waits out its socket timeout (a partition
-    from Redis) would wait that timeout again for its own. `patience` None: no deadline.
-    One object per op, where a gevent AsyncResult and a wrapper that kept its deadline
-    were two, and each link of the AsyncResult ran from a hub callback of its own."""
-
-    __slots__ = ("patience", "expires", "deadlines", "sent", "_done", "_value", "_error",
-                 "_links", "_event")
-
-    def __init__(self, patience: float | None = None, since: float = 0.0,
-                 deadlines: Deadlines | None = None) -> None:
-        self.patience = patience
-        self.expires = float("inf") if patience is None else since + patience
-        self.deadlines = deadlines
-        self.sent = False       # once a pipeline took it: Redis may run it from then on
-        self._done = False
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self._links: list[Callable[[], None]] = []
-        self._event: Event | None = None
-
-    def ready(self) -> bool:
-        return self._done
-
-    def set(self, value: Any) -> None:
-        self._settle(value, None)
-
-    def set_exception(self, error: BaseException) -> None:
-        self._settle(None, error)
-
-    def _settle(self, value: Any, error: BaseException | None) -> None:
-        """The result; its links run now, in this greenlet (the lane's, or the deadline
-        keeper's), and a waiter wakes."""
-        self._done, self._value, self._error = True, value, error
-        if self.deadlines is not None:
-            self.deadlines.unwatch(self)
-        if self._event is not None:
-            self._event.set()
-        for link in self._links:
-            try:
-                link()
-            except Exception:   # one waiter's error: the others still hear
-                log.exception("an answer failed")
-
-    def get(self, timeout: float | None = None) -> Any:
-        """The value, or raises the error; `timeout`: the seconds to wait at most, beyond
-        the op's deadline (gevent.Timeout), as AsyncResult.get."""
-        if not self._done:
-            if time.monotonic() >= self.expires:
-                self.expire()
-            else:
-                self._watch()
-                if self._event is None:
-                    self._event = Event()
-                if not self._event.wait(timeout):
-                    raise gevent.Timeout(timeout)
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-    def when_ready(self, callback: Callable[[], None]) -> None:
-        """callback() once the result is ready, or failed at the op's deadline, instead
-        of a wait: it runs in the greenlet that settles the result, so it must never
-        wait itself."""
-        if not self._done and time.monotonic() >= self.expires:
-            self.expire()
-        if self._done:
-            gevent.get_hub().loop.run_callback(callback)
-            return
-        self._watch()
-        self._links.append(callback)
-
-    def _watch(self) -> None:
-        if self.deadlines is not None and self.patience is not None:
-            self.deadlines.watch(self)
-
-    def expire(self) -> None:
-        """Fail the result (its waiter raises the error), unless it came meanwhile."""
-        if self._done or self.patience is None:
-            return
-        waited = f"no answer from redis within {self.patience * 1000:.0f}ms"
-        self.set_exception(NoAnswer(waited) if self.sent else
-                           StoreConnectionError(waited + " (not sent)"))
-
-
 class _Queued:
-    """An op in a lane, and its result. `step`: the next call of a staged publish under
-    way, which answers the same result."""
+    """An op in a lane, and its result; `sent` once a pipeline took it: from then on
+    Redis may run it, whether or not an answer comes back. `step`: the next call of a
+    staged publish under way."""
 
-    __slots__ = ("op", "result", "order", "step")
+    __slots__ = ("op", "result", "order", "step", "sent")
 
-    def __init__(self, op: Op, result: Outcome, order: int | None,
+    def __init__(self, op: Op, result: "AsyncResult[Any]", order: int | None,
                  step: bool = False) -> None:
         self.op = op
         self.result = result
         self.order = order
         self.step = step
+        self.sent = False
+
+
+class Bounded:
+    """An op's result that its waiter stops waiting for at the op's deadline (kept by
+    Deadlines, for a gevent Timeout per wait cost more than the wait). get() then
+    fails: with StoreConnectionError if the lane had not sent the op yet (it skips it: it
+    never runs), else with NoAnswer (Redis may still run it). Without it, an op queued
+    behind a pipeline that waits out its socket timeout (a partition from Redis) would
+    wait that timeout again for its own."""
+
+    __slots__ = ("queued", "expires", "patience", "deadlines")
+
+    def __init__(self, queued: _Queued, patience: float, since: float,
+                 deadlines: Deadlines) -> None:
+        self.queued = queued
+        self.patience = patience
+        self.expires = since + patience
+        self.deadlines = deadlines
+
+    def get(self) -> Any:
+        result = self.queued.result
+        if not result.ready():
+            if time.monotonic() >= self.expires:
+                self.expire()
+            else:
+                self.deadlines.watch(self)
+                try:
+                    result.wait()
+                finally:
+                    self.deadlines.unwatch(self)
+        return result.get()
+
+    def when_ready(self, callback: Callable[[], None]) -> None:
+        """callback() once the result is ready, or failed at the op's deadline, instead
+        of a wait: it runs in the hub, so it must never wait itself."""
+        if time.monotonic() >= self.expires:
+            self.expire()
+        else:
+            self.deadlines.watch(self)
+
+        def ready(_: Any) -> None:
+            self.deadlines.unwatch(self)
+            callback()
+        self.queued.result.rawlink(ready)
+
+    def expire(self) -> None:
+        """Fail the result (its waiter raises the error), unless it came meanwhile."""
+        if self.queued.result.ready():
+            return
+        waited = f"no answer from redis within {self.patience * 1000:.0f}ms"
+        self.queued.result.set_exception(NoAnswer(waited) if self.queued.sent else
+                                         StoreConnectionError(waited + " (not sent)"))
 
 
 class Submitted(Protocol):
-    """What submit hands back (an Outcome): get() waits for the op's parsed result, or
-    raises its error."""
+    """What submit hands back (a gevent AsyncResult, or Bounded): get() waits for the op's
+    parsed result, or raises its error. (gevent's stubs type AsyncResult.get() as maybe None, for
+    a result set without a value; a lane sets each op's.)"""
 
     def get(self) -> Any: ...
 
@@ -183,7 +149,7 @@ class GroupCommit:
                  patience: float | None = None,
                  deadlines: Deadlines | None = None) -> None:
         """`observe(seconds)` is told the time of each pipeline round trip; `patience`:
-        the seconds an op's result is waited for at most (see Outcome), None: no bound;
+        the seconds an op's result is waited for at most (see Bounded), None: no bound;
         `deadlines`: who keeps them (the broker's)."""
         stores = [store] + [store.sibling() for _ in range(lanes - 1)]
         self.quiet = False    # a stopping broker's: its stop says in one line what failed
@@ -200,10 +166,11 @@ class GroupCommit:
         the op is known to make (op.calls: a big MPUB's stage calls and commit) has the
         patience: a 5 MB MPUB may take that much longer, and still gets an answer in
         bounded time."""
-        outcome = Outcome(None if self.patience is None else self.patience * op.calls,
-                          time.monotonic() if since is None else since, self.deadlines)
-        self.lanes[self._lane_index(op, order)].submit(op, order, outcome)
-        return outcome
+        queued = self.lanes[self._lane_index(op, order)].submit(op, order)
+        if self.patience is None:
+            return queued.result
+        return Bounded(queued, self.patience * op.calls,
+                       time.monotonic() if since is None else since, self.deadlines)
 
     def _lane_index(self, op: Op, order: int | None) -> int:
         """The op's lane: its own lane key's, else its order's; but while ops of its
@@ -272,12 +239,11 @@ class _Lane:
         self._ready = Event()
         self.greenlet = gevent.spawn(self._loop)
 
-    def submit(self, op: Op, order: int | None = None,
-               outcome: Outcome | None = None) -> Outcome:
-        queued = _Queued(op, outcome or Outcome(), order)
+    def submit(self, op: Op, order: int | None = None) -> _Queued:
+        queued = _Queued(op, AsyncResult(), order)
         self._queue.append(queued)
         self._ready.set()
-        return queued.result
+        return queued
 
     def _loop(self) -> None:
         """It waits for nothing to fill a batch: what queued while the last pipeline was
@@ -292,7 +258,7 @@ class _Lane:
 
     def _next_batch(self) -> list[_Queued]:
         """Up to max_batch queued ops, in order, less those whose waiter gave up on them
-        (Outcome.expire: never sent) and those held behind a staged publish of their order."""
+        (Bounded: never sent) and those held behind a staged publish of their order."""
         batch: list[_Queued] = []
         held: list[_Queued] = []
         while self._queue and len(batch) < self.max_batch:
@@ -304,7 +270,7 @@ class _Lane:
             elif item.order in self._stepping and not item.step:
                 held.append(item)
             else:
-                item.result.sent = True
+                item.sent = True
                 batch.append(item)
                 if item.order is not None and self.batchers.of(item.op).goes_on(item.op):
                     self._stepping.add(item.order)  # a staged publish: it may go on

@@ -68,7 +68,7 @@ def identity(value: _T) -> _T:
 
 def no_answer(error: Exception, conn: "AbstractConnection") -> NoAnswer:
     """What calls sent and not answered fail with. A read that timed out says what it
-    waited for, in the words of a waiter's own deadline (commit.Outcome), which is as long
+    waited for, in the words of a waiter's own deadline (commit.Bounded), which is as long
     and races it: the answer reads the same whichever comes first."""
     timeout = getattr(conn, "socket_timeout", None)
     if isinstance(error, redis.exceptions.TimeoutError) and timeout:

@@ -26,7 +26,7 @@ class Pending:
         self.finish = finish
 
     def when_ready(self, callback: Callable[[], None]) -> bool:
-        """callback() from its lane once resolve() would not wait (Outcome.when_ready);
+        """callback() from the hub once resolve() would not wait (Bounded.when_ready);
         False if the result cannot say (a keyed publish's several calls): wait for it."""
         when_ready = getattr(self.result, "when_ready", None)
         if when_ready is None:
@@ -59,7 +59,7 @@ class Settled:
         self.took = took
 
     def when_ready(self, callback: Callable[[], None]) -> bool:
-        """callback() from a lane once errors() would not wait, as Pending.when_ready."""
+        """callback() from the hub once errors() would not wait, as Pending.when_ready."""
         waits = [wait for result, _ in self.calls
                  if (wait := getattr(result, "when_ready", None)) is not None]
         if len(waits) < len(self.calls):

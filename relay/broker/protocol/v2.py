@@ -93,7 +93,7 @@ class ProtocolV2:
         client that sends one command and waits then costs no greenlet hops."""
         for reply in client.replies:
             client.writing = True
-            client.answered.wait()      # the reply before it, answered by its lane
+            client.answered.wait()      # the reply before it, answered from the hub
             if reply is None:
                 break
             try:
@@ -102,7 +102,7 @@ class ProtocolV2:
                 client.writing = False
 
     def _answer_later(self, client: Client, reply: Pending | Settled) -> bool:
-        """Answer a publish, or FINs, REQs or TOUCHes, by the lane once Redis has, while
+        """Answer a publish, or FINs, REQs or TOUCHes, from the hub once Redis has, while
         the reader reads on: no wait and no greenlet hop per command for a client that
         sends one at a time. False where the result cannot say when (then the reader
         writes it, waiting)."""
@@ -113,9 +113,8 @@ class ProtocolV2:
         return False
 
     def _answer(self, client: Client, reply: Pending | Settled) -> None:
-        """In the lane's greenlet, which it must not hold: frames the socket takes at once
-        go now; others (a fatal error, TLS or compression, a socket full) by a greenlet
-        of its own."""
+        """In the hub: frames the socket takes at once go now; others (a fatal error,
+        TLS or compression, a socket full) by a greenlet of its own."""
         try:
             later: bytes | ClientError | None = None
             if isinstance(reply, Settled):
