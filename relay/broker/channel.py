@@ -47,7 +47,7 @@ MAX_GROUPS = MAX_CALL_ARGS // 4 - 4
 # channels in one deliver_many call: each costs Redis 30-60 us here, so a call stays
 # within a few ms (no call over 10 ms: issue 57), and its consumers' groups within
 # MAX_GROUPS
-MANY_CHANNELS = 100
+MANY_CHANNELS = 50
 
 
 class Part:

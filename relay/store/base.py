@@ -161,6 +161,18 @@ class StoreBase:
         return fanout_op(script, FanOut(part, len(head_keys), trash), head_keys, args,
                          channels, parse, pre, job)
 
+    def known_channels(self, part: str) -> list[str]:
+        """The part's channels as this Store last saw them, read once if it never did (a
+        publish picks the wide steps by their number: data_path.WIDE_CHANNELS)."""
+        known = self._channels.get(part)
+        if known is None:
+            try:
+                names = self._guard(self.redis.smembers, TopicKeys.of(part).channels)
+            except StoreError:
+                return []
+            known = self._channels[part] = sorted(c.decode() for c in names)
+        return known
+
     def learn_channels(self, part: str, channels: list[str]) -> None:
         """The part's channels, as a fan-out call found them."""
         self._channels[part] = channels

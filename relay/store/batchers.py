@@ -230,8 +230,12 @@ class Commit(Batcher):
         return True
 
     def next(self, op: Op, raw: Any) -> Op | None:
-        steps = Steps(op.fan.part, op.job, int(raw))
-        return self.store.publish_step_op(steps.part, steps.token)._replace(job=steps)
+        if isinstance(raw, list):   # wide (lib/wide.lua): the count, the first slice
+            last, channels = int(raw[0]), [c.decode() for c in raw[1:]]
+        else:
+            last, channels = int(raw), None
+        steps = Steps(op.fan.part, op.job, last)
+        return self.store.publish_step_op(steps.part, steps.token, channels)._replace(job=steps)
 
 
 class Step(Batcher):
@@ -242,9 +246,11 @@ class Step(Batcher):
         return op.job is not None
 
     def next(self, op: Op, raw: Any) -> Op | None:
-        if op.job is None or not Stepped.parse(raw).more:
+        stepped = Stepped.parse(raw)
+        if op.job is None or not stepped.more:
             return None
-        return self.store.publish_step_op(op.job.part, op.job.token)._replace(job=op.job)
+        return self.store.publish_step_op(op.job.part, op.job.token,
+                                          stepped.channels)._replace(job=op.job)
 
     def read(self, op: Op, raw: Any) -> Any:
         return Stepped.parse(raw) if op.job is None else op.job.last

@@ -84,6 +84,9 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             call (stage.lua; TTL until then), the ones its
                                             steps have not published yet
                                             (publish_commit.lua, publish_step.lua)
+    relay:{T}:staging:X:channels      LIST  a wide publish's channels that its current
+                                            message has yet to reach (lib/wide.lua; TTL
+                                            a day)
     relay:{T}:publishing              HASH  stage token X -> "<next count> <last count>
                                             <due ms, 0: now> <ms last advanced>
                                             <timestamp hex>": the committed staged publishes
@@ -256,6 +259,11 @@ def trash_prefix(topic: str, token: str) -> str:
 def staging_key(topic: str, token: str) -> str:
     """The bodies of one MPUB too big for one call, until its steps have published them."""
     return topic_prefix(topic) + f"staging:{token}"
+
+
+def snapshot_key(stage: str) -> str:
+    """The channels a wide publish's current message has yet to reach (lib/wide.lua)."""
+    return stage + ":channels"
 
 
 def dedup_key(part: str) -> str:

@@ -54,10 +54,12 @@ class Published:
 
 
 class Stepped(NamedTuple):
-    """publish_step.lua's reply: the messages this step published and those left."""
+    """publish_step.lua's reply: the messages this step published and those left, and
+    for a wide publish (lib/wide.lua) the channels of the slice that comes next."""
 
     published: int
     left: int
+    channels: list[str] | None = None
 
     @property
     def more(self) -> bool:
@@ -65,7 +67,7 @@ class Stepped(NamedTuple):
 
     @classmethod
     def parse(cls, reply: list[Any]) -> "Stepped":
-        return cls(int(reply[0]), int(reply[1]))
+        return cls(int(reply[0]), int(reply[1]), [c.decode() for c in reply[2:]] or None)
 
 
 class Subscribed(NamedTuple):

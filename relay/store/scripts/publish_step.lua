@@ -1,4 +1,4 @@
--- include: append.lua, staged.lua, maxmemory.lua
+-- include: append.lua, staged.lua, maxmemory.lua, wide.lua
 -- publish_step: the next messages of a committed staged publish (publish_commit.lua)
 -- made visible, as publish.lua makes a call's: to the channels the topic has at this
 -- step, or its backlog, with their counts and wake-up. A step takes at most
@@ -9,19 +9,31 @@
 -- by two processes (its broker and a scanner finishing it) never publish a message
 -- twice. Committed, a publish must finish: past Redis' maxmemory too.
 --
+-- A wide publish (its snapshot exists: lib/wide.lua) goes a slice of channels a step.
+--
 -- KEYS[1..8] as publish.lua's   KEYS[9] the stage (LIST)   KEYS[10] the part's
--- publishing hash; then the channels' keys (fanout.lua)
+-- publishing hash   KEYS[11] the wide publish's snapshot (LIST); then the channels'
+-- keys (fanout.lua)
 -- ARGV[1..ARG0] the channels (fanout.lua), then: wake pub/sub channel, the part's
--- number (keys.py), the node keys' prefix (lib/node.lua), the stage's token
+-- number (keys.py), the node keys' prefix (lib/node.lua), the stage's token, a wide
+-- step's slice of channels
 -- Returns {messages published, messages left} ({0, 0}: another call finished it), or
--- the stale reply.
+-- the stale reply; a wide step, the next slice's names after those two.
 -- KEYS[2..8] are lib/append.lua's too, which reads them itself.
 local topic_ids, channels, stage, publishing_hash = KEYS[1], KEYS[3], KEYS[9], KEYS[10]
+local snapshot = KEYS[11]
 local wake, part = ARGV[ARG0 + 1], tonumber(ARGV[ARG0 + 2])
-local node, token = ARGV[ARG0 + 3], ARGV[ARG0 + 4]
+local node, token, slice = ARGV[ARG0 + 3], ARGV[ARG0 + 4], tonumber(ARGV[ARG0 + 5])
 local STEP_COPIES, STEP_BYTES = 1000, 262144
 local TAKE = 500    -- bodies read from the stage at a time
 
+if redis.call('EXISTS', snapshot) == 1 then
+  local value = redis.call('HGET', publishing_hash, token)
+  if not value then return {0, 0} end
+  past_maxmemory(topic_ids)
+  return wide_steps(read_marker(value), publishing_hash, token, snapshot, stage, slice,
+                    part, wake, node)
+end
 local stale = stale_channels(channels)
 if stale then return stale end
 local value = redis.call('HGET', publishing_hash, token)
