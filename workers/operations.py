@@ -21,11 +21,11 @@ from rq.job import Job
 from relay.codec import record_id
 from relay.errors import RelayError
 from relay.store import deadletter
-from relay.store import Store, codes, guarded
+from relay.store import Store, codes, guarded, keys
 from relay.store.connection import whole
 from relay.store.keys import ChannelKeys
 
-QUEUE = "relay"
+QUEUE = keys.JOBS_QUEUE
 QUEUE_KEY = f"{RQ_KEY_PREFIX}:queue:{QUEUE}"
 CHUNK = 1000
 RESULT_TTL = 7 * 24 * 3600
@@ -304,12 +304,6 @@ def has_worker(connection) -> bool:
 def worker_count(connection) -> int:
     """`relay jobs` workers alive on the queue."""
     return Worker.count(connection=connection, queue=Queue(QUEUE, connection=connection))
-
-
-def worker_names(connection) -> list[str]:
-    """The names of the `relay jobs` workers alive on the queue."""
-    return [w.name for w in Worker.all(connection=connection,
-                                       queue=Queue(QUEUE, connection=connection))]
 
 
 def find_job(connection, job_id: str) -> Job | None:

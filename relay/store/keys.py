@@ -172,6 +172,7 @@ PART_DIGITS = 4         # of the 16 in a message id
 BROKERS = f"{PREFIX}:brokers"
 LAYOUT = f"{PREFIX}:layout"
 PROCESSES = f"{PREFIX}:processes"
+JOBS_QUEUE = "relay"    # the rq queue of the background jobs (workers/), under rq's keys
 
 
 def broker_key(broker_id: str) -> str:

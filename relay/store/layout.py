@@ -24,6 +24,7 @@ import dataclasses
 import logging
 import os
 import socket
+from typing import Any
 
 import relay
 from relay.errors import ConfigError
@@ -172,10 +173,9 @@ class Deployment:
     @classmethod
     def read(cls, client: RedisClient) -> "Deployment":
         registered = _registered(client)
-        from workers.operations import worker_names     # rq, only once read
         earlier = [("broker", i) for i in Liveness(client, keys.BROKERS, 0).live()] \
             + [("scanner", i) for i in Liveness(client, keys.SCANNERS, 0).live()] \
-            + [("jobs", name) for name in worker_names(client)]
+            + [("jobs", name) for name in _jobs_workers(client)]
         processes = list(registered.values()) + [
             Process(kind, pid, EARLIER, EARLIER_READS, None)
             for kind, pid in earlier if pid not in registered]
@@ -194,6 +194,13 @@ class Deployment:
         """The newest layout this release writes, if newer than the one in force."""
         newest = max(WRITES)
         return newest if self.layout is None or newest > self.layout else None
+
+
+def _jobs_workers(client: Any) -> list[str]:
+    """The names of the `relay jobs` workers alive on the queue."""
+    from rq import Queue, Worker    # rq, only once read
+    return [w.name for w in Worker.all(connection=client,
+                                       queue=Queue(keys.JOBS_QUEUE, connection=client))]
 
 
 def _registered(client: RedisClient) -> dict[str, Process]:
