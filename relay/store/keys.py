@@ -84,7 +84,7 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             call (stage.lua; TTL until then), the ones its
                                             steps have not published yet
                                             (publish_commit.lua, publish_step.lua)
-    relay:{T}:staging:X:channels      LIST  a wide publish's channels that its current
+    relay:{T}:staging:X:channels      SET   a wide publish's channels that its current
                                             message has yet to reach (lib/wide.lua; TTL
                                             a day)
     relay:{T}:publishing              HASH  stage token X -> "<next count> <last count>

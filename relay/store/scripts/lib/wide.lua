@@ -3,17 +3,18 @@
 -- publish (publish_commit.lua) to a topic part of many channels, made visible one
 -- message and one slice of its channels per call (publish_step.lua), so that no call
 -- holds Redis for longer than a slice's appends whatever the number of channels. Each
--- message goes to the channels the topic had when it started: their names, in the
--- publish's snapshot list (keys.py: the stage's key with ":channels"), from which
--- each step takes the slice it was given: a caller names the slice's channels
--- (fanout.lua's layout) as the last reply told it, and a step given another slice does
--- nothing but name the right one. A channel deleted since the snapshot is skipped; one
--- made since does not get the message (nsqd's channels get what is published after
--- they are). The snapshot is the wide publish's mark: while it exists, the steps go by
+-- message goes to the channels the topic had when it started: a copy of the topic's
+-- channel set, the publish's snapshot (keys.py: the stage's key with ":channels"),
+-- from which each step takes the slice it was given: a caller names the slice's
+-- channels (fanout.lua's layout) as the last reply told it, and a step given channels
+-- that are not all still in the snapshot (another process did some) does nothing but
+-- name a slice that is. A channel deleted since the snapshot is skipped; one made
+-- since does not get the message (nsqd's channels get what is published after they
+-- are). The snapshot is the wide publish's mark: while it exists, the steps go by
 -- slices; a release that does not know it (a rolling upgrade's older scanner finishing
 -- a stalled publish) sends the message again to every channel: duplicates, no loss.
 -- A topic part whose channels are depth-limited or ordered, or which is paused, is
--- published by the plain steps (all its channels per call): wide_start says so.
+-- published by the plain steps (all its channels per call): wide_eligible says so.
 local SNAPSHOT_TTL_MS = 86400000  -- a stalled wide publish is finished within seconds
 
 -- Whether the topic part (KEYS[2] meta, KEYS[3] channels) publishes by slices: more
@@ -30,10 +31,7 @@ end
 -- message (the history's copy, the topic's counts). False, with no snapshot, when the
 -- topic has no channel left: the plain steps publish the rest (to the backlog).
 local function wide_start(m, snapshot, stage, part)
-  local names = redis.call('SMEMBERS', KEYS[3])
-  redis.call('DEL', snapshot)
-  if #names == 0 then return false end
-  call_chunked('RPUSH', snapshot, names)
+  if redis.call('SUNIONSTORE', snapshot, KEYS[3]) == 0 then return false end
   redis.call('PEXPIRE', snapshot, SNAPSHOT_TTL_MS)
   local body = redis.call('LINDEX', stage, 0)
   local p = publishing(nil)
@@ -51,16 +49,17 @@ local function wide_start(m, snapshot, stage, part)
   return true
 end
 
--- The slice that comes next: the snapshot's first `size` names.
+-- A slice that may come next: `size` names of the snapshot (all, if fewer).
 local function wide_slice(snapshot, size)
-  return redis.call('LRANGE', snapshot, 0, size - 1)
+  return redis.call('SRANDMEMBER', snapshot, size)
 end
 
--- Whether the channels the caller named (fanout.lua) are `slice`.
-local function given_slice(slice)
-  if #slice ~= N_CHANNELS then return false end
+-- Whether the channels the caller named (fanout.lua) are a slice still to do: at most
+-- `size`, all in the snapshot.
+local function given_slice(snapshot, size)
+  if N_CHANNELS == 0 or N_CHANNELS > size then return false end
   for i = 1, N_CHANNELS do
-    if slice[i] ~= channel_name(i) then return false end
+    if redis.call('SISMEMBER', snapshot, channel_name(i)) == 0 then return false end
   end
   return true
 end
@@ -88,9 +87,8 @@ end
 -- {messages finished, messages left, the next slice's names...}; messages left and no
 -- names: the plain steps go on (the topic has no channel left).
 local function wide_steps(m, publishing_hash, token, snapshot, stage, size, part, wake, node)
-  local slice = wide_slice(snapshot, size)
-  if not given_slice(slice) then
-    return {0, m.last - m.next + 1, unpack(slice)}
+  if not given_slice(snapshot, size) then
+    return {0, m.last - m.next + 1, unpack(wide_slice(snapshot, size))}
   end
   local body = redis.call('LINDEX', stage, 0)
   if not body then
@@ -99,7 +97,9 @@ local function wide_steps(m, publishing_hash, token, snapshot, stage, size, part
     return redis.error_reply('the staged MPUB ' .. token .. ' lost its stage')
   end
   wide_append(m, body, part, node)
-  redis.call('LTRIM', snapshot, N_CHANNELS, -1)
+  local done = {}
+  for i = 1, N_CHANNELS do done[i] = channel_name(i) end
+  redis.call('SREM', snapshot, unpack(done))
   if redis.call('EXISTS', snapshot) == 1 then
     m.advanced = now_ms()
     redis.call('HSET', publishing_hash, token, marker(m))
