@@ -153,10 +153,10 @@ def test_finishes_of_a_parts_channels_become_one_call(fake_store):
     assert list(merged[0].keys[:9]) == [TopicKeys.of("t").due, TopicKeys.of("t").version,
                                         *ops[0].keys[:7]]
     assert [list(op.args)[2::4] for op in (merged[0], merged[4])] == [
-        ["c0", "c1", "c2", "c3"], ["c104", "c105"]]
+        ["c0", "c1", "c2", "c3"], [f"c{MANY_FINISHES + 4}", f"c{MANY_FINISHES + 5}"]]
     assert len(merged[3].keys) == 2 + 7 * MANY_FINISHES
-    assert answer([[[1]] * 4, [1], 1, [[0]] + [[1]] * 99, [[1], [-1]]]) == (
-        [[1]] * 3 + [[1], 1, [1], [0]] + [[1]] * 100 + [[-1]])
+    assert answer([[[1]] * 4, [1], 1, [[0]] + [[1]] * (MANY_FINISHES - 1), [[1], [-1]]]) == (
+        [[1]] * 3 + [[1], 1, [1], [0]] + [[1]] * MANY_FINISHES + [[-1]])
 
 
 def test_another_parts_calls_do_not_keep_finishes_apart(fake_store):
@@ -186,7 +186,7 @@ def test_merged_finishes_of_many_channels_run_as_alone(backend):
     assert [op.script for op in merged] == ["finish_many"]
     assert answer(s.run_many(merged)) == [[1, -1], [1, 0]]
     assert [(st["in_flight_count"], st["depth"]) for st in
-            (s.read_channel("t", "c"), s.read_channel("t", "d"))] == [(1, 0), (1, 0)]
+            (s.reads.read_channel("t", "c"), s.reads.read_channel("t", "d"))] == [(1, 0), (1, 0)]
 
 
 def test_ops_that_cannot_merge_are_untouched(fake_store):
@@ -241,7 +241,7 @@ def test_finishes_do_not_fold_past_another_change_of_their_channel(fake_store, b
     s = fake_store
     other = {"requeue": lambda: s.requeue_op("t", "c", [("a", "1", 0)]),
              "touch": lambda: s.touch_op("t", "c", [("a", "1", 60_000)]),
-             "drop": lambda: s.drop_op("t", "c")}[between]()
+             "drop": lambda: s.control.drop_op("t", "c")}[between]()
     ops = [s.finish_op("t", "c", [("a", "1")]), other, s.deliver_op("t", "c", [("a", 1, 1)])]
     merged, _ = merge(ops)
     assert [op.script for op in merged] == ["finish", other.script, "deliver"]
@@ -265,7 +265,7 @@ def test_merged_call_runs_as_the_separate_calls_would(fake_store):
     merged, answer = merge(ops)
     assert len(merged) == 2
     assert answer(s.run_many(merged)) == [[1], [-1, 1], [1], [1, 0]]
-    state = s.read_channel("t", "c")
+    state = s.reads.read_channel("t", "c")
     assert (state["depth"], state["in_flight_count"], state["requeue_count"]) == (2, 0, 2)
 
 
@@ -283,7 +283,7 @@ def test_folded_call_runs_as_the_separate_calls_would(backend):
     finished, delivered = answer(s.run_many(merged))
     assert finished == [1, -1, 0]
     assert [parse_record(r)[2] for r in delivered[0]] == [mid(3)]
-    state = s.read_channel("t", "c")
+    state = s.reads.read_channel("t", "c")
     assert (state["depth"], state["in_flight_count"]) == (0, 2)
 
 
@@ -368,7 +368,7 @@ def test_concurrent_submits_are_merged_and_answered(fake_store, commit):
     assert len(recorder.batches) == 1
     assert sorted(recorder.batches[0]) == ["finish", "publish", "requeue", "touch"]
 
-    state = s.read_channel("t", "c")
+    state = s.reads.read_channel("t", "c")
     assert state["depth"] == n // 4 + 1          # the requeued ones and the new message
     assert state["in_flight_count"] == n // 2    # touched and wrongly finished
     assert state["requeue_count"] == n // 4
