@@ -39,13 +39,13 @@ SIZE = 200
 # name -> what sets that control on the bench topic and channel; "none" is the base
 CONTROLS = {
     "none": lambda store: None,
-    "ttl": lambda store: store.set_ttl(TOPIC, None, 600_000),     # 10 min: none expires
-    "limit": lambda store: store.set_limit(TOPIC, CHANNEL,        # a depth never reached
+    "ttl": lambda store: store.expiry.set_ttl(TOPIC, None, 600_000),     # 10 min: none expires
+    "limit": lambda store: store.limits.set_limit(TOPIC, CHANNEL,        # a depth never reached
                                            Limit(1_000_000_000, "reject")),
 }
 # publish.lua's cost only: a limit every MPUB of 100 passes once the queue holds 10,000,
 # so each trims 100 (a consume of a prefilled queue cannot run with it)
-COST_CONTROLS = {**CONTROLS, "limit reached, drop-oldest": lambda store: store.set_limit(
+COST_CONTROLS = {**CONTROLS, "limit reached, drop-oldest": lambda store: store.limits.set_limit(
     TOPIC, CHANNEL, Limit(10_000, "drop-oldest"))}
 WORKLOADS = [
     ("mpub K=100 P=1, 200 B", ["mpub", "--producers", "1", "--batch", "100"]),
@@ -59,7 +59,7 @@ def prepare(control: str):
     """The bench channel made, then `control` set on it, before the load starts."""
     def run(stack) -> None:
         store = Store(redis.Redis.from_url(stack.url))
-        store.create_channel(TOPIC, CHANNEL)
+        store.control.create_channel(TOPIC, CHANNEL)
         CONTROLS[control](store)
     return run
 
@@ -82,7 +82,7 @@ def script_cost(calls: int, blocks: int = 20) -> list[str]:
         stores = {}
         for db, (name, control) in enumerate(COST_CONTROLS.items()):
             stores[name] = Store(redis.Redis.from_url(url, db=db))
-            stores[name].create_channel(TOPIC, CHANNEL)
+            stores[name].control.create_channel(TOPIC, CHANNEL)
             control(stores[name])
             stores[name].publish(TOPIC, [b"x" * SIZE] * 100)     # the script loaded
         costs: dict[str, list[float]] = {name: [] for name in COST_CONTROLS}
@@ -109,20 +109,20 @@ def sweep_cost(count: int, aof: bool = True) -> list[str]:
             store.redis.config_set("appendonly", "no")
         for way, max_attempts in (("dropped", 0), ("dead-lettered", 3)):
             store.redis.flushall()
-            store.create_channel(TOPIC, CHANNEL)
+            store.control.create_channel(TOPIC, CHANNEL)
             old = time.time_ns() - 7_200_000_000_000
             for i in range(0, count, 10_000):
                 store.run_many([store.publish_op(TOPIC, [b"x" * SIZE] * 100, timestamp_ns=old)
                                 for _ in range(min(10_000, count - i) // 100)])
             store.publish(TOPIC, [b"x" * SIZE] * 1000)
-            store.set_ttl(TOPIC, None, 600_000)
-            store.run(store.expire_op("none"))      # the script loaded: not timed
+            store.expiry.set_ttl(TOPIC, None, 600_000)
+            store.run(store.expiry.expire_op("none"))      # the script loaded: not timed
             store.redis.config_set("slowlog-log-slower-than", 0)
             store.redis.config_set("slowlog-max-len", 100_000)
             store.redis.slowlog_reset()
             expired, calls, more = 0, 0, True
             while more:
-                expired_now, more = store.run(store.expire_op(TOPIC, max_attempts))
+                expired_now, more = store.run(store.expiry.expire_op(TOPIC, max_attempts))
                 expired, calls = expired + expired_now, calls + 1
             store.redis.config_set("slowlog-log-slower-than", 10_000)
             times = [e["duration"] / 1000 for e in store.redis.slowlog_get(100_000)

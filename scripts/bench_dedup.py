@@ -42,7 +42,7 @@ KEY_SHAPES = {"Spark sink, 45 B": lambda n: f"{uuid.uuid4()}:7:0:{n}".encode(),
 
 
 def window_on(stack) -> None:
-    Store(redis.Redis.from_url(stack.url)).set_dedup(TOPIC, WINDOW_MS)
+    Store(redis.Redis.from_url(stack.url)).dedup.set_dedup(TOPIC, WINDOW_MS)
 
 
 def publish_rates(runs: int, seconds: float) -> list[str]:
@@ -74,10 +74,10 @@ def bytes_per_key(count: int) -> list[str]:
                  f"shape in one part:"]
         for shape, make in KEY_SHAPES.items():
             client.flushall()
-            store.set_dedup(TOPIC, WINDOW_MS)
+            store.dedup.set_dedup(TOPIC, WINDOW_MS)
             made = [make(n) for n in range(count)]
             for i in range(0, count, 1000):
-                store.publish_keyed(TOPIC, [b"x"] * len(made[i:i + 1000]), made[i:i + 1000])
+                store.dedup.publish_keyed(TOPIC, [b"x"] * len(made[i:i + 1000]), made[i:i + 1000])
             dedup = keys.dedup_key(TOPIC)
             per_key = client.memory_usage(dedup, samples=0) / client.zcard(dedup)
             client.hset("ids", mapping={k: "%016x" % n for n, k in enumerate(made)})

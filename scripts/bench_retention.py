@@ -73,7 +73,7 @@ def script_cost(runs: int, calls: int = 2000) -> list[str]:
         store = Store(client)
         for topic in ("off", "on"):
             store.subscribe(topic, "c", "")
-        store.set_retention("on", 3_600_000, 0)
+        store.history.set_retention("on", 3_600_000, 0)
         kinds = [(f"{SIZE} B each", [b"x" * SIZE] * 100),
                  (f"{SIZE // 2}-{SIZE * 3 // 2 - 1} B, all different",
                   [b"x" * (SIZE // 2 + i) for i in range(100)])]
@@ -99,13 +99,13 @@ def trim_all(store: Store, topic: str) -> dict:
     held Redis (SLOWLOG: the command's own time, no round trip; this client's only)."""
     client = store.redis
     store.redis.hset(TopicKeys.of(topic).meta, "retention_ms", 1)
-    store.run(store.trim_op("none"))    # the script loaded: its compilation is not timed
+    store.run(store.history.trim_op("none"))    # the script loaded: its compilation is not timed
     client.config_set("slowlog-log-slower-than", 0)
     client.config_set("slowlog-max-len", 100_000)
     client.slowlog_reset()
     trimmed = calls = 0
     while True:
-        step = store.run(store.trim_op(topic))
+        step = store.run(store.history.trim_op(topic))
         trimmed, calls = trimmed + step.trimmed, calls + 1
         if not step.more:
             break
@@ -135,7 +135,7 @@ def memory_and_replay(count: int) -> dict:
                                                         min(100, count - i)))
             publisher.expect_ok()
         history = TopicKeys.of("kept").history
-        messages = store.retained("kept")[0].entries
+        messages = store.history.retained("kept")[0].entries
         usage = client.memory_usage(history, samples=0)
         store.subscribe("kept", "again", "")
         started = time.monotonic()
@@ -160,11 +160,11 @@ def single_pubs(count: int) -> dict:
         client = redis.Redis.from_url(url, client_name=BENCH_CLIENT)
         store = Store(client)
         store.subscribe("single", "c", "")
-        store.set_retention("single", 3_600_000, 0)
+        store.history.set_retention("single", 3_600_000, 0)
         for i in range(0, count, 1000):
             store.run_many([store.publish_op("single", [b"x" * SIZE])
                             for _ in range(min(1000, count - i))])
-        messages = store.retained("single")[0].entries
+        messages = store.history.retained("single")[0].entries
         usage = client.memory_usage(TopicKeys.of("single").history, samples=0)
         return {"messages": messages, "bytes_per_message": usage / messages,
                 **trim_all(store, "single")}

@@ -285,7 +285,7 @@ def settle(system, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     time.sleep(0.5)
     while time.monotonic() < deadline:
-        states = [store.read_channel(TOPIC, channel) for channel in (LIVE, HELD)]
+        states = [store.reads.read_channel(TOPIC, channel) for channel in (LIVE, HELD)]
         if not any(s["depth"] or s["in_flight_count"] for s in states):
             return
         time.sleep(0.2)
@@ -344,7 +344,7 @@ def delivery(system, tally, expected: set) -> dict:
     """What the channels received of the messages, and what they hold still. A message
     counts as delivered when both channels received it, as lost when one did not."""
     store = Store(connect(system.redis.url))
-    states = [store.read_channel(TOPIC, channel) for channel in (LIVE, HELD)]
+    states = [store.reads.read_channel(TOPIC, channel) for channel in (LIVE, HELD)]
     received = {channel: set(got) for channel, got in tally.received.items()}
     everywhere = received[LIVE] & received[HELD]
     return {

@@ -48,8 +48,8 @@ def load(url: str, topics: list, partitions: int, batch: int, start_at: float,
     store = Store(connect(url))
     body, owner = b"x" * 200, f"bench:{os.getpid()}"
     for topic in topics:
-        store.set_partitions(topic, partitions)
-        store.create_channel(topic, "c")
+        store.control.set_partitions(topic, partitions)
+        store.control.create_channel(topic, "c")
     parts = [part for topic in topics for part in store.parts(topic)]
     done = 0
     while time.time() < start_at:

@@ -54,7 +54,7 @@ def test_stats_table_and_json(store, backend):
     store.publish("orders", [b"c"])
     store.deliver("orders", "billing", [("b1:1", 60000, 1)])
     store.publish("orders", [b"d"], defer_ms=60000)
-    store.pause_channel("orders", "billing", True)
+    store.control.pause_channel("orders", "billing", True)
     # b1 is not a live broker (it never announced itself): its consumer is not counted
 
     assert ok(backend, "stats") == [
@@ -165,9 +165,9 @@ def test_topics_and_channels(store, backend):
     assert ok(backend, "topics") == ["no topics"]
     store.subscribe("orders", "billing", "b1")
     announce(backend, "b1", 4150, client("orders", "billing", "b1:1", "worker-1", 5001))
-    store.create_channel("orders", "audit")
-    store.create_topic("idle")
-    store.pause_topic("idle", True)
+    store.control.create_channel("orders", "audit")
+    store.control.create_topic("idle")
+    store.control.pause_topic("idle", True)
     assert ok(backend, "topics") == ["topic   channels  paused",
                                      "idle    0         yes",
                                      "orders  2         no"]
@@ -185,20 +185,20 @@ def test_topics_and_channels(store, backend):
 
 def test_create_pause_unpause(store, backend):
     assert run(backend, "create", "orders/billing").exit_code == 1  # as /channel/create
-    assert store.topic_names() == []
+    assert store.reads.topic_names() == []
     assert ok(backend, "create", "orders") == ["created orders"]
     assert ok(backend, "create", "orders") == ["orders exists already"]
     assert ok_json(backend, "create", "orders/billing") == {"target": "orders/billing",
                                                             "created": True}
-    assert store.channel_names("orders") == ["billing"]
+    assert store.reads.channel_names("orders") == ["billing"]
     assert ok(backend, "pause", "orders/billing") == ["paused orders/billing"]
-    assert store.read_channel("orders", "billing")["paused"] is True
+    assert store.reads.read_channel("orders", "billing")["paused"] is True
     assert ok_json(backend, "pause", "orders") == {"target": "orders", "paused": True}
-    assert store.read_topic("orders")["paused"] is True
+    assert store.reads.read_topic("orders")["paused"] is True
     assert ok(backend, "unpause", "orders") == ["unpaused orders"]
     assert ok(backend, "unpause", "orders/billing") == ["unpaused orders/billing"]
-    assert (store.read_topic("orders")["paused"],
-            store.read_channel("orders", "billing")["paused"]) == (False, False)
+    assert (store.reads.read_topic("orders")["paused"],
+            store.reads.read_channel("orders", "billing")["paused"]) == (False, False)
 
 
 def test_pub_from_stdin_and_file_in_batches(store, backend, monkeypatch, tmp_path):
@@ -240,7 +240,7 @@ def test_pub_keeps_to_max_msg_size_and_max_body_size(store, backend, monkeypatch
     assert (result.exit_code, result.output) == (1, "".join(
         f"relay-admin: line {n}: {size} bytes, over --max-msg-size 10 (MSG_TOO_BIG): "
         "nothing published\n" for n, size in ((2, 11), (4, 12))))
-    assert calls == [] and store.read_channel("t", "c")["depth"] == 0
+    assert calls == [] and store.reads.read_channel("t", "c")["depth"] == 0
     assert ok(backend, "pub", "t", input="123456789\n" * 5 + "0123456789\n") == [
         "published 6 messages to t"]
     assert calls == [[9, 9], [9, 9], [9, 10]]    # /mpub bodies of 20, 20 and 21 bytes
@@ -269,7 +269,7 @@ def test_inflight_lists_ids_owners_attempts_and_deadlines(store, backend):
     assert data == {"in_flight_count": 3, "messages": [{
         "id": "0000000000000002", "attempts": 1, "deadline": rows[0]["deadline_ms"],
         "broker": "b1", "connection": 4, "client": "10.0.0.1:5001"}]}
-    store.empty_channel("t", "c")
+    store.control.empty_channel("t", "c")
     assert ok(backend, "inflight", "t/c") == ["nothing in flight on t/c"]
 
 
@@ -285,7 +285,7 @@ def test_requeue_ids_and_all(store, backend):
                                          "not_in_flight": ["0000000000000003"]}
     assert result.stderr == "relay-admin: 1 of 2 messages were not in flight on t/c\n"
     assert ok(backend, "requeue", "t/c", "--all") == ["requeued 2 messages in flight on t/c"]
-    c = store.read_channel("t", "c")
+    c = store.reads.read_channel("t", "c")
     assert (c["depth"], c["in_flight_count"], c["requeue_count"]) == (4, 0, 4)
 
 
@@ -325,7 +325,7 @@ def test_operations_inline_and_as_rq_jobs_do_the_same(store, backend, args, expe
 
 
 def stats_of(store, topic):
-    return [(name, store.read_channel(topic, name)) for name in store.channel_names(topic)]
+    return [(name, store.reads.read_channel(topic, name)) for name in store.reads.channel_names(topic)]
 
 
 def test_jobs_lists_state_and_progress(store, backend):
@@ -336,7 +336,7 @@ def test_jobs_lists_state_and_progress(store, backend):
     work(backend)
     store.subscribe("t", "gone", "")
     failing = ok_json(backend, "delete", "t/gone", "--background")
-    store.delete_channel("t", "gone")
+    store.control.delete_channel("t", "gone")
     work(backend)
     assert [line.split() for line in ok(backend, "jobs")] == [
         ["job", "operation", "target", "state", "progress"],
@@ -354,7 +354,7 @@ def test_big_operation_needs_a_worker_unless_background(store, backend, monkeypa
     assert (result.exit_code, result.output) == (
         1, "relay-admin: no `relay jobs` worker is running: start one, or pass --background "
            "to queue the job\n")
-    assert store.read_channel("t", "c")["depth"] == 1
+    assert store.reads.read_channel("t", "c")["depth"] == 1
 
 
 NAME_RULE = "1-64 characters of [.a-zA-Z0-9_-], optionally ending in #ephemeral"
@@ -386,7 +386,7 @@ def test_errors_exit_1_with_one_line(store, backend, args, message):
     store.subscribe("t", "c", "")
     result = run(backend, *args)
     assert (result.exit_code, result.output) == (1, f"relay-admin: {message}\n")
-    assert store.topic_names() == ["t"]
+    assert store.reads.topic_names() == ["t"]
 
 
 @pytest.mark.parametrize("args,message", [
@@ -403,7 +403,7 @@ def test_usage_errors_exit_2_with_one_line(backend, args, message):
 
 
 def test_redis_url_before_or_after_the_command(single_redis_url, monkeypatch):
-    Store(connect(single_redis_url)).create_topic("here")
+    Store(connect(single_redis_url)).control.create_topic("here")
     monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
     monkeypatch.setenv("RELAY_REDIS_URL", "redis://127.0.0.1:2/0")
     for args in (["--redis-url", single_redis_url, "topics"],

@@ -54,23 +54,23 @@ def test_empty_of_a_big_channel_runs_in_a_real_jobs_worker(processes, redis_url)
 def test_tail_reads_through_an_ephemeral_channel(processes, redis_url):
     _, port = processes.broker("--broadcast-address", "127.0.0.1")
     store = Store(connect(redis_url))
-    store.create_channel("t", "archive")
+    store.control.create_channel("t", "archive")
     store.publish("t", [b"before"])
     tail = subprocess.Popen([RELAY_ADMIN, "tail", "t", "-n", "3"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env={**os.environ, "REDIS_URL": redis_url})
-    assert wait_for(lambda: len(store.channel_names("t")) == 2)
-    [channel] = [c for c in store.channel_names("t") if c != "archive"]
+    assert wait_for(lambda: len(store.reads.channel_names("t")) == 2)
+    [channel] = [c for c in store.reads.channel_names("t") if c != "archive"]
     assert channel.startswith("tail") and channel.endswith("#ephemeral")
     store.publish("t", [b"one", b"two", b"three", b"four"])
     out, err = tail.communicate(timeout=10)
     assert (tail.returncode, out, err) == (0, b"one\ntwo\nthree\n", b"")
-    assert wait_for(lambda: store.channel_names("t") == ["archive"])
-    assert store.read_channel("t", "archive")["depth"] == 5
+    assert wait_for(lambda: store.reads.channel_names("t") == ["archive"])
+    assert store.reads.read_channel("t", "archive")["depth"] == 5
 
 
 def test_tail_aimed_at_an_http_port_says_so_in_one_line(processes, redis_url):
     _, port = processes.broker("--broadcast-address", "127.0.0.1")
-    Store(connect(redis_url)).create_topic("t")
+    Store(connect(redis_url)).control.create_topic("t")
     for http in (processes.http_ports[port], processes.lookupd_ports[port]):
         tail = relay_admin(redis_url, "tail", "t", "--broker", f"127.0.0.1:{http}")
         assert (tail.returncode, tail.stdout, tail.stderr) == (
@@ -86,7 +86,7 @@ def test_stats_and_brokers_show_the_clients_of_two_real_brokers(processes, redis
     c2 = consumer(port2, "t", "b", lambda m: (got.append(m.body), m.finish()))
     store = Store(connect(redis_url))
     # both channels exist before the publish (a channel created later gets none of it)
-    assert wait_for(lambda: [store.read_channel("t", ch)["client_count"] for ch in "ab"]
+    assert wait_for(lambda: [store.reads.read_channel("t", ch)["client_count"] for ch in "ab"]
                     == [1, 1], 20)
     publish(port1, "t", [b"x", b"y"])
     assert wait_for(lambda: len(got) == 4, 20)

@@ -32,8 +32,8 @@ def test_no_message_stays_in_flight_after_its_consumer_drops_the_connection(
             msg_id = consumer.message()[2]
             consumer.command(f"FIN {msg_id.decode()}")
         consumer.close()    # no CLS: the connection just goes
-        assert wait_for(lambda: store.read_channel("drop", "c")["in_flight_count"] == 0,
-                        2.0), (attempt, store.read_channel("drop", "c"))
+        assert wait_for(lambda: store.reads.read_channel("drop", "c")["in_flight_count"] == 0,
+                        2.0), (attempt, store.reads.read_channel("drop", "c"))
     producer.close()
 
 

@@ -113,14 +113,14 @@ def test_moving_slots_under_load_loses_no_acknowledged_message(own_cluster, tmp_
         store = Store(connect(url))
         assert wait_for(lambda: acked <= set(received), timeout=60), (
             f"not delivered: {sorted(acked - set(received))[:10]}, "
-            f"{ {t: store.read_channel(t, 'c') for t in TOPICS} }")
+            f"{ {t: store.reads.read_channel(t, 'c') for t in TOPICS} }")
         stop(*consumers)
         assert failed == []
         assert [(t, owner(nodes, s)) for t, s, _, target, _ in moves] == \
             [(t, target) for t, s, _, target, _ in moves]
         assert all(keys >= 6 for *_, keys in moves), moves  # the topic's keys, 2 at a time
         for topic in TOPICS:
-            stats = store.read_channel(topic, "c")
+            stats = store.reads.read_channel(topic, "c")
             assert (stats["depth"], stats["deferred_count"]) == (0, 0)
         # publishing went on through the moves: they take at least 1.8 s (each topic's
         # 6+ keys moved 2 at a time, 0.1 s apart), in which a producer publishing every
@@ -157,7 +157,7 @@ def test_the_node_due_index_follows_a_slot_moved_to_another_master(own_cluster):
     target = (source + 1) % 3
     embedded.move_slot(nodes[source], nodes[target], slot,
                        others=[n for i, n in enumerate(nodes) if i not in (source, target)])
-    while store.read_channel(topic, "c")["timeout_count"] == 0:
+    while store.reads.read_channel(topic, "c")["timeout_count"] == 0:
         assert time.monotonic() - delivered < 2 + 1.5, "not requeued on time"
         scanner.scan_once()
         time.sleep(0.05)

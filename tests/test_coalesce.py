@@ -50,13 +50,13 @@ def test_merged_publishes_are_one_call_and_each_gets_the_count_of_its_last(store
     assert queued(store) == [b"before", b"a", b"b", b"c", b"d"]
     assert [parse_record(r)[2] for r in store.redis.lrange(
         ChannelKeys.of("t", "c").queue, 0, -1)][1:] == [b"%016x" % n for n in (2, 3, 4, 5)]
-    assert store.read_channel("t", "c")["message_count"] == 5
+    assert store.reads.read_channel("t", "c")["message_count"] == 5
 
 
 def test_publishes_merge_per_topic_delay_and_keyedness(store):
     """Deferred ones merge only with those of the same delay; keyed only with keyed."""
     store.subscribe("t", "c", "b1")
-    store.set_dedup("t", 60_000)
+    store.dedup.set_dedup("t", 60_000)
     ops = [store.publish_op("t", [b"now"]), store.publish_op("u", [b"other topic"]),
            store.publish_op("t", [b"later"], defer_ms=60_000),
            store.publish_op("t", [b"now too"]),
@@ -66,15 +66,15 @@ def test_publishes_merge_per_topic_delay_and_keyedness(store):
     answers, calls = merged_run(store, ops)
     assert (answers, calls) == ([1, 1, 3, 2, 4, 5, 0], 5)
     assert queued(store) == [b"now", b"now too", b"keyed"]
-    assert store.read_channel("t", "c")["deferred_count"] == 3
+    assert store.reads.read_channel("t", "c")["deferred_count"] == 3
 
 
 def test_keyed_publishes_merged_count_their_own_duplicates(store):
     """A key an earlier publish of the same call has is a duplicate, as it would be
     in a call of its own after that one."""
     store.subscribe("t", "c", "b1")
-    store.set_dedup("t", 60_000)
-    assert store.publish_keyed("t", [b"old"], [b"k0"]) == 0
+    store.dedup.set_dedup("t", 60_000)
+    assert store.dedup.publish_keyed("t", [b"old"], [b"k0"]) == 0
     ops = [store.publish_op("t", [b"1"], publish_keys=[b"k1"], index=0),
            store.publish_op("t", [b"1 again", b"2"], publish_keys=[b"k1", b"k2"], index=0),
            store.publish_op("t", [b"old again"], publish_keys=[b"k0"], index=0),
@@ -88,7 +88,7 @@ def test_a_full_channel_refuses_only_the_publishes_it_has_no_room_for(store):
     after those before it: the refused one gets the refusal, the others are published."""
     for channel in ("c", "d"):
         store.subscribe("t", channel, "b1")
-    store.set_limit("t", "c", Limit(3, "reject"))
+    store.limits.set_limit("t", "c", Limit(3, "reject"))
     ops = [store.publish_op("t", [b"1", b"2"]), store.publish_op("t", [b"3", b"4"]),
            store.publish_op("t", [b"5"]), store.publish_op("t", [b"6"])]
     answers, calls = merged_run(store, ops)
@@ -100,24 +100,24 @@ def test_a_full_channel_refuses_only_the_publishes_it_has_no_room_for(store):
 
 def test_a_refused_publish_leaves_its_keys_for_a_later_one(store):
     store.subscribe("t", "c", "b1")
-    store.set_dedup("t", 60_000)
-    store.set_limit("t", "c", Limit(3, "reject"))
+    store.dedup.set_dedup("t", 60_000)
+    store.limits.set_limit("t", "c", Limit(3, "reject"))
     ops = [store.publish_op("t", [b"a", b"b", b"c", b"d"], index=0,
                             publish_keys=[b"ka", b"kb", b"kc", b"kd"]),
            store.publish_op("t", [b"a"], index=0, publish_keys=[b"ka"])]
     answers, _ = merged_run(store, ops)
     assert [str(a) if isinstance(a, StoreError) else a for a in answers] == [FULL, 0]
     assert queued(store) == [b"a"]
-    assert store.publish_keyed("t", [b"a"], [b"ka"]) == 1
+    assert store.dedup.publish_keyed("t", [b"a"], [b"ka"]) == 1
 
 
 def test_merged_publishes_are_retained_each(store):
     """With retention on, the history keeps every message of a merged call, in order."""
     store.subscribe("t", "c", "b1")
-    store.set_retention("t", 60_000, 0)
+    store.history.set_retention("t", 60_000, 0)
     ops = [store.publish_op("t", [b"a"]), store.publish_op("t", [b"b", b"c"])]
     assert merged_run(store, ops) == ([1, 3], 1)
-    assert [parse_record(r)[3] for chunk in store.history_records("t")
+    assert [parse_record(r)[3] for chunk in store.history.history_records("t")
             for r in chunk] == [b"a", b"b", b"c"]
 
 
@@ -125,7 +125,7 @@ def test_publishes_to_a_partitioned_topic_merge_per_part(store):
     """Each publish goes to the next part in turn: one call per part, each publish
     answered its part's count."""
     store.subscribe("t", "c", "b1")
-    store.set_partitions("t", 3)
+    store.control.set_partitions("t", 3)
     store.subscribe("t", "c", "b1")
     ops = [store.publish_op("t", [b"%d" % i]) for i in range(9)]
     answers, calls = merged_run(store, ops)
@@ -162,14 +162,14 @@ def test_a_brokers_mpubs_to_a_topic_with_a_channel_are_one_call_each(processes, 
     learned it)."""
     _, port = processes.broker()
     client = connect(redis_url)
-    Store(client).create_channel("t", "c")
+    Store(client).control.create_channel("t", "c")
     producer = Wire(port)
     assert producer.mpub("t", [b"m"] * 20) == (FRAME_RESPONSE, b"OK")
     before = evalsha_calls(client)
     for _ in range(5):
         assert producer.mpub("t", [b"m"] * 20) == (FRAME_RESPONSE, b"OK")
     assert evalsha_calls(client) - before == 5
-    assert Store(client).read_channel("t", "c")["depth"] == 120
+    assert Store(client).reads.read_channel("t", "c")["depth"] == 120
 
 
 def test_a_failed_merged_call_fails_each_publish_it_carried(store):
@@ -294,8 +294,8 @@ def test_dedup_keys_and_a_depth_limit_hold_per_publish_when_coalesced(processes,
     assert api.request("POST", "/topic/create?topic=t")[0] == 200
     assert api.request("POST", "/channel/create?topic=t&channel=ch")[0] == 200
     store = Store(connect(redis_url))
-    store.set_dedup("t", 60_000)
-    store.set_limit("t", "ch", Limit(3, "reject"))
+    store.dedup.set_dedup("t", 60_000)
+    store.limits.set_limit("t", "ch", Limit(3, "reject"))
     wires = [Wire(port) for _ in range(8)]
     for wire in wires:
         assert wire.identify(relay_dedup=True)[0] == FRAME_RESPONSE

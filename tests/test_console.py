@@ -56,7 +56,7 @@ def act(client, action, /, **form):
 
 @pytest.fixture
 def orders(store):
-    store.create_channel("orders", "billing")
+    store.control.create_channel("orders", "billing")
     store.publish("orders", [b"one", b"two", HOSTILE])
     return store
 
@@ -102,7 +102,7 @@ def test_overview_is_read_once_a_second_however_many_ask(orders):
 
 
 def test_topic_page_shows_parts_settings_and_channels(orders):
-    orders.set_ttl("orders", None, 60_000)
+    orders.expiry.set_ttl("orders", None, 60_000)
     page = text(console(orders).get("/topics/orders"))
     assert "Topic orders" in page
     assert "<tr><th>TTL</th><td>1m</td></tr>" in page
@@ -117,7 +117,7 @@ def test_channel_page_shows_counts_consumers_and_settings(orders):
     assert "no consumers" in page and "nothing in flight" in page
     assert "<th>ordered</th><td>no</td>" in page
     assert "<th>TTL</th><td>none</td>" in page
-    orders.set_ttl("orders", "billing", 30_000)
+    orders.expiry.set_ttl("orders", "billing", 30_000)
     assert "<th>TTL</th><td>30s (channel&#39;s)</td>" in text(client.get("/topics/orders/billing"))
 
 
@@ -177,7 +177,7 @@ def test_redrive_all_dead_letters(orders):
     client = console(orders)
     done = act(client, "redrive", topic="orders", channel="billing", all="yes")
     assert "redrove 3 dead letters to orders/billing" in text(client.get(done.location))
-    assert orders.read_channel("orders", "billing")["depth"] == 6
+    assert orders.reads.read_channel("orders", "billing")["depth"] == 6
 
 
 def test_pause_unpause_empty_delete_each_confirmed(orders):
@@ -186,35 +186,35 @@ def test_pause_unpause_empty_delete_each_confirmed(orders):
     for name in ("pause", "empty", "delete"):
         ask = client.post(f"/actions/{name}", data=target)
         assert ask.status_code == 200 and "Yes, " + name in text(ask)
-    assert not orders.read_channel("orders", "billing")["paused"]
+    assert not orders.reads.read_channel("orders", "billing")["paused"]
     act(client, "pause", **target)
-    assert orders.read_channel("orders", "billing")["paused"]
+    assert orders.reads.read_channel("orders", "billing")["paused"]
     act(client, "unpause", **target)
-    assert not orders.read_channel("orders", "billing")["paused"]
+    assert not orders.reads.read_channel("orders", "billing")["paused"]
     emptied = act(client, "empty", **target)
     assert "emptied orders/billing: 3 messages dropped" in text(client.get(emptied.location))
-    assert orders.read_channel("orders", "billing")["depth"] == 0
+    assert orders.reads.read_channel("orders", "billing")["depth"] == 0
     act(client, "delete", **target)
-    assert orders.channel_names("orders") == []
+    assert orders.reads.channel_names("orders") == []
     act(client, "delete", topic="orders")
-    assert "orders" not in orders.topic_names()
+    assert "orders" not in orders.reads.topic_names()
 
 
 def test_create_channel_from_latest_and_earliest(orders):
-    orders.set_retention("orders", 3_600_000, 0)
+    orders.history.set_retention("orders", 3_600_000, 0)
     orders.publish("orders", [b"kept"])
     client = console(orders)
     act(client, "create", topic="orders", name="audit", start="earliest")
-    assert orders.read_channel("orders", "audit")["depth"] == 1
+    assert orders.reads.read_channel("orders", "audit")["depth"] == 1
     act(client, "create", topic="orders", name="fresh", start="latest")
-    assert orders.read_channel("orders", "fresh")["depth"] == 0
+    assert orders.reads.read_channel("orders", "fresh")["depth"] == 0
     bad = act(client, "create", topic="orders", name="bad name!")
     assert bad.status_code == 400 and "invalid channel name" in text(bad)
 
 
 def test_replay_by_time(orders):
-    orders.set_retention("orders", 3_600_000, 0)
-    orders.create_channel("orders", "audit")
+    orders.history.set_retention("orders", 3_600_000, 0)
+    orders.control.create_channel("orders", "audit")
     orders.publish("orders", [b"a", b"b"])
     client = console(orders)
     act(client, "empty", topic="orders", channel="audit")
@@ -233,9 +233,9 @@ def test_read_only_refuses_every_action_and_changes_nothing(orders):
     for name in ("pause", "empty", "delete", "redrive", "replay", "create"):
         refused = act(client, name, topic="orders", channel="billing")
         assert refused.status_code == 403 and "read-only" in text(refused)
-    assert orders.channel_names("orders") == ["billing"]
-    assert orders.read_channel("orders", "billing")["depth"] == 3
-    assert not orders.read_channel("orders", "billing")["paused"]
+    assert orders.reads.channel_names("orders") == ["billing"]
+    assert orders.reads.read_channel("orders", "billing")["depth"] == 3
+    assert not orders.reads.read_channel("orders", "billing")["paused"]
 
 
 def test_bad_action_input_is_a_clear_message(orders):
@@ -252,12 +252,12 @@ def test_csrf_token_is_required_on_every_change(orders):
     client = console(orders, csrf=True)
     refused = act(client, "pause", topic="orders", channel="billing")
     assert refused.status_code == 400 and "CSRF" in text(refused)
-    assert not orders.read_channel("orders", "billing")["paused"]
+    assert not orders.reads.read_channel("orders", "billing")["paused"]
     page = text(client.get("/topics/orders/billing"))
     token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
     assert act(client, "pause", topic="orders", channel="billing",
                csrf_token=token).status_code == 302
-    assert orders.read_channel("orders", "billing")["paused"]
+    assert orders.reads.read_channel("orders", "billing")["paused"]
 
 
 def test_login_is_required_and_grants_are_checked(orders, tmp_path):
@@ -274,7 +274,7 @@ def test_login_is_required_and_grants_are_checked(orders, tmp_path):
     assert topic_wide.status_code == 403 and "do not allow" in text(topic_wide)
     assert not collect(orders, "orders")["topics"][0]["paused"]
     assert act(client, "pause", topic="orders", channel="billing").status_code == 302
-    assert orders.read_channel("orders", "billing")["paused"]
+    assert orders.reads.read_channel("orders", "billing")["paused"]
     client.post("/logout")
     assert client.get("/").status_code == 302
 
@@ -296,6 +296,6 @@ def test_big_operations_run_as_jobs_with_a_progress_page(orders, monkeypatch):
     page = text(client.get(queued.location))
     assert "empty orders/billing" in page and "queued" in page
     assert "no `relay jobs` worker is running" in page
-    assert orders.read_channel("orders", "billing")["depth"] == 3     # no worker yet
+    assert orders.reads.read_channel("orders", "billing")["depth"] == 3     # no worker yet
     assert "empty orders/billing" in text(client.get("/jobs"))
     assert client.get("/jobs/nope").status_code == 404

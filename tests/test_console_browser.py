@@ -63,7 +63,7 @@ def confirm(page) -> None:
 def test_redrive_a_dead_letter_and_pause_a_channel_by_clicking(processes, page, tmp_path):
     from playwright.sync_api import expect
     store = Store(connect(processes.redis_url))
-    store.create_channel("orders", "billing")
+    store.control.create_channel("orders", "billing")
     for n, body in ((7, b"lost order 7"), (8, b"lost order 8")):
         record = make_record(time.time_ns(), 5, b"%016x" % n, body)
         store.publish("orders.dead", [deadletter.envelope("orders", "billing", record)])
@@ -110,7 +110,7 @@ def test_redrive_a_dead_letter_and_pause_a_channel_by_clicking(processes, page, 
 def test_pages_update_by_themselves(processes, page, tmp_path):
     from playwright.sync_api import expect
     store = Store(connect(processes.redis_url))
-    store.create_channel("clicks", "stream")
+    store.control.create_channel("clicks", "stream")
     _, port = processes.console()
     page.goto(f"http://127.0.0.1:{port}/topics/clicks/stream")
     expect(page.locator("b.depth")).to_have_text("0")

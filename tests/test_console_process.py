@@ -48,7 +48,7 @@ def received(sock: socket.socket) -> bytes:
 @pytest.fixture
 def orders(redis_url):
     store = Store(connect(redis_url))
-    store.create_channel("orders", "billing")
+    store.control.create_channel("orders", "billing")
     store.publish("orders", [b"one"])
     return store
 
@@ -65,12 +65,12 @@ def test_keep_alive_and_a_half_sent_action_runs_nothing(processes, orders):
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.sendall(whole[:-5])        # the client hangs up before its last bytes
     time.sleep(0.5)
-    assert not orders.read_channel("orders", "billing")["paused"]
+    assert not orders.reads.read_channel("orders", "billing")["paused"]
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.sendall(whole)
         sock.shutdown(socket.SHUT_WR)
         assert received(sock).startswith(b"HTTP/1.1 302 ")
-    assert orders.read_channel("orders", "billing")["paused"]
+    assert orders.reads.read_channel("orders", "billing")["paused"]
 
 
 def test_strict_framing_and_no_traceback(processes, orders):
@@ -87,7 +87,7 @@ def test_strict_framing_and_no_traceback(processes, orders):
         sock.sendall(b"POST /actions/pause HTTP/1.1\r\nHost: a\r\nContent-Length: "
                      + str(len(big)).encode() + b"\r\n\r\n")
         assert received(sock).startswith(b"HTTP/1.1 413 ")
-    assert not orders.read_channel("orders", "billing")["paused"]
+    assert not orders.reads.read_channel("orders", "billing")["paused"]
     proc.terminate()
     proc.wait(10)
     assert "Traceback" not in processes.logs()
@@ -102,7 +102,7 @@ def test_read_only_unless_told(processes, orders):
         sock.shutdown(socket.SHUT_WR)
         answer = received(sock)
     assert answer.startswith(b"HTTP/1.1 403 ") and b"read-only" in answer
-    assert not orders.read_channel("orders", "billing")["paused"]
+    assert not orders.reads.read_channel("orders", "billing")["paused"]
 
 
 def test_no_redis_password_in_pages_or_logs(processes, own_redis):

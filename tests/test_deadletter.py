@@ -62,7 +62,7 @@ def test_the_delivery_after_max_attempts_goes_to_the_outbox(channel):
     assert attempt(store, 2) == []
     assert [parse_record(r)[1:] for r in outbox(store)] == [
         (2, b"%016x" % 1, b"poison"), (2, b"%016x" % 2, b"fine")]
-    state = store.read_channel("t", "c")
+    state = store.reads.read_channel("t", "c")
     assert (state["depth"], state["in_flight_count"], state["dead_count"]) == (0, 0, 2)
     assert store.redis.zscore(keys.TopicKeys.of("t").due, "c") is not None
 
@@ -82,11 +82,11 @@ def test_unlimited_by_default_and_the_channel_setting_wins(channel):
     store.publish("t", [b"m"])
     for _ in range(5):
         assert len(attempt(store, max_attempts=0)) == 1
-    store.configure_channel("t", "c", "max_attempts", 3)
+    store.control.configure_channel("t", "c", "max_attempts", 3)
     assert attempt(store, max_attempts=0) == []
     assert len(outbox(store)) == 1
     store.publish("t", [b"n"])
-    store.configure_channel("t", "c", "max_attempts", 0)
+    store.control.configure_channel("t", "c", "max_attempts", 0)
     for _ in range(4):
         assert len(attempt(store, max_attempts=1)) == 1
 
@@ -106,8 +106,8 @@ def test_scanner_publishes_readable_letters_to_the_dead_letter_topic(channel):
          "timestamp": published_ns, "reason": "max_attempts", "body": "poison"},
         {"topic": "t", "channel": "c", "id": "0000000000000002", "attempts": 1,
          "timestamp": published_ns, "reason": "max_attempts", "body_base64": "/wA="}]
-    assert store.read_topic("t.dead")["message_count"] == 2
-    assert store.read_channel("t", "c")["dead_count"] == 2
+    assert store.reads.read_topic("t.dead")["message_count"] == 2
+    assert store.reads.read_channel("t", "c")["dead_count"] == 2
 
 
 def test_a_claimed_outbox_is_left_to_its_scanner(channel):
@@ -121,23 +121,23 @@ def test_a_claimed_outbox_is_left_to_its_scanner(channel):
 
 def test_the_channel_names_its_own_dead_letter_topic(channel):
     store = channel
-    store.configure_channel("t", "c", "dead_letter_topic", "graveyard")
+    store.control.configure_channel("t", "c", "dead_letter_topic", "graveyard")
     poison(store)
     assert deadletter.forward(store, "t", "c", TEMPLATE) == 1
     assert [m["body"] for m in dead_messages(store, "graveyard")] == ["poison"]
-    store.configure_channel("t", "c", "dead_letter_topic", None)
+    store.control.configure_channel("t", "c", "dead_letter_topic", None)
     assert [letter["body"] for _, _, letter in deadletter.letters(store, "t", "c")] == [
         "poison"]          # found where they went, whatever the setting is now
 
 
 def test_an_invalid_dead_letter_topic_keeps_the_letters(channel):
     store = channel
-    store.configure_channel("t", "c", "dead_letter_topic", "no/slash")
+    store.control.configure_channel("t", "c", "dead_letter_topic", "no/slash")
     poison(store)
     with pytest.raises(StoreError, match="'no/slash' of t/c is not a valid topic name"):
         deadletter.forward(store, "t", "c", TEMPLATE)
     assert len(outbox(store)) == 1
-    store.configure_channel("t", "c", "dead_letter_topic", None)
+    store.control.configure_channel("t", "c", "dead_letter_topic", None)
     assert deadletter.forward(store, "t", "c", TEMPLATE) == 1
 
 
@@ -157,11 +157,11 @@ def test_redrive_queues_the_original_message_once_and_empties_the_dead_letter_to
                      {"done": 4, "requeued": 3, "total": 6},
                      {"done": 6, "requeued": 3, "total": 6}]
     assert list(deadletter.letters(store, "t", "c")) == []
-    assert [store.read_channel("t.dead", ch)["depth"] for ch in ("audit", "inspect")] == [0, 0]
+    assert [store.reads.read_channel("t.dead", ch)["depth"] for ch in ("audit", "inspect")] == [0, 0]
     queue = store.redis.lrange(ChannelKeys.of("t", "c").queue, 0, -1)
     assert [parse_record(r) for r in queue] == [
         (published_ns, 0, b"%016x" % i, body) for i, body in ((1, b"a"), (2, b"b"), (3, b"\xfe"))]
-    assert store.read_channel("t", "other")["depth"] == 0
+    assert store.reads.read_channel("t", "other")["depth"] == 0
     [records] = store.deliver("t", "c", [("a", 60_000, 3)], 1)
     assert [parse_record(r)[1] for r in records] == [1, 1, 1]
 
@@ -184,7 +184,7 @@ def test_redrive_to_a_deleted_channel_fails_and_keeps_the_letters(channel):
     store = channel
     poison(store, b"x")
     deadletter.forward(store, "t", "c", TEMPLATE)
-    store.delete_channel("t", "c")
+    store.control.delete_channel("t", "c")
     with pytest.raises(StoreError, match="channel t/c does not exist"):
         list(deadletter.redrive(store, "t", "c"))
     assert len(dead_messages(store)) == 1
@@ -203,7 +203,7 @@ def test_envelopes_that_are_not_letters_are_ignored():
 def dead_in_every_part(store) -> None:
     """Three messages, one per part of t, delivered on t/c at max attempts 1 and timed
     out twice: each goes to t.dead (read by channel `read`)."""
-    store.set_partitions("t", 3)
+    store.control.set_partitions("t", 3)
     store.subscribe("t", "c", "b1")
     store.subscribe("t.dead", "read", "")
     for n in range(3):
@@ -218,8 +218,8 @@ def dead_in_every_part(store) -> None:
 
 def test_timeouts_and_dead_letters_of_every_part(store):
     dead_in_every_part(store)
-    assert store.read_channel("t", "c")["timeout_count"] == 3
-    assert store.read_channel("t", "c")["dead_count"] == 3
+    assert store.reads.read_channel("t", "c")["timeout_count"] == 3
+    assert store.reads.read_channel("t", "c")["dead_count"] == 3
     letters = [json.loads(parse_record(r)[3])
                for r in store.deliver("t.dead", "read", [("r", 60_000, 10)])[0]]
     assert sorted((l["topic"], l["channel"], l["body"]) for l in letters) == \
@@ -274,7 +274,7 @@ def test_config_shows_the_value_in_force_and_where_it_comes_from(store, backend,
     assert ok(backend, "config", "t/c") == ["setting            value   source",
                                             "max-attempts       5       channel setting",
                                             "dead-letter-topic  poison  channel setting"]
-    assert store.channel_setting("t", "c", "max_attempts") == "5"
+    assert store.reads.channel_setting("t", "c", "max_attempts") == "5"
     assert ok_json(backend, "config", "t/c", "max-attempts", "--unset") == {
         "max-attempts": {"value": 0, "source": "default"},
         "dead-letter-topic": {"value": "poison", "source": "channel setting"}}

@@ -27,103 +27,103 @@ def topic_bodies(store, topic="t", channel="c") -> list:
 
 def test_a_key_seen_within_the_window_publishes_nothing_again(store):
     store.subscribe("t", "c", "b1")
-    store.set_dedup("t", 60_000)
-    assert store.publish_keyed("t", [b"one"], [b"k1"]) == 0
-    assert store.publish_keyed("t", [b"one again"], [b"k1"]) == 1
-    assert store.publish_keyed("t", [b"two", b"one", b"three"], [b"k2", b"k1", b"k3"]) == 1
+    store.dedup.set_dedup("t", 60_000)
+    assert store.dedup.publish_keyed("t", [b"one"], [b"k1"]) == 0
+    assert store.dedup.publish_keyed("t", [b"one again"], [b"k1"]) == 1
+    assert store.dedup.publish_keyed("t", [b"two", b"one", b"three"], [b"k2", b"k1", b"k3"]) == 1
     assert topic_bodies(store) == [b"one", b"two", b"three"]
-    assert store.read_topic("t")["message_count"] == 3
+    assert store.reads.read_topic("t")["message_count"] == 3
 
 
 def test_a_key_repeated_in_one_mpub_publishes_once(store):
     store.subscribe("t", "c", "b1")
-    store.set_dedup("t", 60_000)
-    assert store.publish_keyed("t", [b"a", b"b", b"a2"], [b"x", b"y", b"x"]) == 1
+    store.dedup.set_dedup("t", 60_000)
+    assert store.dedup.publish_keyed("t", [b"a", b"b", b"a2"], [b"x", b"y", b"x"]) == 1
     assert topic_bodies(store) == [b"a", b"b"]
 
 
 def test_with_the_window_off_keys_change_nothing(store):
     store.subscribe("t", "c", "b1")
-    assert store.dedup_window("t") == 0
-    assert store.publish_keyed("t", [b"a", b"a"], [b"k", b"k"]) == 0
+    assert store.dedup.dedup_window("t") == 0
+    assert store.dedup.publish_keyed("t", [b"a", b"a"], [b"k", b"k"]) == 0
     assert topic_bodies(store) == [b"a", b"a"]
     assert store.redis.exists(keys.dedup_key("t")) == 0
-    store.set_dedup("t", 60_000)
-    store.set_dedup("t", 0)
-    assert store.publish_keyed("t", [b"a"], [b"k"]) == 0
+    store.dedup.set_dedup("t", 60_000)
+    store.dedup.set_dedup("t", 0)
+    assert store.dedup.publish_keyed("t", [b"a"], [b"k"]) == 0
     assert len(topic_bodies(store)) == 3
 
 
 def test_a_key_is_published_again_once_its_window_passed(store):
     store.subscribe("t", "c", "b1")
-    store.set_dedup("t", 50)
-    assert store.publish_keyed("t", [b"a"], [b"k"]) == 0
+    store.dedup.set_dedup("t", 50)
+    assert store.dedup.publish_keyed("t", [b"a"], [b"k"]) == 0
     wait_past(store, now_ms(store) + 60)
-    assert store.publish_keyed("t", [b"b"], [b"k"]) == 0
+    assert store.dedup.publish_keyed("t", [b"b"], [b"k"]) == 0
     assert topic_bodies(store) == [b"a", b"b"]
 
 
 def test_memory_is_bounded_by_the_window(store):
     """Expired keys are swept by later publishes, and the whole set expires a window
     after its last write."""
-    store.set_dedup("t", 1000)   # past by the reads below, however slow the machine
-    store.publish_keyed("t", [b"m"] * 50, [b"old%d" % i for i in range(50)])
+    store.dedup.set_dedup("t", 1000)   # past by the reads below, however slow the machine
+    store.dedup.publish_keyed("t", [b"m"] * 50, [b"old%d" % i for i in range(50)])
     wait_past(store, now_ms(store) + 1010)
-    store.publish_keyed("t", [b"m"], [b"new"])
+    store.dedup.publish_keyed("t", [b"m"], [b"new"])
     assert store.redis.zrange(keys.dedup_key("t"), 0, -1) == [b"new"]
     assert 0 < store.redis.pttl(keys.dedup_key("t")) <= 1000
 
 
 def test_a_deferred_keyed_publish_is_deduplicated_too(store):
     store.subscribe("t", "c", "b1")
-    store.set_dedup("t", 60_000)
-    assert store.publish_keyed("t", [b"a"], [b"k"], defer_ms=60_000) == 0
-    assert store.publish_keyed("t", [b"a"], [b"k"], defer_ms=60_000) == 1
-    assert store.read_channel("t", "c")["deferred_count"] == 1
+    store.dedup.set_dedup("t", 60_000)
+    assert store.dedup.publish_keyed("t", [b"a"], [b"k"], defer_ms=60_000) == 0
+    assert store.dedup.publish_keyed("t", [b"a"], [b"k"], defer_ms=60_000) == 1
+    assert store.reads.read_channel("t", "c")["deferred_count"] == 1
 
 
 def test_a_key_always_goes_to_the_part_its_hash_picks(store):
-    store.set_partitions("t", 3)
+    store.control.set_partitions("t", 3)
     store.subscribe("t", "c", "b1")
-    store.set_dedup("t", 60_000)
+    store.dedup.set_dedup("t", 60_000)
     assert [store.redis.hget(keys.TopicKeys.of(p).meta, "dedup_ms") for p in store.parts("t")] \
         == [b"60000"] * 3
     ids = [b"key-%d" % i for i in range(30)]
-    assert store.publish_keyed("t", [b"m-" + k for k in ids], ids) == 0
-    assert store.publish_keyed("t", [b"again"] * 30, ids) == 30
+    assert store.dedup.publish_keyed("t", [b"m-" + k for k in ids], ids) == 0
+    assert store.dedup.publish_keyed("t", [b"again"] * 30, ids) == 30
     for index, part in enumerate(store.parts("t")):
         expected = [b"m-" + k for k in ids if key_part(k, 3) == index]
         assert bodies(queue(store, part, "c")) == expected
         assert sorted(store.redis.zrange(keys.dedup_key(part), 0, -1)) == \
             sorted(k for k in ids if key_part(k, 3) == index)
-    assert {p["keys"] for p in store.dedup_report("t")["partitions"]} <= set(range(31))
-    assert sum(p["keys"] for p in store.dedup_report("t")["partitions"]) == 30
+    assert {p["keys"] for p in store.dedup.dedup_report("t")["partitions"]} <= set(range(31))
+    assert sum(p["keys"] for p in store.dedup.dedup_report("t")["partitions"]) == 30
 
 
 def test_new_parts_get_the_window(store):
-    store.set_dedup("t", 5000)
-    store.set_partitions("t", 2)
+    store.dedup.set_dedup("t", 5000)
+    store.control.set_partitions("t", 2)
     assert store.redis.hget(keys.TopicKeys.of(store.parts("t")[1]).meta, "dedup_ms") == b"5000"
 
 
 def test_a_keyed_mpub_past_one_call_is_split_and_deduplicated_whole(store):
     store.subscribe("t", "c", "b1")
-    store.set_dedup("t", 60_000)
+    store.dedup.set_dedup("t", 60_000)
     n = KEYED_BODIES * 2 + 10
     ids = [b"%d" % i for i in range(n)]
-    assert len(store.keyed_publish_ops("t", [b"x"] * n, ids)) == 3
-    assert store.publish_keyed("t", [b"x"] * n, ids) == 0
-    assert store.publish_keyed("t", [b"x"] * n, ids) == n
-    assert store.read_channel("t", "c")["depth"] == n
+    assert len(store.dedup.keyed_publish_ops("t", [b"x"] * n, ids)) == 3
+    assert store.dedup.publish_keyed("t", [b"x"] * n, ids) == 0
+    assert store.dedup.publish_keyed("t", [b"x"] * n, ids) == n
+    assert store.reads.read_channel("t", "c")["depth"] == n
 
 
 def test_racing_publishers_of_one_key_publish_it_once(store):
     store.subscribe("t", "c", "b1")
-    store.set_dedup("t", 60_000)
+    store.dedup.set_dedup("t", 60_000)
     duplicates = []
 
     def publish(n):
-        duplicates.append(store.publish_keyed("t", [b"body %d" % n], [b"the-key"]))
+        duplicates.append(store.dedup.publish_keyed("t", [b"body %d" % n], [b"the-key"]))
     threads = [threading.Thread(target=publish, args=(n,)) for n in range(8)]
     for t in threads:
         t.start()
@@ -147,12 +147,12 @@ def test_key_limits(key, problem):
 def test_relay_admin_dedup_shows_sets_and_turns_off(store, backend):
     assert ok(backend, "dedup", "t", "--window", "10m") == [
         "t: dedup window 10m", "partition  keys", "0          0"]
-    store.publish_keyed("t", [b"a", b"b"], [b"k1", b"k2"])
+    store.dedup.publish_keyed("t", [b"a", b"b"], [b"k1", b"k2"])
     assert ok_json(backend, "dedup", "t") == {
         "topic": "t", "on": True, "window_ms": 600_000,
         "partitions": [{"partition": 0, "keys": 2}]}
     assert ok(backend, "dedup", "t", "--off")[0] == "t: dedup off"
-    assert store.dedup_window("t") == 0
+    assert store.dedup.dedup_window("t") == 0
     assert run(backend, "dedup", "t", "--window", "0").output == (
         "relay-admin: a window of 0 remembers nothing: give --off to turn it off "
         "(see relay-admin dedup --help)\n")

@@ -119,22 +119,22 @@ def test_msg_delete_a_queued_and_a_deferred_one_but_not_in_flight(places, backen
         "deleted message 0000000000000003 from t/c (queued at position 2)"]
     assert ok_json(backend, "msg", "t", "0000000000000004", "--channel", "c", "--delete") == {
         "topic": "t", "channel": "c", "id": "0000000000000004", "deleted": "deferred"}
-    c = store.read_channel("t", "c")
+    c = store.reads.read_channel("t", "c")
     assert (c["depth"], c["in_flight_count"], c["deferred_count"], c["deleted_count"]) == (
         3, 1, 0, 2)
     assert store.redis.hlen(ChannelKeys.of("t", "c").msgs) == 1
-    d = store.read_channel("t", "d")
+    d = store.reads.read_channel("t", "d")
     assert (d["depth"], d["deferred_count"]) == (5, 1)          # the other channel kept them
     result = run(backend, "msg", "t", "0000000000000004", "--channel", "c", "--delete")
     assert (result.exit_code, result.output) == (1, (
         "relay-admin: message 0000000000000004 is not queued or deferred on t/c: "
         "nothing deleted\n"))
-    assert store.read_channel("t", "c")["deleted_count"] == 2
+    assert store.reads.read_channel("t", "c")["deleted_count"] == 2
 
 
 def test_peek_queue_and_deferred_without_taking(places, backend):
     store, c = places, ChannelKeys.of("t", "c")
-    before = store.read_channel("t", "c")
+    before = store.reads.read_channel("t", "c")
     published = published_at(store)
     assert ok(backend, "peek", "t", "c", "-n", "2") == [
         "part  position  id                attempts  published                 body",
@@ -149,14 +149,14 @@ def test_peek_queue_and_deferred_without_taking(places, backend):
     data = ok_json(backend, "peek", "t", "d", "-n", "2")
     assert [(m["id"], m["position"], m["body_base64"]) for m in data["queued"]] == [
         ("0000000000000001", 1, "YQ=="), ("0000000000000002", 2, "YgoA/w==")]
-    assert store.read_channel("t", "c") == before
-    store.empty_channel("t", "c")
+    assert store.reads.read_channel("t", "c") == before
+    store.control.empty_channel("t", "c")
     assert ok(backend, "peek", "t", "c") == ["nothing queued on t/c"]
     assert ok(backend, "peek", "t", "c", "--deferred") == ["nothing deferred on t/c"]
 
 
 def test_msg_and_peek_on_a_partitioned_topic(store, backend):
-    store.set_partitions("t", 2)
+    store.control.set_partitions("t", 2)
     store.subscribe("t", "c", "b1")
     for i in range(4):
         store.publish("t", [f"m{i}".encode()])
@@ -171,8 +171,8 @@ def test_msg_and_peek_on_a_partitioned_topic(store, backend):
         "c        queued  0         2         -    -       -"
     assert ok(backend, "msg", "t", "0001000000000002", "--channel", "c", "--delete") == [
         "deleted message 0001000000000002 from t/c (queued at position 2)"]
-    assert (store.read_channel("t", "c")["depth"], store.read_channel("t", "c")["deleted_count"],
-            store.read_channel_parts("t", "c")[1]["deleted_count"]) == (3, 1, 1)
+    assert (store.reads.read_channel("t", "c")["depth"], store.reads.read_channel("t", "c")["deleted_count"],
+            store.reads.read_channel_parts("t", "c")[1]["deleted_count"]) == (3, 1, 1)
     result = run(backend, "msg", "t", "0002000000000001")
     assert (result.exit_code, result.output) == (
         1, "relay-admin: message 0002000000000001 was never published on t\n")
@@ -194,7 +194,7 @@ def test_bad_input_exits_1_with_one_line_and_changes_nothing(store, backend, arg
     store.publish("t", [b"a"])
     result = run(backend, *args)
     assert (result.exit_code, result.output) == (1, f"relay-admin: {message}\n")
-    assert store.read_channel("t", "c")["depth"] == 1
+    assert store.reads.read_channel("t", "c")["depth"] == 1
 
 
 @pytest.mark.parametrize("args, message", [
@@ -232,7 +232,7 @@ def test_msg_shows_the_broker_and_client_of_a_real_consumer(processes, redis_url
     try:
         address = holder.stdout.readline().strip()
         store.publish("t", [b"held", b"waits"])
-        assert wait_for(lambda: store.read_channel("t", "c")["in_flight_count"] == 1, 10)
+        assert wait_for(lambda: store.reads.read_channel("t", "c")["in_flight_count"] == 1, 10)
         [broker] = [b["id"] for b in registry.live_brokers(store.redis)]
         assert wait_for(lambda: address in relay_admin(redis_url, "msg", "t",
                                                        "0000000000000001").stdout, 10)

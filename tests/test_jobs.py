@@ -25,13 +25,13 @@ def test_drop_detaches_into_trash_and_frees_it_in_chunks(store):
     store.publish("t", [b"later"], defer_ms=60000)
     store.deliver("t", "c", [("b1:1", 60000, 1)])
 
-    dropped = store.detach("t", "c")
+    dropped = store.control.detach("t", "c")
     assert dropped.last_id == 4
     assert [k.rsplit(":", 1)[1] for k in dropped.trash] == ["1", "2", "3", "4"]
     assert all(k.startswith("relay:{t}:trash:") for k in dropped.trash)
     assert operations.trash_sizes(store, dropped.trash) == [(b"list", 2), (b"zset", 1),
                                                             (b"zset", 1), (b"hash", 2)]
-    c = store.read_channel("t", "c")
+    c = store.reads.read_channel("t", "c")
     assert (c["depth"], c["in_flight_count"], c["deferred_count"], c["message_count"]) == (
         0, 0, 0, 4)
     assert store.redis.zscore(TopicKeys.of("t").due, "c") is None
@@ -57,15 +57,15 @@ def test_drop_deletes_channel_and_topic(store):
     store.subscribe("t", "c", "b1")
     store.subscribe("t", "d", "b1")
     store.publish("t", [b"a"])
-    assert store.detach("t", "nope", delete=True) is None
-    channel = store.detach("t", "c", delete=True)
-    assert store.channel_names("t") == ["d"]
+    assert store.control.detach("t", "nope", delete=True) is None
+    channel = store.control.detach("t", "c", delete=True)
+    assert store.reads.channel_names("t") == ["d"]
     assert operations.trash_sizes(store, channel.trash) == [(b"list", 1)]
     assert all_keys(store.redis, "relay:{t}:ch:c:*") == []
-    topic = store.detach("t", delete=True)
+    topic = store.control.detach("t", delete=True)
     assert operations.trash_sizes(store, topic.trash) == [(b"list", 1)]
-    assert store.topic_names() == []
-    assert store.detach("t", delete=True) is None
+    assert store.reads.topic_names() == []
+    assert store.control.detach("t", delete=True) is None
     assert sorted(all_keys(store.redis, "relay:{t}:*")) == sorted(
         [b"relay:{t}:ids", b"relay:{t}:version", channel.trash[0].encode(),
          topic.trash[0].encode()])  # ids and channel incarnations outlive the topic
@@ -75,11 +75,11 @@ def test_requeue_in_flight_takes_messages_from_any_holder(store):
     store.subscribe("t", "c", "b1")
     store.publish("t", [b"a", b"b", b"c"])
     store.deliver("t", "c", [("b1:1", 60000, 2), ("b2:7", 60000, 1)])
-    assert store.requeue_in_flight("t", "c", [b"0000000000000001", b"0000000000000003",
+    assert store.control.requeue_in_flight("t", "c", [b"0000000000000001", b"0000000000000003",
                                               b"00000000000000ff"]) == [1, 1, 0]
     assert queued_bodies(store, "t", "c") == [b"a", b"c"]
     assert store.finish("t", "c", [("b1:1", b"0000000000000001")]) == [0]
-    assert store.requeue_in_flight("t", "c", [b"0000000000000002"] * 2) == [1, 1]
+    assert store.control.requeue_in_flight("t", "c", [b"0000000000000002"] * 2) == [1, 1]
     assert store.finish("t", "c", [("b1:1", b"0000000000000002")]) == [0]
     assert queued_bodies(store, "t", "c") == [b"a", b"c", b"b"]
 
@@ -112,7 +112,7 @@ def test_empty_job_of_a_million_messages_keeps_what_is_published_meanwhile(store
     # inside its short job is up to thread scheduling, so only a real server shows it
     assert (during or isinstance(backend, fakeredis.FakeRedis)) and producer.slowest < 1.0
     assert queued_bodies(store, "t", "c") == after
-    c = store.read_channel("t", "c")
+    c = store.reads.read_channel("t", "c")
     assert (c["in_flight_count"], c["message_count"]) == (0, size + len(producer.bodies))
     total = (size + before) + 100  # queue and in flight, plus the msgs of those in flight
     assert result == {"operation": "empty", "target": "t/c", "cut_id": f"{cut:016x}",
@@ -148,7 +148,7 @@ def test_requeue_all_leaves_later_deliveries_alone(store):
         pass
     assert (progress["done"], progress["total"], progress["requeued"]) == (2400, 2400, 2400)
     assert sorted(m["owner"] for m in stats.in_flight(store, "t", "c", 1000)) == ["b3:1"] * 200
-    c = store.read_channel("t", "c")
+    c = store.reads.read_channel("t", "c")
     assert (c["depth"], c["in_flight_count"], c["requeue_count"]) == (2400, 200, 2400)
     assert store.finish("t", "c", [("b1:1", b"0000000000000001")]) == [0]
 
@@ -167,6 +167,6 @@ def test_requeue_and_delete_jobs_report_progress_in_meta(store, backend):
     assert requeue.get_meta() == {"operation": "requeue", "target": "t/c",
                                   "progress": requeue.return_value()}
     assert delete.return_value()["messages"] == 6000
-    assert store.topic_names() == []
+    assert store.reads.topic_names() == []
     assert [k for k in all_keys(store.redis, "relay:*")
             if not k.endswith((b":ids", b":version", b":news"))] == []  # they outlive the topic

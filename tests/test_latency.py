@@ -71,9 +71,9 @@ def test_windows_of_several_brokers_add_up_and_age_out(store):
 
 
 def test_collect_merges_channels_into_the_topic(store):
-    store.create_channel("t", "c")
-    store.create_channel("t", "d")
-    store.create_topic("u")
+    store.control.create_channel("t", "c")
+    store.control.create_channel("t", "d")
+    store.control.create_topic("u")
     clock = Clock(time.time())
     latency = E2eLatency((1.0,), 60_000, clock)
     latency.record("t", "c", int((clock.now - 0.1) * 1e9))

@@ -77,7 +77,7 @@ def test_processes_that_find_a_layout_they_cannot_read_stop_without_touching_dat
         assert 'level=critical logger=relay.' in log_of(processes, command), command
         assert REFUSAL in log_of(processes, command)
         assert "Traceback" not in log_of(processes, command)
-    channel = Store(client).read_channel("t", "c")
+    channel = Store(client).reads.read_channel("t", "c")
     assert (channel["in_flight_count"], channel["depth"]) == (1, 0)
     assert client.zscore(keys.BROKERS, broker_id) is not None
     assert broker_id.startswith(socket.gethostname())

@@ -31,7 +31,7 @@ def bodies(store, topic="t", channel="c") -> list[bytes]:
 def limited(store, max_depth=3, overflow="reject", channels=("c", "d")):
     for channel in channels:
         store.subscribe("t", channel, "b1")
-    assert store.set_limit("t", "c", Limit(max_depth, overflow)) is True
+    assert store.limits.set_limit("t", "c", Limit(max_depth, overflow)) is True
 
 
 def test_reject_refuses_a_publish_that_would_pass_the_limit_and_writes_nothing(store):
@@ -48,7 +48,7 @@ def test_reject_refuses_a_publish_that_would_pass_the_limit_and_writes_nothing(s
     assert store.publish("t", [b"3"]) == 3
     with pytest.raises(StoreError, match="is full"):
         store.publish("t", [b"4"])
-    assert store.read_channel("t", "c")["message_count"] == 3
+    assert store.reads.read_channel("t", "c")["message_count"] == 3
 
 
 def test_reject_counts_the_queue_only(store):
@@ -59,7 +59,7 @@ def test_reject_counts_the_queue_only(store):
     store.deliver("t", "c", [("o", 60_000, 2)])
     store.publish("t", [b"later"] * 5, defer_ms=60_000)
     assert store.publish("t", [b"4", b"5"]) == 10
-    assert store.read_channel("t", "c")["depth"] == 3
+    assert store.reads.read_channel("t", "c")["depth"] == 3
 
 
 def test_drop_oldest_keeps_the_newest_and_counts(store):
@@ -68,7 +68,7 @@ def test_drop_oldest_keeps_the_newest_and_counts(store):
     store.publish("t", [b"6"])
     assert bodies(store) == [b"4", b"5", b"6"]
     assert bodies(store, channel="d") == [b"1", b"2", b"3", b"4", b"5", b"6"]
-    state = store.read_channel("t", "c")
+    state = store.reads.read_channel("t", "c")
     assert (state["overflow_count"], state["message_count"]) == (3, 6)
 
 
@@ -86,8 +86,8 @@ def test_dead_letter_sends_the_oldest_to_the_outbox_with_reason_overflow(store):
     assert deadletter.forward(store, "t", "c", "{topic}.dead") == 2
     letters = [letter for _, _, letter in deadletter.letters(store, "t", "c")]
     assert [(x["reason"], x["body"]) for x in letters] == [("overflow", "1"), ("overflow", "2")]
-    assert store.read_channel("t", "c")["overflow_count"] == 2
-    store.set_limit("t", "c", None)
+    assert store.reads.read_channel("t", "c")["overflow_count"] == 2
+    store.limits.set_limit("t", "c", None)
     progress = list(deadletter.redrive(store, "t", "c"))
     assert progress[-1]["requeued"] == 2
     assert sorted(bodies(store)) == [b"1", b"2", b"3", b"4"]
@@ -104,22 +104,22 @@ def test_off_and_delete_keep_the_topic_count_of_limited_channels(store):
     limited(store)
     meta = TopicKeys.of("t").meta
     assert store.redis.hget(meta, "limited_channels") == b"1"
-    store.set_limit("t", "c", Limit(5, "drop-oldest"))      # a change is no new one
+    store.limits.set_limit("t", "c", Limit(5, "drop-oldest"))      # a change is no new one
     assert store.redis.hget(meta, "limited_channels") == b"1"
-    assert store.limit("t", "c") == Limit(5, "drop-oldest")
-    store.set_limit("t", "c", None)
+    assert store.limits.limit("t", "c") == Limit(5, "drop-oldest")
+    store.limits.set_limit("t", "c", None)
     assert store.redis.hget(meta, "limited_channels") == b"0"
-    assert store.limit("t", "c") is None
+    assert store.limits.limit("t", "c") is None
     store.publish("t", [b"m"] * 10)
-    assert store.read_channel("t", "c")["depth"] == 10
-    store.set_limit("t", "d", Limit(1, "reject"))
-    assert store.delete_channel("t", "d") is True
+    assert store.reads.read_channel("t", "c")["depth"] == 10
+    store.limits.set_limit("t", "d", Limit(1, "reject"))
+    assert store.control.delete_channel("t", "d") is True
     assert store.redis.hget(meta, "limited_channels") == b"0"
-    assert store.set_limit("t", "nope", Limit(1, "reject")) is False
+    assert store.limits.set_limit("t", "nope", Limit(1, "reject")) is False
 
 
 def test_a_partitioned_topic_holds_its_share_on_every_part(store):
-    store.set_partitions("t", 2)
+    store.control.set_partitions("t", 2)
     limited(store, max_depth=3, channels=("c",))        # 2 per part
     for n in range(4):
         store.publish("t", [b"%d" % n])
@@ -127,12 +127,12 @@ def test_a_partitioned_topic_holds_its_share_on_every_part(store):
         store.publish("t", [b"4"])
     assert str(e.value) == FULL
     assert len(bodies(store)) == 4
-    store.set_limit("t", "c", Limit(3, "drop-oldest"))
+    store.limits.set_limit("t", "c", Limit(3, "drop-oldest"))
     for n in range(4, 8):
         store.publish("t", [b"%d" % n])
     assert sorted(bodies(store)) == [b"4", b"5", b"6", b"7"]
-    assert store.read_channel("t", "c")["overflow_count"] == 4
-    store.set_partitions("t", 3)                        # 1 per part now, the new one too
+    assert store.reads.read_channel("t", "c")["overflow_count"] == 4
+    store.control.set_partitions("t", 3)                        # 1 per part now, the new one too
     for part in store.parts("t"):
         meta = ChannelKeys.of(part, "c").meta
         assert store.redis.hmget(meta, "max_depth", "part_max_depth") == [b"3", b"1"]
@@ -184,7 +184,7 @@ def test_reject_over_tcp_and_http_on_every_broker(processes, redis_url):
             (503, {"message": FULL})
     store = Store(connect(redis_url))
     assert bodies(store) == bodies(store, channel="d") == [b"1", b"2", b"3"]
-    assert store.read_channel("t", "c")["message_count"] == 3
+    assert store.reads.read_channel("t", "c")["message_count"] == 3
 
 
 @pytest.mark.integration
@@ -226,7 +226,7 @@ def test_a_partitioned_topic_holds_the_limit_per_part(processes, redis_url):
         accepted += 1
     assert reply == REFUSED["PUB"]
     store = Store(connect(redis_url))
-    depths = [p["depth"] for p in store.read_channel_parts("t", "c")]
+    depths = [p["depth"] for p in store.reads.read_channel_parts("t", "c")]
     assert 3 <= accepted == sum(depths) <= 4 and max(depths) == 2
     shown = admin_ok(redis_url, "limit", "t", "c").splitlines()
     assert shown[0].split() == ["channel", "max_depth", "per_partition", "overflow", "depth",
@@ -255,16 +255,16 @@ def test_bad_input_is_one_line_and_changes_nothing(redis_url):
         assert len(done.stderr.splitlines()) == 1 and text in done.stderr, done.stderr
     done = relay_admin(redis_url, "limit", "nope", "c", "--max-depth", "3")
     assert (done.returncode, done.stderr) == (1, "relay-admin: topic 'nope' not found\n")
-    assert store.limit("t", "c") == Limit(5, "drop-oldest")
+    assert store.limits.limit("t", "c") == Limit(5, "drop-oldest")
     assert admin_ok(redis_url, "limit", "t", "c", "--off") == "t/c: no depth limit (depth 0)\n"
-    assert store.limit("t", "c") is None
+    assert store.limits.limit("t", "c") is None
 
 
 def test_a_keyed_publish_refused_for_depth_is_not_remembered_as_published(store):
     """With a dedup window (issue 39), a refusal writes nothing, so the same keys are
     published once the queue has room."""
     limited(store, max_depth=2, channels=("c",))
-    store.set_dedup("t", 60_000)
+    store.dedup.set_dedup("t", 60_000)
     keys = [b"k1", b"k2", b"k3"]
     with pytest.raises(StoreError, match="is full"):
         store.run(store.publish_op("t", [b"1", b"2", b"3"], publish_keys=keys))

@@ -81,13 +81,13 @@ def test_at_maxmemory_publishing_is_refused_and_everything_else_goes_on(server):
     assert store.subscribe("t", "c", "b1") is True
     acknowledged = publish_until_refused(store, "t")
     assert len(acknowledged) > 100
-    assert store.refusal() == OUT_OF_MEMORY
-    before = store.read_channel("t", "c")
+    assert store.reads.refusal() == OUT_OF_MEMORY
+    before = store.reads.read_channel("t", "c")
     for bodies, defer in (([body(0)], 0), ([body(0)], 60_000), ([b"big"] * 6000, 0)):
         with pytest.raises(StoreError) as refused:    # 6000: an MPUB staged first
             store.publish("t", bodies, defer)
         assert str(refused.value) == OUT_OF_MEMORY
-    assert store.read_channel("t", "c") == before     # nothing of them was written
+    assert store.reads.read_channel("t", "c") == before     # nothing of them was written
     assert int(server.get(TopicKeys.of("t").ids)) == len(acknowledged)
 
     # a new channel, a consumer more and less, the processes' heartbeats, the news
@@ -99,7 +99,7 @@ def test_at_maxmemory_publishing_is_refused_and_everything_else_goes_on(server):
     assert Liveness(server, keys.SCANNERS, 5_000).rank("s1") == (0, 1)
     assert store.run(Op("versions", [nodes.SINGLE + nodes.NEWS],     # HSETNX of its field
                         [TopicKeys.of("fresh").version])) == [b"0", None, None, None]
-    assert store.seed_due(["t"]) == 0
+    assert store.reads.seed_due(["t"]) == 0
 
     # deliveries, TOUCH, REQ (now and deferred), a timeout, FIN
     (first,) = store.deliver("t", "c", [("o", 60_000, 3)])
@@ -113,8 +113,8 @@ def test_at_maxmemory_publishing_is_refused_and_everything_else_goes_on(server):
     delivered = [parse_record(r)[3] for r in first[:1]]
 
     # emptying and deleting a channel
-    store.empty_channel("t", "new")
-    assert store.delete_channel("t", "new") is True
+    store.control.empty_channel("t", "new")
+    assert store.control.delete_channel("t", "new") is True
 
     # the rest drains, and publishing takes again by itself
     while True:
@@ -126,7 +126,7 @@ def test_at_maxmemory_publishing_is_refused_and_everything_else_goes_on(server):
             == [1] * len(records)
     assert sorted(delivered) == sorted(acknowledged) and len(expiring) == 1
     assert store.publish("t", [b"again"]) == len(acknowledged) + 1
-    assert store.refusal() is None
+    assert store.reads.refusal() is None
 
 
 # -- a broker and a scanner on a full Redis 6.2 --------------------------------------------

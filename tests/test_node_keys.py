@@ -66,10 +66,10 @@ def test_every_script_that_lowers_a_due_entry_lowers_the_nodes_with_it(store):
     assert node_score(store, "u", "c") == due_score(store, "u", "c") is not None
 
     subscribed(store, "v", "c")
-    store.pause_topic("v", True)
+    store.control.pause_topic("v", True)
     store.publish("v", [b"y"], defer_ms=3_000)            # paused: the backlog
     assert node_score(store, "v", "c") is None
-    store.pause_topic("v", False)                         # unpaused: handed over
+    store.control.pause_topic("v", False)                         # unpaused: handed over
     assert node_score(store, "v", "c") == due_score(store, "v", "c") is not None
 
 
@@ -87,14 +87,14 @@ def test_a_channels_node_entry_follows_scan_and_deletion(store):
     assert store.scan("t", "c")[:3] == (0, 0, long_deadline)
     assert node_score(store, "t", "c") == long_deadline
 
-    store.empty_channel("t", "c")
+    store.control.empty_channel("t", "c")
     assert node_score(store, "t", "c") is None and due_score(store, "t", "c") is None
     assert node_score(store, "t", "d") is not None
-    store.delete_channel("t", "d")
+    store.control.delete_channel("t", "d")
     assert node_score(store, "t", "d") is None
     store.publish("t", [b"3"], defer_ms=60_000)
     assert node_score(store, "t", "c") is not None
-    store.delete_topic("t")
+    store.control.delete_topic("t")
     assert node_score(store, "t", "c") is None
     assert store.redis.zcard(store.node("t") + DUE) == 0
 
@@ -125,11 +125,11 @@ def test_node_news_is_the_version_a_wake_up_names(store):
     subscribed(store, "old", "c")
     store.publish("old", [b"1"])
     assert node_news(store, "old") == 42
-    store.pause_channel("t", "c", True)
-    store.pause_channel("t", "c", False)
-    store.empty_channel("t", "c")
+    store.control.pause_channel("t", "c", True)
+    store.control.pause_channel("t", "c", False)
+    store.control.empty_channel("t", "c")
     assert node_news(store, "t") == 4
-    assert store.versions(["t"]) == {"t": 4}
+    assert store.reads.versions(["t"]) == {"t": 4}
 
 
 def test_a_part_without_node_news_is_read_from_its_version_key_once(store):
@@ -142,16 +142,16 @@ def test_a_part_without_node_news_is_read_from_its_version_key_once(store):
     scripts = []
     run_many = store.run_many
     store.run_many = lambda ops: (scripts.extend(op.script for op in ops), run_many(ops))[1]
-    assert store.versions(["t", "none"]) == {"t": 5, "none": 0}
+    assert store.reads.versions(["t", "none"]) == {"t": 5, "none": 0}
     reads = ["versions"] * len(store.nodes.by_node(["t", "none"]))   # one call per node
     assert scripts == reads
     assert (node_news(store, "t"), node_news(store, "none")) == (5, 0)
     assert store.partitions("t") == 3
-    store.versions(["t", "none"])
+    store.reads.versions(["t", "none"])
     assert scripts == reads
-    store.set_partitions("t", 4)
+    store.control.set_partitions("t", 4)
     scripts.clear()
-    assert store.versions(["t"]) == {"t": 6}
+    assert store.reads.versions(["t"]) == {"t": 6}
     assert scripts == ["versions"]
     assert store.partitions("t") == 4
 
@@ -179,7 +179,7 @@ def test_the_node_index_keeps_a_requeue_on_time_across_many_topics(backend):
     wait_past(store, max(inflight_score(store, t, "c", mid(1)) for t in busy) + 5)
     scanner.scan_once()
     assert sorted(called) == sorted((t, "c") for t in busy)
-    assert [store.read_channel(t, "c")["timeout_count"] for t in busy] == [1] * 4
+    assert [store.reads.read_channel(t, "c")["timeout_count"] for t in busy] == [1] * 4
     called.clear()
     scanner.scan_once()
     assert called == []
@@ -196,12 +196,12 @@ def test_a_scanner_seeds_the_node_index_when_it_starts(backend):
         store.publish(topic, [b"deferred"], defer_ms=200)
         store.publish(topic, [b"later"], defer_ms=600_000)
     forget_node_keys(store)
-    assert store.due_channels()[1] == []
+    assert store.reads.due_channels()[1] == []
     wait_past(store, store.now_ms() + 250)
     scanner = Scanner(Store(backend))
     scanner.scan_once()
     for topic in topics:
-        stats = store.read_channel(topic, "c")
+        stats = store.reads.read_channel(topic, "c")
         assert (stats["depth"], stats["timeout_count"], stats["deferred_count"]) == (2, 1, 1)
         assert node_score(store, topic, "c") == due_score(store, topic, "c") is not None
 
@@ -231,7 +231,7 @@ def test_the_sweep_makes_up_for_a_lost_node_entry(backend, monkeypatch):
     for _ in range(3):
         clock[0] += scanner_module.SWEEP_STEP
         scanner.scan_once()
-    assert store.read_channel("swept4", "c")["timeout_count"] == 1
+    assert store.reads.read_channel("swept4", "c")["timeout_count"] == 1
 
 
 def test_the_sweep_is_bounded_per_step():
@@ -275,10 +275,10 @@ def test_an_entry_in_another_nodes_index_moves_to_its_own(backend):
     store.redis.zrem(own + DUE, "t c")
     store.redis.zadd(other + DUE, {"t c": score})
     wait_past(store, int(score))
-    assert store.due_channels().due == []
+    assert store.reads.due_channels().due == []
     assert store.redis.zscore(other + DUE, "t c") is None
     assert node_score(store, "t", "c") == due_score(store, "t", "c")
-    assert [(t, c) for t, c, _ in store.due_channels().due] == [("t", "c")]
+    assert [(t, c) for t, c, _ in store.reads.due_channels().due] == [("t", "c")]
 
 
 def test_node_keys_written_in_a_script_stay_out_of_its_keys(store):

@@ -27,7 +27,7 @@ def test_gnsq_publish_consume_finish(broker, redis_url):
     stop(c)
     store = Store(connect(redis_url))
     assert sorted(got) == [b"one", b"three", b"two"]
-    assert wait_for(lambda: [store.read_channel("orders", "billing")[field] for field in (
+    assert wait_for(lambda: [store.reads.read_channel("orders", "billing")[field] for field in (
         "depth", "in_flight_count", "message_count")] == [0, 0, 3])   # the FINs committed
 
 
@@ -158,9 +158,9 @@ def test_closed_connection_requeues_its_messages_at_once(broker):
 def test_ephemeral_channel_is_removed_when_its_consumer_leaves(broker, redis_url):
     store = Store(connect(redis_url))
     c = consumer(broker, "eph", "tail#ephemeral", lambda m: m.finish())
-    assert wait_for(lambda: store.channel_names("eph") == ["tail#ephemeral"])
+    assert wait_for(lambda: store.reads.channel_names("eph") == ["tail#ephemeral"])
     stop(c)
-    assert wait_for(lambda: store.channel_names("eph") == [])
+    assert wait_for(lambda: store.reads.channel_names("eph") == [])
 
 
 def test_two_brokers_behave_as_one(processes):
@@ -213,7 +213,7 @@ def test_restart_of_every_broker_loses_no_message(processes, redis_url):
     stop(c2)
     assert done == set(bodies)
     store = Store(connect(redis_url))
-    assert wait_for(lambda: [store.read_channel("durable", "c")[field] for field in (
+    assert wait_for(lambda: [store.reads.read_channel("durable", "c")[field] for field in (
         "depth", "in_flight_count", "deferred_count")] == [0, 0, 0])   # the FINs committed
 
 

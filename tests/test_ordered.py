@@ -45,13 +45,13 @@ def test_a_key_goes_out_one_at_a_time_in_publish_order(store):
     second = take(store)
     finish(store, first[1:] + second)
     assert bodies(take(store)) == [b"b2", b"a3"]       # b1 finished first: its key's first
-    assert store.read_channel("t", "c")["depth"] == 0
+    assert store.reads.read_channel("t", "c")["depth"] == 0
 
 
 def test_nothing_is_left_of_a_key_once_its_messages_are_finished(store):
     ordered(store)
     publish_ordered(store, [("k%d" % (i % 5), b"%d" % i) for i in range(20)])
-    assert store.read_channel("t", "c")["depth"] == 20     # 5 queued, 15 behind their keys
+    assert store.reads.read_channel("t", "c")["depth"] == 20     # 5 queued, 15 behind their keys
     seen = []
     while records := take(store):
         seen += bodies(records)
@@ -69,7 +69,7 @@ def test_a_requeue_keeps_the_message_first_for_its_key(store):
     assert bodies(again) == [b"a1"] and attempts(again) == [2]
     assert store.requeue("t", "c", [("a", ids(again)[0], 60_000)]) == [1]
     assert take(store) == []            # deferred, it still holds its key
-    assert store.read_channel("t", "c")["deferred_count"] == 1
+    assert store.reads.read_channel("t", "c")["deferred_count"] == 1
 
 
 def test_a_timeout_keeps_the_message_first_for_its_key(store):
@@ -88,27 +88,27 @@ def test_a_dead_letter_releases_its_key(store):
     [a1] = take(store)
     store.requeue("t", "c", [("a", ids([a1])[0], 0)])
     assert take(store, max_attempts=1) == []    # a1 goes to the outbox, a2 is queued
-    assert store.read_channel("t", "c")["dead_count"] == 1
+    assert store.reads.read_channel("t", "c")["dead_count"] == 1
     assert bodies(take(store, max_attempts=1)) == [b"a2"]
 
 
 def test_expired_messages_release_their_keys(store):
     ordered(store)
-    store.set_ttl("t", "c", 50)
+    store.expiry.set_ttl("t", "c", 50)
     publish_ordered(store, [("a", b"a1"), ("a", b"a2"), ("b", b"b1")])
     wait_past(store, now_ms(store) + 60)
     for _ in range(2):      # a1 and b1 expire, a2 goes out behind a1, and expires next
         assert take(store) == []
-    assert store.read_channel("t", "c")["expired_count"] == 3
+    assert store.reads.read_channel("t", "c")["expired_count"] == 3
     assert gate_keys(store) == []
 
 
 def test_the_scanners_expiry_releases_keys(store):
     ordered(store)
-    store.set_ttl("t", "c", 50)
+    store.expiry.set_ttl("t", "c", 50)
     publish_ordered(store, [("a", b"a1"), ("a", b"a2")])
     wait_past(store, now_ms(store) + 60)
-    assert store.expire_parts(["t"]) == 2       # a1 from the head, then a2 released behind it
+    assert store.expiry.expire_parts(["t"]) == 2       # a1 from the head, then a2 released behind it
     assert gate_keys(store) == []
 
 
@@ -124,14 +124,14 @@ def test_a_deleted_message_releases_its_key_and_a_waiting_one_can_go(store):
     assert lookup.remove(store, "t", "c", "waiting", member.split()[1], member)
     finish(store, take(store))
     assert take(store) == [] and gate_keys(store) == []
-    assert store.read_channel("t", "c")["deleted_count"] == 2
+    assert store.reads.read_channel("t", "c")["deleted_count"] == 2
 
 
 def test_an_empty_frees_every_key(store):
     ordered(store)
     publish_ordered(store, [("a", b"a1"), ("a", b"a2")])
     take(store)
-    store.empty_channel("t", "c")
+    store.control.empty_channel("t", "c")
     assert gate_keys(store) == []
     publish_ordered(store, [("a", b"a3")])
     assert bodies(take(store)) == [b"a3"]
@@ -165,15 +165,15 @@ def test_a_deferred_message_behind_its_key_waits_for_its_due_time_too(store):
     publish_ordered(store, [("a", b"later")], defer_ms=60_000)
     finish(store, take(store))
     assert take(store) == []
-    assert store.read_channel("t", "c")["deferred_count"] == 1
+    assert store.reads.read_channel("t", "c")["deferred_count"] == 1
 
 
 def test_turned_off_the_waiting_messages_go_out_in_order(store):
     ordered(store)
     publish_ordered(store, [("a", b"a1"), ("a", b"a2"), ("b", b"b1"), ("a", b"a3")])
-    assert store.set_ordered("t", "c", False) == 2
+    assert store.ordering.set_ordered("t", "c", False) == 2
     assert bodies(take(store)) == [b"a1", b"b1", b"a2", b"a3"]
-    assert gate_keys(store) == [] and not store.is_ordered("t", "c")
+    assert gate_keys(store) == [] and not store.ordering.is_ordered("t", "c")
     publish_ordered(store, [("a", b"a4"), ("a", b"a5")])
     assert bodies(take(store)) == [b"a4", b"a5"]
 
@@ -182,7 +182,7 @@ def test_turned_off_many_waiting_go_out_in_short_calls(store, monkeypatch):
     monkeypatch.setattr(ordering, "RELEASE_STEP", 3)
     ordered(store)
     publish_ordered(store, [("a", b"%d" % i) for i in range(10)])
-    assert store.set_ordered("t", "c", False) == 9
+    assert store.ordering.set_ordered("t", "c", False) == 9
     assert bodies(take(store)) == [b"%d" % i for i in range(10)]
     assert gate_keys(store) == []
 
@@ -190,23 +190,23 @@ def test_turned_off_many_waiting_go_out_in_short_calls(store, monkeypatch):
 def test_ordered_and_a_depth_limit_exclude_each_other(store):
     ordered(store)
     with pytest.raises(OrderedAndLimited, match="t/c is ordered"):
-        store.set_limit("t", "c", Limit(10, "reject"))
+        store.limits.set_limit("t", "c", Limit(10, "reject"))
     subscribed(store, "t", "limited")
-    store.set_limit("t", "limited", Limit(10, "reject"))
+    store.limits.set_limit("t", "limited", Limit(10, "reject"))
     with pytest.raises(OrderedAndLimited, match="t/limited has a depth limit"):
-        store.set_ordered("t", "limited", True)
-    assert not store.is_ordered("t", "limited")
+        store.ordering.set_ordered("t", "limited", True)
+    assert not store.ordering.is_ordered("t", "limited")
 
 
 def test_turning_on_makes_the_channel(store):
-    assert store.set_ordered("t", "new", True) == 0
-    assert store.channel_names("t") == ["new"] and store.is_ordered("t", "new")
-    assert store.read_channel("t", "new")["client_count"] == 0
+    assert store.ordering.set_ordered("t", "new", True) == 0
+    assert store.reads.channel_names("t") == ["new"] and store.ordering.is_ordered("t", "new")
+    assert store.reads.read_channel("t", "new")["client_count"] == 0
 
 
 def test_a_deleted_ordered_channel_is_no_longer_counted(store):
     ordered(store)
-    store.drop("t", "c", delete=True)
+    store.control.drop("t", "c", delete=True)
     subscribed(store, "t", "plain")
     publish_ordered(store, [("a", b"1"), ("a", b"2")])
     assert bodies(take(store, channel="plain")) == [b"1", b"2"]
@@ -214,12 +214,12 @@ def test_a_deleted_ordered_channel_is_no_longer_counted(store):
 
 
 def test_a_key_always_goes_to_the_part_its_hash_picks(store):
-    store.set_partitions("p", 3)
+    store.control.set_partitions("p", 3)
     subscribed(store, "p", "c")
-    store.set_ordered("p", "c", True)
+    store.ordering.set_ordered("p", "c", True)
     keys = [b"k%d" % i for i in range(12)]
     for round_ in range(3):
-        store.publish_keyed("p", [b"%d" % round_] * 12, None, 0, keys)
+        store.dedup.publish_keyed("p", [b"%d" % round_] * 12, None, 0, keys)
     for part_index, part in enumerate(store.parts("p")):
         gate = store.redis.hgetall(ChannelKeys.of(part, "c").gate)
         assert {zlib.crc32(k) % 3 for k in gate} <= {part_index}
@@ -244,15 +244,15 @@ def test_a_rule_reads_the_key_from_the_body(rule, body, key):
 
 
 def test_a_topic_rule_gives_keys_to_messages_without_one(store):
-    store.create_topic("t")
-    assert store.order_keys("t", [b"a:1"]) is None
-    store.set_order_rule("t", OrderKeyRule("separator", ":"))
-    assert store.order_rule("t") == OrderKeyRule("separator", ":")
-    assert store.order_keys("t", [b"a:1", b"none", b"b:2"], [None, None, b"given"]) == \
+    store.control.create_topic("t")
+    assert store.ordering.order_keys("t", [b"a:1"]) is None
+    store.ordering.set_order_rule("t", OrderKeyRule("separator", ":"))
+    assert store.ordering.order_rule("t") == OrderKeyRule("separator", ":")
+    assert store.ordering.order_keys("t", [b"a:1", b"none", b"b:2"], [None, None, b"given"]) == \
         [b"a", None, b"given"]
-    assert store.order_keys("t", [b"none"]) is None
-    store.set_order_rule("t", None)
-    assert store.order_rule("t") is None
+    assert store.ordering.order_keys("t", [b"none"]) is None
+    store.ordering.set_order_rule("t", None)
+    assert store.ordering.order_rule("t") is None
 
 
 @pytest.mark.parametrize("key,problem", [

@@ -312,13 +312,13 @@ def consumed(store, topic, channel, checker, sent, consumers, timeout=60.0):
     def done():
         if not bodies <= set(checker.finished):
             return False
-        state = store.read_channel(topic, channel)
+        state = store.reads.read_channel(topic, channel)
         return (state["depth"], state["in_flight_count"], state["deferred_count"]) == (0, 0, 0)
     try:
         assert wait_for(done, timeout=timeout, interval=0.1), (
             f"{len(bodies - set(checker.finished))} of {len(bodies)} not finished, e.g. "
             f"{sorted(bodies - set(checker.finished))[:5]}; channel "
-            f"{store.read_channel(topic, channel)}; next per key "
+            f"{store.reads.read_channel(topic, channel)}; next per key "
             f"{dict(checker.next_seq)}; violations {checker.violations[:5]}")
     finally:
         for consumer in consumers:
@@ -366,7 +366,7 @@ def run_ordered(processes, topic, total, keys_count, ports, http_ports, *, kill=
     store = Store(connect(processes.redis_url))
     checker = Checker()
     consumers = start_consumers(ports, topic, "ordered", checker)
-    assert wait_for(lambda: store.read_channel(topic, "ordered")["client_count"] == 4)
+    assert wait_for(lambda: store.reads.read_channel(topic, "ordered")["client_count"] == 4)
     sent = messages(keys_count, total, seed)
     rng = random.Random(seed)
     started = time.monotonic()
@@ -426,7 +426,7 @@ def test_keys_are_delivered_one_at_a_time_in_order_across_two_brokers(processes,
     reqs = sum(c.actions["req"] for c in consumers)
     timeouts = sum(c.actions["timeout"] for c in consumers)
     assert reqs >= 250
-    state = Store(connect(processes.redis_url)).read_channel("orders", "ordered")
+    state = Store(connect(processes.redis_url)).reads.read_channel("orders", "ordered")
     assert state["message_count"] == 3000
     assert state["timeout_count"] >= timeouts and state["requeue_count"] >= reqs, state
 
@@ -498,7 +498,7 @@ def test_an_unordered_channel_of_the_topic_gets_everything_at_once(processes, tw
     assert ordered.nothing(0.3) and plain.nothing(0.1)
     assert sorted(finished) == sorted(body_of(k, s) for k, s in sent)
     store = Store(connect(processes.redis_url))
-    assert wait_for(lambda: [store.read_channel("mixed", c)["in_flight_count"]
+    assert wait_for(lambda: [store.reads.read_channel("mixed", c)["in_flight_count"]
                              for c in ("plain", "ordered")] == [0, 0])
 
 
@@ -538,5 +538,5 @@ def test_a_partitioned_topic_on_a_cluster_keeps_each_key_in_order(cluster_proces
     assert parts == {key: {zlib.crc32(key.encode()) % 3} for key in parts}
     assert set().union(*parts.values()) == {0, 1, 2}
     store = Store(connect(processes.redis_url))
-    per_part = [p["message_count"] for p in store.read_channel_parts("porders", "ordered")]
+    per_part = [p["message_count"] for p in store.reads.read_channel_parts("porders", "ordered")]
     assert sum(per_part) == 1500 and all(per_part), per_part

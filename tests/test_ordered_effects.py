@@ -22,8 +22,8 @@ SEPARATOR = OrderKeyRule("separator", ":")
 
 def ordered(store, topic="t", channel="c", retention=False):
     if retention:
-        store.create_topic(topic)
-        store.set_retention(topic, 3_600_000, 0)
+        store.control.create_topic(topic)
+        store.history.set_retention(topic, 3_600_000, 0)
     return ordered_channel(store, topic, channel)
 
 
@@ -69,11 +69,11 @@ def drain(store, **kw):
 
 def by_rule(store, messages, topic="t"):
     """Publish with the keys of the topic's rule, as a broker does."""
-    store.publish_keyed(topic, messages, None, 0, store.order_keys(topic, messages))
+    store.dedup.publish_keyed(topic, messages, None, 0, store.ordering.order_keys(topic, messages))
 
 
 def replay_all(store, topic="t", channel="c"):
-    plan = store.plan_replay(topic)
+    plan = store.history.plan_replay(topic)
     return operations.run(store, "replay", topic, channel, params=plan.params)
 
 
@@ -84,7 +84,7 @@ def test_a_paused_channel_moves_nothing_and_keeps_order_when_unpaused(store):
     publish_ordered(store, [("a", b"a1"), ("b", b"b1"), ("a", b"a2"), ("a", b"a3")])
     first = take(store)
     assert bodies(first) == [b"a1", b"b1"]
-    store.pause_channel("t", "c", True)
+    store.control.pause_channel("t", "c", True)
     publish_ordered(store, [("a", b"a4"), ("b", b"b2"), ("c", b"c1")])
     assert take(store) == []
     finish(store, first[:1])                    # a1 done while paused: a2 is queued
@@ -93,7 +93,7 @@ def test_a_paused_channel_moves_nothing_and_keeps_order_when_unpaused(store):
     assert take(store) == []
     assert bodies(queue(store, "t", "c")) == [b"c1", b"a2", b"b1"]
     assert gate(store)[1] == {"a": [b"a3", b"a4"], "b": [b"b2"]}
-    store.pause_channel("t", "c", False)
+    store.control.pause_channel("t", "c", False)
     assert drain(store) == [[b"c1", b"a2", b"b1"], [b"a3", b"b2"], [b"a4"]]
     assert no_gate(store)
 
@@ -104,13 +104,13 @@ def test_a_paused_topic_hands_its_backlog_over_without_order_keys(store):
     message out."""
     ordered(store)
     publish_ordered(store, [("a", b"a1")])
-    store.pause_topic("t", True)
-    assert store.ordered_channels("t") == 1
+    store.control.pause_topic("t", True)
+    assert store.ordering.ordered_channels("t") == 1
     publish_ordered(store, [("a", b"a2"), ("a", b"a3")])
     assert store.redis.llen(TopicKeys.of("t").backlog) == 2
     [a1] = take(store)
     assert bodies([a1]) == [b"a1"]
-    store.pause_topic("t", False)
+    store.control.pause_topic("t", False)
     records = take(store)
     assert bodies(records) == [b"a2", b"a3"]
     assert gate(store) == ({"a": ids([a1])[0].decode()}, {})
@@ -150,7 +150,7 @@ def test_an_empty_frees_every_key_and_what_was_out_cannot_free_a_new_one(store):
     assert store.finish("t", "c", [("a", i) for i in ids(held)]) == [0, 0]
     assert store.requeue("t", "c", [("a", ids(held)[0], 0)]) == [0]
     assert drain(store) == [[b"a3"], [b"a4"]]
-    assert store.read_channel("t", "c")["deferred_count"] == 0
+    assert store.reads.read_channel("t", "c")["deferred_count"] == 0
     assert no_gate(store)
 
 
@@ -161,7 +161,7 @@ def replay_setup(store, rule=None):
     finished. Returns a2's record."""
     ordered(store, retention=True)
     if rule:
-        store.set_order_rule("t", rule)
+        store.ordering.set_order_rule("t", rule)
         by_rule(store, [b"a:1", b"b:1", b"u1", b"a:2", b"a:3", b"b:2"])
     else:
         publish_ordered(store, [("a", b"a:1"), ("b", b"b:1"), (None, b"u1"), ("a", b"a:2"),
@@ -192,7 +192,7 @@ def test_a_replay_without_a_rule_queues_unkeyed_and_skips_what_the_channel_holds
     finish(store, [a2])
     assert drain(store) == [[b"a:3"]]
     assert no_gate(store)
-    assert store.read_channel("t", "c")["message_count"] == 6 + 3
+    assert store.reads.read_channel("t", "c")["message_count"] == 6 + 3
 
 
 def test_a_replay_with_a_rule_passes_the_gate_in_publish_order(store):
@@ -203,7 +203,7 @@ def test_a_replay_with_a_rule_passes_the_gate_in_publish_order(store):
     # a:1 before a:3, in id order
     assert bodies(queue(store, "t", "c")) == [b"b:2", b"u1"]
     assert gate(store)[1] == {"a": [b"a:1", b"a:3"], "b": [b"b:1"]}
-    assert store.read_channel("t", "c")["depth"] == 5
+    assert store.reads.read_channel("t", "c")["depth"] == 5
     b2_u1 = take(store)
     assert bodies(b2_u1) == [b"b:2", b"u1"]
     finish(store, [a2])
@@ -221,16 +221,16 @@ def test_a_replay_with_a_rule_delivers_each_key_in_order_to_the_end(store):
     finish(store, [a2])
     assert drain(store) == [[b"b:2", b"u1", b"a:1"], [b"b:1", b"a:3"]]
     assert no_gate(store)
-    assert store.read_channel("t", "c")["message_count"] == 6 + 3
+    assert store.reads.read_channel("t", "c")["message_count"] == 6 + 3
 
 
 def test_a_replayed_key_of_another_part_is_unkeyed(store):
     """On a partitioned topic a message published with key d (part 0) whose body's rule
     key is a (part 1) is replayed in part 0 without a key: a key's gate is in its part."""
-    store.set_partitions("t", 2)
+    store.control.set_partitions("t", 2)
     ordered(store, retention=True)
     publish_ordered(store, [("d", b"a:1")])
-    store.set_order_rule("t", SEPARATOR)
+    store.ordering.set_order_rule("t", SEPARATOR)
     by_rule(store, [b"a:2"])
     records = take(store)
     assert sorted(bodies(records)) == [b"a:1", b"a:2"]
@@ -252,10 +252,10 @@ def test_a_replay_ends_at_the_newest_entry_at_its_start():
 
 
 def test_an_unordered_channel_replays_as_before(store):
-    store.create_topic("t")
-    store.set_retention("t", 3_600_000, 0)
+    store.control.create_topic("t")
+    store.history.set_retention("t", 3_600_000, 0)
     subscribed(store, "t", "c")
-    store.set_order_rule("t", SEPARATOR)
+    store.ordering.set_order_rule("t", SEPARATOR)
     publish_ordered(store, [("a", b"a:1"), ("a", b"a:2")])
     [a1, a2] = take(store)
     finish(store, [a1])
@@ -272,7 +272,7 @@ def dead_letter_a1(store, rule=None):
     flight. Returns a2's record."""
     ordered(store)
     if rule:
-        store.set_order_rule("t", rule)
+        store.ordering.set_order_rule("t", rule)
     publish_ordered(store, [("a", b"a:1"), ("a", b"a:2"), ("b", b"b:1")])
     first = take(store)
     assert bodies(first) == [b"a:1", b"b:1"]
@@ -339,7 +339,7 @@ def test_an_admin_requeue_keeps_the_message_first_for_its_key(store):
     publish_ordered(store, [("a", b"a1"), ("a", b"a2"), ("b", b"b1")])
     held = take(store, owner="x")
     assert bodies(held) == [b"a1", b"b1"]
-    assert store.requeue_in_flight("t", "c", ids(held)[:1]) == [1]
+    assert store.control.requeue_in_flight("t", "c", ids(held)[:1]) == [1]
     assert store.finish("t", "c", [("x", ids(held)[0])]) == [0]     # its holder lost it
     again = take(store)
     assert bodies(again) == [b"a1"] and attempts(again) == [2]

@@ -188,7 +188,7 @@ def test_relay_admin_order_turns_it_on_shows_and_off(store, backend):
     assert ok(backend, "order", "t/c") == [
         "channel  ordered  keys_out  waiting  order_key_rule",
         "t/c      on       0         0        -"]
-    store.publish_keyed("t", [b"1", b"2", b"3"], None, 0, [b"k", b"k", b"j"])
+    store.dedup.publish_keyed("t", [b"1", b"2", b"3"], None, 0, [b"k", b"k", b"j"])
     assert ok_json(backend, "order", "t", "c", "--show") == {
         "topic": "t", "channel": "c", "ordered": True, "keys_out": 2, "waiting": 1,
         "order_key_rule": None}
@@ -201,12 +201,12 @@ def test_relay_admin_order_turns_it_on_shows_and_off(store, backend):
 
 
 def test_relay_admin_refuses_an_ordered_limited_channel(store, backend):
-    store.set_ordered("t", "c", True)
+    store.ordering.set_ordered("t", "c", True)
     done = run(backend, "limit", "t/c", "--max-depth", "10")
     assert (done.exit_code, done.stderr) == (
         1, "relay-admin: channel t/c is ordered: turn that off first (relay-admin order "
            "--off), a depth limit and ordered delivery do not go together\n")
-    store.create_channel("t", "d")
+    store.control.create_channel("t", "d")
     ok(backend, "limit", "t/d", "--max-depth", "10")
     done = run(backend, "order", "t/d")
     assert (done.exit_code, done.stderr) == (
@@ -219,7 +219,7 @@ def test_relay_admin_order_key_and_pub_key(store, backend):
         "t: order key rule separator ':'"]
     assert ok_json(backend, "order-key", "t") == {
         "topic": "t", "order_key_rule": {"kind": "separator", "value": ":"}}
-    store.set_ordered("t", "c", True)
+    store.ordering.set_ordered("t", "c", True)
     ok(backend, "pub", "t", input="dev-1:a\ndev-2:b\ndev-1:c\n")
     ok(backend, "pub", "t", "--key", "dev-2", input="no separator\n")
     assert ok_json(backend, "order", "t/c", "--show")["waiting"] == 2

@@ -46,34 +46,34 @@ def keyed(store):
 
 def test_read_channel_counts_the_keys_out_and_the_messages_waiting(keyed):
     store = keyed
-    assert store.read_channel("t", "c") == empty_channel(
+    assert store.reads.read_channel("t", "c") == empty_channel(
         depth=6, message_count=6, client_count=1, ordered=True, order_keys_out=2,
         order_waiting=3)
-    assert store.read_channel("t", "plain") == empty_channel(depth=5, deferred_count=1,
+    assert store.reads.read_channel("t", "plain") == empty_channel(depth=5, deferred_count=1,
                                                              message_count=6)
     [topic] = stats.collect(store)["topics"]
     assert [(c["channel_name"], order_figures(c)) for c in topic["channels"]] == [
         ("c", (True, 2, 3)), ("plain", (False, 0, 0))]
     [a1, b1, u1] = store.deliver("t", "c", [("b1:1", 60_000, 10)])[0]
     assert store.finish("t", "c", [("b1:1", ids([a1])[0])]) == [1]    # a2 goes out
-    assert order_figures(store.read_channel("t", "c")) == (True, 2, 2)
+    assert order_figures(store.reads.read_channel("t", "c")) == (True, 2, 2)
     assert store.finish("t", "c", [("b1:1", i) for i in ids([b1, u1])]) == [1, 1]
-    assert order_figures(store.read_channel("t", "c")) == (True, 1, 2)   # b: nothing left
-    assert store.set_ordered("t", "c", False) == 2        # a3 queued, a4 deferred
-    assert store.read_channel("t", "c") == empty_channel(
+    assert order_figures(store.reads.read_channel("t", "c")) == (True, 1, 2)   # b: nothing left
+    assert store.ordering.set_ordered("t", "c", False) == 2        # a3 queued, a4 deferred
+    assert store.reads.read_channel("t", "c") == empty_channel(
         depth=2, deferred_count=1, message_count=6, client_count=1)
 
 
 def test_a_partitioned_channel_sums_its_parts_and_is_ordered_once(store, backend):
     """Keys d (part 0) and a (part 1): each part counts its own, the sum both; ordered
     is part 0's, as paused is, not a sum."""
-    store.set_partitions("t", 2)
+    store.control.set_partitions("t", 2)
     ordered(store)
     publish_ordered(store, [("d", b"d1"), ("d", b"d2"), ("a", b"a1"), ("a", b"a2"), ("a", b"a3")])
-    parts = store.read_channel_parts("t", "c")
+    parts = store.reads.read_channel_parts("t", "c")
     assert [(p["depth"], *order_figures(p)) for p in parts] == [
         (2, True, 1, 1), (3, True, 1, 2)]
-    assert store.read_channel("t", "c") == empty_channel(
+    assert store.reads.read_channel("t", "c") == empty_channel(
         depth=5, message_count=5, client_count=1, ordered=True, order_keys_out=2,
         order_waiting=3)
     [topic] = stats.collect(store, by_part=True)["topics"]
@@ -162,7 +162,7 @@ def test_peek_shows_keys_and_the_messages_waiting_behind_them(keyed, backend):
     assert ok(backend, "peek", "t", "plain", "--waiting") == ["nothing waiting on t/plain"]
     assert ok(backend, "peek", "t", "plain", "-n", "1")[0] == \
         "part  position  id                attempts  published                 body"
-    assert store.read_channel("t", "c")["order_waiting"] == 3       # peek took nothing
+    assert store.reads.read_channel("t", "c")["order_waiting"] == 3       # peek took nothing
     result = run(backend, "peek", "t", "c", "--waiting", "--deferred")
     assert (result.exit_code, result.output) == (2, "relay-admin: --deferred and --waiting "
                                                     "do not go together (see relay-admin "
@@ -209,7 +209,7 @@ def test_msg_delete_of_a_waiting_message(keyed, backend):
     assert ok_json(backend, "msg", "t", "0000000000000006", "--channel", "c",
                    "--delete") == {"topic": "t", "channel": "c", "id": "0000000000000006",
                                    "deleted": "waiting"}
-    assert store.read_channel("t", "c") == empty_channel(
+    assert store.reads.read_channel("t", "c") == empty_channel(
         depth=4, message_count=6, deleted_count=2, client_count=1, ordered=True,
         order_keys_out=2, order_waiting=1)
     assert ok(backend, "msg", "t", "0000000000000004", "--channel", "c")[2] == \
@@ -222,8 +222,8 @@ def test_msg_delete_of_a_waiting_message(keyed, backend):
         "deleted message 0000000000000001 from t/c (queued at position 1)"]
     assert ok(backend, "msg", "t", "0000000000000004", "--channel", "c")[2] == \
         "c        queued  0         3         -    -       -       a"   # a3 out: a's next
-    assert order_figures(store.read_channel("t", "c")) == (True, 2, 0)
-    assert store.read_channel("t", "plain")["depth"] == 5              # untouched
+    assert order_figures(store.reads.read_channel("t", "c")) == (True, 2, 0)
+    assert store.reads.read_channel("t", "plain")["depth"] == 5              # untouched
 
 
 @pytest.mark.integration

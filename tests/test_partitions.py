@@ -35,22 +35,22 @@ from tests.helpers.wire import Wire
 
 
 def test_publishes_go_to_the_parts_in_turn_and_ids_name_their_part(store):
-    assert store.set_partitions("t", 3) == 1
+    assert store.control.set_partitions("t", 3) == 1
     store.subscribe("t", "c", "b1")
     for n in range(6):
         store.publish("t", [b"m%d" % n])
     assert parts_of(store) == [2, 2, 2]
-    assert store.read_channel("t", "c")["depth"] == 6
-    assert store.read_topic("t")["message_count"] == 6
+    assert store.reads.read_channel("t", "c")["depth"] == 6
+    assert store.reads.read_topic("t")["message_count"] == 6
     for index in range(3):
         queued = store.redis.lrange(ChannelKeys.of(store.parts("t")[index], "c").queue, 0, -1)
         assert [parse_record(r)[2][:4] for r in queued] == [b"%04x" % index] * 2
-    assert sorted(store.stored_parts()) == sorted(store.parts("t"))
-    assert store.topic_names() == ["t"]
+    assert sorted(store.reads.stored_parts()) == sorted(store.parts("t"))
+    assert store.reads.topic_names() == ["t"]
 
 
 def test_deliver_finish_requeue_and_touch_reach_every_part(store):
-    store.set_partitions("t", 3)
+    store.control.set_partitions("t", 3)
     store.subscribe("t", "c", "b1")
     for n in range(9):
         store.publish("t", [b"%02d" % n])
@@ -66,7 +66,7 @@ def test_deliver_finish_requeue_and_touch_reach_every_part(store):
 
 
 def test_a_consumer_at_rdy_1_is_served_by_every_part(store):
-    store.set_partitions("t", 3)
+    store.control.set_partitions("t", 3)
     store.subscribe("t", "c", "b1")
     for n in range(6):
         store.publish("t", [b"%d" % n], index=n % 3)
@@ -76,13 +76,13 @@ def test_a_consumer_at_rdy_1_is_served_by_every_part(store):
 
 
 def test_the_count_only_grows(store):
-    store.set_partitions("t", 3)
+    store.control.set_partitions("t", 3)
     with pytest.raises(PartitionsRefused, match="topic t has 3 partitions: the count can "
                                                 r"only grow \(asked for 2\)"):
-        store.set_partitions("t", 2)
-    assert store.set_partitions("t", 3) == 3
+        store.control.set_partitions("t", 2)
+    assert store.control.set_partitions("t", 3) == 3
     assert store.partitions("t", fresh=True) == 3
-    store.delete_topic("t")
+    store.control.delete_topic("t")
     assert store.partitions("t", fresh=True) == 3     # it outlives the topic
 
 
@@ -113,22 +113,22 @@ def test_callers_that_miss_the_same_count_at_once_share_one_read(store):
 def test_new_parts_get_the_channels_their_settings_and_the_pause(store):
     store.subscribe("t", "c1", "b1")
     store.subscribe("t", "c2", "")
-    store.pause_channel("t", "c2", True)
-    store.configure_channel("t", "c1", "max_attempts", 5)
-    store.pause_topic("t", True)
+    store.control.pause_channel("t", "c2", True)
+    store.control.configure_channel("t", "c1", "max_attempts", 5)
+    store.control.pause_topic("t", True)
     store.publish("t", [b"old"])
-    assert store.set_partitions("t", 3) == 1
+    assert store.control.set_partitions("t", 3) == 1
     for part in store.parts("t")[1:]:
-        assert store.channel_names(part) == ["c1", "c2"]
-        assert store.channel_setting(part, "c1", "max_attempts") == "5"
-        assert store.read_channel(part, "c2")["paused"] is True
-        assert store.read_topic(part, parts=[part])["paused"] is True
-        assert store.read_channel(part, "c1")["message_count"] == 0
-    store.pause_topic("t", False)
+        assert store.reads.channel_names(part) == ["c1", "c2"]
+        assert store.reads.channel_setting(part, "c1", "max_attempts") == "5"
+        assert store.reads.read_channel(part, "c2")["paused"] is True
+        assert store.reads.read_topic(part, parts=[part])["paused"] is True
+        assert store.reads.read_channel(part, "c1")["message_count"] == 0
+    store.control.pause_topic("t", False)
     store.publish("t", [b"new1"])
     store.publish("t", [b"new2"])
-    assert store.read_channel("t", "c1")["depth"] == 3
-    assert store.read_channel("t", "c2") == {**store.read_channel("t", "c2"), "depth": 3,
+    assert store.reads.read_channel("t", "c1")["depth"] == 3
+    assert store.reads.read_channel("t", "c2") == {**store.reads.read_channel("t", "c2"), "depth": 3,
                                              "paused": True}
 
 
@@ -138,26 +138,26 @@ def test_the_default_applies_to_new_topics_only(backend):
     store = Store(backend, topic_partitions=4)
     store.publish("existing", [b"y"])
     store.publish("fresh", [b"z"])
-    store.create_topic("created")
+    store.control.create_topic("created")
     assert [store.partitions(t, fresh=True) for t in ("existing", "fresh", "created")] == \
         [1, 4, 4]
     assert Store(backend).partitions("fresh") == 4      # every process reads it
 
 
 def test_empty_delete_and_in_flight_requeue_cover_every_part(store):
-    store.set_partitions("t", 3)
+    store.control.set_partitions("t", 3)
     store.subscribe("t", "c", "b1")
     for n in range(6):
         store.publish("t", [b"%d" % n])
     store.deliver("t", "c", [("o", 60_000, 3)])
-    dropped = store.drop("t", "c")
+    dropped = store.control.drop("t", "c")
     assert {key.split("}")[0] for key in dropped.trash} == \
         {f"relay:{{{part}" for part in store.parts("t")}
     assert channel_state(store, "c", "t") == (0, 0, 0)
     for n in range(3):
         store.publish("t", [b"%d" % n])
-    assert store.delete_topic("t") is True
-    assert store.topic_names() == [] and store.stored_parts() == []
+    assert store.control.delete_topic("t") is True
+    assert store.reads.topic_names() == [] and store.reads.stored_parts() == []
     assert store.redis.exists(*(ChannelKeys.of(part, "c").queue
                                 for part in store.parts("t"))) == 0
 
@@ -173,7 +173,7 @@ def test_parts_of_a_cluster_topic_go_to_every_master_and_work(backend):
     store = Store(backend)
     for n in range(100):
         topic = f"r{random.getrandbits(40):x}"
-        store.set_partitions(topic, 3)
+        store.control.set_partitions(topic, 3)
         if is_cluster(backend):
             assert len(set(masters_of(store, topic))) == 3, (topic, store.parts(topic))
         else:
@@ -190,7 +190,7 @@ def test_parts_of_a_cluster_topic_go_to_every_master_and_work(backend):
 
 def test_every_key_of_a_placed_part_is_in_its_slot(backend):
     store = Store(backend)
-    store.set_partitions("t", 3)
+    store.control.set_partitions("t", 3)
     for part in store.parts("t"):
         t, c = TopicKeys.of(part), ChannelKeys.of(part, "c")
         named = [getattr(t, f) for f in t.__dataclass_fields__ if f != "name"] + c.all()
@@ -199,9 +199,9 @@ def test_every_key_of_a_placed_part_is_in_its_slot(backend):
 
 def test_a_raise_keeps_the_parts_names_and_places_the_new_ones(backend):
     store = Store(backend)
-    store.set_partitions("t", 2)
+    store.control.set_partitions("t", 2)
     two = store.parts("t")
-    store.set_partitions("t", 5)
+    store.control.set_partitions("t", 5)
     assert store.parts("t")[:2] == two
     if is_cluster(backend):
         assert len(set(masters_of(store, "t"))) == 3
@@ -214,7 +214,7 @@ def test_a_topic_partitioned_before_placement_keeps_its_part_names(backend):
     store = Store(backend)
     backend.hset(TopicKeys.of("old").version, "partitions", 3)
     assert store.parts("old", fresh=True) == ["old", "old/1", "old/2"]
-    store.set_partitions("old", 5)
+    store.control.set_partitions("old", 5)
     assert store.parts("old")[:3] == ["old", "old/1", "old/2"]
     if is_cluster(backend):
         first = store.nodes.owners()[keys.part_slot("old")]
@@ -246,7 +246,7 @@ def test_six_parts_on_six_masters_use_them_all(six_masters):
     store = Store(six_masters)
     for _ in range(100):
         topic = f"r{random.getrandbits(40):x}"
-        store.set_partitions(topic, 6)
+        store.control.set_partitions(topic, 6)
         assert len(set(masters_of(store, topic))) == 6, (topic, store.parts(topic))
     store.subscribe(topic, "c", "b1")
     store.publish(topic, [b"%d" % n for n in range(6)])
@@ -259,7 +259,7 @@ def test_a_part_whose_slot_moves_keeps_its_name_and_messages(six_masters):
     """Part 1's slot moved to part 2's master (a reshard): every process still names the
     parts alike, 5 masters serve them, and each part's message is delivered."""
     store = Store(six_masters)
-    store.set_partitions("moved", 6)
+    store.control.set_partitions("moved", 6)
     store.subscribe("moved", "c", "")
     for index in range(6):
         store.publish("moved", [b"%d" % index], index=index)
@@ -310,7 +310,7 @@ def test_consumers_on_two_brokers_get_3000_messages_exactly_once(processes):
         consumer.start(block=False)
         consumers.append(consumer)
     store = Store(connect(processes.redis_url))
-    assert wait_for(lambda: store.read_channel("hot", "c")["client_count"] == 2)
+    assert wait_for(lambda: store.reads.read_channel("hot", "c")["client_count"] == 2)
     wire = [Wire(port) for port in ports]
     sent = []
     for n in range(300):
@@ -332,7 +332,7 @@ def test_consumers_on_two_brokers_get_3000_messages_exactly_once(processes):
 def test_a_rdy_1_consumer_is_served_from_every_part_and_fin_req_touch_work(processes):
     _, port = processes.broker("--topic-partitions", "3")
     store = Store(connect(processes.redis_url))
-    store.set_partitions("t", 3)
+    store.control.set_partitions("t", 3)
     consumer = Wire(port)
     assert consumer.sub("t", "c") == (0, b"OK")
     for n in range(6):
@@ -363,7 +363,7 @@ def test_raising_the_count_under_load_loses_nothing(processes):
     consumer.on_message.connect(lambda _, message: received.update([message.body]), weak=False)
     consumer.start(block=False)
     store = Store(connect(processes.redis_url))
-    assert wait_for(lambda: store.read_channel("grow", "c")["client_count"] == 2)
+    assert wait_for(lambda: store.reads.read_channel("grow", "c")["client_count"] == 2)
     acked, stopping = [], threading.Event()
 
     def produce(port):
@@ -402,7 +402,7 @@ def test_a_busy_part_does_not_starve_the_others(processes):
     the other parts' within the first 3 deliveries (each round starts one part further)."""
     _, port = processes.broker()
     store = Store(connect(processes.redis_url))
-    store.set_partitions("t", 3)
+    store.control.set_partitions("t", 3)
     store.subscribe("t", "c", "")
     store.publish("t", [b"busy-%d" % n for n in range(30)], index=0)
     store.publish("t", [b"one"], index=1)

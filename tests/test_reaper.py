@@ -33,11 +33,11 @@ def test_reap_takes_out_the_dead_brokers_consumers_and_requeues_its_leases(store
     assert store.run(store.reap_op("t", "c", "b1")) == (0, 2)
     assert store.redis.hgetall(ChannelKeys.of("t", "c").consumers) == {b"b10": b"1"}
     assert bodies(queue(store, "t", "c")) == [b"4", b"1", b"2"]
-    assert store.read_channel("t", "c") == empty_channel(
+    assert store.reads.read_channel("t", "c") == empty_channel(
         depth=3, in_flight_count=1, message_count=4, requeue_count=2, client_count=1)
     # a second reaper, or a reap redone after a crash, finds nothing more
     assert store.run(store.reap_op("t", "c", "b1")) == (0, 0)
-    assert store.read_channel("t", "c")["requeue_count"] == 2
+    assert store.reads.read_channel("t", "c")["requeue_count"] == 2
 
 
 def test_reap_deletes_an_ephemeral_channel_and_topic_left_without_consumer(store):
@@ -50,11 +50,11 @@ def test_reap_deletes_an_ephemeral_channel_and_topic_left_without_consumer(store
     assert store.run(store.reap_op(topic, "a#ephemeral", "b1")) == (1, 0)
     assert [k for k in ChannelKeys.of(topic, "a#ephemeral").all() if store.redis.exists(k)] == []
     assert store.run(store.reap_op(topic, "b#ephemeral", "b1")) == (0, 0)
-    assert store.channel_names(topic) == ["b#ephemeral"]
+    assert store.reads.channel_names(topic) == ["b#ephemeral"]
     store.run(store.reap_op(topic, "b#ephemeral", "b2"))
     assert store.run(store.reap_op(topic, "b#ephemeral", "b2")) == (0, 0)  # already gone
     assert not store.redis.exists(TopicKeys.of(topic).meta)
-    assert store.channel_names(topic) == []
+    assert store.reads.channel_names(topic) == []
 
 
 # -- the Reaper ------------------------------------------------------------------
@@ -78,22 +78,22 @@ def test_reaper_reaps_a_broker_that_expired_at_once_and_only_once(store):
     alive(store, "live")
     clock = Clock()
     reaper = Reaper(store, "r1", clock)
-    topics = store.topic_names()
+    topics = store.reads.topic_names()
     reaper.check(topics)
-    assert store.read_channel("t", "c")["client_count"] == 2
+    assert store.reads.read_channel("t", "c")["client_count"] == 2
     expired(store, "dead")
     store.redis.set(keys.reap_claim_key("dead"), "r2")    # another reaper is at it
     clock.now += 1
     reaper.check(topics)
     assert reaper.reaped == 0
-    assert store.read_channel("t", "c")["client_count"] == 2
+    assert store.reads.read_channel("t", "c")["client_count"] == 2
     store.redis.delete(keys.reap_claim_key("dead"))       # it died: its claim expired
     clock.now += 1
     reaper.check(topics)
     assert reaper.reaped == 1
-    assert store.read_channel("t", "c") == empty_channel(
+    assert store.reads.read_channel("t", "c") == empty_channel(
         depth=1, message_count=1, requeue_count=1, client_count=1)
-    assert store.topic_names() == ["t"]
+    assert store.reads.topic_names() == ["t"]
     assert store.redis.get(keys.reap_claim_key("dead")) == b"done"
     other = Reaper(store, "r2", clock)           # one that starts later skips it
     other.check(topics)
@@ -111,13 +111,13 @@ def test_reaper_gives_an_unregistered_consumer_grace(store):
     alive(store, "starting")
     reaper.check(["t"])
     assert reaper.reaped == 0
-    assert store.read_channel("t", "c")["client_count"] == 1
+    assert store.reads.read_channel("t", "c")["client_count"] == 1
     store.redis.zrem(keys.BROKERS, "starting")
     reaper.check(["t"])                          # within CHECK_EVERY: not looked at
     clock.now += GRACE
     reaper.check(["t"])                          # seen to leave: reaped at once
     assert reaper.reaped == 1
-    assert store.read_channel("t", "c")["client_count"] == 0
+    assert store.reads.read_channel("t", "c")["client_count"] == 0
 
 
 # -- a broker killed with -9 -----------------------------------------------------

@@ -17,7 +17,7 @@ from tests.helpers.wire import FRAME_RESPONSE, Wire
 def finished_topic(store, messages=3):
     """Topic t with retention on and channel c whose messages were all FINed."""
     store.subscribe("t", "c", "")
-    store.set_retention("t", 3_600_000, 0)
+    store.history.set_retention("t", 3_600_000, 0)
     store.publish("t", [b"m%d" % i for i in range(messages)])
     records = store.deliver("t", "c", [("a", 60_000, messages)])[0]
     store.finish("t", "c", [("a", parse_record(r)[2]) for r in records])

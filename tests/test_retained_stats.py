@@ -106,11 +106,11 @@ def test_stats_reads_the_histories_in_one_round_trip(store, backend):
     whatever their number."""
     for i in range(10):
         store.publish(f"t{i}", [BODY])
-        store.set_retention(f"t{i}", 3_600_000, 0)
+        store.history.set_retention(f"t{i}", 3_600_000, 0)
         store.publish(f"t{i}", [BODY] * (i + 1))
     with_retention = round_trips(store)
     for i in range(10):
-        store.set_retention(f"t{i}", 0, 0)
+        store.history.set_retention(f"t{i}", 0, 0)
     assert round_trips(store) == with_retention - 1
 
 

@@ -35,7 +35,7 @@ def test_scan_requeues_expired_in_flight_messages(store):
 
     assert store.scan("t", "c") == (2, 0, long_deadline, 0)
     assert bodies(queue(store, "t", "c")) == [b"1", b"2"]
-    assert store.read_channel("t", "c") == empty_channel(
+    assert store.reads.read_channel("t", "c") == empty_channel(
         depth=2, in_flight_count=1, timeout_count=2, message_count=3, client_count=1)
     assert store.redis.hkeys(c.msgs) == [mid(3)]
     assert [member_id(m) for m in store.redis.zrange(c.inflight, 0, -1)] == [mid(3)]
@@ -56,7 +56,7 @@ def test_scan_with_nothing_left_removes_the_due_entry(store):
     assert store.scan("t", "c") == (1, 0, -1, 0)
     assert due_score(store, "t", "c") is None
     assert store.scan("t", "c") == (0, 0, -1, 0)
-    assert store.read_channel("t", "c") == empty_channel(
+    assert store.reads.read_channel("t", "c") == empty_channel(
         depth=1, timeout_count=1, message_count=1, client_count=1)
 
 
@@ -91,12 +91,12 @@ def test_scan_respects_its_limit(store):
         if next_due == -1:
             break
         # still due: the entry stays in the index with a passed score
-        now, due, _, _ = store.due_channels()
+        now, due, _, _ = store.reads.due_channels()
         assert due == [("t", "c", next_due)] and next_due <= now
     assert calls == 3
     assert (moved_out, moved_in) == (5, 3)
     assert due_score(store, "t", "c") is None
-    assert store.read_channel("t", "c") == empty_channel(
+    assert store.reads.read_channel("t", "c") == empty_channel(
         depth=8, timeout_count=5, message_count=8, client_count=1)
 
 
@@ -112,7 +112,7 @@ def test_scan_with_a_large_limit(store):
         result = store.scan("t", "c", 10_000)
     except StoreError:
         result = None
-    state = store.read_channel("t", "c")
+    state = store.reads.read_channel("t", "c")
     # never both queued and in flight
     assert state["depth"] + state["in_flight_count"] == n
     assert result == (n, 0, -1, 0)
@@ -128,7 +128,7 @@ def test_due_channels_lists_only_passed_entries(store):
     store.deliver("t", "c2", [("a", 60_000, 1)])
     d1 = due_score(store, "t", "c1")
     wait_past(store, d1)
-    now, due, more, failed = store.due_channels()
+    now, due, more, failed = store.reads.due_channels()
     assert due == [("t", "c1", d1)]
     assert now >= d1
     assert (more, failed) == (False, 0)
@@ -147,7 +147,7 @@ def test_one_due_read_covers_topics_in_many_slots(backend):
     groups = store.nodes.by_node(topics)
     assert len(groups) == len(store.nodes.prefixes()) == (3 if store.cluster else 1)
     assert len({key_slot(TopicKeys.of(t).due.encode()) for t in topics}) > len(groups)
-    now, due, more, failed = store.due_channels()
+    now, due, more, failed = store.reads.due_channels()
     assert sorted(t for t, c, _ in due) == sorted(topics)
     assert all(c == "c" and score <= now for _, c, score in due)
     assert (more, failed) == (False, 0)
@@ -169,7 +169,7 @@ def _assert_requeued_once(store, n_channels=3, per_channel=40):
         q = queue(store, "t", f"c{i}")
         assert len(q) == per_channel
         assert sorted(ids(q)) == [mid(n) for n in range(1, per_channel + 1)]
-        assert store.read_channel("t", f"c{i}") == empty_channel(
+        assert store.reads.read_channel("t", f"c{i}") == empty_channel(
             depth=per_channel, timeout_count=per_channel, message_count=per_channel,
             client_count=1)
     assert store.redis.zcard(TopicKeys.of("t").due) == 0
@@ -179,7 +179,7 @@ def test_two_scanners_with_the_same_view_requeue_each_message_once(store):
     _expired_channels(store)
     s1, s2 = Scanner(type(store)(store.redis)), Scanner(type(store)(store.redis))
     # both read the due index before either scans
-    view = store.due_channels()
+    view = store.reads.due_channels()
     assert len(view[1]) == 3
     s1.store.due_channels = s2.store.due_channels = lambda now: view
     assert s1.scan_once() is False
@@ -260,7 +260,7 @@ def test_scanners_split_the_slots_and_take_over_an_expired_share(backend):
     store = Store(backend)
     topics = [f"t{i}" for i in range(40)]
     for topic in topics:
-        store.create_topic(topic)
+        store.control.create_topic(topic)
     now = [1000.0]
     a = Share(store, "scanner-a", clock=lambda: now[0])
     b = Share(store, "scanner-b", clock=lambda: now[0])
@@ -289,14 +289,14 @@ def test_a_scanner_requeues_only_its_share(backend):
     share = Share(store, "only-odd")
     share.renew()
     share.rank, share.size = 1, 2
-    share.topics = [t for t in store.topic_names() if share.covers(t)]
+    share.topics = [t for t in store.reads.topic_names() if share.covers(t)]
     scanner = Scanner(store, share=share)
     share._renewed = time.time()
     scanner.scan_once()
     mine = set(share.topics)
     for topic in ("t0", "t1", "t2", "t3"):
         expect = (1, 0) if topic in mine else (0, 1)
-        stats = store.read_channel(topic, "c")
+        stats = store.reads.read_channel(topic, "c")
         assert (stats["depth"], stats["in_flight_count"]) == expect, topic
 
 
@@ -319,10 +319,10 @@ def test_a_scanner_killed_with_9_leaves_its_share_to_the_other(cluster_url, tmp_
             store.publish(topic, [b"a", b"b"])
             store.deliver(topic, "c", [("gone:1", 1000, 2)])
         killed_at = time.monotonic()
-        assert wait_for(lambda: all(store.read_channel(t, "c")["depth"] == 2 for t in topics),
+        assert wait_for(lambda: all(store.reads.read_channel(t, "c")["depth"] == 2 for t in topics),
                         timeout=20)
         waited = time.monotonic() - killed_at
-        assert [store.read_channel(t, "c")["timeout_count"] for t in topics] == [2] * 12
+        assert [store.reads.read_channel(t, "c")["timeout_count"] for t in topics] == [2] * 12
         assert store.redis.zcard(keys.SCANNERS) == 1
         assert waited < 1 + SHARE_TTL_MS / 1000 + 3
     finally:

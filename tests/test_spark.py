@@ -122,9 +122,9 @@ def test_an_ordered_channel_is_read_one_message_per_key_per_batch_in_order(
     the key's next is claimed only once Spark has confirmed it: a key's order holds
     across batches; a hot key drains one message per batch."""
     store.subscribe("events", "spark", "")
-    store.set_ordered("events", "spark", True)
+    store.ordering.set_ordered("events", "spark", True)
     keys = [k for _ in range(3) for k in (b"a", b"b", b"c")] + [None, None]
-    store.publish_keyed("events", [b"%s%d" % (k, i // 3) if k else b"u%d" % i
+    store.dedup.publish_keyed("events", [b"%s%d" % (k, i // 3) if k else b"u%d" % i
                                    for i, k in enumerate(keys)], None, 0, keys)
     batches = {}
     query = (source(spark, redis_url).writeStream
@@ -136,7 +136,7 @@ def test_an_ordered_channel_is_read_one_message_per_key_per_batch_in_order(
     assert [batches[b] for b in sorted(batches)] == [
         [b"a0", b"b0", b"c0", b"u10", b"u9"], [b"a1", b"b1", b"c1"], [b"a2", b"b2", b"c2"]]
     assert channel_state(store) == (0, 0, 0)
-    assert store.order_report("events", "spark")["keys_out"] == 0
+    assert store.ordering.order_report("events", "spark")["keys_out"] == 0
 
 
 @pytest.mark.cluster
@@ -144,11 +144,11 @@ def test_a_partitioned_topic_is_read_and_written_whole(spark, store, redis_url, 
     """Source and sink cover every partition: 30 messages in 3 parts read once each;
     3,000 rows written by one task land in every part, each in the part its publish
     key's hash picks (relay/store/dedup.py)."""
-    store.set_partitions("events", 3)
+    store.control.set_partitions("events", 3)
     store.subscribe("events", "spark", "")
     for i in range(30):
         store.publish("events", [b"p%02d" % i])
-    assert [p["depth"] for p in store.read_channel_parts("events", "spark")] == [10, 10, 10]
+    assert [p["depth"] for p in store.reads.read_channel_parts("events", "spark")] == [10, 10, 10]
     read = []
     (source(spark, redis_url).writeStream
      .foreachBatch(lambda df, _: read.extend(r.body for r in df.collect()))
@@ -157,12 +157,12 @@ def test_a_partitioned_topic_is_read_and_written_whole(spark, store, redis_url, 
     assert sorted(read) == [b"p%02d" % i for i in range(30)]
     assert channel_state(store) == (0, 0, 0)
 
-    store.set_partitions("copied", 3)
+    store.control.set_partitions("copied", 3)
     store.subscribe("copied", "c", "")
     rows = spark.createDataFrame([(f"r{i}",) for i in range(3000)], "body string").coalesce(1)
     rows.write.format("relay").option("redis_url", redis_url).option("topic", "copied") \
         .mode("append").save()
-    depths = [p["depth"] for p in store.read_channel_parts("copied", "c")]
+    depths = [p["depth"] for p in store.reads.read_channel_parts("copied", "c")]
     assert sum(depths) == 3000 and min(depths) > 850, depths   # crc32 spreads the keys
 
 
@@ -285,7 +285,7 @@ def test_sink_publishes_to_every_channel(spark, store, redis_url, tmp_path):
     binary.write.format("relay").option("redis_url", redis_url).option("topic", "out") \
         .mode("append").save()
     for channel in ("one", "two"):
-        assert store.read_channel("out", channel)["depth"] == 3
+        assert store.reads.read_channel("out", channel)["depth"] == 3
     [records] = store.deliver("out", "one", [("x", 60_000, 10)])
     assert sorted(r[26:] for r in records) == [b"\x00\xff", b"more", b"text"]
 
@@ -296,7 +296,7 @@ def test_sink_publishes_to_every_channel(spark, store, redis_url, tmp_path):
              .option("checkpointLocation", str(tmp_path / "ck"))
              .trigger(availableNow=True).start())
     query.awaitTermination(180)
-    assert store.read_topic("piped")["message_count"] == 12
+    assert store.reads.read_topic("piped")["message_count"] == 12
 
 
 # -- the example pipeline (scripts/spark_pipeline.py) -------------------------------
@@ -344,7 +344,7 @@ def published_counts(store) -> dict:
 
 def test_example_pipeline_run_twice_counts_each_event_once(java, store, redis_url, tmp_path):
     store.publish("events", events(["a"] * 5 + ["b"] * 3 + ["c"]))
-    store.create_channel("events", "event-counts")
+    store.control.create_channel("events", "event-counts")
     store.publish("events", events(["a", "c"]) + [b"junk"])
     store.subscribe("event-counts", "check", "")
     run_pipeline(redis_url, tmp_path)
@@ -379,7 +379,7 @@ spark_pipeline.run(spark_pipeline.parse(sys.argv[2:]))
 
 def test_example_pipeline_killed_mid_batch_counts_each_event_once(java, store, redis_url,
                                                                  tmp_path):
-    store.create_channel("events", "event-counts")
+    store.control.create_channel("events", "event-counts")
     store.publish("events", events(["a"] * 4 + ["b"] * 2))
     writing = tmp_path / "writing"
     driver = subprocess.Popen(

@@ -41,9 +41,9 @@ def history(spark, redis_url, **times):
 @pytest.mark.cluster
 def test_a_time_range_is_read_per_partition_in_order_without_touching_a_channel(
         spark, store, redis_url):
-    store.set_partitions("events", 2)
+    store.control.set_partitions("events", 2)
     store.subscribe("events", "audit", "")
-    store.set_retention("events", DAY_MS, 0)
+    store.history.set_retention("events", DAY_MS, 0)
     base = store.now_ms() - 600_000
     rows = publish_at(store, base, parts=2, count=6)
 
@@ -63,10 +63,10 @@ def test_a_time_range_is_read_per_partition_in_order_without_touching_a_channel(
 def test_the_store_reads_a_range_in_bounded_chunks(store):
     """What the Spark partitions read (Store.history_records), both ends inclusive."""
     store.subscribe("events", "audit", "")
-    store.set_retention("events", DAY_MS, 0)
+    store.history.set_retention("events", DAY_MS, 0)
     base = store.now_ms() - 600_000
     publish_at(store, base, parts=1, count=6)
-    chunks = store.history_records("events", base + 1000, base + 4000, chunk=2)
+    chunks = store.history.history_records("events", base + 1000, base + 4000, chunk=2)
     assert [[parse_record(r)[3] for r in c] for c in chunks] == [
         [b"p0-1", b"p0-2"], [b"p0-3", b"p0-4"]]
 
@@ -110,7 +110,7 @@ def test_a_streaming_query_starts_from_a_time_then_reads_what_follows(
     """Its channel is made from startingTimestamp: the history from then on, then what is
     published after, each once; a run from the checkpoint goes on where it was."""
     store.subscribe("events", "audit", "")
-    store.set_retention("events", DAY_MS, 0)
+    store.history.set_retention("events", DAY_MS, 0)
     base = store.now_ms() - 600_000
     rows = publish_at(store, base, parts=1, count=6)
     read = []

@@ -27,14 +27,14 @@ def delivered_bodies(store, topic: str) -> list:
 def test_a_batch_write_with_an_id_column_done_twice_publishes_each_row_once(
         spark, store, redis_url):
     store.subscribe("out", "check", "")
-    store.set_dedup("out", 600_000)
+    store.dedup.set_dedup("out", 600_000)
     df = spark.createDataFrame([("e1", "one"), ("e2", "two"), ("e1", "one again")],
                                "event_id string, body string")
     for _ in range(2):
         df.write.format("relay").option("redis_url", redis_url).option("topic", "out") \
             .option("idColumn", "event_id").mode("append").save()
     assert sorted(delivered_bodies(store, "out")) in ([b"one", b"two"], [b"one again", b"two"])
-    assert store.read_topic("out")["message_count"] == 2
+    assert store.reads.read_topic("out")["message_count"] == 2
 
 
 def test_an_id_column_without_a_dedup_window_is_refused(spark, store, redis_url):
@@ -45,7 +45,7 @@ def test_an_id_column_without_a_dedup_window_is_refused(spark, store, redis_url)
     assert ("relay sink: topic out has no dedup window, so idColumn 'event_id' would not keep "
             "duplicates out: turn it on with relay-admin dedup out --window 10m") \
         in str(refused.value)
-    assert store.read_topic("out")["message_count"] == 0
+    assert store.reads.read_topic("out")["message_count"] == 0
 
 
 STOPPING_QUERY = """
@@ -62,7 +62,7 @@ relay.spark.register(spark)
 def published():
     from relay.store import Store
     from relay.store.connection import connect
-    return Store(connect(url)).read_topic("out")["message_count"]
+    return Store(connect(url)).reads.read_topic("out")["message_count"]
 
 
 @F.udf("binary")
@@ -106,21 +106,21 @@ def test_a_streaming_query_stopped_mid_batch_and_restarted_publishes_each_row_on
     store.subscribe("events", "spark", "")
     store.publish("events", rows)
     store.subscribe("out", "check", "")
-    store.set_dedup("out", 600_000)
+    store.dedup.set_dedup("out", 600_000)
     driver = stopping_query(redis_url, tmp_path, how)
     try:
-        published = lambda: store.read_topic("out")["message_count"] == 800  # noqa: E731
+        published = lambda: store.reads.read_topic("out")["message_count"] == 800  # noqa: E731
         assert wait_for(published, timeout=300, interval=0.1)
         if how == "fails":
             assert driver.wait(300) != 0
     finally:
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait()
-    assert store.read_topic("out")["message_count"] == 800
+    assert store.reads.read_topic("out")["message_count"] == 800
     time.sleep(2.5)                     # past lease_timeout
     Scanner(store).scan_once()
 
     (tmp_path / "gate").touch()
     assert stopping_query(redis_url, tmp_path, how).wait(600) == 0
-    assert store.read_topic("out")["message_count"] == len(rows)
+    assert store.reads.read_topic("out")["message_count"] == len(rows)
     assert sorted(delivered_bodies(store, "out")) == sorted(rows)

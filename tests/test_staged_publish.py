@@ -64,7 +64,7 @@ def test_an_mpub_too_big_for_one_call_is_committed_then_published_in_steps(store
     else:
         assert bodies(queue(store, "t", "c")) == sent()
         assert ids(queue(store, "t", "c")) == [mid(i) for i in range(1, N + 1)]
-    assert store.read_channel("t", "c")["message_count"] == N
+    assert store.reads.read_channel("t", "c")["message_count"] == N
     assert nothing_left(store)
 
 
@@ -104,7 +104,7 @@ def test_two_processes_going_on_with_one_publish_publish_each_message_once(store
 
 
 def test_a_paused_topic_keeps_the_steps_in_its_backlog(store):
-    store.pause_topic("t", True)
+    store.control.pause_topic("t", True)
     assert store.publish("t", sent()) == N
     assert bodies(store.redis.lrange(TopicKeys.of("t").backlog, 0, -1)) == sent()
 
@@ -113,7 +113,7 @@ def test_a_channel_created_from_the_start_mid_publish_cuts_before_what_is_unpubl
     """The ids a staged publish reserved but has not published yet are not in the history
     a new channel replays up to its cut: its steps publish them to the channel."""
     subscribed(store, "t", "c")
-    store.set_retention("t", 3_600_000, 0)
+    store.history.set_retention("t", 3_600_000, 0)
     last, token = committed(store)
     store.run(store.publish_step_op("t", token))    # a copy to c, one to the history
     joined = store.run(store.subscribe_op("t", "new", ""))
@@ -139,5 +139,5 @@ def test_the_scanners_sweep_finishes_a_publish_its_broker_left_half_done(store, 
     scanner.scan_once()
     assert bodies(queue(store, "t", "c")) == sent()
     assert ids(queue(store, "t", "c")) == [mid(i) for i in range(1, N + 1)]
-    assert store.read_channel("t", "c")["message_count"] == N
+    assert store.reads.read_channel("t", "c")["message_count"] == N
     assert nothing_left(store)

@@ -18,7 +18,7 @@ def test_every_topic_and_channel_read_in_batches_as_each_alone(store, monkeypatc
     for t in range(12):
         for c in range(t % 4):
             store.subscribe(f"t{t}", f"c{c}", "b1")
-    store.set_partitions("t3", 3)
+    store.control.set_partitions("t3", 3)
     store.subscribe("t3", "c0", "b1")
     for t in range(12):
         store.publish(f"t{t}", [b"x"] * (t + 1))
@@ -28,13 +28,13 @@ def test_every_topic_and_channel_read_in_batches_as_each_alone(store, monkeypatc
     assert [t["topic_name"] for t in topics] == sorted(f"t{t}" for t in range(12))
     for t in topics:
         name = t["topic_name"]
-        alone = store.read_topic(name)
+        alone = store.reads.read_topic(name)
         assert (t["depth"], t["message_count"], t["deferred_count"], t["partitions"]) == (
             alone["depth"], alone["message_count"], alone["deferred_count"],
             len(store.parts(name)))
-        assert [c["channel_name"] for c in t["channels"]] == store.channel_names(name)
+        assert [c["channel_name"] for c in t["channels"]] == store.reads.channel_names(name)
         for c in t["channels"]:
-            alone_channel = store.read_channel(name, c["channel_name"])
+            alone_channel = store.reads.read_channel(name, c["channel_name"])
             assert {k: c[k] for k in alone_channel} == alone_channel
     by_name = {t["topic_name"]: t for t in topics}
     assert [c["in_flight_count"] for c in by_name["t2"]["channels"]] == [0, 2]
@@ -55,7 +55,7 @@ def test_one_topic_or_channel_asked_for(store):
 
 def test_parts_of_reads_the_unknown_topics_together(store):
     """parts() of many topics in one pipeline, each as parts() alone gives it."""
-    store.set_partitions("p", 2)
+    store.control.set_partitions("p", 2)
     reader = Store(store.redis)
     calls = []
     run_many = reader.run_many

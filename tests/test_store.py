@@ -29,10 +29,10 @@ def test_publish_without_channel_goes_to_backlog(store):
     assert store.publish("t", [b"a", b"bc"]) == 2
     after_ns = time.time_ns()
 
-    assert store.read_topic("t") == {"message_count": 2, "message_bytes": 3, "depth": 2,
+    assert store.reads.read_topic("t") == {"message_count": 2, "message_bytes": 3, "depth": 2,
                                      "deferred_count": 0, "paused": False}
-    assert store.channel_names("t") == []
-    assert store.topic_names() == ["t"]
+    assert store.reads.channel_names("t") == []
+    assert store.reads.topic_names() == ["t"]
     backlog = store.redis.lrange(TopicKeys.of("t").backlog, 0, -1)
     parsed = [parse_record(r) for r in backlog]
     assert [(a, i, b) for _, a, i, b in parsed] == [(0, mid(1), b"a"), (0, mid(2), b"bc")]
@@ -50,19 +50,19 @@ def test_first_channel_takes_the_whole_backlog_in_order(store):
     store.publish("t", [b"later"], defer_ms=60_000)
     t1 = now_ms(store)
     store.publish("t", [b"m4"])
-    assert store.read_topic("t") == {"message_count": 4, "message_bytes": 11, "depth": 3,
+    assert store.reads.read_topic("t") == {"message_count": 4, "message_bytes": 11, "depth": 3,
                                      "deferred_count": 1, "paused": False}
     assert store.redis.zcard(TopicKeys.of("t").due) == 0
 
     assert store.subscribe("t", "c1", "b1") is True
 
     # the backlog is gone from the topic ...
-    assert store.read_topic("t") == {"message_count": 4, "message_bytes": 11, "depth": 0,
+    assert store.reads.read_topic("t") == {"message_count": 4, "message_bytes": 11, "depth": 0,
                                      "deferred_count": 0, "paused": False}
     assert not store.redis.exists(TopicKeys.of("t").backlog)
     assert not store.redis.exists(TopicKeys.of("t").backlog_deferred)
     # ... and all of it is in the channel, the deferred message still deferred
-    assert store.read_channel("t", "c1") == empty_channel(
+    assert store.reads.read_channel("t", "c1") == empty_channel(
         depth=3, deferred_count=1, message_count=4, client_count=1)
     assert bodies(queue(store, "t", "c1")) == [b"m1", b"m2", b"m4"]
     assert ids(queue(store, "t", "c1")) == [mid(1), mid(2), mid(4)]
@@ -78,7 +78,7 @@ def test_first_channel_takes_the_whole_backlog_in_order(store):
     # not due yet: a scan promotes nothing
     assert store.scan("t", "c1")[1] == 0
     assert store.deliver("t", "c1", [("o1", 60_000, 10)]) == [[]]
-    assert store.read_channel("t", "c1")["deferred_count"] == 1
+    assert store.reads.read_channel("t", "c1")["deferred_count"] == 1
 
 
 def test_second_channel_does_not_get_the_backlog(store):
@@ -86,15 +86,15 @@ def test_second_channel_does_not_get_the_backlog(store):
     store.publish("t", [b"old-deferred"], defer_ms=60_000)
     assert store.subscribe("t", "c1", "b1") is True
     assert store.subscribe("t", "c2", "b1") is True
-    assert store.read_channel("t", "c2") == empty_channel(client_count=1)
-    assert store.read_channel("t", "c1") == empty_channel(
+    assert store.reads.read_channel("t", "c2") == empty_channel(client_count=1)
+    assert store.reads.read_channel("t", "c1") == empty_channel(
         depth=1, deferred_count=1, message_count=2, client_count=1)
-    assert store.channel_names("t") == ["c1", "c2"]
+    assert store.reads.channel_names("t") == ["c1", "c2"]
     assert store.deliver("t", "c2", [("o", 60_000, 10)]) == [[]]
 
     # a second subscriber of an existing channel changes nothing but the count
     assert store.subscribe("t", "c1", "b1") is False
-    assert store.read_channel("t", "c1") == empty_channel(
+    assert store.reads.read_channel("t", "c1") == empty_channel(
         depth=1, deferred_count=1, message_count=2, client_count=2)
 
 
@@ -108,7 +108,7 @@ def test_deferred_backlog_message_promoted_when_due(store):
     assert due_score(store, "t", "c") is None
     (got,) = store.deliver("t", "c", [("o", 60_000, 1)])
     assert [(a, i, b) for _, a, i, b in map(parse_record, got)] == [(1, mid(1), b"soon")]
-    assert store.read_channel("t", "c") == empty_channel(
+    assert store.reads.read_channel("t", "c") == empty_channel(
         in_flight_count=1, message_count=1, client_count=1)
 
 
@@ -129,10 +129,10 @@ def test_fan_out_to_every_channel(store):
     assert store.publish("t", [b"hello", b"world!"]) == 2
     assert store.publish("t", [b"x"]) == 3
 
-    assert store.read_topic("t") == {"message_count": 3, "message_bytes": 12, "depth": 0,
+    assert store.reads.read_topic("t") == {"message_count": 3, "message_bytes": 12, "depth": 0,
                                      "deferred_count": 0, "paused": False}
     for ch in ("c1", "c2"):
-        assert store.read_channel("t", ch) == empty_channel(
+        assert store.reads.read_channel("t", ch) == empty_channel(
             depth=3, message_count=3, client_count=1)
         assert bodies(queue(store, "t", ch)) == [b"hello", b"world!", b"x"]
         assert ids(queue(store, "t", ch)) == [mid(1), mid(2), mid(3)]
@@ -142,8 +142,8 @@ def test_fan_out_to_every_channel(store):
     # finishing on one channel leaves the other alone
     (got,) = store.deliver("t", "c1", [("o", 60_000, 3)])
     assert store.finish("t", "c1", [("o", i) for i in ids(got)]) == [1, 1, 1]
-    assert store.read_channel("t", "c1") == empty_channel(message_count=3, client_count=1)
-    assert store.read_channel("t", "c2")["depth"] == 3
+    assert store.reads.read_channel("t", "c1") == empty_channel(message_count=3, client_count=1)
+    assert store.reads.read_channel("t", "c2")["depth"] == 3
 
 
 def test_deferred_publish_fans_out_deferred(store):
@@ -152,10 +152,10 @@ def test_deferred_publish_fans_out_deferred(store):
     t0 = now_ms(store)
     assert store.publish("t", [b"d1", b"d2"], defer_ms=30_000) == 2
     t1 = now_ms(store)
-    assert store.read_topic("t") == {"message_count": 2, "message_bytes": 4, "depth": 0,
+    assert store.reads.read_topic("t") == {"message_count": 2, "message_bytes": 4, "depth": 0,
                                      "deferred_count": 0, "paused": False}
     for ch in ("c1", "c2"):
-        assert store.read_channel("t", ch) == empty_channel(
+        assert store.reads.read_channel("t", ch) == empty_channel(
             deferred_count=2, message_count=2, client_count=1)
         assert store.deliver("t", ch, [("o", 60_000, 5)]) == [[]]
         due = due_score(store, "t", ch)
@@ -194,8 +194,8 @@ def test_mpub_of_2500_is_one_call_returning_the_last_id(store):
     assert len(q) == 2501
     assert bodies(q[1:]) == sent
     assert ids(q) == [mid(n) for n in range(1, 2502)]
-    assert store.read_topic("t")["message_count"] == 2501
-    assert store.read_channel("t", "c")["message_count"] == 2501
+    assert store.reads.read_topic("t")["message_count"] == 2501
+    assert store.reads.read_channel("t", "c")["message_count"] == 2501
 
 
 @pytest.mark.parametrize("with_channel", [True, False], ids=["channel", "backlog"])
@@ -206,10 +206,10 @@ def test_large_deferred_mpub_is_chunked(store, with_channel):
         subscribed(store, "t", "c")
     assert store.publish("t", [b"%d" % i for i in range(n)], defer_ms=60_000) == n
     if not with_channel:
-        assert store.read_topic("t")["deferred_count"] == n
+        assert store.reads.read_topic("t")["deferred_count"] == n
         subscribed(store, "t", "c")
     c = ChannelKeys.of("t", "c")
-    assert store.read_channel("t", "c") == empty_channel(
+    assert store.reads.read_channel("t", "c") == empty_channel(
         deferred_count=n, message_count=n, client_count=1)
     assert store.redis.hlen(c.msgs) == n
     assert bodies(store.redis.hmget(c.msgs, [mid(1), mid(n)])) == [b"0", b"%d" % (n - 1)]
@@ -262,7 +262,7 @@ def test_deliver_fifo_and_attempts(store):
     assert attempts(first) == [1, 1]
     (rest,) = store.deliver("t", "c", [("o", 60_000, 10)])
     assert bodies(rest) == [b"3", b"4", b"5"]
-    assert store.read_channel("t", "c") == empty_channel(
+    assert store.reads.read_channel("t", "c") == empty_channel(
         in_flight_count=5, message_count=5, client_count=1)
 
     # requeue -> delivered again with attempts 2; the stored copy counts the deliveries
@@ -311,7 +311,7 @@ def test_deliver_from_empty_queue(store):
     assert store.deliver("t", "c", [("a", 1_000, 5), ("b", 1_000, 1)]) == [[], []]
     assert store.deliver("nope", "nope", [("a", 1_000, 5)]) == [[]]
     assert store.redis.zcard(TopicKeys.of("t").due) == 0
-    assert store.read_channel("t", "c") == empty_channel(client_count=1)
+    assert store.reads.read_channel("t", "c") == empty_channel(client_count=1)
 
 
 def test_deliver_within_a_large_rdy_count(store):
@@ -323,7 +323,7 @@ def test_deliver_within_a_large_rdy_count(store):
     except StoreError:
         got = None
     # whatever happened, no message may be lost
-    state = store.read_channel("t", "c")
+    state = store.reads.read_channel("t", "c")
     assert state["depth"] + state["in_flight_count"] == 4000
     assert got is not None and len(got) == 4000
 
@@ -338,7 +338,7 @@ def test_finish_codes_and_cleanup(store):
 
     # another client's message: refused, nothing changes
     assert store.finish("t", "c", [("b", mid(1))]) == [-1]
-    assert store.read_channel("t", "c")["in_flight_count"] == 2
+    assert store.reads.read_channel("t", "c")["in_flight_count"] == 2
     # several pairs, several owners, one call; unknown id -> 0
     assert store.finish("t", "c", [("a", mid(1)), ("b", mid(2)), ("a", b"ffffffffffffffff")]
                         ) == [1, 1, 0]
@@ -346,7 +346,7 @@ def test_finish_codes_and_cleanup(store):
     assert store.finish("t", "c", [("a", mid(1))]) == [0]
     for key in (c.inflight, c.msgs):
         assert not store.redis.exists(key)
-    assert store.read_channel("t", "c") == empty_channel(message_count=2, client_count=1)
+    assert store.reads.read_channel("t", "c") == empty_channel(message_count=2, client_count=1)
 
 
 def test_finish_of_one_id_twice_in_one_call_takes_once(store):
@@ -355,7 +355,7 @@ def test_finish_of_one_id_twice_in_one_call_takes_once(store):
     store.deliver("t", "c", [("a", 60_000, 2)])
     assert store.finish("t", "c", [("a", mid(1)), ("a", mid(1)), ("b", mid(2)),
                                    ("a", mid(2))]) == [1, 0, -1, 1]
-    assert store.read_channel("t", "c")["in_flight_count"] == 0
+    assert store.reads.read_channel("t", "c")["in_flight_count"] == 0
 
 
 def test_finish_of_more_ids_than_one_hmget_takes(store):
@@ -365,7 +365,7 @@ def test_finish_of_more_ids_than_one_hmget_takes(store):
     (got,) = store.deliver("t", "c", [("a", 60_000, 2500)])
     pairs = [("a", codec.record_id(r)) for r in got]
     assert store.finish("t", "c", pairs + [("a", b"ffffffffffffffff")]) == [1] * 2500 + [0]
-    assert store.read_channel("t", "c")["in_flight_count"] == 0
+    assert store.reads.read_channel("t", "c")["in_flight_count"] == 0
 
 
 def test_finish_of_queued_or_deferred_message_is_not_in_flight(store):
@@ -373,7 +373,7 @@ def test_finish_of_queued_or_deferred_message_is_not_in_flight(store):
     store.publish("t", [b"1"])
     store.publish("t", [b"2"], defer_ms=60_000)
     assert store.finish("t", "c", [("a", mid(1)), ("a", mid(2))]) == [0, 0]
-    assert store.read_channel("t", "c") == empty_channel(
+    assert store.reads.read_channel("t", "c") == empty_channel(
         depth=1, deferred_count=1, message_count=2, client_count=1)
 
 
@@ -387,11 +387,11 @@ def test_requeue_now_goes_to_the_tail(store):
 
     assert store.requeue("t", "c", [("b", mid(1), 0)]) == [-1]
     assert store.requeue("t", "c", [("a", mid(9), 0)]) == [0]
-    assert store.read_channel("t", "c")["requeue_count"] == 0
+    assert store.reads.read_channel("t", "c")["requeue_count"] == 0
 
     assert store.requeue("t", "c", [("a", mid(1), 0)]) == [1]
     assert bodies(queue(store, "t", "c")) == [b"2", b"3", b"1"]
-    assert store.read_channel("t", "c") == empty_channel(
+    assert store.reads.read_channel("t", "c") == empty_channel(
         depth=3, requeue_count=1, message_count=3, client_count=1)
     for key in (c.inflight, c.msgs):
         assert not store.redis.exists(key)
@@ -409,7 +409,7 @@ def test_requeue_with_delay_defers_until_scanned_after_due(store):
     after = now_ms(store)
     c = ChannelKeys.of("t", "c")
 
-    assert store.read_channel("t", "c") == empty_channel(
+    assert store.reads.read_channel("t", "c") == empty_channel(
         depth=1, deferred_count=1, requeue_count=2, message_count=2, client_count=1)
     due = int(store.redis.zscore(c.deferred, mid(1)))
     assert before + 150 <= due <= after + 150
@@ -472,7 +472,7 @@ def test_consumer_counts_per_broker(store):
     assert store.subscribe("t", "c", "b1") is False
     assert store.subscribe("t", "c", "b2") is False
     assert store.redis.hgetall(c.consumers) == {b"b1": b"2", b"b2": b"1"}
-    assert store.read_channel("t", "c")["client_count"] == 3
+    assert store.reads.read_channel("t", "c")["client_count"] == 3
     unsub = store.unsubscribe_op("t", "c", "b1", False, False, incarnation(store, "t", "c"))
     assert store.run(unsub) == 0
     assert store.redis.hgetall(c.consumers) == {b"b1": b"1", b"b2": b"1"}
@@ -480,7 +480,7 @@ def test_consumer_counts_per_broker(store):
     assert store.redis.hgetall(c.consumers) == {b"b2": b"1"}
     assert store.run(store.unsubscribe_op("t", "c", "b2", False, False, incarnation(store, "t", "c"))) == 0
     assert not store.redis.exists(c.consumers)
-    assert store.read_channel("t", "c")["client_count"] == 0
+    assert store.reads.read_channel("t", "c")["client_count"] == 0
 
 
 def test_non_ephemeral_channel_kept_when_last_consumer_leaves(store):
@@ -488,13 +488,13 @@ def test_non_ephemeral_channel_kept_when_last_consumer_leaves(store):
     store.publish("t", [b"1", b"2"])
     store.deliver("t", "c", [("a", 60_000, 1)])
     assert store.run(store.unsubscribe_op("t", "c", "b1", False, False, incarnation(store, "t", "c"))) == 0
-    assert store.channel_names("t") == ["c"]
+    assert store.reads.channel_names("t") == ["c"]
     assert due_score(store, "t", "c") is not None
-    assert store.read_channel("t", "c") == empty_channel(
+    assert store.reads.read_channel("t", "c") == empty_channel(
         depth=1, in_flight_count=1, message_count=2)
     # a later publish still reaches it
     store.publish("t", [b"3"])
-    assert store.read_channel("t", "c")["depth"] == 2
+    assert store.reads.read_channel("t", "c")["depth"] == 2
 
 
 def test_ephemeral_channel_deleted_when_last_consumer_leaves(store):
@@ -518,16 +518,16 @@ def test_ephemeral_channel_deleted_when_last_consumer_leaves(store):
 
     # a consumer on another broker keeps it alive
     assert store.run(store.unsubscribe_op("t", ch, "b1", True, False, incarnation(store, "t", ch))) == 0
-    assert store.channel_names("t") == ["c#ephemeral", "keep"]
+    assert store.reads.channel_names("t") == ["c#ephemeral", "keep"]
     assert store.run(store.unsubscribe_op("t", ch, "b2", True, False, incarnation(store, "t", ch))) == 1
 
     assert [k for k in c.all() if store.redis.exists(k)] == []
-    assert store.channel_names("t") == ["keep"]
+    assert store.reads.channel_names("t") == ["keep"]
     assert due_score(store, "t", ch) is None
-    assert store.read_channel("t", ch) == empty_channel()
+    assert store.reads.read_channel("t", ch) == empty_channel()
     # the topic and its other channel are untouched
-    assert store.read_topic("t")["message_count"] == 4
-    assert store.read_channel("t", "keep")["depth"] == 3
+    assert store.reads.read_topic("t")["message_count"] == 4
+    assert store.reads.read_channel("t", "keep")["depth"] == 3
     # publishing again does not resurrect it
     store.publish("t", [b"5"])
     assert not store.redis.exists(c.queue)
@@ -540,17 +540,17 @@ def test_ephemeral_topic_deleted_with_its_last_ephemeral_channel(store):
     subscribed(store, topic, "b#ephemeral")
     store.publish(topic, [b"1"])
     assert store.run(store.unsubscribe_op(topic, "a#ephemeral", "b1", True, True, incarnation(store, topic, "a#ephemeral"))) == 1
-    assert store.read_topic(topic)["message_count"] == 1
+    assert store.reads.read_topic(topic)["message_count"] == 1
     assert store.run(store.unsubscribe_op(topic, "b#ephemeral", "b1", True, True, incarnation(store, topic, "b#ephemeral"))) == 2
     assert not store.redis.exists(t.meta)
     assert not store.redis.exists(t.channels)
     assert store.redis.zcard(TopicKeys.of("t").due) == 0
-    assert store.read_topic(topic) == {"message_count": 0, "message_bytes": 0, "depth": 0,
+    assert store.reads.read_topic(topic) == {"message_count": 0, "message_bytes": 0, "depth": 0,
                                        "deferred_count": 0, "paused": False}
     # the registry is the caller's to update; ids are never reused
-    assert store.topic_names() == [topic]
-    store.forget_topic(topic)
-    assert store.topic_names() == []
+    assert store.reads.topic_names() == [topic]
+    store.control.forget_topic(topic)
+    assert store.reads.topic_names() == []
     assert store.redis.get(t.ids) == b"1"
     left = sorted(k for k in all_keys(store.redis, f"{keys.topic_prefix(topic)}*"))
     assert left == [t.ids.encode(), t.version.encode()]
@@ -563,32 +563,32 @@ def test_ephemeral_topic_kept_while_a_durable_channel_remains(store):
     store.publish(topic, [b"1"])
     assert store.run(store.unsubscribe_op(topic, "e#ephemeral", "b1", True, True, incarnation(store, topic, "e#ephemeral"))) == 1
     assert store.run(store.unsubscribe_op(topic, "durable", "b1", False, True, incarnation(store, topic, "durable"))) == 0
-    assert store.channel_names(topic) == ["durable"]
-    assert store.read_topic(topic)["message_count"] == 1
+    assert store.reads.channel_names(topic) == ["durable"]
+    assert store.reads.read_topic(topic)["message_count"] == 1
 
 
 # -- a channel's incarnation and empties -------------------------------------
 
 def test_incarnation_and_empties_tell_a_channel_deleted_or_emptied(store):
     first = store.run(store.subscribe_op("t", "c", "b1"))
-    assert first.created and store.channel_states([("t", "c")]) == [(first.incarnation, 0)]
+    assert first.created and store.reads.channel_states([("t", "c")]) == [(first.incarnation, 0)]
     again = store.run(store.subscribe_op("t", "c", "b2"))
     assert (again.created, again.incarnation, again.empties) == (False, first.incarnation, 0)
     store.publish("t", [b"1", b"2"])
     assert store.deliver("t", "c", [("a", 60_000, 1)]).empties == 0
-    store.empty_channel("t", "c")
-    assert store.channel_states([("t", "c")]) == [(first.incarnation, 1)]
+    store.control.empty_channel("t", "c")
+    assert store.reads.channel_states([("t", "c")]) == [(first.incarnation, 1)]
     store.publish("t", [b"3"])
     delivered = store.deliver("t", "c", [("a", 60_000, 5)])
     assert (bodies(delivered[0]), delivered.empties) == ([b"3"], 1)
-    store.delete_channel("t", "c")
-    assert store.channel_states([("t", "c")]) == [(None, 0)]
+    store.control.delete_channel("t", "c")
+    assert store.reads.channel_states([("t", "c")]) == [(None, 0)]
     recreated = store.run(store.subscribe_op("t", "c", "b1"))
     assert recreated.created and recreated.incarnation > first.incarnation
     # a consumer of the deleted incarnation leaving does not count in the new one
     assert store.run(store.unsubscribe_op("t", "c", "b1", False, False,
                                           first.incarnation)) == 0
-    assert store.read_channel("t", "c")["client_count"] == 1
+    assert store.reads.read_channel("t", "c")["client_count"] == 1
 
 
 # -- scripts, errors -----------------------------------------------------------
@@ -639,8 +639,8 @@ def test_an_id_requeued_twice_in_one_call_goes_back_once(store, second_delay):
     store.deliver("t", "c", [("a", 60_000, 1)])
     assert store.requeue("t", "c", [("a", mid(1), 0), ("a", mid(1), second_delay)]) == [1, 0]
     assert bodies(queue(store, "t", "c")) == [b"1"]
-    assert store.read_channel("t", "c")["deferred_count"] == 0
-    assert store.read_channel("t", "c")["requeue_count"] == 1
+    assert store.reads.read_channel("t", "c")["deferred_count"] == 0
+    assert store.reads.read_channel("t", "c")["requeue_count"] == 1
 
 
 def test_a_script_names_only_what_it_uses_and_gets_each_include_once():
@@ -694,9 +694,9 @@ def test_scripts_reloaded_after_script_flush(store):
     assert bodies(results[2][0]) == [b"1", b"2", b"3"]
     assert store.redis.script_exists(*shas) == [True] * len(shas)
     # each op ran exactly once
-    assert store.read_channel("t", "c")["in_flight_count"] == 3
-    assert store.read_channel("t", "c2") == empty_channel(client_count=1)
-    assert store.read_topic("t")["message_count"] == 3
+    assert store.reads.read_channel("t", "c")["in_flight_count"] == 3
+    assert store.reads.read_channel("t", "c2") == empty_channel(client_count=1)
+    assert store.reads.read_topic("t")["message_count"] == 3
 
 
 def test_fresh_store_loads_scripts(store):
@@ -711,8 +711,8 @@ def test_a_channel_read_that_redis_refuses_is_a_store_error(store):
     subscribed(store, "t", "good")
     store.redis.set(ChannelKeys.of("t", "bad").queue, b"not a list")
     with pytest.raises(StoreError, match="WRONGTYPE"):
-        store.read_channels([(["t"], "good"), (["t"], "bad")])
-    assert store.read_channel("t", "good")["client_count"] == 1
+        store.reads.read_channels([(["t"], "good"), (["t"], "bad")])
+    assert store.reads.read_channel("t", "good")["client_count"] == 1
 
 
 def test_script_error_is_a_store_error_for_that_op_only(store):
@@ -732,12 +732,12 @@ def test_script_error_is_a_store_error_for_that_op_only(store):
 
 
 def test_reads_of_unknown_topic_and_channel(store):
-    assert store.read_topic("nope") == {"message_count": 0, "message_bytes": 0, "depth": 0,
+    assert store.reads.read_topic("nope") == {"message_count": 0, "message_bytes": 0, "depth": 0,
                                         "deferred_count": 0, "paused": False}
-    assert store.read_channel("nope", "nope") == empty_channel()
-    assert store.channel_names("nope") == []
-    assert store.topic_names() == []
-    assert store.due_channels()[1] == []
+    assert store.reads.read_channel("nope", "nope") == empty_channel()
+    assert store.reads.channel_names("nope") == []
+    assert store.reads.topic_names() == []
+    assert store.reads.due_channels()[1] == []
 
 
 def test_empty_and_delete(store):
@@ -746,38 +746,38 @@ def test_empty_and_delete(store):
     store.publish("t", [b"a", b"b"])
     store.publish("t", [b"later"], defer_ms=60000)
     store.deliver("t", "c", [("b1:1", 60000, 1)])
-    store.empty_channel("t", "c")
-    c = store.read_channel("t", "c")
+    store.control.empty_channel("t", "c")
+    c = store.reads.read_channel("t", "c")
     assert (c["depth"], c["in_flight_count"], c["deferred_count"], c["message_count"]) == (
         0, 0, 0, 3)
     assert store.redis.zscore(TopicKeys.of("t").due, "c") is None
     assert store.redis.zscore(TopicKeys.of("t").due, "d") is not None
-    assert store.read_channel("t", "d")["depth"] == 2
-    assert store.delete_channel("t", "c") is True
-    assert store.delete_channel("t", "c") is False
-    assert store.channel_names("t") == ["d"]
-    assert store.delete_topic("t") is True
-    assert store.delete_topic("t") is False
-    assert store.topic_names() == []
+    assert store.reads.read_channel("t", "d")["depth"] == 2
+    assert store.control.delete_channel("t", "c") is True
+    assert store.control.delete_channel("t", "c") is False
+    assert store.reads.channel_names("t") == ["d"]
+    assert store.control.delete_topic("t") is True
+    assert store.control.delete_topic("t") is False
+    assert store.reads.topic_names() == []
     assert all_keys(store.redis, "relay:{t}:ch:*") == []
-    store.create_topic("t")
+    store.control.create_topic("t")
     store.publish("t", [b"x"])
-    assert store.read_topic("t")["depth"] == 1
-    store.empty_topic("t")
-    assert store.read_topic("t")["depth"] == 0
+    assert store.reads.read_topic("t")["depth"] == 1
+    store.control.empty_topic("t")
+    assert store.reads.read_topic("t")["depth"] == 0
 
 
 def test_paused_channel_delivers_nothing_until_unpaused(store):
     store.subscribe("t", "c", "b1")
     store.subscribe("t", "d", "b1")
-    store.pause_channel("t", "c", True)
+    store.control.pause_channel("t", "c", True)
     store.publish("t", [b"a", b"b"])
     assert store.deliver("t", "c", [("b1:1", 60000, 5), ("b1:2", 60000, 5)]) == [[], []]
-    assert store.read_channel("t", "c")["paused"] is True
-    assert store.read_channel("t", "c")["depth"] == 2
+    assert store.reads.read_channel("t", "c")["paused"] is True
+    assert store.reads.read_channel("t", "c")["depth"] == 2
     assert [r[26:] for r in store.deliver("t", "d", [("b1:1", 60000, 5)])[0]] == [b"a", b"b"]
-    store.pause_channel("t", "c", False)
-    assert store.read_channel("t", "c")["paused"] is False
+    store.control.pause_channel("t", "c", False)
+    assert store.reads.read_channel("t", "c")["paused"] is False
     assert [r[26:] for r in store.deliver("t", "c", [("b1:1", 60000, 5)])[0]] == [b"a", b"b"]
 
 
@@ -787,9 +787,9 @@ def test_deliver_many_does_each_channels_deliver_in_one_call(store):
     nothing, and each says for itself whether its queue has more and its empties."""
     for channel in ("a", "b", "c", "d"):
         store.subscribe("t", channel, "b1")
-    store.pause_channel("t", "c", True)
+    store.control.pause_channel("t", "c", True)
     store.publish("t", [b"1", b"2", b"3"])
-    store.empty_channel("t", "d")
+    store.control.empty_channel("t", "d")
     store.publish("t", [b"4"])
     before = now_ms(store)
     got = store.run(store.deliver_many_op("t", [
@@ -805,26 +805,26 @@ def test_deliver_many_does_each_channels_deliver_in_one_call(store):
     assert holder_of(store, "t", "a", mid(1))[0] == "b1:1"
     assert holder_of(store, "t", "b", mid(3))[0] == "b1:3"
     assert before + 1_000 <= due_score(store, "t", "a") <= now_ms(store) + 1_000
-    assert store.read_channel("t", "b")["in_flight_count"] == 3
-    assert store.read_channel("t", "c")["depth"] == 4
+    assert store.reads.read_channel("t", "b")["in_flight_count"] == 3
+    assert store.reads.read_channel("t", "c")["depth"] == 4
 
 
 def test_paused_topic_keeps_messages_until_unpaused(store):
     store.subscribe("t", "c", "b1")
     store.subscribe("t", "d", "b1")
-    store.pause_topic("t", True)
+    store.control.pause_topic("t", True)
     store.publish("t", [b"a", b"b"])
     store.publish("t", [b"later"], defer_ms=60000)
-    assert store.read_topic("t")["paused"] is True
-    assert (store.read_topic("t")["depth"], store.read_topic("t")["deferred_count"]) == (2, 1)
-    assert store.read_channel("t", "c")["depth"] == 0
+    assert store.reads.read_topic("t")["paused"] is True
+    assert (store.reads.read_topic("t")["depth"], store.reads.read_topic("t")["deferred_count"]) == (2, 1)
+    assert store.reads.read_channel("t", "c")["depth"] == 0
     assert store.subscribe("t", "e", "b1") is True
-    assert store.read_topic("t")["depth"] == 2
-    store.pause_topic("t", False)
-    assert store.read_topic("t") == {"message_count": 3, "message_bytes": 7, "depth": 0,
+    assert store.reads.read_topic("t")["depth"] == 2
+    store.control.pause_topic("t", False)
+    assert store.reads.read_topic("t") == {"message_count": 3, "message_bytes": 7, "depth": 0,
                                      "deferred_count": 0, "paused": False}
     for channel in ("c", "d", "e"):
-        c = store.read_channel("t", channel)
+        c = store.reads.read_channel("t", channel)
         assert (c["depth"], c["deferred_count"], c["message_count"]) == (2, 1, 3)
     assert [r[26:] for r in store.deliver("t", "c", [("b1:1", 60000, 5)])[0]] == [b"a", b"b"]
 

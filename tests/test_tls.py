@@ -94,7 +94,7 @@ def test_tls_required_for_tcp_and_http(processes, pki):
     https.request("POST", "/pub?topic=t", body=b"over https")
     reply = https.getresponse()
     assert (reply.status, reply.read()) == (200, b"OK")
-    assert Store(connect(processes.redis_url)).read_topic("t")["message_count"] == 2
+    assert Store(connect(processes.redis_url)).reads.read_topic("t")["message_count"] == 2
 
     port, _ = tls_broker(processes, pki, "--tls-required", "tcp-https")
     assert Api(port, processes.http_ports[port]).request("POST", "/pub?topic=t", b"x")[:2] \

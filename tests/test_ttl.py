@@ -48,17 +48,17 @@ def test_without_a_ttl_old_messages_are_delivered(channel):
     store = channel
     publish_aged(store, b"old")
     assert bodies(deliver(store)) == [b"old"]
-    assert store.read_channel("t", "c")["expired_count"] == 0
+    assert store.reads.read_channel("t", "c")["expired_count"] == 0
 
 
 def test_an_expired_message_is_dropped_when_the_channel_has_no_dead_letter_topic(channel):
     store = channel
-    assert store.set_ttl("t", "c", TEN_MINUTES) is True
+    assert store.expiry.set_ttl("t", "c", TEN_MINUTES) is True
     publish_aged(store, b"old1", b"old2")
     publish_aged(store, b"young", age_ns=60_000_000_000)
     store.publish("t", [b"new"])
     assert bodies(deliver(store)) == [b"young", b"new"]
-    c = store.read_channel("t", "c")
+    c = store.reads.read_channel("t", "c")
     assert (c["depth"], c["in_flight_count"], c["expired_count"], c["dead_count"]) == \
         (0, 2, 2, 0)
     assert outbox(store) == []
@@ -66,16 +66,16 @@ def test_an_expired_message_is_dropped_when_the_channel_has_no_dead_letter_topic
 
 def test_the_group_gets_the_next_live_message_in_place_of_an_expired_one(channel):
     store = channel
-    store.set_ttl("t", "c", TEN_MINUTES)
+    store.expiry.set_ttl("t", "c", TEN_MINUTES)
     publish_aged(store, b"old1", b"old2")
     store.publish("t", [b"new1", b"new2", b"new3"])
     assert bodies(deliver(store, 2)) == [b"new1", b"new2"]
-    assert store.read_channel("t", "c")["depth"] == 1
+    assert store.reads.read_channel("t", "c")["depth"] == 1
 
 
 def test_an_expired_message_goes_to_the_outbox_tagged_expired_with_max_attempts(channel):
     store = channel
-    store.set_ttl("t", "c", TEN_MINUTES)
+    store.expiry.set_ttl("t", "c", TEN_MINUTES)
     publish_aged(store, b"old")
     assert deliver(store, max_attempts=5) == []
     [entry] = outbox(store)
@@ -88,25 +88,25 @@ def test_an_expired_message_goes_to_the_outbox_tagged_expired_with_max_attempts(
     assert {k: letter[k] for k in ("topic", "channel", "id", "attempts", "reason", "body")} \
         == {"topic": "t", "channel": "c", "id": "0000000000000001", "attempts": 0,
             "reason": "expired", "body": "old"}
-    c = store.read_channel("t", "c")
+    c = store.reads.read_channel("t", "c")
     assert (c["expired_count"], c["dead_count"]) == (1, 0)
 
 
 def test_a_dead_letter_topic_of_the_channel_is_one_too(channel):
     store = channel
-    store.configure_channel("t", "c", "dead_letter_topic", "t.expired")
-    store.set_ttl("t", "c", TEN_MINUTES)
+    store.control.configure_channel("t", "c", "dead_letter_topic", "t.expired")
+    store.expiry.set_ttl("t", "c", TEN_MINUTES)
     publish_aged(store, b"old")
     assert deliver(store) == []
     assert deadletter.forward(store, "t", "c", "{topic}.dead") == 1
-    assert store.read_topic("t.expired")["depth"] == 1
+    assert store.reads.read_topic("t.expired")["depth"] == 1
     [(_, _, letter)] = list(deadletter.letters(store, "t", "c"))
     assert (letter["reason"], letter["body"]) == ("expired", "old")
 
 
 def test_redrive_queues_expired_letters_again_with_their_timestamp(channel):
     store = channel
-    store.set_ttl("t", "c", TEN_MINUTES)
+    store.expiry.set_ttl("t", "c", TEN_MINUTES)
     publish_aged(store, b"old")
     deliver(store, max_attempts=3)
     assert deadletter.forward(store, "t", "c", "{topic}.dead") == 1
@@ -114,29 +114,29 @@ def test_redrive_queues_expired_letters_again_with_their_timestamp(channel):
     assert [p["requeued"] for p in deadletter.redrive(store, "t", "c")] == [0, 1]
     assert deliver(store, max_attempts=3) == []        # older than the TTL still: again
     assert deadletter.forward(store, "t", "c", "{topic}.dead") == 1
-    store.set_ttl("t", "c", None)
+    store.expiry.set_ttl("t", "c", None)
     list(deadletter.redrive(store, "t", "c"))
     [record] = deliver(store, max_attempts=3)
     assert parse_record(record) == (letter["timestamp"], 1, b"0000000000000001", b"old")
-    assert store.read_channel("t", "c")["expired_count"] == 2
+    assert store.reads.read_channel("t", "c")["expired_count"] == 2
 
 
 def test_max_attempts_is_checked_before_the_ttl(channel):
     store = channel
-    store.set_ttl("t", "c", 1000)
+    store.expiry.set_ttl("t", "c", 1000)
     store.publish("t", [b"x"])
     [record] = deliver(store, max_attempts=1)
     store.requeue("t", "c", [("a", parse_record(record)[2], 0)])
     wait_past(store, now_ms(store) + 1100)
     assert deliver(store, max_attempts=1) == []
     assert [deadletter.split_entry(e)[0] for e in outbox(store)] == ["max_attempts"]
-    c = store.read_channel("t", "c")
+    c = store.reads.read_channel("t", "c")
     assert (c["expired_count"], c["dead_count"]) == (0, 1)
 
 
 def test_requeued_and_deferred_messages_are_checked_when_delivered_again(channel):
     store = channel
-    store.set_ttl("t", "c", 300)
+    store.expiry.set_ttl("t", "c", 300)
     store.publish("t", [b"requeued"])
     [record] = deliver(store)
     store.requeue("t", "c", [("a", parse_record(record)[2], 0)])
@@ -144,7 +144,7 @@ def test_requeued_and_deferred_messages_are_checked_when_delivered_again(channel
     wait_past(store, now_ms(store) + 450)
     assert store.scan("t", "c")[:2] == (0, 1)          # promoted
     assert deliver(store) == []
-    c = store.read_channel("t", "c")
+    c = store.reads.read_channel("t", "c")
     assert (c["depth"], c["deferred_count"], c["expired_count"]) == (0, 0, 2)
 
 
@@ -153,43 +153,43 @@ def test_requeued_and_deferred_messages_are_checked_when_delivered_again(channel
 
 def test_the_topic_ttl_governs_its_channels_later_ones_too_and_a_channel_own_wins(channel):
     store = channel
-    store.set_ttl("t", None, TEN_MINUTES)
+    store.expiry.set_ttl("t", None, TEN_MINUTES)
     store.subscribe("t", "d", "b1")
     assert (meta(store), meta(store, "d")) == (("600000", "topic"), ("600000", "topic"))
     assert store.redis.hget(TopicKeys.of("t").meta, "ttl_ms") == b"600000"
-    store.set_ttl("t", "c", 3_600_000)
-    store.set_ttl("t", None, 300_000)
+    store.expiry.set_ttl("t", "c", 3_600_000)
+    store.expiry.set_ttl("t", None, 300_000)
     assert (meta(store), meta(store, "d")) == (("3600000", "channel"), ("300000", "topic"))
-    store.set_ttl("t", "d", 0)             # none on d, whatever the topic's
+    store.expiry.set_ttl("t", "d", 0)             # none on d, whatever the topic's
     publish_aged(store, b"old")
     assert (bodies(deliver(store)), bodies(deliver(store, channel="d"))) == ([], [b"old"])
-    store.set_ttl("t", "c", None)          # c takes the topic's again
+    store.expiry.set_ttl("t", "c", None)          # c takes the topic's again
     assert meta(store) == ("300000", "topic")
-    store.set_ttl("t", None, None)
+    store.expiry.set_ttl("t", None, None)
     assert (meta(store), meta(store, "d")) == ((None, None), ("0", "channel"))
-    assert store.ttl_settings("t") == {"ttl_ms": None, "channels": {
+    assert store.expiry.ttl_settings("t") == {"ttl_ms": None, "channels": {
         "c": {"ttl_ms": None, "source": None}, "d": {"ttl_ms": 0, "source": "channel"}}}
-    assert store.set_ttl("t", "nope", 1000) is False
+    assert store.expiry.set_ttl("t", "nope", 1000) is False
 
 
 def test_a_deleted_channel_made_again_takes_the_topic_ttl(channel):
     store = channel
-    store.set_ttl("t", "c", 1000)
-    store.delete_channel("t", "c")
+    store.expiry.set_ttl("t", "c", 1000)
+    store.control.delete_channel("t", "c")
     store.subscribe("t", "c", "b1")
     assert meta(store) == (None, None)
-    store.set_ttl("t", None, 2000)
-    store.delete_channel("t", "c")
+    store.expiry.set_ttl("t", None, 2000)
+    store.control.delete_channel("t", "c")
     store.subscribe("t", "c", "b1")
     assert meta(store) == ("2000", "topic")
 
 
 def test_every_part_of_a_partitioned_topic_expires_and_counts(store):
-    store.set_partitions("t", 3)
+    store.control.set_partitions("t", 3)
     store.subscribe("t", "c", "b1")
-    store.set_ttl("t", None, TEN_MINUTES)
-    store.set_ttl("t", "c", 1_200_000)
-    store.set_partitions("t", 4)          # a new part takes the topic's and the channel's
+    store.expiry.set_ttl("t", None, TEN_MINUTES)
+    store.expiry.set_ttl("t", "c", 1_200_000)
+    store.control.set_partitions("t", 4)          # a new part takes the topic's and the channel's
     store.subscribe("t", "d", "b1")
     for part in store.parts("t"):
         assert store.redis.hget(TopicKeys.of(part).meta, "ttl_ms") == b"600000"
@@ -201,8 +201,8 @@ def test_every_part_of_a_partitioned_topic_expires_and_counts(store):
     got = store.deliver("t", "c", [("a", 60_000, 8)], 0)[0]
     assert sorted(bodies(got)) == [b"new"] * 4
     assert parts_of(store, field="expired_count") == [1, 1, 1, 1]
-    assert store.read_channel("t", "c")["expired_count"] == 4
-    assert store.read_channel("t", "d")["expired_count"] == 0
+    assert store.reads.read_channel("t", "c")["expired_count"] == 4
+    assert store.reads.read_channel("t", "d")["expired_count"] == 0
 
 
 # -- the scanner's sweep (expire.lua) --------------------------------------------------
@@ -210,11 +210,11 @@ def test_every_part_of_a_partitioned_topic_expires_and_counts(store):
 
 def test_the_sweep_takes_expired_messages_out_of_a_queue_nobody_consumes(channel):
     store = channel
-    store.set_ttl("t", "c", TEN_MINUTES)
+    store.expiry.set_ttl("t", "c", TEN_MINUTES)
     publish_aged(store, b"old1", b"old2")
     store.publish("t", [b"new"])
-    assert store.expire_parts(["t"]) == 2
-    c = store.read_channel("t", "c")
+    assert store.expiry.expire_parts(["t"]) == 2
+    c = store.reads.read_channel("t", "c")
     assert (c["depth"], c["expired_count"], c["dead_count"]) == (1, 2, 0)
     assert outbox(store) == []
     assert bodies(deliver(store)) == [b"new"]
@@ -224,33 +224,33 @@ def test_the_sweep_dead_letters_them_where_a_delivery_would(channel):
     store = channel
     store.subscribe("t", "d", "b1")
     store.subscribe("t", "e", "b1")
-    store.configure_channel("t", "d", "dead_letter_topic", "t.expired")
-    store.configure_channel("t", "e", "max_attempts", 0)     # its own: none
-    store.set_ttl("t", None, TEN_MINUTES)
+    store.control.configure_channel("t", "d", "dead_letter_topic", "t.expired")
+    store.control.configure_channel("t", "e", "max_attempts", 0)     # its own: none
+    store.expiry.set_ttl("t", None, TEN_MINUTES)
     publish_aged(store, b"old")
-    assert store.expire_parts(["t"], max_attempts=3) == 3
+    assert store.expiry.expire_parts(["t"], max_attempts=3) == 3
     [entry] = outbox(store)
     assert deadletter.split_entry(entry)[0] == "expired"
     assert store.scan("t", "c")[3] == 1      # the channel is due: a scanner forwards it
     assert store.redis.llen(ChannelKeys.of("t", "d").dead) == 1
     assert store.redis.llen(ChannelKeys.of("t", "e").dead) == 0
     for name in "cde":
-        c = store.read_channel("t", name)
+        c = store.reads.read_channel("t", name)
         assert (name, c["depth"], c["expired_count"]) == (name, 0, 1)
 
 
 def test_the_sweep_stops_at_its_bound_and_at_the_first_live_message(channel):
     store = channel
-    store.set_ttl("t", "c", TEN_MINUTES)
+    store.expiry.set_ttl("t", "c", TEN_MINUTES)
     publish_aged(store, *[b"old%d" % i for i in range(5)])
     store.publish("t", [b"new"])
     publish_aged(store, b"behind")           # as a requeued message, behind a live one
-    assert store.run(store.expire_op("t", most=3)) == (3, True)
-    assert store.run(store.expire_op("t", most=3)) == (2, False)
-    assert store.run(store.expire_op("t", most=3)) == (0, False)
-    assert store.read_channel("t", "c")["depth"] == 2
+    assert store.run(store.expiry.expire_op("t", most=3)) == (3, True)
+    assert store.run(store.expiry.expire_op("t", most=3)) == (2, False)
+    assert store.run(store.expiry.expire_op("t", most=3)) == (0, False)
+    assert store.reads.read_channel("t", "c")["depth"] == 2
     assert bodies(deliver(store)) == [b"new"]          # the one behind, at delivery
-    assert store.read_channel("t", "c")["expired_count"] == 6
+    assert store.reads.read_channel("t", "c")["expired_count"] == 6
 
 
 def test_the_sweep_looks_only_where_the_topic_meta_says_a_ttl_is_in_force(store):
@@ -260,12 +260,12 @@ def test_the_sweep_looks_only_where_the_topic_meta_says_a_ttl_is_in_force(store)
         store.subscribe(topic, "c", "b1")
         store.run(store.publish_op(topic, [b"old"], timestamp_ns=time.time_ns() - AGE_NS))
     store.redis.hset(ChannelKeys.of("a", "c").meta, "ttl_ms", TEN_MINUTES)
-    store.set_ttl("b", "c", TEN_MINUTES)
+    store.expiry.set_ttl("b", "c", TEN_MINUTES)
     assert store.redis.hget(TopicKeys.of("b").meta, "channel_ttl") == b"1"
-    assert store.expire_parts(["a", "b"]) == 1
-    assert (store.read_channel("a", "c")["depth"], store.read_channel("b", "c")["depth"]) \
+    assert store.expiry.expire_parts(["a", "b"]) == 1
+    assert (store.reads.read_channel("a", "c")["depth"], store.reads.read_channel("b", "c")["depth"]) \
         == (1, 0)
-    store.set_ttl("b", "c", None)
+    store.expiry.set_ttl("b", "c", None)
     assert store.redis.hget(TopicKeys.of("b").meta, "channel_ttl") is None
 
 
@@ -274,12 +274,12 @@ def test_the_sweep_bound_spans_channels_and_reads(channel):
     the call say more, and queues longer than one read (100) are read again."""
     store = channel
     store.subscribe("t", "d", "b1")
-    store.set_ttl("t", None, TEN_MINUTES)
+    store.expiry.set_ttl("t", None, TEN_MINUTES)
     publish_aged(store, *[b"old%d" % i for i in range(250)])
-    first = store.run(store.expire_op("t", most=260))
+    first = store.run(store.expiry.expire_op("t", most=260))
     assert first == (260, True)             # 250 of one channel, 10 of the other
-    assert store.run(store.expire_op("t", most=260)) == (240, False)
-    assert [store.read_channel("t", name)["expired_count"] for name in "cd"] == [250, 250]
+    assert store.run(store.expiry.expire_op("t", most=260)) == (240, False)
+    assert [store.reads.read_channel("t", name)["expired_count"] for name in "cd"] == [250, 250]
 
 
 def test_the_sweep_sends_a_spent_message_as_a_max_attempts_letter(channel):
@@ -289,42 +289,42 @@ def test_the_sweep_sends_a_spent_message_as_a_max_attempts_letter(channel):
     publish_aged(store, b"tried")
     [record] = deliver(store)
     store.requeue("t", "c", [("a", parse_record(record)[2], 0)])   # attempts 1, queued
-    store.set_ttl("t", "c", TEN_MINUTES)
-    assert store.expire_parts(["t"], max_attempts=1) == 1
+    store.expiry.set_ttl("t", "c", TEN_MINUTES)
+    assert store.expiry.expire_parts(["t"], max_attempts=1) == 1
     assert [deadletter.split_entry(e)[0] for e in outbox(store)] == ["max_attempts"]
-    c = store.read_channel("t", "c")
+    c = store.reads.read_channel("t", "c")
     assert (c["depth"], c["dead_count"], c["expired_count"]) == (0, 1, 0)
 
 
 def test_the_sweep_leaves_a_paused_channel_alone(channel):
     store = channel
-    store.set_ttl("t", "c", TEN_MINUTES)
+    store.expiry.set_ttl("t", "c", TEN_MINUTES)
     publish_aged(store, b"old")
-    store.pause_channel("t", "c", True)
-    assert store.expire_parts(["t"]) == 0
-    assert store.read_channel("t", "c")["depth"] == 1
-    store.pause_channel("t", "c", False)
-    assert store.expire_parts(["t"]) == 1
+    store.control.pause_channel("t", "c", True)
+    assert store.expiry.expire_parts(["t"]) == 0
+    assert store.reads.read_channel("t", "c")["depth"] == 1
+    store.control.pause_channel("t", "c", False)
+    assert store.expiry.expire_parts(["t"]) == 1
 
 
 def test_the_sweep_takes_every_part_and_a_new_part_knows_a_channel_ttl(store):
-    store.set_partitions("t", 3)
+    store.control.set_partitions("t", 3)
     store.subscribe("t", "c", "b1")
-    store.set_ttl("t", "c", TEN_MINUTES)
+    store.expiry.set_ttl("t", "c", TEN_MINUTES)
     for index in range(3):
         publish_aged(store, b"old", index=index)
-    assert store.expire_parts(store.parts("t")) == 3
+    assert store.expiry.expire_parts(store.parts("t")) == 3
     assert parts_of(store) == [0, 0, 0]
     assert parts_of(store, field="expired_count") == [1, 1, 1]
-    store.set_partitions("t", 4)
+    store.control.set_partitions("t", 4)
     assert store.redis.hget(TopicKeys.of(store.parts("t")[3]).meta, "channel_ttl") == b"1"
     publish_aged(store, b"old", index=3)
-    assert store.expire_parts(store.parts("t")) == 1
+    assert store.expiry.expire_parts(store.parts("t")) == 1
 
 
 def test_the_scanner_sweeps_and_forwards_them_with_the_brokers_max_attempts(channel):
     store = channel
-    store.set_ttl("t", "c", TEN_MINUTES)
+    store.expiry.set_ttl("t", "c", TEN_MINUTES)
     publish_aged(store, b"old")
     clock = [0.0]
     scanner = Scanner(Store(store.redis), clock=lambda: clock[0], max_attempts=3)
@@ -334,7 +334,7 @@ def test_the_scanner_sweeps_and_forwards_them_with_the_brokers_max_attempts(chan
     time.sleep(0.05)                      # the scanner's clock is a little behind Redis'
     scanner.scan_once()                   # the letter forwarded
     assert [(m["reason"], m["body"]) for m in dead_messages(store)] == [("expired", "old")]
-    c = store.read_channel("t", "c")
+    c = store.reads.read_channel("t", "c")
     assert (c["depth"], c["expired_count"]) == (0, 1)
 
 
@@ -358,7 +358,7 @@ def test_envelopes_carry_each_known_reason():
 
 def test_msg_finds_an_expired_message_in_the_outbox(channel, backend):
     store = channel
-    store.set_ttl("t", "c", TEN_MINUTES)
+    store.expiry.set_ttl("t", "c", TEN_MINUTES)
     publish_aged(store, b"old")
     deliver(store, max_attempts=3)
     assert ok(backend, "msg", "t", "0000000000000001")[1:] == [
@@ -392,16 +392,16 @@ def test_ttl_shows_and_sets_the_topic_and_channel_settings(channel, backend):
 
 
 def test_ttl_of_a_topic_without_channels(store, backend):
-    store.create_topic("t")
+    store.control.create_topic("t")
     assert ok(backend, "ttl", "t", "30s") == ["t: ttl 30s; no channels"]
-    store.create_channel("t", "c")
+    store.control.create_channel("t", "c")
     assert ok(backend, "ttl", "t", "c") == ["t: ttl 30s", "channel  ttl  set on",
                                             "c        30s  topic"]
 
 
 def test_stats_count_expired_messages(channel, backend):
     store = channel
-    store.set_ttl("t", "c", TEN_MINUTES)
+    store.expiry.set_ttl("t", "c", TEN_MINUTES)
     publish_aged(store, b"a", b"b")
     deliver(store)
     assert ok(backend, "stats", "t")[:3] == [
@@ -434,12 +434,12 @@ def test_stats_count_expired_messages(channel, backend):
 ])
 def test_ttl_refuses_bad_input_and_changes_nothing(channel, backend, args, code, message):
     store = channel
-    store.set_ttl("t", None, TEN_MINUTES)
-    before = store.ttl_settings("t")
+    store.expiry.set_ttl("t", None, TEN_MINUTES)
+    before = store.expiry.ttl_settings("t")
     result = run(backend, "ttl", *args)
     assert (result.exit_code, result.stdout, result.stderr) == (
         code, "", f"relay-admin: {message}\n")
-    assert store.ttl_settings("t") == before
+    assert store.expiry.ttl_settings("t") == before
 
 
 # -- a real broker, scanner and relay-admin -------------------------------------------

@@ -85,7 +85,7 @@ def test_a_redis_of_layout_2_has_none(store):
     store.deliver("t", "c", [("b1:1", 60_000, 5)])
     [[held]] = store.deliver("t", "d", [("b1:2", 60_000, 1)])
     assert store.requeue("t", "d", [("b1:2", held[10:26], 30_000)]) == [1]
-    store.configure_channel("t", "c", "max_attempts", 1)
+    store.control.configure_channel("t", "c", "max_attempts", 1)
     c = ChannelKeys.of("t", "c")
     for member in store.redis.zrange(c.inflight, 0, -1):      # timed out: back, counted
         store.redis.zadd(c.inflight, {member: 0})
@@ -93,10 +93,10 @@ def test_a_redis_of_layout_2_has_none(store):
     store.deliver("t", "c", [("b1:1", 60_000, 20)])          # past max attempts: dead
     assert store.redis.llen(c.dead) == 5
     subscribed(store, "o", "c")
-    store.set_ordered("o", "c", True)
-    store.publish_keyed("o", [b"1", b"2"], None, order_keys=[b"k", b"k"])
+    store.ordering.set_ordered("o", "c", True)
+    store.dedup.publish_keyed("o", [b"1", b"2"], None, order_keys=[b"k", b"k"])
     store.deliver("o", "c", [("b1:3", 60_000, 1)])
     store.publish("nochannel", [b"kept"])
-    store.pause_channel("t", "d", True)
-    assert store.versions(["t", "o"])["t"] > 0
+    store.control.pause_channel("t", "d", True)
+    assert store.reads.versions(["t", "o"])["t"] > 0
     assert find_layout_one(store.redis) is None

@@ -63,17 +63,17 @@ def test_wake_notifications(store):
     store.finish("t", "c", [("a", mid(9))])
     store.publish("t", [b"4"])
     assert next_wake() == b"4|"
-    assert store.versions(["t"]) == {"t": 4}
+    assert store.reads.versions(["t"]) == {"t": 4}
     sub.close()
 
 
 def test_versions_move_with_every_wake_up_and_control_change(store):
     """What a broker reads once a second for the wake-ups it may have missed."""
-    assert store.versions(["t", "other"]) == {"t": 0, "other": 0}
-    versions = [store.versions(["t"])["t"]]
+    assert store.reads.versions(["t", "other"]) == {"t": 0, "other": 0}
+    versions = [store.reads.versions(["t"])["t"]]
 
     def moved():
-        versions.append(store.versions(["t"])["t"])
+        versions.append(store.reads.versions(["t"])["t"])
         return versions[-1] != versions[-2]
 
     subscribed(store, "t", "c")
@@ -86,14 +86,14 @@ def test_versions_move_with_every_wake_up_and_control_change(store):
     assert not moved()
     store.requeue("t", "c", [("a", mid(2), 0)])
     assert moved()
-    store.pause_channel("t", "c", True)
-    store.pause_channel("t", "c", False)
+    store.control.pause_channel("t", "c", True)
+    store.control.pause_channel("t", "c", False)
     assert moved()
-    store.empty_channel("t", "c")
+    store.control.empty_channel("t", "c")
     assert moved()
-    store.delete_channel("t", "c")
+    store.control.delete_channel("t", "c")
     assert moved()
-    assert store.versions(["t", "other"]) == {"t": versions[-1], "other": 0}
+    assert store.reads.versions(["t", "other"]) == {"t": versions[-1], "other": 0}
 
 
 # -- the broker's listener ---------------------------------------------------------
@@ -170,12 +170,12 @@ def test_a_versions_read_that_finds_nothing_new_keeps_the_partition_counts_fresh
     with no work per topic: a PUB after idle still needs no read of its count."""
     subscribed(store, "t", "c")
     store.publish("t", [b"1"])
-    store.versions(["t", "u"])          # the counts read
-    store.versions(["t", "u"])          # found current: the reply kept
+    store.reads.versions(["t", "u"])          # the counts read
+    store.reads.versions(["t", "u"])          # found current: the reply kept
     names, _ = store._partitions["t"]
     store._partitions["t"] = (names, time.monotonic() - 10)
     store._confirmed["t"].at -= 10      # both long ago
-    assert store.versions(["t", "u"]) == {"t": 1, "u": 0}     # the same reply
+    assert store.reads.versions(["t", "u"]) == {"t": 1, "u": 0}     # the same reply
 
     def no_read(op):
         raise AssertionError("the count read again")
@@ -281,20 +281,20 @@ def test_what_a_lost_notice_said_is_applied_all_the_same(processes, unheard):
     unheard.publish("quiet", [b"unheard"])
     assert consumer.message()[3] == b"unheard"
 
-    unheard.empty_channel("quiet", "c")     # frees the consumer's RDY 1
+    unheard.control.empty_channel("quiet", "c")     # frees the consumer's RDY 1
     producer = Wire(port1)
     assert producer.pub("quiet", b"after empty") == (FRAME_RESPONSE, b"OK")
     _, _, msg_id, body = consumer.message()
     assert body == b"after empty"
 
-    unheard.pause_channel("quiet", "c", True)
+    unheard.control.pause_channel("quiet", "c", True)
     consumer.command(f"FIN {msg_id.decode()}")
     assert producer.pub("quiet", b"while paused") == (FRAME_RESPONSE, b"OK")
     assert consumer.nothing(wait=1.5)
-    unheard.pause_channel("quiet", "c", False)
+    unheard.control.pause_channel("quiet", "c", False)
     assert consumer.message()[3] == b"while paused"
 
-    unheard.delete_channel("quiet", "c")
+    unheard.control.delete_channel("quiet", "c")
     assert consumer.closed(timeout=3.5)   # the once-a-second read, with room to spare
     producer.close()
 
@@ -348,7 +348,7 @@ def test_a_redis_6_cluster_wakes_brokers_by_classic_pubsub(redis6_cluster, tmp_p
                 (message.body, time.time())), weak=False)
             c.start(block=False)
             consumers.append(c)
-        assert wait_for(lambda: all(store.read_channel(t, "c")["client_count"] == 1
+        assert wait_for(lambda: all(store.reads.read_channel(t, "c")["client_count"] == 1
                                     for t in topics))
         gevent.sleep(1.5)   # every channel's loop is now idle, waiting for a wake-up
         producer = gnsq.Producer([addr(port)])

@@ -5,7 +5,7 @@ gives each channel each message once. Here the slice is 3 channels."""
 
 import pytest
 
-from relay.store import data_path
+from relay.store import Store, data_path
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.limits import Limit
 from relay.store.replies import Stepped
@@ -20,11 +20,12 @@ CHANNELS = [f"c{i:02d}" for i in range(10)]
 
 @pytest.fixture
 def wide(store, monkeypatch):
-    """A store whose topic "t" has 10 channels, more than a slice."""
+    """A Store that finds topic "t" with 10 channels, more than a slice, when it reads
+    the topic's partitions (as a broker does about once a second)."""
     monkeypatch.setattr(data_path, "WIDE_CHANNELS", SLICE)
     for channel in CHANNELS:
         subscribed(store, "t", channel)
-    return store
+    return Store(store.redis)
 
 
 def calls_of(store):
@@ -48,16 +49,15 @@ def test_one_message_to_many_channels_goes_a_slice_a_call(wide):
     """One message to 10 channels: a stage, a commit that names no channel, then 4
     steps naming 3, 3, 3 and 1; each channel gets it once and counts it, the topic
     counts it once, and nothing of the publish is left."""
-    publisher = wide.sibling()
-    executed = calls_of(publisher)
-    assert publisher.publish("t", [b"hello"]) == 1
+    executed = calls_of(wide)
+    assert wide.publish("t", [b"hello"]) == 1
     scripts = [op.script for ops in executed for op in ops]
-    assert scripts == ["stage", "publish_commit"] + ["publish_step"] * 4
+    assert scripts == ["partitions", "stage", "publish_commit"] + ["publish_step"] * 4
     named = [int(op.args[0]) for ops in executed for op in ops if op.script.startswith("pub")]
     assert named == [0, 3, 3, 3, 1]
     for channel in CHANNELS:
         assert bodies(queue(wide, "t", channel)) == [b"hello"]
-        assert wide.read_channel("t", channel)["message_count"] == 1
+        assert wide.reads.read_channel("t", channel)["message_count"] == 1
     assert int(wide.redis.hget(TopicKeys.of("t").meta, "message_count")) == 1
     assert nothing_left(wide)
 
@@ -94,7 +94,7 @@ def test_a_step_given_another_slice_does_nothing_but_name_the_right_one(wide):
 def test_a_channel_deleted_mid_message_is_skipped_one_made_gets_the_next_message(wide):
     token, first = started(wide, [b"x", b"y"])
     gone = next(c for c in CHANNELS if c not in first)
-    wide.delete_channel("t", gone)
+    wide.control.delete_channel("t", gone)
     subscribed(wide, "t", "late")
     stepped = Stepped(0, 2, first)
     while stepped.more:
@@ -108,9 +108,9 @@ def test_a_channel_deleted_mid_message_is_skipped_one_made_gets_the_next_message
 
 
 def test_the_history_keeps_each_message_once(wide):
-    wide.set_retention("t", 3_600_000, 0)
+    wide.history.set_retention("t", 3_600_000, 0)
     wide.publish("t", [b"a", b"b"])
-    assert [ids(chunk) for chunk in wide.history_records("t")] == [[mid(1), mid(2)]]
+    assert [ids(chunk) for chunk in wide.history.history_records("t")] == [[mid(1), mid(2)]]
 
 
 @pytest.mark.parametrize("rule", ["paused", "limited", "ordered"])
@@ -118,14 +118,13 @@ def test_a_topic_with_limited_or_ordered_channels_or_paused_publishes_all_at_onc
     """The slices would break a reject limit's all or nothing, an ordered gate's admits
     and a pause's backlog: such a topic's publish names every channel per call."""
     if rule == "paused":
-        wide.pause_topic("t", True)
+        wide.control.pause_topic("t", True)
     elif rule == "limited":
-        wide.set_limit("t", CHANNELS[0], Limit(100, "reject"))
+        wide.limits.set_limit("t", CHANNELS[0], Limit(100, "reject"))
     else:
-        wide.set_ordered("t", CHANNELS[0], True)
-    publisher = wide.sibling()
-    executed = calls_of(publisher)
-    publisher.publish("t", [b"m"])
+        wide.ordering.set_ordered("t", CHANNELS[0], True)
+    executed = calls_of(wide)
+    wide.publish("t", [b"m"])
     steps = [int(op.args[0]) for ops in executed for op in ops if op.script == "publish_step"]
     assert steps and all(n == len(CHANNELS) for n in steps)
     if rule == "paused":

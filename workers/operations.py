@@ -50,7 +50,7 @@ def delete(store: Store, topic: str, channel: str):
 
 
 def _drop(store, topic, channel, delete):
-    dropped = store.detach(topic, channel, delete)
+    dropped = store.control.detach(topic, channel, delete)
     if dropped is None:
         raise NotFound(f"{target(topic, channel)} not found")
     sizes = trash_sizes(store, dropped.trash)
@@ -129,11 +129,11 @@ def requeue_all(store: Store, topic: str, channel: str):
     the start: a later delivery has a later deadline (at equal msg timeouts), and so
     does a message its holder touched since, which is left to that holder."""
     progress = {"cut_ms": latest_deadline(store, topic, channel), "done": 0, "requeued": 0,
-                "total": store.read_channel(topic, channel)["in_flight_count"]}
+                "total": store.reads.read_channel(topic, channel)["in_flight_count"]}
     yield progress
-    for entries in store.in_flight_entries(topic, channel, CHUNK):
+    for entries in store.control.in_flight_entries(topic, channel, CHUNK):
         held = [member for member, deadline in entries if deadline <= progress["cut_ms"]]
-        progress["requeued"] += sum(store.requeue_held(topic, channel, held))
+        progress["requeued"] += sum(store.control.requeue_held(topic, channel, held))
         progress["done"] = min(progress["total"], progress["done"] + len(entries))
         yield progress
 
@@ -160,12 +160,12 @@ def replay(store: Store, topic: str, channel: str, starts: list[str], end: str =
     is counted from the ids at the start. An ordered channel's is ordered_replay's."""
     parts = store.parts(topic)
     forward = cuts is None
-    if forward and store.is_ordered(topic, channel):
+    if forward and store.ordering.is_ordered(topic, channel):
         yield from ordered_replay(store, topic, channel, starts, end)
         return
     cuts = cuts or [0] * len(parts)
     progress = {"done": 0, "replayed": 0, "skipped": 0,
-                "total": sum(store.range_size(p, s, end, c)
+                "total": sum(store.history.range_size(p, s, end, c)
                              for p, s, c in zip(parts, starts, cuts))}
     yield progress
     for part, start, cut in zip(parts, starts, cuts):
@@ -173,7 +173,7 @@ def replay(store: Store, topic: str, channel: str, starts: list[str], end: str =
             continue    # nothing was published to that part before the channel was made
         low, high = start, end
         while True:
-            done = store.run(store.replay_op(part, channel, low, high, forward, cut))
+            done = store.run(store.history.replay_op(part, channel, low, high, forward, cut))
             if done is None:
                 raise NotFound(f"channel {topic}/{channel} not found")
             progress["replayed"] += done.replayed
@@ -211,15 +211,15 @@ def ordered_replay(store: Store, topic: str, channel: str, starts: list[str], en
     published, and the replay stops at each part's newest entry at the start, so that
     what is published meanwhile is not replayed: it is delivered anyway)."""
     parts = store.parts(topic)
-    ends = [replay_end(store.newest_entry(p), end) for p in parts]
-    waiting = store.waiting_ids(topic, channel)
+    ends = [replay_end(store.history.newest_entry(p), end) for p in parts]
+    waiting = store.ordering.waiting_ids(topic, channel)
     progress = {"done": 0, "replayed": 0, "skipped": 0,
-                "total": sum(store.range_size(p, s, e) for p, s, e in zip(parts, starts, ends))}
+                "total": sum(store.history.range_size(p, s, e) for p, s, e in zip(parts, starts, ends))}
     yield progress
     for index, (part, start, high) in enumerate(zip(parts, starts, ends)):
         low = start
         while True:
-            handed = store.run(store.replay_op(part, channel, low, high, hand_back=True))
+            handed = store.run(store.history.replay_op(part, channel, low, high, hand_back=True))
             if handed is None:
                 raise NotFound(f"channel {topic}/{channel} not found")
             done, read = handed

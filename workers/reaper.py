@@ -70,7 +70,7 @@ class Reaper:
         swept = topics if left or self._swept is None else self._slice(topics)
         if swept:
             self._swept = swept[-1] if swept is not topics else ""
-            for broker_id in self.store.consumer_brokers(swept) - live:
+            for broker_id in self.store.reads.consumer_brokers(swept) - live:
                 self.suspects.setdefault(broker_id, float("-inf") if broker_id in left else now)
         for broker_id, since in list(self.suspects.items()):
             if broker_id in live:
@@ -93,9 +93,9 @@ class Reaper:
                        ("SET", claim, self.id, "NX", "PX", CLAIM_TTL_MS))[0]:
             return guarded(redis.get, claim) == b"done"
         channels = requeued = 0
-        for part in self.store.stored_parts():
+        for part in self.store.reads.stored_parts():
             guarded(redis.pexpire, claim, CLAIM_TTL_MS)
-            names = self.store.channel_names(part)
+            names = self.store.reads.channel_names(part)
             results = self.store.run_many([self.store.reap_op(part, c, broker_id)
                                            for c in names])
             for result in results:
@@ -106,7 +106,7 @@ class Reaper:
                 requeued += n
             if any(r[0] == codes.TOPIC_DELETED for r in results) \
                     and keys.PART_MARK not in part:
-                self.store.forget_topic(part)
+                self.store.control.forget_topic(part)
         guarded(bookkeeping.write, redis, ("SET", claim, "done", "PX", DONE_TTL_MS))
         self.reaped += 1
         log.info("reaped dead broker %s: %d ephemeral channels deleted, %d in-flight "

@@ -114,7 +114,7 @@ class Share:
             log.info("scanner %s: share %d of %d", self.id, rank, size)
             self.moved = True
         self.rank, self.size = rank, size
-        self.topics = [t for t in self.store.stored_parts() if self.covers(t)]
+        self.topics = [t for t in self.store.reads.stored_parts() if self.covers(t)]
         self._renewed = now
         if self.presence is not None and now - self._present >= PRESENCE_EVERY:
             refused = guarded(self.presence.heartbeat)
@@ -186,7 +186,7 @@ class Scanner:
         if not self.share.topics:
             return False
         self._upkeep()
-        now, due, more, _ = self.store.due_channels(self.now_ms())
+        now, due, more, _ = self.store.reads.due_channels(self.now_ms())
         due = [entry for entry in due if self.share.covers(entry[0])]
         if not due:
             return False
@@ -241,11 +241,11 @@ class Scanner:
         try:
             if self.seeded:
                 swept = self.sweep_slice()
-                self.store.seed_due(swept)
+                self.store.reads.seed_due(swept)
                 self._finish_stalled(swept)
                 self._trim_and_expire(swept)
                 return
-            seen = self.store.seed_due(self.share.topics)
+            seen = self.store.reads.seed_due(self.share.topics)
             self.seeded = True
             log.info("node due indexes seeded from %d parts (%d entries)",
                      len(self.share.topics), seen)
@@ -273,14 +273,14 @@ class Scanner:
         within TRIM_SECONDS (one round of calls each at least)."""
         started = time.monotonic()
         try:
-            self.store.trim_parts(parts, TRIM_SECONDS)
+            self.store.history.trim_parts(parts, TRIM_SECONDS)
         except StoreConnectionError:
             raise
         except StoreError as e:
             log.warning("histories of swept parts not trimmed: %s", e)
         left = max(0.0, TRIM_SECONDS - (time.monotonic() - started))
         try:
-            self.store.expire_parts(parts, left, self.max_attempts)
+            self.store.expiry.expire_parts(parts, left, self.max_attempts)
         except StoreConnectionError:
             raise
         except StoreError as e:

@@ -86,9 +86,9 @@ def parse_target(target: str | None, channel_required: bool = False):
 def existing(store: Store, target: str | None, channel_required: bool = False):
     """parse_target, and fail unless the topic (and channel) exist."""
     topic, channel = parse_target(target, channel_required)
-    if topic and topic not in store.topic_names():
+    if topic and topic not in store.reads.topic_names():
         fail(f"topic {topic!r} not found")
-    if channel and channel not in store.channel_names(topic):
+    if channel and channel not in store.reads.channel_names(topic):
         fail(f"channel {topic}/{channel} not found")
     return topic, channel
 

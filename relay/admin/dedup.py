@@ -24,13 +24,13 @@ def dedup(store, as_json, topic, window_ms, off):
         raise click.UsageError("a window of 0 remembers nothing: give --off to turn it off")
     if window_ms is not None:
         topic, _ = parse_target(topic)
-        store.create_topic(topic)
-        store.set_dedup(topic, window_ms)
+        store.control.create_topic(topic)
+        store.dedup.set_dedup(topic, window_ms)
     else:
         topic, _ = existing(store, topic)
         if off:
-            store.set_dedup(topic, 0)
-    data = store.dedup_report(topic)
+            store.dedup.set_dedup(topic, 0)
+    data = store.dedup.dedup_report(topic)
     setting = f"window {duration_text(data['window_ms'])}" if data["on"] else "off"
     show(data, as_json, f"{topic}: dedup {setting}\n" + table(
         [[p["partition"], p["keys"]] for p in data["partitions"]], ["partition", "keys"]))

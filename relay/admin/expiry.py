@@ -29,7 +29,7 @@ def ttl(store, as_json, target, words, off):
     if off and ttl_ms is not None:
         raise click.UsageError("give a TTL or --off, not both")
     topic, channel = existing(store, named)
-    if (off or ttl_ms is not None) and not store.set_ttl(topic, channel, ttl_ms):
+    if (off or ttl_ms is not None) and not store.expiry.set_ttl(topic, channel, ttl_ms):
         fail(f"channel {topic}/{channel} not found")
     show_ttl(store, as_json, topic, channel)
 
@@ -58,7 +58,7 @@ def parse_ttl(word: str) -> int:
 
 
 def show_ttl(store: Store, as_json: bool, topic: str, channel: str | None) -> None:
-    settings = store.ttl_settings(topic)
+    settings = store.expiry.ttl_settings(topic)
     rows = [{"channel": name, **setting} for name, setting in settings["channels"].items()
             if channel in (None, name)]
     head = f"{topic}: ttl {ttl_text(settings['ttl_ms'])}"

@@ -46,7 +46,7 @@ def msg(store, as_json, topic, msg_id, channel, delete):
     clients = {c["owner"]: c for c in registry.live_clients(
         store.redis, registry.live_brokers(store.redis))}
     places = {c: place(store, topic, c, msg_id, clients)
-              for c in ([channel] if channel else store.channel_names(topic))}
+              for c in ([channel] if channel else store.reads.channel_names(topic))}
     if delete:
         return drop(store, as_json, topic, channel, msg_id, places[channel])
     found = next((p for p in places.values() if "body" in p), {})
@@ -141,7 +141,7 @@ def peek(store, as_json, topic, channel, limit, show_deferred, show_waiting):
     if show_deferred and show_waiting:
         raise click.UsageError("--deferred and --waiting do not go together")
     existing(store, f"{topic}/{channel}")
-    keyed = show_waiting or store.is_ordered(topic, channel)
+    keyed = show_waiting or store.ordering.is_ordered(topic, channel)
     if show_waiting:
         rows = lookup.waiting(store, topic, channel, limit)
         columns, place_of = ["part", "position", "due"], (

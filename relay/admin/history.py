@@ -51,14 +51,14 @@ def retention(store, as_json, topic, time_ms, max_bytes, off):
         raise click.UsageError("that keeps nothing: give --off to turn retention off")
     topic, _ = existing(store, topic)
     if off:
-        store.set_retention(topic, 0, 0)
+        store.history.set_retention(topic, 0, 0)
     elif time_ms is not None or max_bytes is not None:
-        store.set_retention(topic, time_ms or 0, max_bytes or 0)
+        store.history.set_retention(topic, time_ms or 0, max_bytes or 0)
     show_retention(store, as_json, topic)
 
 
 def show_retention(store: Store, as_json: bool, topic: str) -> None:
-    data = store.retention_report(topic)
+    data = store.history.retention_report(topic)
     rows = data["partitions"]
     setting = retention_text(data["time_ms"], data["max_bytes"])
     show(data, as_json, f"{topic}: retention {setting}\n" + table(
@@ -102,7 +102,7 @@ def replay(store, as_json, target, channel, since, from_time, from_id, to_time, 
     topic, channel = existing(store, channel_target(target, channel), channel_required=True)
     from_ms = store.now_ms() - since if since is not None else from_time
     try:
-        plan = store.plan_replay(topic, from_ms, to_time, from_id)
+        plan = store.history.plan_replay(topic, from_ms, to_time, from_id)
     except ReplayRefused as refused:
         fail(str(refused))
     if plan.clipped:

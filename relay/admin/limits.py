@@ -34,7 +34,7 @@ def limit(store, as_json, target, channel, max_depth, overflow, off):
     if off or max_depth is not None:
         new = None if off else Limit(max_depth, overflow or OVERFLOWS[0])
         try:
-            if not store.set_limit(topic, channel, new):
+            if not store.limits.set_limit(topic, channel, new):
                 fail(f"channel {topic}/{channel} not found")
         except OrderedAndLimited as refused:
             fail(str(refused))
@@ -44,7 +44,7 @@ def limit(store, as_json, target, channel, max_depth, overflow, off):
 def show_limit(store: Store, as_json: bool, topic: str, channel: str) -> None:
     """The limit in force with the channel's depth and what overflowed, summed over its
     partitions."""
-    data = store.limit_report(topic, channel)
+    data = store.limits.limit_report(topic, channel)
     if data["max_depth"] is None:
         text = f"{topic}/{channel}: no depth limit (depth {data['depth']})"
     else:

@@ -102,13 +102,13 @@ def pub(store, as_json, topic, source, key, order_key):
         lines.seek(0)
         count = duplicates = 0
         for batch in batches(lines, min(PUB_BATCH_BYTES, options.max_body_size)):
-            order_keys = store.order_keys(
+            order_keys = store.ordering.order_keys(
                 topic, batch, None if order_key is None else [order_key.encode()] * len(batch))
             if key is None and order_keys is None:
                 store.publish(topic, batch)
             else:
                 numbers = range(count + 1, count + len(batch) + 1)
-                duplicates += store.publish_keyed(
+                duplicates += store.dedup.publish_keyed(
                     topic, batch, key and [f"{key}:{n}".encode() for n in numbers], 0,
                     order_keys)
             count += len(batch)
@@ -119,7 +119,7 @@ def pub(store, as_json, topic, source, key, order_key):
     show({"topic": topic, "published": count - duplicates, "duplicates": duplicates}, as_json,
          f"published {count - duplicates} messages to {topic}, {duplicates} duplicates "
          f"not published again")
-    if not store.dedup_window(topic):
+    if not store.dedup.dedup_window(topic):
         click.echo(f"relay-admin: topic {topic} has no dedup window, so --id changes nothing "
                    f"(relay-admin dedup {topic} --window 10m turns it on)", err=True)
 

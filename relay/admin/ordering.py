@@ -35,7 +35,7 @@ def order(store, as_json, target, channel, off, only_show):
     released = 0
     if not only_show:
         try:
-            released = store.set_ordered(topic, channel, not off)
+            released = store.ordering.set_ordered(topic, channel, not off)
         except OrderedAndLimited as refused:
             fail(str(refused))
     show_order(store, as_json, topic, channel, released)
@@ -43,7 +43,7 @@ def order(store, as_json, target, channel, off, only_show):
 
 def show_order(store: Store, as_json: bool, topic: str, channel: str, released: int = 0
                ) -> None:
-    data = store.order_report(topic, channel) | ({"released": released} if released else {})
+    data = store.ordering.order_report(topic, channel) | ({"released": released} if released else {})
     rule = data["order_key_rule"]
     text = table([[f"{topic}/{channel}", "on" if data["ordered"] else "off", data["keys_out"],
                    data["waiting"], f"{rule['kind']} {rule['value']}" if rule else "-"]],
@@ -75,13 +75,13 @@ def order_key(store, as_json, topic, json_field, separator, off):
         raise click.UsageError("the field or separator cannot be empty")
     if given:
         topic, _ = parse_target(topic)
-        store.create_topic(topic)
+        store.control.create_topic(topic)
         rule = None if off else OrderKeyRule("json-field", json_field) if json_field \
             else OrderKeyRule("separator", separator)
-        store.set_order_rule(topic, rule)
+        store.ordering.set_order_rule(topic, rule)
     else:
         topic, _ = existing(store, topic)
-    rule = store.order_rule(topic)
+    rule = store.ordering.order_rule(topic)
     data = {"topic": topic, "order_key_rule": rule and {"kind": rule.kind, "value": rule.value}}
     show(data, as_json, f"{topic}: order key rule "
                         + (f"{rule.kind} {rule.value!r}" if rule else "none"))

@@ -103,7 +103,7 @@ def inflight(store, as_json, target, limit):
     """Messages in flight: id, attempts, deadline, owner broker and client; on an ordered
     channel, each one's order key too ("-": none)."""
     topic, channel = existing(store, target, channel_required=True)
-    state = store.read_channel(topic, channel)
+    state = store.reads.read_channel(topic, channel)
     total, ordered = state["in_flight_count"], state["ordered"]
     clients = {c["owner"]: c for c in registry.live_clients(
         store.redis, registry.live_brokers(store.redis))}

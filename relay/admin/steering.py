@@ -47,7 +47,7 @@ def create(store, as_json, target, second, partitions, start, background):
         raise click.UsageError("--from earliest is a new channel's: give TOPIC/CHANNEL")
     if channel and partitions:
         fail("--partitions is a topic's: give TOPIC, not TOPIC/CHANNEL")
-    if channel and topic not in store.topic_names():
+    if channel and topic not in store.reads.topic_names():
         fail(f"topic {topic!r} not found: create it first (as /channel/create asks)")
     store.topic_retention_ms = relay_options()[0].retention_time
     if partitions:
@@ -56,7 +56,7 @@ def create(store, as_json, target, second, partitions, start, background):
     if start == "earliest":
         create_from_start(store, as_json, topic, channel, background)
         return
-    created = store.create_channel(topic, channel) if channel else store.create_topic(topic)
+    created = store.control.create_channel(topic, channel) if channel else store.control.create_topic(topic)
     show({"target": target, "created": created}, as_json,
          f"created {target}" if created else f"{target} exists already")
 
@@ -65,7 +65,7 @@ def create_from_start(store: Store, as_json: bool, topic: str, channel: str,
                       background: bool) -> None:
     """A new channel that starts with everything the topic retains (a replay, as an rq
     job when big)."""
-    plan = store.create_from_start(topic, channel)
+    plan = store.history.create_from_start(topic, channel)
     if plan is None:
         fail(f"channel {topic}/{channel} exists already: --from earliest makes a new one "
              f"(relay-admin replay rewinds one)")
@@ -75,9 +75,9 @@ def create_from_start(store: Store, as_json: bool, topic: str, channel: str,
 
 
 def create_partitioned(store: Store, as_json: bool, topic: str, partitions: int) -> None:
-    created = topic not in store.topic_names()
+    created = topic not in store.reads.topic_names()
     try:
-        before = store.set_partitions(topic, partitions)
+        before = store.control.set_partitions(topic, partitions)
     except PartitionsRefused as refused:
         fail(str(refused))
     if created:
@@ -109,10 +109,10 @@ def unpause(store, as_json, target):
 def set_paused(store: Store, as_json: bool, target: str, paused: bool) -> None:
     topic, channel = existing(store, target)
     if channel:
-        store.pause_channel(topic, channel, paused)
+        store.control.pause_channel(topic, channel, paused)
     else:
-        store.pause_topic(topic, paused)
-        if paused and store.ordered_channels(topic):
+        store.control.pause_topic(topic, paused)
+        if paused and store.ordering.ordered_channels(topic):
             click.echo(f"relay-admin: {topic} has ordered channels: what is published while "
                        f"it is paused reaches them without order keys (a topic's backlog "
                        f"keeps none); pausing a channel keeps them", err=True)
@@ -159,7 +159,7 @@ def requeue(store, as_json, target, ids, everything, background):
     bad = [i for i in ids if len(i) != MSG_ID_LENGTH or i.strip("0123456789abcdef")]
     if bad:
         fail(f"invalid message id {bad[0]!r}: 16 hex digits")
-    done = store.requeue_in_flight(topic, channel, [i.encode() for i in ids])
+    done = store.control.requeue_in_flight(topic, channel, [i.encode() for i in ids])
     missing = [i for i, d in zip(ids, done) if not d]
     show({"requeued": [i for i, d in zip(ids, done) if d], "not_in_flight": missing},
          as_json, table([[i, "requeued" if d else "not in flight"] for i, d in zip(ids, done)],
@@ -189,7 +189,7 @@ def run_operation(store: Store, as_json: bool, operation: str, topic: str,
         return
     if (held_messages(store, topic, channel) if size is None else size) <= INLINE_LIMIT:
         result = operations.run(store, operation, topic, channel, params=params)
-    elif operation in FREEING and store.refusal() == OUT_OF_MEMORY:
+    elif operation in FREEING and store.reads.refusal() == OUT_OF_MEMORY:
         click.echo(f"relay-admin: {OUT_OF_MEMORY}: no job can be queued, so the "
                    f"{operation} runs here", err=True)
         result = operations.run(store, operation, topic, channel, params=params)
@@ -248,13 +248,13 @@ def config(store, as_json, target, name, value, unset):
     if name and not unset:
         if value is None:
             fail(f"give a value for {name}, or --unset")
-        store.configure_channel(topic, channel, SETTINGS[name], setting_value(name, value))
+        store.control.configure_channel(topic, channel, SETTINGS[name], setting_value(name, value))
     elif name:
-        store.configure_channel(topic, channel, SETTINGS[name], None)
+        store.control.configure_channel(topic, channel, SETTINGS[name], None)
     options, config_path = relay_options()
     current = {}
     for flag, field in SETTINGS.items():
-        own = store.channel_setting(topic, channel, field)
+        own = store.reads.channel_setting(topic, channel, field)
         value, source = (own, "channel setting") if own is not None else \
             (getattr(options, field), option_source(field, config_path))
         current[flag] = {"value": int(value) if field == "max_attempts"

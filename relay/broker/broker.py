@@ -45,6 +45,7 @@ from relay.sockio import MAX_ACCEPT, listen, raise_open_file_limit, reserve
 from relay.store import Store, codes, connect_redis, replication
 from relay.store.commit import GroupCommit
 from relay.store.connection import UNREACHABLE, RedisClient, connect_when_ready
+from relay.store.keys import split_part
 from relay.store.latency import E2eLatency
 from relay.store.layout import establish
 from relay.store.runner import Op
@@ -348,7 +349,9 @@ class Broker:
         """subscribe.lua in each part, for one consumer: the Subscribed of each."""
         calls = [self.commit.submit(self.store.subscribe_op(part, channel_name, self.id), order)
                  for part in parts]
-        return [call.get() for call in calls]
+        joined = [call.get() for call in calls]
+        self.store.learn_channel_count(split_part(parts[0])[0], joined[0].channels)
+        return joined
 
     def grow(self, channel: Channel) -> None:
         """The channel's topic has more partitions than it has parts: its consumers join
@@ -416,7 +419,7 @@ class Broker:
                 codec.is_ephemeral(channel.topic), incarnation), client.number)
                 for part, incarnation in zip(channel.parts, client.incarnation)]
             if [call.get() for call in leaving][:1] == [codes.TOPIC_DELETED]:
-                store.forget_topic(channel.topic)
+                store.control.forget_topic(channel.topic)
         except StoreError as e:
             if self.stopping:      # one line at the end of the stop (_left_behind)
                 self.unreleased += len(held)

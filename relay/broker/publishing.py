@@ -23,11 +23,11 @@ class Publishing:
         order). Reading the topic's partitions or rule first may raise StoreError: then
         nothing was sent."""
         store, commit = self.broker.store, self.broker.commit
-        keys = store.order_keys(topic, bodies, order_keys)
+        keys = store.ordering.order_keys(topic, bodies, order_keys)
         if publish_keys is None and keys is None:
             return commit.submit_made(lambda: store.publish_op(topic, bodies, defer), order)
         return commit.submit_all_made(
-            lambda: store.keyed_publish_ops(topic, bodies, publish_keys, defer, keys), order)
+            lambda: store.dedup.keyed_publish_ops(topic, bodies, publish_keys, defer, keys), order)
 
     def published(self, count: int, publish_keys: list[bytes] | None, value: Any) -> int:
         """How many of the `count` messages were duplicates (not published), from the

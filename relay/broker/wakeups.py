@@ -183,14 +183,14 @@ class WakeupListener:
         unchecked = self.unchecked.intersection(parts)
         self.unchecked -= unchecked
         try:
-            read = self.store.versions(parts)
+            read = self.store.reads.versions(parts)
             if not unchecked and read == self._last_reads.get(start):
                 return
             moved = {t for t, v in read.items() if self.versions.get(t) != v}
             channels = [(part, local) for part in moved | (unchecked & read.keys())
                         for local in self._local(part)]
             if channels:
-                states = self.store.channel_states([(part, local.name)
+                states = self.store.reads.channel_states([(part, local.name)
                                                     for part, local in channels])
                 for (part, local), (incarnation, empties) in zip(channels, states):
                     index = split_part(part)[1]

@@ -67,9 +67,9 @@ def act(name: str):
 def pause(topic: str, channel: str, paused: bool = True) -> Response:
     store = console().store
     if channel:
-        store.pause_channel(topic, channel, paused)
+        store.control.pause_channel(topic, channel, paused)
     else:
-        store.pause_topic(topic, paused)
+        store.control.pause_topic(topic, paused)
     flash(f"{'paused' if paused else 'unpaused'} {target(topic, channel)}")
     return back(topic, channel)
 
@@ -113,7 +113,7 @@ def replay(topic: str, channel: str) -> Response:
     except ValueError as e:
         raise Problem(400, str(e)) from None
     try:
-        plan = console().store.plan_replay(topic, from_ms, None, None)
+        plan = console().store.history.plan_replay(topic, from_ms, None, None)
     except ReplayRefused as refused:
         raise Problem(400, str(refused)) from None
     if plan.clipped:
@@ -130,10 +130,10 @@ def create(topic: str, _: str) -> Response:
         raise Problem(400, f"invalid channel name {channel!r}: 1-64 of a-z A-Z 0-9 . _ - "
                            f"(and #ephemeral at the end)")
     if request.form.get("start") != "earliest":
-        created = store.create_channel(topic, channel)
+        created = store.control.create_channel(topic, channel)
         flash(f"created {topic}/{channel}" if created else f"{topic}/{channel} exists already")
         return back(topic, channel)
-    plan = store.create_from_start(topic, channel)
+    plan = store.history.create_from_start(topic, channel)
     if plan is None:
         raise Problem(400, f"channel {topic}/{channel} exists already: from earliest makes "
                            f"a new one (replay rewinds one)")

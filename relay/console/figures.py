@@ -90,12 +90,12 @@ class Figures:
     def topic(self, topic: str) -> dict:
         """Its parts with their masters, retention, TTL, dedup, order rule, channels."""
         [entry] = relay_stats.collect(self.store, topic, by_part=True)["topics"]
-        ttls = self.store.ttl_settings(topic)
-        rule = self.store.order_rule(topic)
+        ttls = self.store.expiry.ttl_settings(topic)
+        rule = self.store.ordering.order_rule(topic)
         for c in entry["channels"]:
             c["ttl_ms"] = ttls["channels"].get(c["channel_name"], {}).get("ttl_ms")
         return {"topic": entry, "ttl_ms": ttls["ttl_ms"],
-                "dedup": self.store.dedup_report(topic),
+                "dedup": self.store.dedup.dedup_report(topic),
                 "order_key": rule}
 
     def channel(self, topic: str, channel: str) -> dict:
@@ -117,12 +117,12 @@ class Figures:
         by_broker: dict[str, list] = {}
         for client in c["clients"]:
             by_broker.setdefault(client["broker"], []).append(client)
-        ttl_ms, source = (self.store.channel_setting(topic, channel, name)
+        ttl_ms, source = (self.store.reads.channel_setting(topic, channel, name)
                           for name in ("ttl_ms", "ttl_from"))
         return {"topic": t, "channel": c, "in_flight": in_flight, "by_broker": by_broker,
-                "limit": self.store.limit(topic, channel),
+                "limit": self.store.limits.limit(topic, channel),
                 "ttl": {"ttl_ms": int(ttl_ms) if ttl_ms else None, "source": source},
-                "max_attempts": self.store.channel_setting(topic, channel, "max_attempts"),
+                "max_attempts": self.store.reads.channel_setting(topic, channel, "max_attempts"),
                 "rates": rates.series()}
 
     def dead_letters(self, topic: str, channel: str, limit: int) -> tuple[list[dict], int]:

@@ -71,7 +71,7 @@ def peek(topic: str, channel: str):
     reader = {"queued": lookup.queued, "deferred": lookup.deferred,
               "waiting": lookup.waiting}[what]
     rows = reader(store, topic, channel, limit)[:limit]
-    keyed = what == "waiting" or store.is_ordered(topic, channel)
+    keyed = what == "waiting" or store.ordering.is_ordered(topic, channel)
     if keyed and what != "waiting":
         rows = lookup.with_keys(store, topic, channel, rows)
     return render_template("peek.html", topic=topic, channel=channel, what=what, rows=rows,
@@ -93,7 +93,7 @@ def find():
         raise Problem(404, f"message {msg_id} was never published on {topic}")
     clients = {c["owner"]: c for c in registry.live_clients(
         store.redis, registry.live_brokers(store.redis))}
-    places = {c: place(store, topic, c, msg_id, clients) for c in store.channel_names(topic)}
+    places = {c: place(store, topic, c, msg_id, clients) for c in store.reads.channel_names(topic)}
     body = next((p["body"] for p in places.values() if "body" in p), None)
     return render_template("find.html", found=places, body=body, topic=topic,
                            msg_id=msg_id, states=STATES)
@@ -145,10 +145,10 @@ def logout():
 def existing(topic: str, channel: str | None = None) -> None:
     """Problem 404 unless the topic (and channel) exist."""
     store = console().store
-    if not is_valid_name(topic) or topic not in store.topic_names():
+    if not is_valid_name(topic) or topic not in store.reads.topic_names():
         raise Problem(404, f"no topic {topic!r}")
     if channel is not None and (not is_valid_name(channel)
-                                or channel not in store.channel_names(topic)):
+                                or channel not in store.reads.channel_names(topic)):
         raise Problem(404, f"no channel {channel!r} in topic {topic!r}")
 
 

@@ -44,17 +44,17 @@ class HistoryRead(DataSourceReader):
         """A partition per part, each ending at endingTimestamp or, without one, at what
         the part retains now, so a task Spark runs again reads the same range."""
         store = store_of(self.options)
-        if store.retention(self.topic) == (0, 0):
+        if store.history.retention(self.topic) == (0, 0):
             raise no_history(self.topic)
         ends = [self.to_ms - 1 if self.to_ms is not None else kept.newest_ms
-                for kept in store.retained(self.topic)]
+                for kept in store.history.retained(self.topic)]
         return [HistoryPart(part, end) for part, end in zip(store.parts(self.topic), ends)]
 
     def read(self, partition):
         if partition.to_ms is None:
             return
         store = store_of(self.options)
-        for records in store.history_records(partition.part, self.from_ms, partition.to_ms):
+        for records in store.history.history_records(partition.part, self.from_ms, partition.to_ms):
             for record in records:
                 yield row(self.topic, None, record)
 

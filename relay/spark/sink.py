@@ -40,7 +40,7 @@ class TopicWriter(DataSourceWriter):
         [self.topic] = required(options, "topic")
         self.id_column = self.options.get("idcolumn") or self.options.get("idColumn")
         self.write_id = uuid.uuid4().hex
-        if self.id_column and not store_of(self.options).dedup_window(self.topic):
+        if self.id_column and not store_of(self.options).dedup.dedup_window(self.topic):
             raise ValueError(
                 f"relay sink: topic {self.topic} has no dedup window, so idColumn "
                 f"{self.id_column!r} would not keep duplicates out: turn it on with "
@@ -74,10 +74,10 @@ class TopicWriter(DataSourceWriter):
             chunk.append(body.encode() if isinstance(body, str) else bytes(body))
             keys.append(self.row_key(row, prefix, position))
             if len(chunk) == PUBLISH_CHUNK:
-                duplicates += store.publish_keyed(self.topic, chunk, keys)
+                duplicates += store.dedup.publish_keyed(self.topic, chunk, keys)
                 count, chunk, keys = count + len(chunk), [], []
         if chunk:
-            duplicates += store.publish_keyed(self.topic, chunk, keys)
+            duplicates += store.dedup.publish_keyed(self.topic, chunk, keys)
             count += len(chunk)
         return Published(count - duplicates, duplicates)
 

@@ -42,9 +42,9 @@ def start_channel(options, topic: str, channel: str) -> None:
     if from_ms is None:
         return
     store = store_of(options)
-    if store.retention(topic) == (0, 0):
+    if store.history.retention(topic) == (0, 0):
         raise no_history(topic)
-    plan = store.create_from_start(topic, channel, from_ms)
+    plan = store.history.create_from_start(topic, channel, from_ms)
     if plan is None:
         log.warning("channel %s/%s exists: startingTimestamp is ignored, the query reads "
                     "the channel from where it stands", topic, channel)
@@ -115,7 +115,7 @@ class ChannelStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ReadAllAvailable (Trigger.Once), everything queued."""
         query = self._driver()
         if self.available_now and self.available is None:
-            self.available = query.store.read_channel(self.topic, self.channel)["depth"]
+            self.available = query.store.reads.read_channel(self.topic, self.channel)["depth"]
         progress = query.confirm(start["batch"])
         claimed = progress["claimed"]
         if claimed > start["batch"]:
@@ -212,6 +212,6 @@ class ChannelSnapshot(DataSourceReader):
 
     def read(self, partition):
         store = store_of(self.options)
-        for records in store.queued_records(self.topic, self.channel, SNAPSHOT_CHUNK):
+        for records in store.reads.queued_records(self.topic, self.channel, SNAPSHOT_CHUNK):
             for record in records:
                 yield row(self.topic, self.channel, record)

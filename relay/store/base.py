@@ -40,8 +40,8 @@ def _text(value: Any) -> str:
 
 
 def _partitions_reply(reply: list) -> list:
-    """partitions.lua's reply: [now, before, made, placement, order key rule]."""
-    return [*(int(n) for n in reply[:3]), _text(reply[3]), _text(reply[4])]
+    """partitions.lua's reply: [now, before, made, placement, order key rule, channels]."""
+    return [*(int(n) for n in reply[:3]), _text(reply[3]), _text(reply[4]), int(reply[5])]
 
 
 class Confirmed:
@@ -89,6 +89,7 @@ class StoreBase:
         # (WakeupListener._grow: their local channels join the new parts)
         self.recounted: set[str] = set()
         self._order_rules: dict[str, str] = {}  # topic -> its order key rule, read with it
+        self._channel_counts: dict[str, int] = {}   # topic -> its channels, read with it
         self._reading: dict[str, threading.Lock] = {}   # one read per topic at a time
         self._unread: dict[str, tuple[StoreError, float]] = {}  # a failed read, and when
         self.lookup: Callable[[Op], Any] = lookup or self.run
@@ -114,9 +115,19 @@ class StoreBase:
         other._confirmed = self._confirmed
         other._reading = self._reading
         other._unread, other._order_rules = self._unread, self._order_rules
+        other._channel_counts = self._channel_counts
         other.recounted = self.recounted
         other.nodes = self.nodes
         return other
+
+    @classmethod
+    def over(cls, core: "StoreBase") -> Self:
+        """This service of a Store on the Store's client, runner and caches, shared:
+        what any of its services learns (channel lists, partition counts, a setting
+        changed) the others know at once."""
+        service = cls.__new__(cls)
+        service.__dict__ = core.__dict__
+        return service
 
     def replication(self) -> dict:
         """This Store's wait for replicas, as Store(...) takes it."""
@@ -161,24 +172,22 @@ class StoreBase:
         return fanout_op(script, FanOut(part, len(head_keys), trash), head_keys, args,
                          channels, parse, pre, job)
 
-    def known_channels(self, part: str) -> list[str]:
-        """The part's channels as this Store last saw them, read once if it never did (a
-        publish picks the wide steps by their number: data_path.WIDE_CHANNELS)."""
-        known = self._channels.get(part)
-        if known is None:
-            try:
-                names = self._guard(self.redis.smembers, TopicKeys.of(part).channels)
-            except StoreError:
-                return []
-            known = self._channels[part] = sorted(c.decode() for c in names)
-        return known
+    def channel_count(self, topic: str) -> int:
+        """How many channels the topic has (each part has them all), as this Store last
+        heard: with its partition count, a SUB's answer or a fan-out call's list."""
+        return self._channel_counts.get(topic, 0)
+
+    def learn_channel_count(self, topic: str, count: int) -> None:
+        self._channel_counts[topic] = count
 
     def learn_channels(self, part: str, channels: list[str]) -> None:
         """The part's channels, as a fan-out call found them."""
         self._channels[part] = channels
+        self._channel_counts[keys.split_part(part)[0]] = len(channels)
 
     def partitions_op(self, topic: str, raise_to: int = 0, salts: str | None = None) -> Op:
-        """The topic's partition count, [now, before, made, placement, order key rule]
+        """The topic's partition count, [now, before, made, placement, order key rule,
+        channels]
         (relay/store/ordering.py); a new topic takes
         this Store's default count and retention (made: 1 if this call gave it the
         latter), and `raise_to` raises the count. The new parts take `salts` (unless
@@ -186,7 +195,7 @@ class StoreBase:
         t = TopicKeys.of(topic)
         if salts is None:
             salts = self.placement(topic, max(raise_to, self.topic_partitions))
-        return Op("partitions", [t.version, t.meta],
+        return Op("partitions", [t.version, t.meta, t.channels],
                   [self.topic_partitions, raise_to, t.wake, self.node(topic),
                    self.topic_retention_ms, salts], _partitions_reply)
 
@@ -224,9 +233,10 @@ class StoreBase:
     def _learned(self, topic: str, reply: list) -> int:
         """The count of partitions_op's reply, its parts' names learned (and retention
         given to the parts of a topic it made)."""
-        count, _, made, salts, rule = reply
+        count, _, made, salts, rule, channels = reply
         names = keys.part_names(topic, count, salts)
         self._order_rules[topic] = rule
+        self._channel_counts[topic] = channels
         self.learn_parts(topic, names)
         if made and count > 1:
             self._retain_parts(names[1:])

@@ -8,11 +8,13 @@ from typing import Iterator, Sequence
 from relay.errors import RelayError
 from relay.store import codes, keys
 from relay.store.dedup import DEDUP_FIELD
-from relay.store.expiry import CHANNEL_TTL_FIELD, Expiry
+from relay.store.data_path import DataPath
+from relay.store.expiry import CHANNEL_TTL_FIELD
 from relay.store.history import RETENTION_FIELDS
 from relay.store.inflight import member_id, member_owner
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.limits import LIMIT_FIELDS, Limits
+from relay.store.reads import Reads
 from relay.store.replies import Dropped
 from relay.store.runner import Op
 
@@ -29,8 +31,11 @@ class PartitionsRefused(RelayError):
     """A topic's partition count only grows."""
 
 
-class Control(Expiry, Limits):
+class Control(DataPath):
     """Changes made by people and their tools, not by the flow of messages."""
+
+    reads: Reads
+    limits: Limits
 
     def set_partitions(self, topic: str, count: int) -> int:
         """Raise the topic's partition count to `count`; the new parts get the topic's
@@ -47,12 +52,12 @@ class Control(Expiry, Limits):
         new = keys.part_names(topic, count, salts)[before:]
         if new:
             self._prepare_parts(topic, new)
-        now, before, _, salts, _ = self.run(self.partitions_op(topic, count, salts))
+        now, before, _, salts, _, _ = self.run(self.partitions_op(topic, count, salts))
         self.learn_partitions(topic, now, salts)
-        for channel in self.channel_names(topic) if new else ():
-            limit = self.limit(topic, channel)
+        for channel in self.reads.channel_names(topic) if new else ():
+            limit = self.limits.limit(topic, channel)
             if limit:       # each part's share shrinks; the new parts get theirs
-                self.set_limit(topic, channel, limit)
+                self.limits.set_limit(topic, channel, limit)
         return before
 
     def _prepare_parts(self, topic: str, parts: list[str]) -> None:
@@ -64,8 +69,8 @@ class Control(Expiry, Limits):
             for part in parts:
                 if value is not None:
                     self._guard(self.redis.hset, TopicKeys.of(part).meta, name, value)
-        paused = self.read_topic(topic, parts=[topic])["paused"]
-        for channel in self.channel_names(topic):
+        paused = self.reads.read_topic(topic, parts=[topic])["paused"]
+        for channel in self.reads.channel_names(topic):
             settings = {k: v for k, v in self._guard(
                 self.redis.hgetall, ChannelKeys.of(topic, channel).meta).items()
                 if k not in CHANNEL_COUNTS and k not in LIMIT_FIELDS}

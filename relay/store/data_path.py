@@ -96,7 +96,7 @@ class DataPath(StoreBase):
         pre = self._register(topic, count)
         group = (bodies, publish_keys, pre, order_keys)
         keyed = bool(publish_keys or order_keys)
-        wide = not keyed and len(self.known_channels(part)) > WIDE_CHANNELS
+        wide = not keyed and self.channel_count(topic) > WIDE_CHANNELS
         if len(bodies) <= MERGED_BODIES and not wide:
             return _merging_publish(Publishing(part, index, ts, defer_ms, group))
         if keyed or (len(bodies) <= INLINE_BODIES and not wide):
@@ -207,6 +207,7 @@ class DataPath(StoreBase):
         for reply in joined:
             if isinstance(reply, Exception):
                 raise reply
+        self.learn_channel_count(topic, joined[0].channels)
         return joined[0].created
 
     def unsubscribe_op(self, topic: str, channel: str, broker_id: str,

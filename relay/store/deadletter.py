@@ -41,7 +41,7 @@ LAST_TOPIC = "dead_letters_in"     # channel meta: where its scanner last sent l
 
 def topic_for(store: Store, topic: str, channel: str, template: str) -> str:
     """The channel's own dead-letter topic, else the template ('{topic}.dead')."""
-    return (store.channel_setting(topic, channel, "dead_letter_topic")
+    return (store.reads.channel_setting(topic, channel, "dead_letter_topic")
             or template.format(topic=topic))
 
 
@@ -119,8 +119,8 @@ def forward(store: Store, part: str, channel: str, template: str) -> int:
                              "valid topic name; set one with relay-admin config")
         store.publish(target, [envelope(topic, channel, record, reason)
                                for reason, record in map(split_entry, entries)])
-        if store.channel_setting(topic, channel, LAST_TOPIC) != target:
-            store.configure_channel(topic, channel, LAST_TOPIC, target)
+        if store.reads.channel_setting(topic, channel, LAST_TOPIC) != target:
+            store.control.configure_channel(topic, channel, LAST_TOPIC, target)
         drop_outbox(store, part, channel, len(entries))
         done += len(entries)
 
@@ -129,13 +129,13 @@ def _sources(store: Store, dead_topic: str) -> list[str]:
     """Where a dead-letter topic's messages wait: its parts' backlogs and channel queues."""
     return [key for part in store.parts(dead_topic)
             for key in [TopicKeys.of(part).backlog] + [
-                ChannelKeys.of(part, ch).queue for ch in store.channel_names(part)]]
+                ChannelKeys.of(part, ch).queue for ch in store.reads.channel_names(part)]]
 
 
 def letters(store: Store, topic: str, channel: str, chunk: int = 1000):
     """(list key, raw record, letter) for each dead letter of topic/channel still waiting
     in the topic its scanner last published them to."""
-    dead_topic = (store.channel_setting(topic, channel, LAST_TOPIC)
+    dead_topic = (store.reads.channel_setting(topic, channel, LAST_TOPIC)
                   or DEFAULT_TEMPLATE.format(topic=topic))
     for key in _sources(store, dead_topic):
         start = 0
@@ -173,7 +173,7 @@ def rule_keys(store: Store, topic: str, part: int, records: Sequence[bytes]
     key a message was published with. A key whose messages go to another part (the
     record was published without it, on a partitioned topic) is none: a key is ordered
     within its own part only."""
-    rule = store.order_rule(topic)
+    rule = store.ordering.order_rule(topic)
     if rule is None:
         return None
     partitions = store.partitions(topic)

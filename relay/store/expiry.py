@@ -11,6 +11,7 @@ from typing import Any, NamedTuple, Sequence
 
 from relay.store import codes
 from relay.store.keys import ChannelKeys, TopicKeys
+from relay.store.base import StoreBase
 from relay.store.reads import Reads
 from relay.store.runner import Op
 
@@ -29,8 +30,10 @@ class Expired(NamedTuple):
         return cls(int(reply[0]), bool(int(reply[1])))
 
 
-class Expiry(Reads):
+class Expiry(StoreBase):
     """Message TTLs, and the sweep of expired messages."""
+
+    reads: Reads
 
     def ttl_op(self, part: str, channel: str | None, ttl_ms: int | None) -> Op:
         """ttl.lua on one part: codes.DONE, or codes.NO_CHANNEL if the channel is not
@@ -49,7 +52,7 @@ class Expiry(Reads):
     def ttl_settings(self, topic: str) -> dict:
         """The TTLs as part 0 has them: {"ttl_ms": the topic's or None, "channels":
         {name: {"ttl_ms": in force or None, "source": "channel", "topic" or None}}}."""
-        names = self.channel_names(topic)
+        names = self.reads.channel_names(topic)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hget(TopicKeys.of(topic).meta, "ttl_ms")
         for channel in names:

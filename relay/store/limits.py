@@ -44,8 +44,10 @@ def _limit_op(part: str, channel: str, args: list) -> Op:
               [channel, *args])
 
 
-class Limits(DataPath, Reads):
+class Limits(DataPath):
     """Setting and reading channels' depth limits."""
+
+    reads: Reads
 
     def set_limit(self, topic: str, channel: str, limit: Limit | None) -> bool:
         """Set (None: remove) the channel's limit on every part; False if it has no
@@ -74,7 +76,7 @@ class Limits(DataPath, Reads):
         channel's depth and what overflowed, summed over its parts: what relay-admin
         limit and /channel/limit show."""
         now = self.limit(topic, channel)
-        state = self.read_channel(topic, channel)
+        state = self.reads.read_channel(topic, channel)
         parts = len(self.parts(topic))
         return {"topic": topic, "channel": channel, "max_depth": now and now.max_depth,
                 "overflow": now and now.overflow, "partitions": parts,

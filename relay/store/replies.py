@@ -72,17 +72,19 @@ class Stepped(NamedTuple):
 
 class Subscribed(NamedTuple):
     """subscribe.lua's reply: whether the channel is new, what a broker compares
-    to see it deleted (a new incarnation each time it is created) or emptied, and the
-    cut a channel created from the beginning replays the history up to."""
+    to see it deleted (a new incarnation each time it is created) or emptied, the
+    cut a channel created from the beginning replays the history up to, and how many
+    channels the part has now."""
 
     created: bool
     incarnation: int
     empties: int
     cut: int = 0
+    channels: int = 0
 
     @classmethod
     def parse(cls, reply: list[Any]) -> "Subscribed":
-        return cls(bool(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]))
+        return cls(bool(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]))
 
 
 class Delivered(list):

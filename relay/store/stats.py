@@ -27,12 +27,12 @@ def collect(store: Store, topic: str | None = None, channel: str | None = None,
     own under "parts" too, with the master serving it (host:port). Every topic, then
     every channel, is read in a few pipelines (Reads.read_topic_states, read_channels):
     5,000 channels took 5,000 round trips."""
-    names = [n for n in store.topic_names() if not topic or n == topic]
+    names = [n for n in store.reads.topic_names() if not topic or n == topic]
     part_names = store.parts_of(names)
-    states = store.read_topic_states(list(zip(names, part_names)))
+    states = store.reads.read_topic_states(list(zip(names, part_names)))
     wanted = [[ch for ch in channels if not channel or ch == channel]
               for _, _, channels in states]
-    figures = iter(store.read_channels([(parts, ch) for parts, chs in zip(part_names, wanted)
+    figures = iter(store.reads.read_channels([(parts, ch) for parts, chs in zip(part_names, wanted)
                                         for ch in chs]))
     turns = Turns()
     topics: list[dict] = []
@@ -77,7 +77,7 @@ def _add_retention(store: Store, kept: list[tuple]) -> None:
     """A "retention" entry for each topic with retention on: its settings and what it
     retains summed over its parts (and each part's under "parts", if read), from one
     read of every part's history for them all (History.retained_parts)."""
-    figures = iter(store.retained_parts([p for _, _, parts in kept for p in parts]))
+    figures = iter(store.history.retained_parts([p for _, _, parts in kept for p in parts]))
     for entry, (time_ms, max_bytes), parts in kept:
         each = [next(figures) for _ in parts]
         entry["retention"] = {"time_ms": time_ms, "max_bytes": max_bytes, **retained(each)}

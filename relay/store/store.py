@@ -1,15 +1,34 @@
 """The Store: every change to queue state, as one Lua script call each, and the reads
-of that state, in parts by who uses them: the data path (data_path.py: brokers), control
-(control.py: the HTTP API, relay-admin, jobs), topics' histories (history.py:
-retention and replay), idempotent publish (dedup.py), ordered delivery (ordering.py) and reads (reads.py: stats, the scanner,
-wake-ups), over what they share (base.py: the client, the ScriptRunner, caches).
+of that state. The Store itself is the data path (data_path.py: brokers' publishes,
+deliveries and settling, over base.py's client, ScriptRunner and caches); the rest are
+services with one job each, on the same client, runner and caches: `reads` (reads.py:
+stats, the scanner, wake-ups), `control` (control.py: the HTTP API, relay-admin, jobs),
+`expiry` (expiry.py: TTLs), `limits` (limits.py: depth limits), `history` (history.py:
+retention and replay), `dedup` (dedup.py: idempotent publish) and `ordering`
+(ordering.py: ordered delivery).
 """
 
+from typing import Any
+
 from relay.store.control import Control
+from relay.store.data_path import DataPath
 from relay.store.dedup import Dedup
+from relay.store.expiry import Expiry
 from relay.store.history import History
+from relay.store.limits import Limits
 from relay.store.ordering import Ordering
+from relay.store.reads import Reads
 
 
-class Store(Ordering, Dedup, History, Control):
+class Store(DataPath):
     """Typed access to relay's state in one Redis database; `redis` is its client."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reads = Reads.over(self)
+        self.control = Control.over(self)
+        self.expiry = Expiry.over(self)
+        self.limits = Limits.over(self)
+        self.history = History.over(self)
+        self.dedup = Dedup.over(self)
+        self.ordering = Ordering.over(self)

@@ -74,23 +74,23 @@ def subscribed(store, topic="t", channel="c", broker="b1"):
 
 def channel_state(store, channel="spark", topic="events") -> tuple:
     """(depth, in flight, timed out) of a channel."""
-    state = store.read_channel(topic, channel)
+    state = store.reads.read_channel(topic, channel)
     return state["depth"], state["in_flight_count"], state["timeout_count"]
 
 
 def parts_of(store, topic="t", channel="c", field="depth") -> list:
     """A figure of read_channel_parts (depth unless named) for each part of a channel."""
-    return [p[field] for p in store.read_channel_parts(topic, channel)]
+    return [p[field] for p in store.reads.read_channel_parts(topic, channel)]
 
 
 def ordered(store, topic="t", channel="c"):
     """An ordered channel (relay/store/ordering.py) with a consumer counted on broker b1."""
     subscribed(store, topic, channel)
-    assert store.set_ordered(topic, channel, True) == 0
+    assert store.ordering.set_ordered(topic, channel, True) == 0
     return store
 
 
 def publish_ordered(store, pairs, topic="t", defer_ms=0):
     """Publish (order key or None, body) pairs: one call per part."""
-    store.publish_keyed(topic, [body for _, body in pairs], None, defer_ms,
+    store.dedup.publish_keyed(topic, [body for _, body in pairs], None, defer_ms,
                         [key and key.encode() for key, _ in pairs])

@@ -52,8 +52,8 @@ class ControlsApi:
             ttl_ms = parsed_arg(request, "ttl", _at_least(0, parse_duration),
                                 "INVALID_ARG_TTL", None)
             _one_of(request, ttl_ms, "MISSING_ARG_TTL")
-            from_store(self.broker, lambda s: s.set_ttl(topic, channel, ttl_ms))
-        settings = from_store(self.broker, lambda s: s.ttl_settings(topic))
+            from_store(self.broker, lambda s: s.expiry.set_ttl(topic, channel, ttl_ms))
+        settings = from_store(self.broker, lambda s: s.expiry.ttl_settings(topic))
         return {"topic": topic, "ttl_ms": settings["ttl_ms"], "channels": [
             {"channel": name, **setting} for name, setting in settings["channels"].items()
             if channel in (None, name)]}
@@ -75,8 +75,8 @@ class ControlsApi:
                 raise HttpError(400, "INVALID_ARG_OFF")
             new = None if max_depth is None else Limit(max_depth, overflow or OVERFLOWS[0])
             _refused_if_ordered(lambda: from_store(
-                self.broker, lambda s: s.set_limit(topic, channel, new)))
-        return from_store(self.broker, lambda s: s.limit_report(topic, channel))
+                self.broker, lambda s: s.limits.set_limit(topic, channel, new)))
+        return from_store(self.broker, lambda s: s.limits.limit_report(topic, channel))
 
     def order(self, request: Request) -> dict:
         """A channel's ordered delivery, its keys out and the messages waiting behind
@@ -88,10 +88,10 @@ class ControlsApi:
             if not on:
                 existing_channel(self.broker, topic, channel)
             _refused_if_ordered(lambda: from_store(
-                self.broker, lambda s: s.set_ordered(topic, channel, on)))
+                self.broker, lambda s: s.ordering.set_ordered(topic, channel, on)))
         else:
             existing_channel(self.broker, topic, channel)
-        return from_store(self.broker, lambda s: s.order_report(topic, channel))
+        return from_store(self.broker, lambda s: s.ordering.order_report(topic, channel))
 
     def order_key(self, request: Request) -> dict:
         """A topic's rule for the order key of messages published without one; POST sets
@@ -107,9 +107,9 @@ class ControlsApi:
             if len(given) > 1:
                 raise HttpError(400, "INVALID_ARG_ORDER_KEY")
             _one_of(request, given[0] if given else None, "MISSING_ARG_ORDER_KEY")
-            from_store(self.broker, lambda s: s.set_order_rule(topic, given[0] if given
+            from_store(self.broker, lambda s: s.ordering.set_order_rule(topic, given[0] if given
                                                                else None))
-        rule = from_store(self.broker, lambda s: s.order_rule(topic))
+        rule = from_store(self.broker, lambda s: s.ordering.order_rule(topic))
         return {"topic": topic,
                 "order_key_rule": rule and {"kind": rule.kind, "value": rule.value}}
 
@@ -121,8 +121,8 @@ class ControlsApi:
             window_ms = parsed_arg(request, "window", _at_least(1, parse_duration),
                                    "INVALID_ARG_WINDOW", None)
             _one_of(request, window_ms, "MISSING_ARG_WINDOW")
-            from_store(self.broker, lambda s: s.set_dedup(topic, window_ms or 0))
-        return from_store(self.broker, lambda s: s.dedup_report(topic))
+            from_store(self.broker, lambda s: s.dedup.set_dedup(topic, window_ms or 0))
+        return from_store(self.broker, lambda s: s.dedup.dedup_report(topic))
 
 
 def _refused_if_ordered(change: Callable[[], object]) -> None:

@@ -35,9 +35,9 @@ class HistoryApi:
             max_bytes = parsed_arg(request, "max_bytes", parse_size, "INVALID_ARG_MAX_BYTES")
             if not off and not (time_ms or max_bytes):
                 raise HttpError(400, "MISSING_ARG_TIME")
-            from_store(self.broker, lambda s: s.set_retention(
+            from_store(self.broker, lambda s: s.history.set_retention(
                 topic, 0 if off else time_ms, 0 if off else max_bytes))
-        return from_store(self.broker, lambda s: s.retention_report(topic))
+        return from_store(self.broker, lambda s: s.history.retention_report(topic))
 
     def replay(self, request):
         """The retained messages from `since` (a duration), `from_time` (ISO 8601, or ms)
@@ -53,7 +53,7 @@ class HistoryApi:
             raise HttpError(400, "INVALID_ARG_FROM_ID")
         to_time = parsed_arg(request, "to_time", parse_moment, "INVALID_ARG_TO_TIME", None)
         try:
-            plan = from_store(self.broker, lambda s: s.plan_replay(
+            plan = from_store(self.broker, lambda s: s.history.plan_replay(
                 topic, s.now_ms() - since if since is not None else from_time, to_time,
                 from_id))
         except ReplayRefused as refused:
@@ -62,7 +62,7 @@ class HistoryApi:
 
     def create_from_start(self, topic: str, channel: str):
         """/channel/create?from=earliest: a new channel with everything the topic retains."""
-        plan = from_store(self.broker, lambda s: s.create_from_start(topic, channel))
+        plan = from_store(self.broker, lambda s: s.history.create_from_start(topic, channel))
         if plan is None:
             raise HttpError(400, "CHANNEL_EXISTS")
         return self.run(topic, channel, plan)

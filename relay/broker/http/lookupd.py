@@ -53,18 +53,18 @@ class LookupdApi:
     def lookup(self, request):
         """Every live broker but those tombstoned for the topic."""
         topic = existing_topic(self.broker, request.required("topic"))
-        channels = from_store(self.broker, lambda s: s.channel_names(topic))
+        channels = from_store(self.broker, lambda s: s.reads.channel_names(topic))
         brokers, tombstones = from_registry(
             self.broker, lambda r: (live_brokers(r), registry.tombstoned(r, [topic])[topic]))
         return {"channels": channels,
                 "producers": [_peer(b) for b in brokers if registry.node(b) not in tombstones]}
 
     def topics(self, request):
-        return {"topics": from_store(self.broker, lambda s: s.topic_names())}
+        return {"topics": from_store(self.broker, lambda s: s.reads.topic_names())}
 
     def channels(self, request):
         topic = request.required("topic")
-        return {"channels": from_store(self.broker, lambda s: s.channel_names(topic))}
+        return {"channels": from_store(self.broker, lambda s: s.reads.channel_names(topic))}
 
     def nodes(self, request):
         """Every live broker, tombstoned or not, with a tombstone flag per topic: one
@@ -72,7 +72,7 @@ class LookupdApi:
         return self.shared.read("nodes", self._nodes)
 
     def _nodes(self) -> Typed:
-        topics = from_store(self.broker, lambda s: s.topic_names())
+        topics = from_store(self.broker, lambda s: s.reads.topic_names())
         brokers, tombstones = from_registry(
             self.broker, lambda r: (live_brokers(r), registry.tombstoned(r, topics)))
         return Typed(json_bytes({"producers": [
@@ -85,7 +85,7 @@ class LookupdApi:
         topic = request.required("topic")
         if not is_valid_name(topic):
             raise HttpError(400, "INVALID_ARG_TOPIC")
-        from_store(self.broker, lambda s: s.create_topic(topic))
+        from_store(self.broker, lambda s: s.control.create_topic(topic))
 
     def topic_delete(self, request):
         """nsqlookupd forgets the topic and answers 200, known or not. relay's
@@ -111,13 +111,13 @@ class LookupdApi:
     def channel_create(self, request):
         """nsqlookupd registers the topic with its channel."""
         topic, channel = request.topic_channel()
-        from_store(self.broker, lambda s: (s.create_topic(topic), s.create_channel(topic, channel)))
+        from_store(self.broker, lambda s: (s.control.create_topic(topic), s.control.create_channel(topic, channel)))
 
     def channel_delete(self, request):
         """As nsqlookupd: 404 for a channel it does not know, else 200, the data left to
         the nsqd API's /channel/delete (see topic_delete)."""
         topic, channel = request.topic_channel()
-        if channel not in from_store(self.broker, lambda s: s.channel_names(topic)):
+        if channel not in from_store(self.broker, lambda s: s.reads.channel_names(topic)):
             raise HttpError(404, "CHANNEL_NOT_FOUND")
         self._deregister(topic, channel)
 

@@ -84,7 +84,7 @@ class NsqdApi:
         after a failed write: "NOK - " and why)."""
         try:
             self.broker.redis.ping()
-            refusal = self.broker.store.refusal()
+            refusal = self.broker.store.reads.refusal()
         except Exception as e:  # noqa: BLE001 - any failure is reported as unhealthy
             return f"NOK - {cause(e)}"
         return None if refusal is None else f"NOK - {refusal}"
@@ -201,7 +201,7 @@ class NsqdApi:
             raise
 
     def _create(self, request, topic: str) -> None:
-        self._publishing(request, topic, lambda: self.broker.store.create_topic(topic),
+        self._publishing(request, topic, lambda: self.broker.store.control.create_topic(topic),
                          before=True)
 
     def _publish(self, request, topic: str, bodies: list, defer: int = 0,
@@ -238,7 +238,7 @@ class NsqdApi:
 
     def topic_create(self, request):
         topic = request.topic()
-        from_store(self.broker, lambda s: s.create_topic(topic))
+        from_store(self.broker, lambda s: s.control.create_topic(topic))
 
     def topic_delete(self, request):
         """On a broker tombstoned for the topic (nsqadmin's "tombstone" sends this right
@@ -253,7 +253,7 @@ class NsqdApi:
                 if client.channel.topic == topic:
                     client.close()
             return
-        if not from_store(self.broker, lambda s: s.delete_topic(topic)) \
+        if not from_store(self.broker, lambda s: s.control.delete_topic(topic)) \
                 and not self._deregistered(topic, ""):
             raise HttpError(404, "TOPIC_NOT_FOUND")
 
@@ -270,11 +270,11 @@ class NsqdApi:
 
     def topic_empty(self, request):
         topic = existing_topic(self.broker, request.topic())
-        from_store(self.broker, lambda s: s.empty_topic(topic))
+        from_store(self.broker, lambda s: s.control.empty_topic(topic))
 
     def topic_pause(self, request):
         topic = existing_topic(self.broker, request.required("topic"))
-        from_store(self.broker, lambda s: s.pause_topic(topic, _pausing(request)))
+        from_store(self.broker, lambda s: s.control.pause_topic(topic, _pausing(request)))
 
     def channel_create(self, request):
         """from=earliest (relay's): a new channel with everything the topic retains."""
@@ -285,22 +285,22 @@ class NsqdApi:
             raise HttpError(400, "INVALID_ARG_FROM")
         if start == "earliest":
             return HistoryApi(self.broker).create_from_start(topic, channel)
-        from_store(self.broker, lambda s: s.create_channel(topic, channel))
+        from_store(self.broker, lambda s: s.control.create_channel(topic, channel))
 
     def channel_delete(self, request):
         topic, channel = request.topic_channel()
         existing_topic(self.broker, topic)
-        if not from_store(self.broker, lambda s: s.delete_channel(topic, channel)) \
+        if not from_store(self.broker, lambda s: s.control.delete_channel(topic, channel)) \
                 and not self._deregistered(topic, channel):
             raise HttpError(404, "CHANNEL_NOT_FOUND")
 
     def channel_empty(self, request):
         topic, channel = self._existing_channel(request)
-        from_store(self.broker, lambda s: s.empty_channel(topic, channel))
+        from_store(self.broker, lambda s: s.control.empty_channel(topic, channel))
 
     def channel_pause(self, request):
         topic, channel = self._existing_channel(request)
-        from_store(self.broker, lambda s: s.pause_channel(topic, channel, _pausing(request)))
+        from_store(self.broker, lambda s: s.control.pause_channel(topic, channel, _pausing(request)))
 
     def _existing_channel(self, request) -> tuple[str, str]:
         topic, channel = request.topic_channel()

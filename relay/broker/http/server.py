@@ -174,7 +174,7 @@ def parsed_arg(request: Request, name: str, parse: Callable, invalid: str, defau
 
 def existing_topic(broker, topic: str) -> str:
     """The topic, or 404 TOPIC_NOT_FOUND: nsqd and nsqlookupd answer only for known topics."""
-    if topic not in from_store(broker, lambda s: s.topic_names()):
+    if topic not in from_store(broker, lambda s: s.reads.topic_names()):
         raise HttpError(404, "TOPIC_NOT_FOUND")
     return topic
 
@@ -182,7 +182,7 @@ def existing_topic(broker, topic: str) -> str:
 def existing_channel(broker, topic: str, channel: str) -> None:
     """404 TOPIC_NOT_FOUND or CHANNEL_NOT_FOUND unless both are known."""
     existing_topic(broker, topic)
-    if channel not in from_store(broker, lambda s: s.channel_names(topic)):
+    if channel not in from_store(broker, lambda s: s.reads.channel_names(topic)):
         raise HttpError(404, "CHANNEL_NOT_FOUND")
 
 

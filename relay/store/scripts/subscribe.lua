@@ -11,7 +11,8 @@
 -- KEYS[13] the part's publishing hash (staged publishes whose steps are under way)
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] broker id
 -- ARGV[3] the node keys' prefix (lib/node.lua)
--- Returns {1 if the channel was created else 0, its incarnation, its empties, the cut}:
+-- Returns {1 if the channel was created else 0, its incarnation, its empties, the cut,
+-- the number of channels (a publish to many goes wide: lib/wide.lua)}:
 -- the cut is the count of the last message published before this call that is not in
 -- the backlog (a channel created from the beginning replays the history up to it; the
 -- ids a staged publish reserved but has not published yet come after it: its steps
@@ -49,7 +50,8 @@ if backlog_head then
   cut = math.min(cut, tonumber(string.sub(record_id(backlog_head), 5), 16) - 1)
 end
 local reply = {created, tonumber(incarnation),
-               tonumber(redis.call('HGET', channel_meta, 'empties') or '0'), cut}
+               tonumber(redis.call('HGET', channel_meta, 'empties') or '0'), cut,
+               redis.call('SCARD', channels)}
 if created == 0 or redis.call('SCARD', channels) > 1
     or redis.call('HEXISTS', topic_meta, 'paused') == 1 then
   return reply
