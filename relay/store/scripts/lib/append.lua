@@ -68,7 +68,7 @@ local function append(p, first, bodies, timestamp, part, order_keys)
   local ids, records, counts, bytes = {}, {}, {}, 0
   for i, body in ipairs(bodies) do
     local count = first + i - 1
-    ids[i] = string.format('%04x%012x', part, count)
+    ids[i] = message_id(part, count)
     records[i] = new_record(timestamp, ids[i], body, count)
     counts[i] = count
     bytes = bytes + #body

@@ -1,8 +1,8 @@
 -- record.lua provides the stored record's layout (relay/codec.py) as positions in a
 -- Lua string (from 1): [8-byte ns timestamp, top bit set][2-byte big-endian attempts]
 -- [body][16-byte hex id][the id's last byte value], and record_id(), record_attempts(),
--- with_attempts(), new_record() and timestamp_ms(). The id goes last because Lua hashes
--- a long string from bytes sampled from its end (relay/codec.py).
+-- with_attempts(), message_id(), new_record() and timestamp_ms(). The id goes last
+-- because Lua hashes a long string from bytes sampled from its end (relay/codec.py).
 -- tests/test_store.py checks them against relay/codec.py.
 local RECORD_ATTEMPTS = 9   -- the attempts' first byte
 local NO_ATTEMPTS = string.char(0, 0)
@@ -20,6 +20,11 @@ local function with_attempts(record, attempts)
   return string.sub(record, 1, RECORD_ATTEMPTS - 1)
       .. string.char(math.floor(attempts / 256), attempts % 256)
       .. string.sub(record, RECORD_ATTEMPTS + 2)
+end
+
+-- A message's id: its part's number in 4 hex digits, then the topic's count in 12.
+local function message_id(part, count)
+  return string.format('%04x%012x', part, count)
 end
 
 -- a record never delivered; `timestamp` is the 8-byte timestamp the Store packed

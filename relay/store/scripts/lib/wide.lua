@@ -37,7 +37,7 @@ local function wide_start(m, snapshot, stage, part)
   local p = publishing(nil)
   if p.history then
     local size = p.history.size
-    local record = new_record(m.timestamp, string.format('%04x%012x', part, m.next), body, m.next)
+    local record = new_record(m.timestamp, message_id(part, m.next), body, m.next)
     local added = retain(KEYS[8], p.history, m.timestamp, {record}, {m.next})
     trim_history(KEYS[8], p.history, now_ms(), TRIM_ENTRIES + added,
                  TRIM_BYTES + p.history.size - size,
@@ -66,7 +66,7 @@ end
 
 -- Message m.next queued (or deferred to m.due) in the named channels still in the topic.
 local function wide_append(m, body, part, node)
-  local id = string.format('%04x%012x', part, m.next)
+  local id = message_id(part, m.next)
   local record = new_record(m.timestamp, id, body, m.next)
   for c = 1, N_CHANNELS do
     if redis.call('SISMEMBER', KEYS[3], channel_name(c)) == 1 then
