@@ -66,7 +66,9 @@ def test_defer_bound_follows_max_req_timeout_when_unset(processes):
 def test_req_keeps_its_own_bound(api):
     """REQ 4000 is clamped to --max-req-timeout (1 s), not to the defer bound."""
     w = subscribed(api.tcp_port, "r", "c", rdy=1)
-    assert w.pub("r", b"again") == OK
+    producer = Wire(api.tcp_port)   # on w, the message may come before the PUB's OK
+    assert producer.pub("r", b"again") == OK
+    producer.close()
     _, attempts, msg_id, body = w.message()
     assert (attempts, body) == (1, b"again")
     w.command(b"REQ " + msg_id + b" 4000")
