@@ -535,9 +535,8 @@ def test_each_call_of_a_staged_op_has_the_patience(fake_store):
     try:
         op = fake_store.publish_op("t", [b"x"] * 20_000)
         assert op.calls == 4     # 3 stage calls of 9,997 bodies at most, and the commit
-        staged = commit.submit(op, since=time.monotonic() - 0.3)
+        staged = commit.submit(op, since=time.monotonic() - 0.3)    # past one call's 0.2 s
         assert staged.get() == 20_000
-        assert staged.patience == pytest.approx(0.2 * 4)
     finally:
         commit.stop()
 

@@ -266,9 +266,16 @@ class Batchers:
             "finish": Items(store, FINISH_HEAD, 2), "requeue": Items(store, 3, 3),
             "touch": Items(store, 0, 3), "publish": Publish(store), "stage": Stage(store),
             "publish_commit": Commit(store), "publish_step": Step(store)}
+        self.staged = {script: self.by_script[script]
+                       for script in ("stage", "publish_commit", "publish_step")}
 
     def of(self, op: Op) -> Batcher:
         return self.by_script.get(op.script, self.default)
+
+    def goes_on(self, op: Op) -> bool:
+        """Whether a call may go on after `op`: a staged publish's (Batcher.goes_on)."""
+        staged = self.staged.get(op.script)
+        return staged is not None and staged.goes_on(op)
 
     def calls(self, ops: list[Op], orders: list | None = None) -> list["Call"]:
         """The calls that do the ops' work: ops of one merge key in one call, then

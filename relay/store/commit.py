@@ -8,7 +8,7 @@ script call, small publishes to one part into one, FINs folded into the deliver 
 their channel that follows them, and those left of one part's channels merged into
 finish_many calls.
 
-A broker's commit is patient for --redis-timeout per op (Bounded): a client's PUB is
+A broker's commit is patient for --redis-timeout per op (_Queued.give_up): a PUB is
 answered within it however long the lane's pipelines wait for an unreachable Redis.
 """
 
@@ -29,79 +29,41 @@ from relay.store.runner import Continued, Op
 from relay.store.store import Store
 
 log = logging.getLogger("relay.commit")
+INFINITY = float("inf")
 
 
 class _Queued:
     """An op in a lane, and its result; `sent` once a pipeline took it: from then on
     Redis may run it, whether or not an answer comes back. `step`: the next call of a
-    staged publish under way."""
+    staged publish under way. `expires`: when its waiter stops waiting (monotonic; None:
+    never), which its lane keeps (_Lane.expire)."""
 
-    __slots__ = ("op", "result", "order", "step", "sent")
+    __slots__ = ("op", "result", "order", "step", "sent", "expires", "patience")
 
     def __init__(self, op: Op, result: "AsyncResult[Any]", order: int | None,
-                 step: bool = False) -> None:
+                 step: bool = False, expires: float | None = None,
+                 patience: float = 0.0) -> None:
         self.op = op
         self.result = result
         self.order = order
         self.step = step
         self.sent = False
-
-
-class Bounded:
-    """An op's result that its waiter stops waiting for at the op's deadline (kept by
-    Deadlines, for a gevent Timeout per wait cost more than the wait). get() then
-    fails: with StoreConnectionError if the lane had not sent the op yet (it skips it: it
-    never runs), else with NoAnswer (Redis may still run it). Without it, an op queued
-    behind a pipeline that waits out its socket timeout (a partition from Redis) would
-    wait that timeout again for its own."""
-
-    __slots__ = ("queued", "expires", "patience", "deadlines")
-
-    def __init__(self, queued: _Queued, patience: float, since: float,
-                 deadlines: Deadlines) -> None:
-        self.queued = queued
+        self.expires = expires
         self.patience = patience
-        self.expires = since + patience
-        self.deadlines = deadlines
 
-    def get(self) -> Any:
-        result = self.queued.result
-        if not result.ready():
-            if time.monotonic() >= self.expires:
-                self.expire()
-            else:
-                self.deadlines.watch(self)
-                try:
-                    result.wait()
-                finally:
-                    self.deadlines.unwatch(self)
-        return result.get()
-
-    def when_ready(self, callback: Callable[[], None]) -> None:
-        """callback() once the result is ready, or failed at the op's deadline, instead
-        of a wait: it runs in the hub, so it must never wait itself."""
-        if time.monotonic() >= self.expires:
-            self.expire()
-        else:
-            self.deadlines.watch(self)
-
-        def ready(_: Any) -> None:
-            self.deadlines.unwatch(self)
-            callback()
-        self.queued.result.rawlink(ready)
-
-    def expire(self) -> None:
-        """Fail the result (its waiter raises the error), unless it came meanwhile."""
-        if self.queued.result.ready():
-            return
+    def give_up(self) -> None:
+        """Fail the result at its deadline: StoreConnectionError if no pipeline took it
+        yet (its lane then skips it: it never runs), else NoAnswer (Redis may still run
+        it). Without it, an op queued behind a pipeline that waits out its socket timeout
+        (a partition from Redis) would wait that timeout again for its own."""
         waited = f"no answer from redis within {self.patience * 1000:.0f}ms"
-        self.queued.result.set_exception(NoAnswer(waited) if self.queued.sent else
-                                         StoreConnectionError(waited + " (not sent)"))
+        self.result.set_exception(NoAnswer(waited) if self.sent else
+                                  StoreConnectionError(waited + " (not sent)"))
 
 
 class Submitted(Protocol):
-    """What submit hands back (a gevent AsyncResult, or Bounded): get() waits for the op's
-    parsed result, or raises its error. (gevent's stubs type AsyncResult.get() as maybe None, for
+    """What submit hands back (a gevent AsyncResult): get() waits for the op's parsed
+    result, or raises its error (at the op's deadline, its lane's doing). (gevent's stubs type AsyncResult.get() as maybe None, for
     a result set without a value; a lane sets each op's.)"""
 
     def get(self) -> Any: ...
@@ -149,16 +111,16 @@ class GroupCommit:
                  patience: float | None = None,
                  deadlines: Deadlines | None = None) -> None:
         """`observe(seconds)` is told the time of each pipeline round trip; `patience`:
-        the seconds an op's result is waited for at most (see Bounded), None: no bound;
+        the seconds an op's result is waited for at most (_Queued.give_up), None: no bound;
         `deadlines`: who keeps them (the broker's)."""
         stores = [store] + [store.sibling() for _ in range(lanes - 1)]
         self.quiet = False    # a stopping broker's: its stop says in one line what failed
         self.calls: Counter[str] = Counter()    # script calls sent, by script (/metrics)
         self._on: dict[int, list[int]] = {}     # order -> [its lane, its ops there]
-        self.lanes = [_Lane(s, max_batch, observe, lambda: self.quiet, self.calls,
-                            self._settled) for s in stores]
         self.patience = patience
         self.deadlines = Deadlines() if deadlines is None else deadlines
+        self.lanes = [_Lane(s, max_batch, observe, lambda: self.quiet, self.calls,
+                            self._settled, self.deadlines) for s in stores]
 
     def submit(self, op: Op, order: int | None = None,
                since: float | None = None) -> Submitted:
@@ -166,11 +128,12 @@ class GroupCommit:
         the op is known to make (op.calls: a big MPUB's stage calls and commit) has the
         patience: a 5 MB MPUB may take that much longer, and still gets an answer in
         bounded time."""
-        queued = self.lanes[self._lane_index(op, order)].submit(op, order)
+        lane = self.lanes[self._lane_index(op, order)]
         if self.patience is None:
-            return queued.result
-        return Bounded(queued, self.patience * op.calls,
-                       time.monotonic() if since is None else since, self.deadlines)
+            return lane.submit(op, order).result
+        patience = self.patience * op.calls
+        expires = (time.monotonic() if since is None else since) + patience
+        return lane.submit(op, order, expires, patience).result
 
     def _lane_index(self, op: Op, order: int | None) -> int:
         """The op's lane: its own lane key's, else its order's; but while ops of its
@@ -220,13 +183,17 @@ class GroupCommit:
 class _Lane:
     """Sends what is queued, a pipeline at a time. A staged publish goes on a step per
     pipeline, beside the others' ops, so it holds up no one but the later ops of its
-    own order (they wait for its last step, so a connection's publishes stay in order)."""
+    own order (they wait for its last step, so a connection's publishes stay in order).
+
+    It keeps its ops' deadlines itself (expire), watched by the broker's Deadlines at
+    the earliest: one watch a lane, not one an op, which cost a PUB more than its wait."""
 
     def __init__(self, store: Store, max_batch: int,
                  observe: Callable[[float], object] | None = None,
                  quiet: Callable[[], bool] = lambda: False,
                  calls: "Counter[str] | None" = None,
-                 settled: Callable[[int | None], None] = lambda order: None) -> None:
+                 settled: Callable[[int | None], None] = lambda order: None,
+                 deadlines: Deadlines | None = None) -> None:
         self.store = store
         self.batchers = store.runner.batchers
         self.calls = Counter() if calls is None else calls
@@ -235,15 +202,46 @@ class _Lane:
         self.max_batch = max_batch
         self.observe = observe
         self._queue: deque[_Queued] = deque()
+        self._running: list[_Queued] = []           # the pipeline in flight
         self._stepping: set[int | None] = set()     # orders whose staged publish is under way
         self._ready = Event()
+        self.deadlines = Deadlines() if deadlines is None else deadlines
+        store.runner.deadlines = self.deadlines     # its connection's reads (resp.Replies)
+        self.expires = INFINITY     # the deadline it is watched at (none: not watched)
         self.greenlet = gevent.spawn(self._loop)
 
-    def submit(self, op: Op, order: int | None = None) -> _Queued:
-        queued = _Queued(op, AsyncResult(), order)
+    def submit(self, op: Op, order: int | None = None, expires: float | None = None,
+               patience: float = 0.0) -> _Queued:
+        """`expires`: the op's deadline (monotonic), `patience` its length."""
+        queued = _Queued(op, AsyncResult(), order, expires=expires, patience=patience)
         self._queue.append(queued)
         self._ready.set()
+        if expires is not None and expires < self.expires:
+            if expires <= time.monotonic():
+                queued.give_up()    # its lane skips it
+            else:
+                self._watch(expires)
         return queued
+
+    def _watch(self, expires: float) -> None:
+        self.deadlines.unwatch(self)
+        self.expires = expires
+        self.deadlines.watch(self)
+
+    def expire(self) -> None:
+        """The earliest deadline came (Deadlines): fail each op past its own, then watch
+        for the next one's."""
+        now, earliest = time.monotonic(), INFINITY
+        self.expires = INFINITY
+        for item in (*self._running, *self._queue):
+            if item.expires is None or item.result.ready():
+                continue
+            if item.expires <= now:
+                item.give_up()
+            elif item.expires < earliest:
+                earliest = item.expires
+        if earliest < INFINITY:
+            self._watch(earliest)
 
     def _loop(self) -> None:
         """It waits for nothing to fill a batch: what queued while the last pipeline was
@@ -257,8 +255,8 @@ class _Lane:
                 self._run(batch)
 
     def _next_batch(self) -> list[_Queued]:
-        """Up to max_batch queued ops, in order, less those whose waiter gave up on them
-        (Bounded: never sent) and those held behind a staged publish of their order."""
+        """Up to max_batch queued ops, in order, less those given up on (_Queued.give_up:
+        they never run) and those held behind a staged publish of their order."""
         batch: list[_Queued] = []
         held: list[_Queued] = []
         while self._queue and len(batch) < self.max_batch:
@@ -272,12 +270,20 @@ class _Lane:
             else:
                 item.sent = True
                 batch.append(item)
-                if item.order is not None and self.batchers.of(item.op).goes_on(item.op):
+                if item.order is not None and self.batchers.goes_on(item.op):
                     self._stepping.add(item.order)  # a staged publish: it may go on
         self._queue.extendleft(reversed(held))
         return batch
 
     def _run(self, batch: list[_Queued]) -> None:
+        self._running = batch
+        try:
+            self._answer(batch, self._call(batch))
+        finally:
+            self._running = []
+
+    def _call(self, batch: list[_Queued]) -> list:
+        """The pipeline of the batch's calls: each op's value, or its error."""
         calls = self.batchers.calls([item.op for item in batch],
                                     [item.order for item in batch])
         self.calls.update(call.op.script for call in calls)
@@ -298,13 +304,17 @@ class _Lane:
         except Exception as e:  # never let one batch stop the lane
             log.exception("pipeline failed")
             results = [OutcomeUnknown(f"pipeline failed: {e!r}")] * len(calls)
+        return answers(calls, results, len(batch))
+
+    def _answer(self, batch: list[_Queued], values: list) -> None:
         going_on = []
-        for value, item in zip(answers(calls, results, len(batch)), batch):
+        for value, item in zip(values, batch):
             result = item.result
             if isinstance(value, Continued):
-                going_on.append(_Queued(value.op, result, item.order, True))
+                going_on.append(_Queued(value.op, result, item.order, True, item.expires,
+                                        item.patience))
                 continue
-            if self.batchers.of(item.op).goes_on(item.op):
+            if self.batchers.goes_on(item.op):
                 self._stepping.discard(item.order)
             self.settled(item.order)
             if result.ready():

@@ -25,13 +25,12 @@ class Pending:
         self.result = result
         self.finish = finish
 
-    def when_ready(self, callback: Callable[[], None]) -> bool:
-        """callback() from the hub once resolve() would not wait (Bounded.when_ready);
-        False if the result cannot say (a keyed publish's several calls): wait for it."""
-        when_ready = getattr(self.result, "when_ready", None)
-        if when_ready is None:
+    def when_ready(self, callback: Callable[[Any], None]) -> bool:
+        """callback(result) from the hub once resolve() would not wait; False if the
+        result cannot say (a keyed publish's several calls): wait for it."""
+        if not isinstance(self.result, AsyncResult):
             return False
-        when_ready(callback)
+        self.result.rawlink(callback)
         return True
 
     def resolve(self) -> bytes | None:
@@ -58,20 +57,22 @@ class Settled:
         self.ids = ids
         self.took = took
 
-    def when_ready(self, callback: Callable[[], None]) -> bool:
-        """callback() from the hub once errors() would not wait, as Pending.when_ready."""
-        waits = [wait for result, _ in self.calls
-                 if (wait := getattr(result, "when_ready", None)) is not None]
-        if len(waits) < len(self.calls):
+    def when_ready(self, callback: Callable[[Any], None]) -> bool:
+        """callback(result) from the hub once errors() would not wait, as
+        Pending.when_ready."""
+        if not all(isinstance(result, AsyncResult) for result, _ in self.calls):
             return False
-        left = [len(waits)]
+        if len(self.calls) == 1:
+            self.calls[0][0].rawlink(callback)
+            return True
+        left = [len(self.calls)]
 
-        def one() -> None:
+        def one(result: Any) -> None:
             left[0] -= 1
             if left[0] == 0:
-                callback()
-        for wait in waits:
-            wait(one)
+                callback(result)
+        for result, _ in self.calls:
+            result.rawlink(one)
         return True
 
     def errors(self) -> list[ClientError]:

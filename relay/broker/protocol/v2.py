@@ -107,7 +107,7 @@ class ProtocolV2:
         sends one at a time. False where the result cannot say when (then the reader
         writes it, waiting)."""
         client.answered.clear()
-        if reply.when_ready(lambda: self._answer(client, reply)):
+        if reply.when_ready(lambda _: self._answer(client, reply)):
             return True
         client.answered.set()
         return False
