@@ -1,13 +1,17 @@
 """relay/store/resp.py: the group commit's RESP packs and reads as redis-py does."""
 
 import socket
+import time
 from types import SimpleNamespace
 
+import gevent
+import gevent.socket
 import pytest
 import redis
 from redis.exceptions import (BusyLoadingError, ConnectionError, DataError, NoScriptError,
                               ResponseError, TimeoutError)
 
+from relay.deadlines import Deadlines
 from relay.store.resp import Replies, pack
 
 COMMANDS = [("EVALSHA", "ab" * 20, 2, "k1", b"k2", b"\x00\xffbody", 0, -3, 10**20, 1.5),
@@ -73,6 +77,28 @@ def test_a_lost_or_silent_connection_raises_as_redis_py_does(wire):
     peer.close()
     with pytest.raises(ConnectionError, match="^Connection closed by server.$"):
         replies.read(1)
+
+
+def test_given_deadlines_a_read_waits_for_the_socket_and_they_keep_its_timeout():
+    """The group commit's reads (a broker's): the socket's own timeout (2 s here) is not
+    what ends a read, the connection's socket_timeout kept by Deadlines is."""
+    ours, peer = gevent.socket.socketpair()
+    ours.settimeout(2.0)
+    conn = SimpleNamespace(_sock=ours, socket_timeout=0.3, encoder=SimpleNamespace(
+        encoding="utf-8", encoding_errors="strict", decode_responses=False))
+    replies = Replies(conn, Deadlines())  # type: ignore[arg-type]
+    try:
+        gevent.spawn_later(0.05, peer.sendall, b":1\r\n")
+        assert replies.read(1) == [1]
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="^Timeout reading from socket$"):
+            replies.read(1)
+        assert 0.29 < time.monotonic() - started < 0.3 + Deadlines.TICK + 0.1
+        peer.sendall(b":2\r\n")
+        assert replies.read(1) == [2]
+    finally:
+        ours.close()
+        peer.close()
 
 
 def test_an_unusable_connection_inside_an_array_raises(wire):

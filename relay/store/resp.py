@@ -13,15 +13,21 @@ connection raises redis' ConnectionError or TimeoutError with redis-py's texts.
 """
 
 import socket
+import time
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Sequence, cast
 
+import gevent
+import gevent.socket
+import greenlet
 import hiredis
 from redis._parsers.base import BaseParser
 from redis.exceptions import ConnectionError, DataError, InvalidResponse, TimeoutError
 
 if TYPE_CHECKING:
     from redis.connection import AbstractConnection
+
+    from relay.deadlines import Deadlines
 
 READ_SIZE = 65536       # redis-py's socket_read_size
 NOT_ENOUGH_DATA = object()
@@ -59,9 +65,14 @@ class Errors:
 class Replies:
     """The replies of a connection's pipelines, read from its socket. Made after each
     connect: a reader left with part of a reply from a lost connection is dropped with
-    it."""
+    it.
 
-    def __init__(self, conn: "AbstractConnection") -> None:
+    Given `deadlines` (a broker's), a read waits for the socket to be readable first,
+    its socket timeout kept by them (expire): not a read that finds nothing, an
+    exception and a gevent Timeout (a libev timer started and stopped) per reply
+    awaited, which cost a one-message command more than the rest of its read."""
+
+    def __init__(self, conn: "AbstractConnection", deadlines: "Deadlines | None" = None) -> None:
         self.errors = Errors()
         encoder = getattr(conn, "encoder")
         options: dict[str, Any] = {
@@ -72,6 +83,12 @@ class Replies:
         self.reader = hiredis.Reader(**options)
         self.sock = getattr(conn, "_sock")
         self.buffer = bytearray(READ_SIZE)
+        self.timeout: float | None = getattr(conn, "socket_timeout", None)
+        # a plain gevent socket only: a TLS one may hold decrypted bytes already
+        plain = type(self.sock) is gevent.socket.socket
+        self.deadlines = deadlines if plain and self.timeout else None
+        self.expires = float("inf")
+        self._reading: "greenlet.greenlet | None" = None     # while it waits to read
 
     def read(self, count: int) -> list:
         """The next `count` replies; an error reply is its exception, as a value. A
@@ -97,6 +114,8 @@ class Replies:
 
     def _fill(self) -> None:
         try:
+            if self.deadlines is not None:
+                self._wait_readable(self.deadlines)
             size = self.sock.recv_into(self.buffer)
         except socket.timeout:
             raise TimeoutError("Timeout reading from socket") from None
@@ -105,3 +124,22 @@ class Replies:
         if size == 0:
             raise ConnectionError("Connection closed by server.")
         self.reader.feed(cast(bytes, self.buffer), 0, size)    # it reads any buffer
+
+    def _wait_readable(self, deadlines: "Deadlines") -> None:
+        self.expires = time.monotonic() + cast(float, self.timeout)
+        self._reading = greenlet.getcurrent()
+        deadlines.watch(self)
+        try:
+            self.sock.hub.wait(getattr(self.sock, "_read_event"))
+        finally:
+            self._reading = None
+            deadlines.unwatch(self)
+
+    def expire(self) -> None:
+        """The socket timeout passed (Deadlines): the wait raises socket.timeout, thrown
+        from the hub, where nothing runs between the check and the throw."""
+        gevent.get_hub().loop.run_callback(self._time_out)
+
+    def _time_out(self) -> None:
+        if self._reading is not None and time.monotonic() >= self.expires:
+            self._reading.throw(socket.timeout("timed out"))

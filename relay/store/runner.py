@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
     from redis.connection import AbstractConnection
 
+    from relay.deadlines import Deadlines
     from relay.store.batchers import Batchers
 
 # scripts acknowledged only once replicas hold their writes
@@ -206,6 +207,9 @@ class ScriptRunner:
         self.wait_timeout = wait_timeout
         self.wait_command: tuple[Any, ...] | None = None
         self.batchers = batchers
+        # who keeps the read deadlines of its dedicated connection (a broker's group
+        # commit: resp.Replies), else its socket timeout does
+        self.deadlines: "Deadlines | None" = None
 
     def load_scripts(self) -> None:
         if self.sharded is None:
@@ -411,7 +415,7 @@ class ScriptRunner:
         try:
             if conn._sock is None or self._replies is None:
                 conn.connect()
-                self._replies = Replies(conn)
+                self._replies = Replies(conn, self.deadlines)
             try:
                 self._write(conn, commands)
             except OSError as e:
