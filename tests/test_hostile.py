@@ -426,6 +426,18 @@ def test_a_command_must_arrive_within_two_heartbeats(processes):
     assert closed_at is not None and 1.9 < closed_at < 3.0, closed_at
 
 
+def test_a_publisher_silent_after_its_ok_is_closed_after_two_heartbeats(processes):
+    """Once all a client sent is answered later (a PUB), its next read waits for the
+    socket first (Plain.recv_when_readable): the read deadline ends that wait too."""
+    _, port = processes.broker()
+    w = Wire(port)
+    assert w.identify(heartbeat_interval=1000)[0] == FRAME_RESPONSE
+    assert w.pub("t", b"x") == (FRAME_RESPONSE, b"OK")
+    started = time.monotonic()
+    assert w.closed(timeout=4.0)     # its heartbeats unanswered
+    assert 1.4 < time.monotonic() - started < 3.0, time.monotonic() - started
+
+
 def test_identify_names_are_capped(processes, redis_url):
     """20 connections with a 5 MB user_agent made a 105 MB registry key."""
     _, port = processes.broker()

@@ -15,6 +15,7 @@ cannot become 32 MB in memory or seconds of work before anything else runs.
 import ssl
 import zlib
 
+import gevent.socket
 import snappy
 
 from relay.errors import ConfigError, FatalClientError, RelayError
@@ -39,6 +40,15 @@ class Plain:
         if not data:
             raise EOFError
         return data
+
+    def recv_when_readable(self, n: int) -> bytes:
+        """recv for a reader that expects nothing yet (its client waits for an answer):
+        the socket is waited on first, so no read finds nothing, which costs gevent a
+        syscall and an exception. A TLS socket may hold decrypted bytes: read at once."""
+        event = getattr(self.sock, "_read_event", None)
+        if type(self.sock) is gevent.socket.socket and event is not None:
+            self.sock._wait(event)
+        return self.recv(n)
 
     def send(self, data: bytes) -> None:
         send_all(self.sock, data)

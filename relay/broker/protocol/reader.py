@@ -10,6 +10,7 @@ import greenlet
 
 from relay import codec
 from relay.broker.client import Client
+from relay.broker.transport import Plain
 from relay.deadlines import Deadlines
 from relay.errors import Disconnect
 from relay.sockio import Turns
@@ -46,6 +47,9 @@ class Reader:
         self.deadline: float | None = None
         self.turns = Turns()
         self._reading: "greenlet.greenlet | None" = None     # while it waits in recv
+        # the client waits for an answer to all it sent (ProtocolV2.io_loop): the next
+        # read waits until there is something to read (Plain.recv_when_readable)
+        self.answer_awaited = False
 
     def take_turn(self) -> None:
         """Let the broker's other greenlets run if this connection has run long (Turns)."""
@@ -84,8 +88,10 @@ class Reader:
         self.deadline = later
 
     def _fill(self) -> None:
-        """Read more; a client that drips a command slower than its deadline times out."""
-        self.take_turn()
+        """Read more; a client that drips a command slower than its deadline times out.
+        A read that waits for the socket gives the others their turn."""
+        if not self.answer_awaited:
+            self.take_turn()
         while True:
             now = time.monotonic()
             if self.deadline is not None and self.deadline <= now:
@@ -101,13 +107,19 @@ class Reader:
     def _recv(self) -> bytes:
         """A read of the transport, which the broker's Deadlines end at the deadline (the
         socket's own timeout stays for writes: Client.send)."""
-        self.client.sock.settimeout(None)
+        if self.client.sock.timeout is not None:
+            self.client.sock.settimeout(None)
+        transport = self.client.transport
+        recv = transport.recv
+        if self.answer_awaited and type(transport) is Plain:
+            recv = transport.recv_when_readable
+        self.answer_awaited = False
         if self.deadline is None:
-            return self.client.transport.recv(self.CHUNK)
+            return recv(self.CHUNK)
         self._reading = greenlet.getcurrent()
         self.deadlines.watch(self)
         try:
-            return self.client.transport.recv(self.CHUNK)
+            return recv(self.CHUNK)
         finally:
             self._reading = None
             self.deadlines.unwatch(self)

@@ -80,8 +80,9 @@ class ProtocolV2:
                 if (reader.buffered or client.writing or client.replies.qsize()
                         or not client.answered.is_set()):
                     client.replies.put(reply)
-                elif not (isinstance(reply, (Pending, Settled))
-                          and self._answer_later(client, reply)):
+                elif isinstance(reply, (Pending, Settled)) and self._answer_later(client, reply):
+                    reader.answer_awaited = True    # all it sent is read: it waits
+                else:
                     self._write(client, reply)  # nothing before it: no hop to the writer
 
     def write_replies(self, client: Client) -> None:
