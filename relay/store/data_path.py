@@ -91,7 +91,6 @@ class DataPath(StoreBase):
         if index is None:
             index = next(self._turns) % count if count > 1 else 0
         part = self.part(topic, index)
-        t = TopicKeys.of(part)
         ts = stored_timestamp(timestamp_ns or time.time_ns())
         pre = self._register(topic, count)
         group = (bodies, publish_keys, pre, order_keys)
@@ -102,7 +101,7 @@ class DataPath(StoreBase):
         if keyed or (len(bodies) <= INLINE_BODIES and not wide):
             return self.inline_publish_op(part, index, ts, defer_ms, [group])
         token = secrets.token_hex(8)
-        stage = keys.staging_key(part, token)
+        stage, t = keys.staging_key(part, token), TopicKeys.of(part)
         commit = self._fanout_op("publish_commit", part,
                                  [*_topic_keys(t), stage, t.publishing, keys.snapshot_key(stage)],
                                  [ts, defer_ms, len(bodies), token, index,
