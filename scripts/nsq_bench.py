@@ -21,6 +21,9 @@ Workloads (-size 200, topic t, channel c; PORT the broker's TCP port, N --second
             Not bench_reader -rdy 1: v1.3.0's bench_reader (one connection per GOMAXPROCS)
             flushes its FINs only once msgCount % rdy > 0.75 * rdy, which never happens
             below -rdy 5, so at RDY 1 it gets one message per connection and stalls.
+    http1   wrk -t2 -c16 -d Ns -s POST.lua http://127.0.0.1:HTTP/pub?topic=t  (keep-alive,
+                a body of 200 B a request; wrk from Debian's package, a tool for measuring
+                only); the rate is wrk's requests/s, and a run with non-2xx answers fails
     e2e     channel c made, then at once
                 GOMAXPROCS=2 bench_reader ... -channel c -runfor Ns -size 200 -rdy 2500
                 GOMAXPROCS=2 bench_writer ... -runfor Ns -size 200 -batch-size 200
@@ -31,7 +34,7 @@ Messages = rate x --seconds (rdy1: the count). --workers N is the relay broker's
 relay's scripts and of plain Redis (scripts/ceiling.py, as scripts/bench.py measures them),
 at the top of FILE (BENCHMARKS.md), in place of the one an earlier --write put there.
 
-    .venv/bin/python -m scripts.nsq_bench [--workloads pub1 pub200 rdy1 e2e] [--runs 3]
+    .venv/bin/python -m scripts.nsq_bench [--workloads pub1 pub200 rdy1 http1 e2e] [--runs 3]
         [--seconds 5] [--before REV] [--workers 1] [--json] [--write BENCHMARKS.md]
 """
 
@@ -83,14 +86,16 @@ def make_channel(port: int) -> None:
 
 
 def writer(gomaxprocs: int, batch: int):
-    def run(port: int, seconds: float) -> tuple:
+    def run(broker, seconds: float) -> tuple:
         start = time.time()
-        rate = ops(client("bench_writer", port, gomaxprocs, seconds, "-batch-size", str(batch)))
+        rate = ops(client("bench_writer", broker.tcp_port, gomaxprocs, seconds, "-batch-size",
+                          str(batch)))
         return rate, rate * seconds, start, time.time()
     return run
 
 
-def rdy1(port: int, seconds: float) -> tuple:
+def rdy1(broker, seconds: float) -> tuple:
+    port = broker.tcp_port
     make_channel(port)
     filled = ops(client("bench_writer", port, 2, PREFILL_S, "-batch-size", "200")) * PREFILL_S
     outs = [tempfile.TemporaryFile() for _ in range(TAILS)]
@@ -119,7 +124,29 @@ def rdy1(port: int, seconds: float) -> tuple:
     return (last - first) / (end - start), last - first, start, end
 
 
-def e2e(port: int, seconds: float) -> tuple:
+WRK_POST = 'wrk.method = "POST"\nwrk.body = string.rep("x", %d)\n' % SIZE
+
+
+def http1(broker, seconds: float) -> tuple:
+    """wrk's POSTs to /pub, 16 connections kept alive; non-2xx answers fail the round."""
+    with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
+        script.write(WRK_POST)
+        script.flush()
+        start = time.time()
+        out = subprocess.run(
+            ["wrk", "-t2", "-c16", f"-d{seconds:g}s", "-s", script.name,
+             f"http://127.0.0.1:{broker.http_ports[0]}/pub?topic={TOPIC}"],
+            capture_output=True, text=True, timeout=seconds + 60).stdout
+        end = time.time()
+    found = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    if not found or "Non-2xx" in out or "Socket errors" in out:
+        raise RuntimeError(f"wrk failed or had errors: {out.strip()}")
+    rate = float(found.group(1))
+    return rate, rate * seconds, start, end
+
+
+def e2e(broker, seconds: float) -> tuple:
+    port = broker.tcp_port
     make_channel(port)
     start = time.time()
     reader = client("bench_reader", port, 2, seconds, "-channel", CHANNEL, "-rdy", "2500")
@@ -129,7 +156,8 @@ def e2e(port: int, seconds: float) -> tuple:
     return rate, rate * seconds, start, time.time()
 
 
-WORKLOADS = {"pub1": writer(16, 1), "pub200": writer(2, 200), "rdy1": rdy1, "e2e": e2e}
+WORKLOADS = {"pub1": writer(16, 1), "pub200": writer(2, 200), "rdy1": rdy1, "http1": http1,
+             "e2e": e2e}
 
 
 def one_round(workload: str, source: str | None, args) -> dict:
@@ -143,7 +171,7 @@ def one_round(workload: str, source: str | None, args) -> dict:
     try:
         sampler = CpuSampler(pids)
         try:
-            rate, messages, start, end = WORKLOADS[workload](broker.tcp_port, args.seconds)
+            rate, messages, start, end = WORKLOADS[workload](broker, args.seconds)
         finally:
             sampler.stop()
         before, after = sampler.at(start), sampler.at(end)
@@ -182,6 +210,7 @@ def table(workload: str, summary: dict) -> str:
 CLIENTS = {"pub1": "`bench_writer -batch-size 1`, 16 producers",
            "pub200": "`bench_writer -batch-size 200`, 2 producers",
            "rdy1": "4 `nsq_tail -max-in-flight 1`",
+           "http1": "`wrk -t2 -c16` POST 200 B to `/pub`, keep-alive",
            "e2e": "`bench_writer` 200 + `bench_reader` RDY 2500"}
 
 
