@@ -9,6 +9,7 @@ import termios
 import time
 
 import gevent
+import gevent.socket
 from gevent import monkey
 
 # the longest a greenlet runs before the broker's other greenlets get a turn: reads that
@@ -42,6 +43,16 @@ class Turns:
             gevent.sleep(YIELD_PAUSE)
             self._iteration = getattr(self._loop, "iteration", 0)
             self._began = time.monotonic()
+
+
+def wait_readable(sock) -> None:
+    """Wait until a plain gevent socket has something to read, for a reader that
+    expects nothing yet (its client waits for an answer): a read that finds nothing
+    costs gevent a syscall and an exception before it waits all the same. A TLS
+    socket may hold decrypted bytes already: no wait."""
+    event = getattr(sock, "_read_event", None)
+    if type(sock) is gevent.socket.socket and event is not None:
+        sock._wait(event)
 
 
 def send_all(sock, data: bytes) -> None:

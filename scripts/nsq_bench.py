@@ -134,7 +134,7 @@ def http1(broker, seconds: float) -> tuple:
         script.flush()
         start = time.time()
         out = subprocess.run(
-            ["wrk", "-t2", "-c16", f"-d{seconds:g}s", "-s", script.name,
+            ["wrk", "-t2", "-c16", f"-d{max(1, round(seconds))}s", "-s", script.name,
              f"http://127.0.0.1:{broker.http_ports[0]}/pub?topic={TOPIC}"],
             capture_output=True, text=True, timeout=seconds + 60).stdout
         end = time.time()

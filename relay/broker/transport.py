@@ -15,11 +15,10 @@ cannot become 32 MB in memory or seconds of work before anything else runs.
 import ssl
 import zlib
 
-import gevent.socket
 import snappy
 
 from relay.errors import ConfigError, FatalClientError, RelayError
-from relay.sockio import send_all, unread_bytes
+from relay.sockio import send_all, unread_bytes, wait_readable
 
 TLS_VERSIONS = {"tls1.0": ssl.TLSVersion.TLSv1, "tls1.1": ssl.TLSVersion.TLSv1_1,
                 "tls1.2": ssl.TLSVersion.TLSv1_2, "tls1.3": ssl.TLSVersion.TLSv1_3}
@@ -42,12 +41,8 @@ class Plain:
         return data
 
     def recv_when_readable(self, n: int) -> bytes:
-        """recv for a reader that expects nothing yet (its client waits for an answer):
-        the socket is waited on first, so no read finds nothing, which costs gevent a
-        syscall and an exception. A TLS socket may hold decrypted bytes: read at once."""
-        event = getattr(self.sock, "_read_event", None)
-        if type(self.sock) is gevent.socket.socket and event is not None:
-            self.sock._wait(event)
+        """recv for a reader that expects nothing yet (sockio.wait_readable)."""
+        wait_readable(self.sock)
         return self.recv(n)
 
     def send(self, data: bytes) -> None:

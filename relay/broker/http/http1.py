@@ -30,7 +30,7 @@ from gevent.pool import Pool
 from gevent.server import StreamServer
 
 from relay.log import ClientFaults
-from relay.sockio import MAX_ACCEPT, Turns, send_all
+from relay.sockio import MAX_ACCEPT, Turns, send_all, wait_readable
 
 log = logging.getLogger("relay.http")
 
@@ -210,8 +210,14 @@ class Connection:
             del self.parser     # it holds this connection: freed now, not by the next GC
 
     def _read(self) -> bool:
-        """Read once, answer what is complete; False once the connection is done."""
-        self.turns.take()
+        """Read once, answer what is complete; False once the connection is done.
+        Once every request read is answered, the client likely waits for nothing more
+        than sending its next one: the socket is waited on first, and that wait gives
+        the others their turn."""
+        if self.current is None and not self.complete:
+            wait_readable(self.sock)
+        else:
+            self.turns.take()
         data = self.sock.recv(READ_SIZE)
         if not data:
             if self.current is not None:
