@@ -509,11 +509,8 @@ class ProtocolV2:
             size = reader.size()
         except (EOFError, OSError):
             raise FatalClientError(code, f"{command} failed to read body size") from None
-        checks = [(size > limit, f"{command} body too big {size} > {limit}"),
-                  (size <= 0, f"{command} invalid body size {size}")]
-        if not big_first:
-            checks.reverse()
-        for failed, text in checks:
-            if failed:
-                raise FatalClientError(code, text)
-        return size
+        if 0 < size <= limit:
+            return size
+        if size > limit and (big_first or size > 0):
+            raise FatalClientError(code, f"{command} body too big {size} > {limit}")
+        raise FatalClientError(code, f"{command} invalid body size {size}")
