@@ -28,7 +28,7 @@ wake-up.
 import logging
 
 import gevent
-from gevent.event import Event
+from gevent.event import AsyncResult, Event
 
 from relay.broker.client import Client
 from relay.broker.context import BrokerContext
@@ -37,7 +37,7 @@ from relay.sockio import Turns
 from relay.store.commit import Submitted
 from relay.store.keys import id_part
 from relay.store.replies import Delivered, Subscribed
-from relay.store.runner import MAX_CALL_ARGS
+from relay.store.runner import MAX_CALL_ARGS, Op
 
 log = logging.getLogger("relay.channel")
 
@@ -55,7 +55,7 @@ class Part:
     messages, and what SUB there returned."""
 
     __slots__ = ("index", "name", "order", "maybe_ready", "arrivals", "incarnation",
-                 "empties")
+                 "empties", "held")
 
     def __init__(self, name: str, channel: str, index: int, joined: Subscribed):
         """`name`: the part's (Store.parts)."""
@@ -66,6 +66,8 @@ class Part:
         self.arrivals = 0
         self.incarnation = joined.incarnation
         self.empties = joined.empties
+        # finish calls held for its next deliver call, and their results (settling.py)
+        self.held: list[tuple[Op, AsyncResult]] = []
 
 
 class Channel:
@@ -219,6 +221,7 @@ class Deliveries:
         self.broker = broker
         self.topic = topic
         self.stopped = False
+        self.busy = False       # waiting for its calls: FINs are held (settling.py)
         self._looking: dict[Channel, None] = {}     # in the order told
         self._told = Event()
         self._turns = Turns()   # handing out to thousands of channels holds no one up
@@ -236,20 +239,45 @@ class Deliveries:
         self.stopped = True
         self._told.set()
 
+    def flush(self, channel: Channel, part: Part | None = None) -> None:
+        """Send the finish calls held for the channel (or one part of it) on their
+        lanes, each result given to its FINs' (settling.py)."""
+        commit = self.broker.commit
+        for p in channel.parts if part is None else (part,):
+            held, p.held = p.held, []
+            for op, result in held:
+                commit.submit(op, p.order).rawlink(result)
+
     def _loop(self) -> None:
-        while not self.stopped:
-            self._told.wait()
-            self._told.clear()
-            looking, self._looking = self._looking, {}
-            work = [(channel, share) for channel in looking
-                    for share in channel.round()]
-            if work:
-                self._deliver(work)
+        try:
+            while not self.stopped:
+                self._told.wait()
+                self._told.clear()
+                looking, self._looking = self._looking, {}
+                work = [(channel, share) for channel in looking
+                        for share in channel.round()]
+                dealt = {(channel, part) for channel, (part, _) in work}
+                for channel in looking:     # held for a deliver call not made this round
+                    for part in channel.parts:
+                        if part.held and (channel, part) not in dealt:
+                            self.flush(channel, part)
+                if work:
+                    self._deliver(work)
+        finally:
+            for channel in self._looking:
+                self.flush(channel)
 
     def _deliver(self, work: list[tuple[Channel, tuple]]) -> None:
         """Submit every call of the round, then hand out each reply. A channel whose
         call failed looks again after RETRY_DELAY; one not drained, at once (more credit
         makes it look by itself: Channel.credit_changed)."""
+        self.busy = True
+        try:
+            self._deliver_round(work)
+        finally:
+            self.busy = False
+
+    def _deliver_round(self, work: list[tuple[Channel, tuple]]) -> None:
         by_part: dict[str, list] = {}
         for channel, (part, share) in work:
             by_part.setdefault(part.name, []).append((channel, part, share))
@@ -278,6 +306,9 @@ class Deliveries:
         a Submitted whose value is a list of one Delivered per channel."""
         store, commit, attempts = self.broker.store, self.broker.commit, \
             self.broker.options.max_attempts
+        for channel, p, _ in chunk:     # right before: the commit folds them into it
+            if p.held:
+                self.flush(channel, p)
         if len(chunk) == 1:
             channel, p, share = chunk[0]
             return _Listed(commit.submit(store.deliver_op(

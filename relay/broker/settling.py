@@ -2,9 +2,16 @@
 delivery gives back or samples out (Channel.hand_out) and what a leaving consumer held
 (Broker._disconnect). Each goes by the part of the topic its message id names, one call
 per part, on that part's lane: there the deliver call for the credit it frees is likely
-to join it."""
+to join it.
+
+FINs that come while their channel's delivery loop waits for its call are held for the
+loop's next deliver call of their part (Deliveries.flush), into which the group commit
+folds them: consumers at RDY 1 FIN while the loop waits, and each FIN was a call of its
+own. A REQ or TOUCH of the channel sends what is held first, so none overtakes a FIN."""
 
 from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from gevent.event import AsyncResult
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -24,16 +31,20 @@ class Settling:
 
     def finish(self, channel: "Channel", owner: str, ids: Sequence[bytes],
                order: int | None = None) -> "Calls":
-        return self._by_part(channel, self.broker.store.finish_op,
-                             [(owner, msg_id) for msg_id in ids], order)
+        items = [(owner, msg_id) for msg_id in ids]
+        if order is None and channel.deliveries.busy:
+            return self._held(channel, items)
+        return self._by_part(channel, self.broker.store.finish_op, items, order)
 
     def requeue(self, channel: "Channel", owner: str, delays: Sequence[tuple[bytes, int]],
                 order: int | None = None) -> "Calls":
         """REQ of each (id, delay ms)."""
+        channel.deliveries.flush(channel)
         return self._by_part(channel, self.broker.store.requeue_op,
                              [(owner, msg_id, delay) for msg_id, delay in delays], order)
 
     def touch(self, channel: "Channel", owner: str, msg_id: bytes, timeout: int) -> "Calls":
+        channel.deliveries.flush(channel)
         return self._by_part(channel, self.broker.store.touch_op, [(owner, msg_id, timeout)])
 
     def _by_part(self, channel: "Channel", make_op: "Callable[..., Op]", items: list[tuple],
@@ -41,19 +52,34 @@ class Settling:
         """make_op's call for the items (id second) of each part, on that part's lane
         unless `order` names another."""
         commit = self.broker.commit
-        if not items:
-            return []
-        if len(channel.parts) == 1:
-            part = channel.parts[0]
-            return [(commit.submit(make_op(part.name, channel.name, items),
-                                   part.order if order is None else order),
-                     range(len(items)))]
-        positions: dict["Part", list[int]] = {}
-        for i, item in enumerate(items):
-            positions.setdefault(channel.part_of(item[1]), []).append(i)
         return [(commit.submit(make_op(part.name, channel.name, [items[i] for i in where]),
                                part.order if order is None else order), where)
-                for part, where in positions.items()]
+                for part, where in _positions(channel, items)]
+
+    def _held(self, channel: "Channel", items: list[tuple]) -> "Calls":
+        """The finish call of each part, held for the loop's next deliver call there; its
+        result is set from the call's once the loop sends it."""
+        store = self.broker.store
+        calls: "Calls" = []
+        for part, where in _positions(channel, items):
+            result: AsyncResult = AsyncResult()
+            part.held.append((store.finish_op(part.name, channel.name,
+                                              [items[i] for i in where]), result))
+            calls.append((result, where))
+        channel.deliveries.look(channel)
+        return calls
+
+
+def _positions(channel: "Channel", items: list[tuple]) -> "list[tuple[Part, Sequence[int]]]":
+    """Each part the items' ids (second) name, and the items' positions."""
+    if not items:
+        return []
+    if len(channel.parts) == 1:
+        return [(channel.parts[0], range(len(items)))]
+    positions: dict["Part", list[int]] = {}
+    for i, item in enumerate(items):
+        positions.setdefault(channel.part_of(item[1]), []).append(i)
+    return list(positions.items())
 
 
 def wait_all(calls: "Calls") -> list[Any]:
