@@ -1,12 +1,14 @@
 """Group commit: merging FIN/REQ/TOUCH calls, and GroupCommit answering each submit."""
 
 import time
+from types import SimpleNamespace
 
 import fakeredis
 import gevent
 import pytest
 import redis
 
+from relay.broker.publishing import Publishing
 from relay.codec import parse_record
 from relay.errors import NoAnswer, OutcomeUnknown, StoreConnectionError, StoreError
 from relay.store import Store
@@ -509,18 +511,18 @@ def test_waiters_stop_at_their_own_deadlines_once_the_keeper_has_gone_idle(
 
 
 def test_several_ops_of_which_some_were_done_may_have_published(fake_store):
-    """A keyed publish over several calls (submit_all_made): one refused, one done is
+    """A keyed publish over several calls (submit_all): one refused, one done is
     not a failure to tell as such."""
     fake_store.redis.set(TopicKeys.of("broken").ids, b"not a number")
     commit = GroupCommit(fake_store, patience=5.0)
     try:
-        both = commit.submit_all_made(lambda: [fake_store.publish_op("t", [b"x"]),
-                                               fake_store.publish_op("broken", [b"y"])])
+        both = commit.submit_all([fake_store.publish_op("t", [b"x"]),
+                                  fake_store.publish_op("broken", [b"y"])])
         with pytest.raises(OutcomeUnknown) as failed:
             both.get()
         assert str(failed.value) == \
             "value is not an integer or out of range (1 of 2 calls done)"
-        alone = commit.submit_all_made(lambda: [fake_store.publish_op("broken", [b"y"])])
+        alone = commit.submit_all([fake_store.publish_op("broken", [b"y"])])
         with pytest.raises(StoreError) as refused:
             alone.get()
         assert not isinstance(refused.value, OutcomeUnknown)
@@ -541,20 +543,24 @@ def test_each_call_of_a_staged_op_has_the_patience(fake_store):
         commit.stop()
 
 
-def test_building_an_op_counts_against_its_patience(fake_store):
-    """submit_made: the time make() takes (a partition count read from a Redis that does
-    not answer) is part of the client's wait."""
+def test_building_an_op_counts_against_its_patience(fake_store, monkeypatch):
+    """Publishing.submit: the time building the op takes (a partition count read from a
+    Redis that does not answer) is part of the client's wait."""
     commit = GroupCommit(fake_store, patience=0.2)
+    publishing = Publishing(SimpleNamespace(store=fake_store, commit=commit))  # type: ignore
+    build = fake_store.publish_op
 
-    def slow_to_build():
+    def slow_to_build(*args):
         time.sleep(0.25)
-        return fake_store.publish_op("t", [b"slow"])
+        return build(*args)
     try:
         started = time.monotonic()
+        monkeypatch.setattr(fake_store, "publish_op", slow_to_build)
         with pytest.raises(StoreConnectionError):
-            commit.submit_made(slow_to_build).get()
+            publishing.submit("t", [b"slow"]).get()
         assert time.monotonic() - started < 0.4   # not 0.25 s and the patience again
-        assert commit.submit_made(lambda: fake_store.publish_op("t", [b"quick"])).get() == 1
+        monkeypatch.setattr(fake_store, "publish_op", build)
+        assert publishing.submit("t", [b"quick"]).get() == 1
     finally:
         commit.stop()
 

@@ -4,6 +4,7 @@
 keys one per part they reach), submits them on the group commit, and counts what a
 reply says was published (publish keys: relay/store/dedup.py)."""
 
+import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -22,12 +23,13 @@ class Publishing:
         """The publish, submitted in `order` (a connection's: its publishes stay in
         order). Reading the topic's partitions or rule first may raise StoreError: then
         nothing was sent."""
+        since = time.monotonic()    # building the op may read the topic's partitions first
         store, commit = self.broker.store, self.broker.commit
         keys = store.ordering.order_keys(topic, bodies, order_keys)
         if publish_keys is None and keys is None:
-            return commit.submit_made(lambda: store.publish_op(topic, bodies, defer), order)
-        return commit.submit_all_made(
-            lambda: store.dedup.keyed_publish_ops(topic, bodies, publish_keys, defer, keys), order)
+            return commit.submit(store.publish_op(topic, bodies, defer), order, since)
+        return commit.submit_all(
+            store.dedup.keyed_publish_ops(topic, bodies, publish_keys, defer, keys), order, since)
 
     def published(self, count: int, publish_keys: list[bytes] | None, value: Any) -> int:
         """How many of the `count` messages were duplicates (not published), from the

@@ -70,7 +70,7 @@ class Submitted(Protocol):
 
 
 class _All:
-    """The results of several submitted ops as one (GroupCommit.submit_all_made)."""
+    """The results of several submitted ops as one (GroupCommit.submit_all)."""
 
     __slots__ = ("results",)
 
@@ -157,19 +157,11 @@ class GroupCommit:
         if on[1] <= 0:
             del self._on[order]
 
-    def submit_made(self, make: Callable[[], Op], order: int | None = None) -> Submitted:
-        """Submit the op make() builds, its patience counting from before: what building
-        it waits for (a topic's partition count, read through this commit) is part of
-        the client's wait."""
-        since = time.monotonic()
-        return self.submit(make(), order, since)
-
-    def submit_all_made(self, make: Callable[[], list[Op]],
-                        order: int | None = None) -> Submitted:
-        """submit_made for the ops make() builds (a keyed publish's, one per part it
-        reaches): one result, the list of theirs; the first error raises."""
-        since = time.monotonic()
-        return _All([self.submit(op, order, since) for op in make()])
+    def submit_all(self, ops: list[Op], order: int | None = None,
+                   since: float | None = None) -> Submitted:
+        """submit for each op (a keyed publish's, one per part it reaches): one result,
+        the list of theirs; the first error raises."""
+        return _All([self.submit(op, order, since) for op in ops])
 
     def call(self, op: Op, order: int | None = None) -> Any:
         """Submit and wait; raises the op's error."""
