@@ -34,6 +34,7 @@ MANY_FINISHES = 50
 FINISH_HEAD = 3
 STAGE_TTL_MS = 300_000
 STALE = b"stale"
+NO_FENCE = (-1, None)   # an order with no op before (Batchers._merge_items)
 
 
 class FanOut(NamedTuple):
@@ -297,9 +298,11 @@ class Batchers:
         # per order, and per (order, lane key): (the index of its last op, that op's group)
         fences: dict = {}
         for i, (op, order) in enumerate(zip(ops, orders)):
-            fence, fenced_in = max(fences.get(order, (-1, None)),
-                                   fences.get((order, op.lane), (-1, None)),
-                                   key=lambda f: f[0])
+            fence, fenced_in = fences.get(order, NO_FENCE)
+            if op.lane is not None:     # the later of its order's and its order's to the part
+                on_lane = fences.get((order, op.lane), NO_FENCE)
+                if on_lane[0] > fence:
+                    fence, fenced_in = on_lane
             index, size = open_groups.get(op.merge, (None, 0)) if op.merge else (None, 0)
             if op.merge is None:
                 index = len(groups)
