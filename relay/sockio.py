@@ -52,7 +52,7 @@ def wait_readable(sock) -> None:
     socket may hold decrypted bytes already: no wait."""
     event = getattr(sock, "_read_event", None)
     if type(sock) is gevent.socket.socket and event is not None:
-        sock._wait(event)
+        getattr(sock, "_wait")(event)
 
 
 def send_all(sock, data: bytes) -> None:
@@ -62,7 +62,7 @@ def send_all(sock, data: bytes) -> None:
     non-blocking), without gevent's wrapper of a send that may wait."""
     if type(sock) is gevent.socket.socket:
         try:
-            sent = sock._sock.send(data)
+            sent = getattr(sock, "_sock").send(data)
         except BlockingIOError:
             sent = 0
         if sent < len(data):

@@ -62,11 +62,19 @@ class _Queued:
 
 
 class Submitted(Protocol):
-    """What submit hands back (a gevent AsyncResult): get() waits for the op's parsed
-    result, or raises its error (at the op's deadline, its lane's doing). (gevent's stubs type AsyncResult.get() as maybe None, for
-    a result set without a value; a lane sets each op's.)"""
+    """A submitted op's result (a gevent AsyncResult), or several as one (_All): get()
+    waits for the parsed result, or raises its error (at the op's deadline, its lane's
+    doing). (gevent's stubs type AsyncResult.get() as maybe None, for a result set
+    without a value; a lane sets each op's.)"""
 
     def get(self) -> Any: ...
+
+
+class Linked(Submitted, Protocol):
+    """What submit hands back: also told to call back once ready (AsyncResult.rawlink:
+    from the hub, with the result), for an answer written without a wait."""
+
+    def rawlink(self, callback: Callable[[Any], None]) -> None: ...
 
 
 class _All:
@@ -123,7 +131,7 @@ class GroupCommit:
                             self._settled, self.deadlines) for s in stores]
 
     def submit(self, op: Op, order: int | None = None,
-               since: float | None = None) -> Submitted:
+               since: float | None = None) -> "Linked":
         """`since`: the time (monotonic) the patience counts from, if not now. Each call
         the op is known to make (op.calls: a big MPUB's stage calls and commit) has the
         patience: a 5 MB MPUB may take that much longer, and still gets an answer in

@@ -60,18 +60,19 @@ class Settled:
     def when_ready(self, callback: Callable[[Any], None]) -> bool:
         """callback(result) from the hub once errors() would not wait, as
         Pending.when_ready."""
-        if not all(isinstance(result, AsyncResult) for result, _ in self.calls):
+        results = [result for result, _ in self.calls if isinstance(result, AsyncResult)]
+        if len(results) < len(self.calls):
             return False
-        if len(self.calls) == 1:
-            self.calls[0][0].rawlink(callback)
+        if len(results) == 1:
+            results[0].rawlink(callback)
             return True
-        left = [len(self.calls)]
+        left = [len(results)]
 
         def one(result: Any) -> None:
             left[0] -= 1
             if left[0] == 0:
                 callback(result)
-        for result, _ in self.calls:
+        for result in results:
             result.rawlink(one)
         return True
 
