@@ -181,7 +181,7 @@ def test_two_scanners_with_the_same_view_requeue_each_message_once(store):
     # both read the due index before either scans
     view = store.reads.due_channels()
     assert len(view[1]) == 3
-    s1.store.due_channels = s2.store.due_channels = lambda now: view
+    s1.store.reads.due_channels = s2.store.reads.due_channels = lambda now: view
     assert s1.scan_once() is False
     assert s2.scan_once() is False
     assert (s1.timed_out, s2.timed_out) == (120, 0)
@@ -237,14 +237,14 @@ def test_a_seeding_that_cannot_reach_redis_fails_the_pass_without_a_warning(stor
 
     def unreachable(parts):
         raise StoreConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
-    scanner.store.seed_due = unreachable
+    scanner.store.reads.seed_due = unreachable
     with pytest.raises(StoreConnectionError):
         scanner.scan_once()
     assert [r for r in caplog.records if r.levelname == "WARNING"] == []
 
     def refused(parts):
         raise StoreError("OOM command not allowed when used memory > 'maxmemory'.")
-    scanner.store.seed_due = refused
+    scanner.store.reads.seed_due = refused
     scanner.reseed()    # as the outage did (run)
     assert scanner.scan_once() is False
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [

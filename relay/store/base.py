@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any, Callable, Self, Sequence, TypeVar
 
 from relay.errors import StoreError
 from relay.store import keys, placement
-from relay.store.batchers import Batchers, FanOut, fanout_op
+from relay.store import batchers
+from relay.store.batchers import Batchers, FanOut
 from relay.store.connection import RedisClient
 from relay.store.keys import TopicKeys
 from relay.store.nodes import Nodes
@@ -58,7 +59,7 @@ class Confirmed:
 NEVER = Confirmed(float("-inf"))
 
 
-class StoreBase:
+class Core:
     """The client, the runner and the caches that the Store's parts share."""
 
     _guard = staticmethod(guarded)
@@ -82,9 +83,7 @@ class StoreBase:
         self._channels: dict[str, list[str]] = {}
         self._registered: dict[str, float] = {}
         self._partitions: dict[str, tuple[tuple[str, ...], float]] = {}  # part names, when
-        self._counted: dict[str, int] = {}     # topic -> its news when its count was read
         self._confirmed: dict[str, Confirmed] = {}     # topic -> when its count was found current
-        self._news_replies: dict[tuple, Any] = {}       # parts -> their last news (Reads.versions)
         # topics whose partition count changed since the wake-up listener last looked
         # (WakeupListener._grow: their local channels join the new parts)
         self.recounted: set[str] = set()
@@ -95,7 +94,7 @@ class StoreBase:
         self.lookup: Callable[[Op], Any] = lookup or self.run
         # from a random part: short-lived publishers (a Spark task, relay-admin pub)
         # spread over the parts too
-        self._turns = itertools.count(secrets.randbelow(keys.MAX_PARTITIONS))
+        self.turns = itertools.count(secrets.randbelow(keys.MAX_PARTITIONS))
 
     def sibling(self, dedicated: bool | None = None, wait_replicas: int | None = None,
                 wait_timeout: int | None = None) -> Self:
@@ -111,7 +110,7 @@ class StoreBase:
             runner.wait_timeout if wait_timeout is None else wait_timeout,
             self.topic_partitions, self.topic_retention_ms, self.lookup)
         other._channels, other._registered = self._channels, self._registered
-        other._partitions, other._turns = self._partitions, self._turns
+        other._partitions, other.turns = self._partitions, self.turns
         other._confirmed = self._confirmed
         other._reading = self._reading
         other._unread, other._order_rules = self._unread, self._order_rules
@@ -119,15 +118,6 @@ class StoreBase:
         other.recounted = self.recounted
         other.nodes = self.nodes
         return other
-
-    @classmethod
-    def over(cls, core: "StoreBase") -> Self:
-        """This service of a Store on the Store's client, runner and caches, shared:
-        what any of its services learns (channel lists, partition counts, a setting
-        changed) the others know at once."""
-        service = cls.__new__(cls)
-        service.__dict__ = core.__dict__
-        return service
 
     def replication(self) -> dict:
         """This Store's wait for replicas, as Store(...) takes it."""
@@ -161,7 +151,7 @@ class StoreBase:
                 break
         return done
 
-    def _fanout_op(self, script: str, part: str, head_keys: list[str], args: list[Any],
+    def fanout_op(self, script: str, part: str, head_keys: list[str], args: list[Any],
                    parse: Callable[[Any], Any] = identity, pre: tuple[tuple[Any, ...], ...] = (),
                    channels: list[str] | None = None, trash: str = "", job: Any = None) -> Op:
         """A call of a script that touches every channel of the part (fanout.lua), with
@@ -169,7 +159,7 @@ class StoreBase:
         the real ones (batchers.Batcher.again). `trash`: drop.lua's trash keys' prefix."""
         if channels is None:
             channels = self._channels.get(part, [])
-        return fanout_op(script, FanOut(part, len(head_keys), trash), head_keys, args,
+        return batchers.fanout_op(script, FanOut(part, len(head_keys), trash), head_keys, args,
                          channels, parse, pre, job)
 
     def channel_count(self, topic: str) -> int:
@@ -250,9 +240,30 @@ class StoreBase:
             pipe.hset(TopicKeys.of(part).meta, "retention_ms", self.topic_retention_ms)
         self._guard(pipe.execute)
 
-    def learn_partitions(self, topic: str, count: int, salts: str = "") -> None:
-        """The topic's count and placement as read (partitions.lua)."""
+    def learn_partitions(self, topic: str, count: int, salts: str = "",
+                         rule: str | None = None) -> None:
+        """The topic's count and placement as read (partitions.lua), and its order key
+        rule if read with them."""
         self.learn_parts(topic, keys.part_names(topic, count, salts))
+        if rule is not None:
+            self._order_rules[topic] = rule
+
+    def knows(self, topic: str) -> bool:
+        """Whether the topic's partition count was ever read here."""
+        return topic in self._partitions
+
+    def confirm(self, topic: str, confirmed: Confirmed) -> None:
+        """The topic's count holds as of `confirmed` (its news has not moved since it
+        was read: Reads.versions)."""
+        self._confirmed[topic] = confirmed
+
+    def known_rule(self, topic: str) -> str:
+        """The topic's order key rule as last read with its count ("": none, or unread)."""
+        return self._order_rules.get(topic, "")
+
+    def forget_registered(self, topic: str) -> None:
+        """The next publish to the topic registers it again (it was unregistered)."""
+        self._registered.pop(topic, None)
 
     def learn_parts(self, topic: str, names: Sequence[str]) -> None:
         known = self._partitions.get(topic)

@@ -8,7 +8,7 @@ from typing import Iterator, Sequence
 from relay.errors import RelayError
 from relay.store import codes, keys
 from relay.store.dedup import DEDUP_FIELD
-from relay.store.data_path import DataPath
+from relay.store.data_path import DataPath, Service
 from relay.store.expiry import CHANNEL_TTL_FIELD
 from relay.store.history import RETENTION_FIELDS
 from relay.store.inflight import member_id, member_owner
@@ -16,7 +16,7 @@ from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.limits import LIMIT_FIELDS, Limits
 from relay.store.reads import Reads
 from relay.store.replies import Dropped
-from relay.store.runner import Op
+from relay.store.runner import Op, guarded
 
 # channel meta fields that are settings, not counts: a new part copies them
 CHANNEL_COUNTS = {b"message_count", b"requeue_count", b"timeout_count", b"dead_count",
@@ -31,11 +31,12 @@ class PartitionsRefused(RelayError):
     """A topic's partition count only grows."""
 
 
-class Control(DataPath):
+class Control(Service):
     """Changes made by people and their tools, not by the flow of messages."""
 
-    reads: Reads
-    limits: Limits
+    def __init__(self, store: DataPath, reads: Reads, limits: Limits) -> None:
+        super().__init__(store)
+        self.reads, self.limits = reads, limits
 
     def set_partitions(self, topic: str, count: int) -> int:
         """Raise the topic's partition count to `count`; the new parts get the topic's
@@ -43,17 +44,17 @@ class Control(DataPath):
         it raises PartitionsRefused. Returns the count before."""
         if not 1 <= count <= keys.MAX_PARTITIONS:
             raise PartitionsRefused(f"partitions must be 1-{keys.MAX_PARTITIONS}, not {count}")
-        before = self.partitions(topic, fresh=True)
+        before = self.store.partitions(topic, fresh=True)
         if count < before:
             raise PartitionsRefused(f"topic {topic} has {before} partitions: the count can "
                                     f"only grow (asked for {count})")
-        self._guard(self.redis.sadd, keys.TOPICS, topic)
-        salts = self.placement(topic, count)
+        guarded(self.redis.sadd, keys.TOPICS, topic)
+        salts = self.store.placement(topic, count)
         new = keys.part_names(topic, count, salts)[before:]
         if new:
             self._prepare_parts(topic, new)
-        now, before, _, salts, _, _ = self.run(self.partitions_op(topic, count, salts))
-        self.learn_partitions(topic, now, salts)
+        now, before, _, salts, _, _ = self.store.run(self.store.partitions_op(topic, count, salts))
+        self.store.learn_partitions(topic, now, salts)
         for channel in self.reads.channel_names(topic) if new else ():
             limit = self.limits.limit(topic, channel)
             if limit:       # each part's share shrinks; the new parts get theirs
@@ -63,22 +64,22 @@ class Control(DataPath):
     def _prepare_parts(self, topic: str, parts: list[str]) -> None:
         """Give new parts the topic's settings (retention, TTL, dedup window), channels,
         their settings and the topic's pause."""
-        self._guard(self.redis.sadd, keys.PARTITIONS, *parts)
-        settings = self._guard(self.redis.hmget, TopicKeys.of(topic).meta, *TOPIC_SETTINGS)
+        guarded(self.redis.sadd, keys.PARTITIONS, *parts)
+        settings = guarded(self.redis.hmget, TopicKeys.of(topic).meta, *TOPIC_SETTINGS)
         for name, value in zip(TOPIC_SETTINGS, settings):
             for part in parts:
                 if value is not None:
-                    self._guard(self.redis.hset, TopicKeys.of(part).meta, name, value)
+                    guarded(self.redis.hset, TopicKeys.of(part).meta, name, value)
         paused = self.reads.read_topic(topic, parts=[topic])["paused"]
         for channel in self.reads.channel_names(topic):
-            settings = {k: v for k, v in self._guard(
+            settings = {k: v for k, v in guarded(
                 self.redis.hgetall, ChannelKeys.of(topic, channel).meta).items()
                 if k not in CHANNEL_COUNTS and k not in LIMIT_FIELDS}
             for part in parts:
-                self.run(self.subscribe_op(part, channel, ""))
+                self.store.run(self.store.subscribe_op(part, channel, ""))
                 if settings:
                     meta = ChannelKeys.of(part, channel).meta
-                    self._guard(lambda: self.redis.hset(meta, mapping=settings))
+                    guarded(lambda: self.redis.hset(meta, mapping=settings))
         if paused:
             for part in parts:
                 self.pause_topic(part, True, parts=[part])
@@ -86,50 +87,50 @@ class Control(DataPath):
     def create_topic(self, topic: str) -> bool:
         """/topic/create: a topic is its name in the registry (and its partition count,
         this Store's default) until something is published. True if it is new."""
-        created = bool(self._guard(self.redis.sadd, keys.TOPICS, topic))
-        count = self.partitions(topic, fresh=True)
+        created = bool(guarded(self.redis.sadd, keys.TOPICS, topic))
+        count = self.store.partitions(topic, fresh=True)
         if count > 1:
-            self._guard(self.redis.sadd, keys.PARTITIONS, *self.parts(topic)[1:])
+            guarded(self.redis.sadd, keys.PARTITIONS, *self.store.parts(topic)[1:])
         return created
 
     def create_channel(self, topic: str, channel: str) -> bool:
         """/channel/create: subscribe without a consumer."""
-        return self.subscribe(topic, channel, "")
+        return self.store.subscribe(topic, channel, "")
 
     def pause_topic(self, topic: str, paused: bool, parts: list | None = None) -> None:
-        for part in parts or self.parts(topic):
+        for part in parts or self.store.parts(topic):
             t = TopicKeys.of(part)
-            self.run(self._fanout_op("pause_topic", part,
+            self.store.run(self.store.fanout_op("pause_topic", part,
                                      [t.meta, t.channels, t.backlog, t.backlog_deferred, t.due,
                                       t.version],
-                                     ["1" if paused else "0", t.wake, self.node(part)]))
+                                     ["1" if paused else "0", t.wake, self.store.node(part)]))
 
     def pause_channel(self, topic: str, channel: str, paused: bool) -> None:
-        for part in self.parts(topic):
+        for part in self.store.parts(topic):
             c, t = ChannelKeys.of(part, channel), TopicKeys.of(part)
-            self.run(Op("pause_channel", [c.meta, t.version],
-                        ["1" if paused else "0", t.wake, channel, self.node(part)]))
+            self.store.run(Op("pause_channel", [c.meta, t.version],
+                        ["1" if paused else "0", t.wake, channel, self.store.node(part)]))
 
     def drop_op(self, topic: str, channel: str = "", delete: bool = False) -> Op:
         """Empty or delete a channel, or with channel "" the topic (drop.lua): its
         messages move to new trash keys in this one call. Returns a Dropped, or None
         when the channel to delete does not exist."""
         t = TopicKeys.of(topic)
-        return self._fanout_op(
+        return self.store.fanout_op(
             "drop", topic,
             [t.ids, t.channels, t.meta, t.backlog, t.backlog_deferred, t.due, t.version,
              t.history],
-            [channel, int(delete), t.wake, self.node(topic)], Dropped.parse,
+            [channel, int(delete), t.wake, self.store.node(topic)], Dropped.parse,
             channels=[channel] if channel else (None if delete else []),
             trash=keys.trash_prefix(topic, secrets.token_hex(8)))
 
     def detach(self, topic: str, channel: str = "", delete: bool = False) -> "Dropped | None":
         """drop_op on every part, and a deleted topic leaves the topic registry; None if
         not found. The cut is part 0's; the trash is every part's."""
-        if delete and not channel and not self._guard(self.redis.sismember, keys.TOPICS, topic):
+        if delete and not channel and not guarded(self.redis.sismember, keys.TOPICS, topic):
             return None
-        dropped = [self.run(self.drop_op(part, channel, delete))
-                   for part in self.parts(topic, fresh=True)]
+        dropped = [self.store.run(self.drop_op(part, channel, delete))
+                   for part in self.store.parts(topic, fresh=True)]
         if delete and not channel:
             self.forget_topic(topic)
         if dropped[0] is None:
@@ -140,7 +141,7 @@ class Control(DataPath):
         """detach, then free the trash at once: UNLINK frees it off Redis' main thread."""
         dropped = self.detach(topic, channel, delete)
         if dropped is not None and dropped.trash:
-            self._guard(self.redis.unlink, *dropped.trash)
+            guarded(self.redis.unlink, *dropped.trash)
         return dropped
 
     def empty_channel(self, topic: str, channel: str) -> None:
@@ -159,9 +160,9 @@ class Control(DataPath):
         return self.drop(topic, delete=True) is not None
 
     def forget_topic(self, topic: str) -> None:
-        self._registered.pop(topic, None)
+        self.store.forget_registered(topic)
         self.redis.srem(keys.TOPICS, topic)
-        parts = self.parts(topic)[1:]
+        parts = self.store.parts(topic)[1:]
         if parts:
             self.redis.srem(keys.PARTITIONS, *parts)
 
@@ -182,10 +183,10 @@ class Control(DataPath):
         """The in-flight members of every part with their deadlines, about `count` per
         Redis call (ZSCAN: an entry may come twice, and those that come or go meanwhile
         may be missed)."""
-        for part in self.parts(topic):
+        for part in self.store.parts(topic):
             key, cursor = ChannelKeys.of(part, channel).inflight, None
             while cursor != 0:
-                cursor, entries = self._guard(
+                cursor, entries = guarded(
                     lambda: self.redis.zscan(key, cursor or 0, count=count))
                 if entries:
                     yield entries
@@ -194,15 +195,15 @@ class Control(DataPath):
         """Requeue in-flight messages by their members, each from the owner it names
         (lib/inflight.lua). Per member: 1 requeued, 0 no longer held so."""
         triples = [(member_owner(m), member_id(m), 0) for m in members]
-        return [int(code == codes.DONE) for code in (self.requeue(topic, channel, triples)
+        return [int(code == codes.DONE) for code in (self.store.requeue(topic, channel, triples)
                                                      if triples else [])]
 
     def configure_channel(self, topic: str, channel: str, name: str, value) -> None:
         """Set (or with None, clear) a channel setting kept in its meta hash, on every
         part (read from part 0)."""
-        for part in self.parts(topic):
+        for part in self.store.parts(topic):
             meta = ChannelKeys.of(part, channel).meta
             if value is None:
-                self._guard(self.redis.hdel, meta, name)
+                guarded(self.redis.hdel, meta, name)
             else:
-                self._guard(self.redis.hset, meta, name, value)
+                guarded(self.redis.hset, meta, name, value)

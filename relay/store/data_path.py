@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 from relay.codec import is_ephemeral, stored_timestamp
 from relay.errors import StoreError
 from relay.store import keys
-from relay.store.base import StoreBase
+from relay.store.base import Core
 from relay.store.keys import ChannelKeys, TopicKeys, id_part, split_part
 from relay.store.replies import Delivered, Published, Stepped, Subscribed
 from relay.store.batchers import FINISH_HEAD, Publishing, items_merging, stage_op
@@ -69,7 +69,7 @@ def _leave_keys(topic: str, channel: str) -> list[str]:
     return [t.channels, t.meta, c.consumers, t.due, *(k for k in c.all() if k != c.consumers)]
 
 
-class DataPath(StoreBase):
+class DataPath(Core):
     """The state transitions of messages and consumers."""
 
     def publish_op(self, topic: str, bodies: Sequence[bytes], defer_ms: int = 0,
@@ -89,7 +89,7 @@ class DataPath(StoreBase):
         except StoreError:
             count = 1
         if index is None:
-            index = next(self._turns) % count if count > 1 else 0
+            index = next(self.turns) % count if count > 1 else 0
         part = self.part(topic, index)
         ts = stored_timestamp(timestamp_ns or time.time_ns())
         pre = self._register(topic, count)
@@ -102,7 +102,7 @@ class DataPath(StoreBase):
             return self.inline_publish_op(part, index, ts, defer_ms, [group])
         token = secrets.token_hex(8)
         stage, t = keys.staging_key(part, token), TopicKeys.of(part)
-        commit = self._fanout_op("publish_commit", part,
+        commit = self.fanout_op("publish_commit", part,
                                  [*_topic_keys(t), stage, t.publishing, keys.snapshot_key(stage)],
                                  [ts, defer_ms, len(bodies), token, index,
                                   WIDE_CHANNELS if wide else 0, WIDE_CHANNELS],
@@ -128,8 +128,8 @@ class DataPath(StoreBase):
             args.append(b" ".join(key for group in groups for key in group[1]))
         head_keys = [*_topic_keys(t), keys.dedup_key(part)] if keyed else _topic_keys(t)
         if len(groups) > 1:
-            return self._fanout_op("publish", part, head_keys, args, Published.parse, pre)
-        return self._fanout_op("publish", part, head_keys, args,
+            return self.fanout_op("publish", part, head_keys, args, Published.parse, pre)
+        return self.fanout_op("publish", part, head_keys, args,
                                Published.duplicates if keyed else int, pre)
 
     def publish_step_op(self, part: str, token: str, channels: list[str] | None = None) -> Op:
@@ -137,7 +137,7 @@ class DataPath(StoreBase):
         `channels` (a wide one's next slice) or those this Store knows: a Stepped."""
         t = TopicKeys.of(part)
         stage = keys.staging_key(part, token)
-        return self._fanout_op("publish_step", part,
+        return self.fanout_op("publish_step", part,
                                [*_topic_keys(t), stage, t.publishing, keys.snapshot_key(stage)],
                                [t.wake, split_part(part)[1], self.node(part), token,
                                 WIDE_CHANNELS], Stepped.parse, channels=channels)
@@ -262,7 +262,7 @@ class DataPath(StoreBase):
         parts = self.parts(topic)
         if len(parts) == 1:
             return self.run(self.deliver_op(topic, channel, groups, max_attempts))
-        first = next(self._turns)
+        first = next(self.turns)
         wanted = [count for _, _, count in groups]
         got: list[list] = [[] for _ in groups]
         for turn in range(len(parts)):
@@ -347,3 +347,14 @@ class DataPath(StoreBase):
 
     def scan(self, topic: str, channel: str, limit: int = 1000) -> tuple:
         return self.run(self.scan_op(topic, channel, limit))
+
+
+class Service:
+    """One job of the Store beside its data path. It is given that data path, whose
+    client, runner and caches (partition counts, channel lists, order rules) all the
+    Store's services share, so what one learns the others know; `redis` is the client
+    it reads and writes with."""
+
+    def __init__(self, store: DataPath) -> None:
+        self.store = store
+        self.redis = store.redis

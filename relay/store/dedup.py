@@ -12,9 +12,9 @@ import zlib
 from typing import Sequence
 
 from relay.store import keys
-from relay.store.data_path import KEYED_BODIES, DataPath
+from relay.store.data_path import KEYED_BODIES, Service
 from relay.store.keys import TopicKeys
-from relay.store.runner import Op
+from relay.store.runner import Op, guarded
 
 DEDUP_FIELD = "dedup_ms"
 MAX_KEY_BYTES = 256
@@ -71,31 +71,31 @@ def key_part(key: bytes, partitions: int) -> int:
     return zlib.crc32(key) % partitions
 
 
-class Dedup(DataPath):
+class Dedup(Service):
     """The dedup window of topics, and publishes with keys."""
 
     def set_dedup(self, topic: str, window_ms: int) -> None:
         """The topic's window on every part (0: off; the keys remembered go with their
         expiry)."""
-        for part in self.parts(topic, fresh=True):
+        for part in self.store.parts(topic, fresh=True):
             meta = TopicKeys.of(part).meta
             if window_ms:
-                self._guard(self.redis.hset, meta, DEDUP_FIELD, window_ms)
+                guarded(self.redis.hset, meta, DEDUP_FIELD, window_ms)
             else:
-                self._guard(self.redis.hdel, meta, DEDUP_FIELD)
+                guarded(self.redis.hdel, meta, DEDUP_FIELD)
 
     def dedup_window(self, topic: str) -> int:
         """The topic's window in ms (part 0's setting); 0 when off."""
-        return int(self._guard(self.redis.hget, TopicKeys.of(topic).meta, DEDUP_FIELD) or 0)
+        return int(guarded(self.redis.hget, TopicKeys.of(topic).meta, DEDUP_FIELD) or 0)
 
     def dedup_report(self, topic: str) -> dict:
         """The window and the keys each part remembers (some maybe expired, not yet
         swept), as relay-admin dedup shows them."""
         pipe = self.redis.pipeline(transaction=False)
-        parts = self.parts(topic)
+        parts = self.store.parts(topic)
         for part in parts:
             pipe.zcard(keys.dedup_key(part))
-        counts = self._guard(pipe.execute)
+        counts = guarded(pipe.execute)
         window = self.dedup_window(topic)
         return {"topic": topic, "on": window > 0, "window_ms": window,
                 "partitions": [{"partition": i, "keys": n} for i, n in enumerate(counts)]}
@@ -108,8 +108,8 @@ class Dedup(DataPath):
         with publish keys each returns its number of duplicates, else the count of its
         last message. A message goes to the part its order key picks, else its publish
         key's, else the publish's turn: a key's messages always meet in one part."""
-        partitions = self.partitions(topic)
-        turn = next(self._turns) % partitions
+        partitions = self.store.partitions(topic)
+        turn = next(self.store.turns) % partitions
 
         def part_of(i: int) -> int:
             order_key = order_keys[i] if order_keys else None
@@ -123,7 +123,7 @@ class Dedup(DataPath):
         for index, positions in by_part.items():
             for start in range(0, len(positions), KEYED_BODIES):
                 chunk = positions[start:start + KEYED_BODIES]
-                ops.append(self.publish_op(
+                ops.append(self.store.publish_op(
                     topic, [bodies[i] for i in chunk], defer_ms, index=index,
                     publish_keys=publish_keys and [publish_keys[i] for i in chunk],
                     order_keys=order_keys and [order_keys[i] for i in chunk]))
@@ -135,7 +135,7 @@ class Dedup(DataPath):
         """Publish with publish keys, order keys or both: the number of duplicates (not
         published)."""
         duplicates = 0
-        for reply in self.run_many(self.keyed_publish_ops(topic, bodies, publish_keys,
+        for reply in self.store.run_many(self.keyed_publish_ops(topic, bodies, publish_keys,
                                                           defer_ms, order_keys)):
             if isinstance(reply, Exception):
                 raise reply

@@ -10,10 +10,10 @@ own), so the sweep calls expire.lua only on parts where it can find something.""
 from typing import Any, NamedTuple, Sequence
 
 from relay.store import codes
+from relay.store.data_path import DataPath, Service
 from relay.store.keys import ChannelKeys, TopicKeys
-from relay.store.base import StoreBase
 from relay.store.reads import Reads
-from relay.store.runner import Op
+from relay.store.runner import Op, guarded
 
 CHANNEL_TTL_FIELD = "channel_ttl"
 EXPIRE_MOST = 1000      # messages one expire.lua call takes out at most (about 1 ms)
@@ -30,24 +30,26 @@ class Expired(NamedTuple):
         return cls(int(reply[0]), bool(int(reply[1])))
 
 
-class Expiry(StoreBase):
+class Expiry(Service):
     """Message TTLs, and the sweep of expired messages."""
 
-    reads: Reads
+    def __init__(self, store: DataPath, reads: Reads) -> None:
+        super().__init__(store)
+        self.reads = reads
 
     def ttl_op(self, part: str, channel: str | None, ttl_ms: int | None) -> Op:
         """ttl.lua on one part: codes.DONE, or codes.NO_CHANNEL if the channel is not
         one of its."""
         t = TopicKeys.of(part)
-        return self._fanout_op("ttl", part, [t.meta, t.channels],
+        return self.store.fanout_op("ttl", part, [t.meta, t.channels],
                                [channel or "", "" if ttl_ms is None else ttl_ms])
 
     def set_ttl(self, topic: str, channel: str | None, ttl_ms: int | None) -> bool:
         """Set (None: clear) the message TTL of a topic, for its channels without one of
         their own and those made later, or of one channel, on every part (ttl.lua).
         False if the channel is not one of the topic's."""
-        return codes.NO_CHANNEL not in [self.run(self.ttl_op(part, channel, ttl_ms))
-                                        for part in self.parts(topic)]
+        return codes.NO_CHANNEL not in [self.store.run(self.ttl_op(part, channel, ttl_ms))
+                                        for part in self.store.parts(topic)]
 
     def ttl_settings(self, topic: str) -> dict:
         """The TTLs as part 0 has them: {"ttl_ms": the topic's or None, "channels":
@@ -57,7 +59,7 @@ class Expiry(StoreBase):
         pipe.hget(TopicKeys.of(topic).meta, "ttl_ms")
         for channel in names:
             pipe.hmget(ChannelKeys.of(topic, channel).meta, "ttl_ms", "ttl_from")
-        own, *channels = self._guard(pipe.execute)
+        own, *channels = guarded(pipe.execute)
         return {"ttl_ms": _ms(own), "channels": {
             name: {"ttl_ms": _ms(ttl), "source": source.decode() if source else None}
             for name, (ttl, source) in zip(names, channels)}}
@@ -67,8 +69,8 @@ class Expiry(StoreBase):
         `max_attempts`: the brokers' --max-attempts, which decides, where a channel has
         no setting of its own, whether its expired messages are dead letters."""
         t = TopicKeys.of(part)
-        return self._fanout_op("expire", part, [t.meta, t.channels, t.due, t.version],
-                               [most, max_attempts, self.node(part), t.wake], Expired.parse)
+        return self.store.fanout_op("expire", part, [t.meta, t.channels, t.due, t.version],
+                               [most, max_attempts, self.store.node(part), t.wake], Expired.parse)
 
     def expire_parts(self, parts: Sequence[str], seconds: float | None = None,
                      max_attempts: int = 0) -> int:
@@ -78,9 +80,9 @@ class Expiry(StoreBase):
         pipe = self.redis.pipeline(transaction=False)
         for part in parts:
             pipe.hmget(TopicKeys.of(part).meta, "ttl_ms", CHANNEL_TTL_FIELD)
-        with_ttl = [part for part, (ttl, own) in zip(parts, self._guard(pipe.execute))
+        with_ttl = [part for part, (ttl, own) in zip(parts, guarded(pipe.execute))
                     if int(ttl or 0) > 0 or own]
-        return self.in_rounds(with_ttl, lambda part: self.expire_op(part, max_attempts),
+        return self.store.in_rounds(with_ttl, lambda part: self.expire_op(part, max_attempts),
                               seconds)
 
 

@@ -8,9 +8,9 @@ import datetime
 from typing import Iterator, NamedTuple, Sequence
 
 from relay.errors import RelayError
-from relay.store.data_path import DataPath
+from relay.store.data_path import Service
 from relay.store.keys import ChannelKeys, TopicKeys, id_part
-from relay.store.runner import Op
+from relay.store.runner import Op, guarded
 
 TRIM_ENTRIES = 10_000   # entries a trim call removes at most (trim.lua)
 TRIM_BYTES = 4 << 20    # about the most record bytes it removes (and a trim by size reads)
@@ -137,21 +137,21 @@ def position(stream_id: str) -> tuple[int, int] | None:
     return (int(ms), int(count)) if dash and ms.isdigit() and count.isdigit() else None
 
 
-class History(DataPath):
+class History(Service):
     """Retention settings, trims and replays of topics' histories."""
 
     def set_retention(self, topic: str, time_ms: int, max_bytes: int) -> list[Retained]:
         """Retention on every part: messages older than `time_ms` and the oldest past
         `max_bytes` go (0: no limit of that kind; both 0: off, and the history goes),
         at once, in trim calls of a bounded cost. What each part retains after."""
-        parts = self.parts(topic, fresh=True)
+        parts = self.store.parts(topic, fresh=True)
         for part in parts:
             meta = TopicKeys.of(part).meta
             if time_ms or max_bytes:
-                self._guard(lambda: self.redis.hset(meta, mapping={
+                guarded(lambda: self.redis.hset(meta, mapping={
                     "retention_ms": time_ms, "retention_bytes": max_bytes}))
             else:
-                self._guard(self.redis.hdel, meta, *RETENTION_FIELDS)
+                guarded(self.redis.hdel, meta, *RETENTION_FIELDS)
         self.trim_parts(parts)
         return self.retained(topic)
 
@@ -168,7 +168,7 @@ class History(DataPath):
 
     def retention(self, topic: str) -> tuple[int, int]:
         """(time ms, max bytes) of the topic (part 0's settings); (0, 0) when off."""
-        values = self._guard(self.redis.hmget, TopicKeys.of(topic).meta, *RETENTION_FIELDS)
+        values = guarded(self.redis.hmget, TopicKeys.of(topic).meta, *RETENTION_FIELDS)
         return int(values[0] or 0), int(values[1] or 0)
 
     def trim_op(self, part: str, entries: int = TRIM_ENTRIES, max_bytes: int = TRIM_BYTES) -> Op:
@@ -181,11 +181,11 @@ class History(DataPath):
         """trim_op on each part, again on those it left more to trim until none does
         or, given `seconds` (the scanner's sweep), until they have passed (the next
         sweep goes on): the messages trimmed (in_rounds)."""
-        return self.in_rounds(parts, self.trim_op, seconds)
+        return self.store.in_rounds(parts, self.trim_op, seconds)
 
     def retained(self, topic: str) -> list[Retained]:
         """What each part of the topic retains, in part order."""
-        return self.retained_parts(self.parts(topic))
+        return self.retained_parts(self.store.parts(topic))
 
     def retained_parts(self, parts: Sequence[str]) -> list[Retained]:
         """What each of `parts` (of any topics) retains, in their order: one pipeline
@@ -194,7 +194,7 @@ class History(DataPath):
         for part in parts:
             pipe.hmget(TopicKeys.of(part).meta, *STATE_FIELDS)
         out = []
-        for state in self._guard(pipe.execute):
+        for state in guarded(pipe.execute):
             added, start, size, size_start, first, last = (int(v or 0) for v in state)
             out.append(Retained(added - start, size - size_start, first, last) if added > start
                        else Retained(0, 0, None, None))
@@ -213,7 +213,7 @@ class History(DataPath):
         high = "+" if to_ms is None else str(to_ms)
         count, entries_read, messages_read = min(chunk, 16), 0, 0
         while True:
-            entries = self._guard(lambda: self.redis.xrange(history, low, high, count=count))
+            entries = guarded(lambda: self.redis.xrange(history, low, high, count=count))
             records = [record for _, fields in entries for record in entry_records(fields)]
             if records:
                 yield records
@@ -231,13 +231,13 @@ class History(DataPath):
         ordered channel's replay to queue through its gate (workers/operations.py)."""
         t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
         return Op("replay", [t.history, c.queue, c.msgs, c.meta, t.channels, t.version],
-                  [channel, start, end, count, int(forward), cut, t.wake, self.node(part),
+                  [channel, start, end, count, int(forward), cut, t.wake, self.store.node(part),
                    int(hand_back)],
                   Replayed.handed_back if hand_back else Replayed.parse)
 
     def newest_entry(self, part: str) -> str | None:
         """The id of the newest entry of a part's history, None if it has none."""
-        last = self._guard(lambda: self.redis.xrevrange(TopicKeys.of(part).history, "+", "-",
+        last = guarded(lambda: self.redis.xrevrange(TopicKeys.of(part).history, "+", "-",
                                                         count=1))
         if not last:
             return None
@@ -254,7 +254,7 @@ class History(DataPath):
         pipe.xrevrange(history, start, "-", count=1)    # an entry begun before start
         pipe.xrange(history, start, end, count=1)
         pipe.xrevrange(history, end, start, count=1)
-        before, first, last = (Span.of(e[0]) if e else None for e in self._guard(pipe.execute))
+        before, first, last = (Span.of(e[0]) if e else None for e in guarded(pipe.execute))
         at = position(start)
         low = high = None
         if before and at and before.ms == at[0] and before.first < at[1] <= before.last \
@@ -276,19 +276,19 @@ class History(DataPath):
         None if its part retains nothing from it on. Ids and times grow together, so a
         bisection on the time finds it in about 40 reads of one entry."""
         index = id_part(msg_id.encode())
-        history = TopicKeys.of(self.part(topic, index)).history
+        history = TopicKeys.of(self.store.part(topic, index)).history
         wanted = int(msg_id[4:], 16)
         pipe = self.redis.pipeline(transaction=False)
         pipe.xrange(history, "-", "+", count=1)
         pipe.xrevrange(history, "+", "-", count=1)
-        first, last = (Span.of(e[0]) if e else None for e in self._guard(pipe.execute))
+        first, last = (Span.of(e[0]) if e else None for e in guarded(pipe.execute))
         if not first or not last or last.last < wanted:
             return None
         clipped = first.first > wanted
         low, high = first.ms, last.ms
         while low < high:   # the first ms holding a message of count >= wanted
             middle = (low + high) // 2
-            upto = self._guard(lambda: self.redis.xrevrange(history, str(middle), "-", count=1))
+            upto = guarded(lambda: self.redis.xrevrange(history, str(middle), "-", count=1))
             if upto and Span.of(upto[0]).last >= wanted:
                 high = middle
             else:
@@ -307,7 +307,7 @@ class History(DataPath):
             raise ReplayRefused(f"topic {topic} retains no message yet", False)
         oldest = min(r.oldest_ms for r in kept if r.oldest_ms is not None)
         newest = max(r.newest_ms for r in kept if r.newest_ms is not None)
-        parts = self.parts(topic)
+        parts = self.store.parts(topic)
         clipped = from_ms is not None and from_ms < oldest
         starts = ["-" if from_ms is None else f"{from_ms}-0"] * len(parts)
         if from_id is not None:
@@ -334,15 +334,15 @@ class History(DataPath):
         `from_ms` on, if given): subscribe.lua on each part gives the cut (its last
         message not in the backlog), and the replay puts what is retained up to it
         before what was published since. None if the channel exists already."""
-        joined = self.run_many([self.subscribe_op(part, channel, "")
-                                for part in self.parts(topic)])
+        joined = self.store.run_many([self.store.subscribe_op(part, channel, "")
+                                for part in self.store.parts(topic)])
         for reply in joined:
             if isinstance(reply, Exception):
                 raise reply
         if not joined[0].created:
             return None
         cuts = [j.cut for j in joined]
-        parts = self.parts(topic)
+        parts = self.store.parts(topic)
         start = "-" if from_ms is None else f"{from_ms}-0"
         oldest = min((r.oldest_ms for r in self.retained(topic) if r.oldest_ms is not None),
                      default=0)

@@ -11,10 +11,10 @@ from typing import NamedTuple
 
 from relay.errors import RelayError
 from relay.store import codes
-from relay.store.data_path import DataPath
+from relay.store.data_path import DataPath, Service
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.reads import Reads
-from relay.store.runner import Op
+from relay.store.runner import Op, guarded
 
 OVERFLOWS = ("reject", "drop-oldest", "dead-letter")
 LIMIT_FIELDS = (b"max_depth", b"part_max_depth", b"overflow")
@@ -44,18 +44,20 @@ def _limit_op(part: str, channel: str, args: list) -> Op:
               [channel, *args])
 
 
-class Limits(DataPath):
+class Limits(Service):
     """Setting and reading channels' depth limits."""
 
-    reads: Reads
+    def __init__(self, store: DataPath, reads: Reads) -> None:
+        super().__init__(store)
+        self.reads = reads
 
     def set_limit(self, topic: str, channel: str, limit: Limit | None) -> bool:
         """Set (None: remove) the channel's limit on every part; False if it has no
         such channel."""
-        parts = self.parts(topic, fresh=True)
+        parts = self.store.parts(topic, fresh=True)
         args = ["", 0, ""] if limit is None else \
             [limit.max_depth, part_share(limit.max_depth, len(parts)), limit.overflow]
-        replies = self.run_many([_limit_op(part, channel, args) for part in parts])
+        replies = self.store.run_many([_limit_op(part, channel, args) for part in parts])
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
@@ -67,7 +69,7 @@ class Limits(DataPath):
 
     def limit(self, topic: str, channel: str) -> Limit | None:
         """The channel's limit in force (part 0's), or None."""
-        depth, overflow = self._guard(self.redis.hmget, ChannelKeys.of(topic, channel).meta,
+        depth, overflow = guarded(self.redis.hmget, ChannelKeys.of(topic, channel).meta,
                                       "max_depth", "overflow")
         return None if depth is None else Limit(int(depth), overflow.decode())
 
@@ -77,7 +79,7 @@ class Limits(DataPath):
         limit and /channel/limit show."""
         now = self.limit(topic, channel)
         state = self.reads.read_channel(topic, channel)
-        parts = len(self.parts(topic))
+        parts = len(self.store.parts(topic))
         return {"topic": topic, "channel": channel, "max_depth": now and now.max_depth,
                 "overflow": now and now.overflow, "partitions": parts,
                 "part_max_depth": now and part_share(now.max_depth, parts),

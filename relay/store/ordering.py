@@ -18,11 +18,11 @@ from typing import NamedTuple, Sequence
 
 from relay.errors import StoreError
 from relay.store import codes
-from relay.store.data_path import DataPath
+from relay.store.data_path import Service
 from relay.store.dedup import BadKeyedMessage, key_problem, keyed_messages
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.limits import OrderedAndLimited
-from relay.store.runner import Op
+from relay.store.runner import Op, guarded
 
 ORDERED_FIELD = "ordered"
 RULE_KINDS = ("json-field", "separator")
@@ -94,7 +94,7 @@ class OrderKeyRule(NamedTuple):
         return None if key_problem(key) else key
 
 
-class Ordering(DataPath):
+class Ordering(Service):
     """Ordered channels, and the order keys of what is published."""
 
     def set_ordered(self, topic: str, channel: str, on: bool) -> int:
@@ -102,15 +102,15 @@ class Ordering(DataPath):
         the messages waiting behind their keys that went out (turned off). Raises
         OrderedAndLimited for a channel with a depth limit."""
         if on:
-            self.subscribe(topic, channel, "")      # /channel/create's way
+            self.store.subscribe(topic, channel, "")      # /channel/create's way
         released = 0
-        for part in self.parts(topic, fresh=True):
+        for part in self.store.parts(topic, fresh=True):
             t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
             op = Op("ordered", [t.channels, t.meta, c.meta, c.queue, c.deferred, c.msgs,
                                 c.gate, c.key_of, c.waiting, t.due, t.version],
-                    [int(on), channel, t.wake, self.node(part), RELEASE_STEP])
+                    [int(on), channel, t.wake, self.store.node(part), RELEASE_STEP])
             while True:
-                reply = self.run(op)
+                reply = self.store.run(op)
                 if int(reply[0]) == codes.LIMITED:
                     raise OrderedAndLimited(
                         f"channel {topic}/{channel} has a depth limit: remove it first "
@@ -123,40 +123,40 @@ class Ordering(DataPath):
 
     def is_ordered(self, topic: str, channel: str) -> bool:
         """Whether the channel delivers in order (part 0's mode: every part has it)."""
-        return bool(self._guard(self.redis.hexists, ChannelKeys.of(topic, channel).meta,
+        return bool(guarded(self.redis.hexists, ChannelKeys.of(topic, channel).meta,
                                 ORDERED_FIELD))
 
     def ordered_channels(self, topic: str) -> int:
         """How many of the topic's channels are ordered (part 0's count)."""
-        return int(self._guard(self.redis.hget, TopicKeys.of(topic).meta,
+        return int(guarded(self.redis.hget, TopicKeys.of(topic).meta,
                                "ordered_channels") or 0)
 
     def set_order_rule(self, topic: str, rule: OrderKeyRule | None) -> None:
         """The topic's rule for the order key of messages published without one (None:
         none); brokers use it within a second."""
         t = TopicKeys.of(topic)
-        self.run(Op("order_key", [t.version], ["" if rule is None else rule.text(), t.wake,
-                                               self.node(topic)]))
-        self.partitions(topic, fresh=True)
+        self.store.run(Op("order_key", [t.version], ["" if rule is None else rule.text(), t.wake,
+                                               self.store.node(topic)]))
+        self.store.partitions(topic, fresh=True)
 
     def order_rule(self, topic: str) -> OrderKeyRule | None:
         """The topic's rule as last read with its partition count (which a publish reads
         again when stale, and a broker when the topic has news): a publish reads nothing
         more for it, but for a topic never read, whose count it reads first. A read that
         fails leaves no rule; the publish's own call then fails or lands, as publish_op's."""
-        if topic not in self._partitions:
+        if not self.store.knows(topic):
             try:
-                self.partitions(topic)
+                self.store.partitions(topic)
             except StoreError:
                 pass
-        return OrderKeyRule.parse(self._order_rules.get(topic, ""))
+        return OrderKeyRule.parse(self.store.known_rule(topic))
 
     def order_keys(self, topic: str, bodies: Sequence[bytes],
                    given: "Sequence[bytes | None] | None" = None
                    ) -> "list[bytes | None] | None":
         """Each body's order key: the one given, else by the topic's rule; None when no
         body has one (a plain publish)."""
-        if given is None and topic in self._partitions and not self._order_rules.get(topic):
+        if given is None and self.store.knows(topic) and not self.store.known_rule(topic):
             return None     # a known topic without a rule: the common case, at once
         rule = self.order_rule(topic)
         if given is None and rule is None:
@@ -172,10 +172,10 @@ class Ordering(DataPath):
         (members "<order key> <id> <due> <record>", about `count` per Redis call): what
         an ordered channel's replay must not queue again (workers/operations.py)."""
         found: set[bytes] = set()
-        for part in self.parts(topic):
+        for part in self.store.parts(topic):
             key, cursor = ChannelKeys.of(part, channel).waiting, None
             while cursor != 0:
-                cursor, entries = self._guard(
+                cursor, entries = guarded(
                     lambda: self.redis.zscan(key, cursor or 0, count=count))
                 found.update(member.split(b" ", 2)[1] for member, _ in entries)
         return found
@@ -185,12 +185,12 @@ class Ordering(DataPath):
         waiting behind them, over its parts, and the topic's rule: what relay-admin
         order and /channel/order show."""
         pipe = self.redis.pipeline(transaction=False)
-        parts = self.parts(topic)
+        parts = self.store.parts(topic)
         for part in parts:
             c = ChannelKeys.of(part, channel)
             pipe.hlen(c.gate)
             pipe.zcard(c.waiting)
-        counts = self._guard(pipe.execute)
+        counts = guarded(pipe.execute)
         rule = self.order_rule(topic)
         return {"topic": topic, "channel": channel,
                 "ordered": self.is_ordered(topic, channel),

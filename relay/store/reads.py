@@ -10,11 +10,12 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 import redis
 
 from relay.store import keys, nodes, resp
-from relay.store.base import Confirmed, StoreBase
+from relay.store.base import Confirmed
 from relay.store.causes import REFUSALS, cause
+from relay.store.data_path import DataPath, Service
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.replies import DueView, summed
-from relay.store.runner import Op
+from relay.store.runner import Op, guarded
 
 DUE_READ = 10_000   # entries of one node's due index read at most per pass
 SEED_CHUNK = 500    # parts per seed.lua call
@@ -31,8 +32,13 @@ class NewsReply:
         self.reply, self.versions, self.confirmed = reply, versions, confirmed
 
 
-class Reads(StoreBase):
+class Reads(Service):
     """What is stored, read without changing it."""
+
+    def __init__(self, store: DataPath) -> None:
+        super().__init__(store)
+        self._counted: dict[str, int] = {}     # topic -> its news when its count was read
+        self._news_replies: dict[tuple, NewsReply] = {}     # parts -> their last news
 
     def refusal(self) -> str | None:
         """Why Redis refuses writes now (out of memory, persistence failing, a read-only
@@ -40,9 +46,9 @@ class Reads(StoreBase):
         of a key that never exists), or why it refused this process' last publish if
         none took since (causes.Refusals); None while it takes them."""
         pipe = self.redis.pipeline(transaction=False)
-        for prefix in self.nodes.prefixes():
+        for prefix in self.store.nodes.prefixes():
             pipe.set(keys.nothing_key(prefix + nodes.NEWS), "", xx=True)
-        for reply in self._guard(lambda: pipe.execute(raise_on_error=False)):
+        for reply in guarded(lambda: pipe.execute(raise_on_error=False)):
             if isinstance(reply, Exception):
                 return cause(reply)
         return REFUSALS.recent()
@@ -54,13 +60,13 @@ class Reads(StoreBase):
         An entry found in another node's index than its part's (slots moved) is taken
         out of it and its part seeded where it is now (seed_due). The nodes whose read
         failed are counted in `failed`: their entries wait for the next pass."""
-        now = self.now_ms() if now is None else now  # a cluster pipeline takes no TIME
-        prefixes = self.nodes.prefixes()
+        now = self.store.now_ms() if now is None else now  # a cluster pipeline takes no TIME
+        prefixes = self.store.nodes.prefixes()
         pipe = self.redis.pipeline(transaction=False)
         for prefix in prefixes:
             pipe.zrangebyscore(prefix + nodes.DUE, "-inf", now, start=0, num=limit,
                                withscores=True)
-        replies = self._guard(lambda: pipe.execute(raise_on_error=False))
+        replies = guarded(lambda: pipe.execute(raise_on_error=False))
         due, more, failed, strays = [], False, 0, []
         for prefix, reply in zip(prefixes, replies):
             if isinstance(reply, Exception):
@@ -69,14 +75,14 @@ class Reads(StoreBase):
             more = more or len(reply) == limit
             for member, score in reply:
                 part, channel = nodes.split_member(member)
-                if self.cluster and self.nodes.prefix(part) != prefix:
+                if self.store.cluster and self.store.nodes.prefix(part) != prefix:
                     strays.append((prefix, member, part))
                 else:
                     due.append((part, channel, int(score)))
         if strays:
             self._move_strays(strays)
-        if failed and self.cluster:
-            self.runner.refresh_slots()
+        if failed and self.store.cluster:
+            self.store.runner.refresh_slots()
         return DueView(now, due, more, failed)
 
     def _move_strays(self, strays: list) -> None:
@@ -85,7 +91,7 @@ class Reads(StoreBase):
         pipe = self.redis.pipeline(transaction=False)
         for prefix, member, _ in strays:
             pipe.zrem(prefix + nodes.DUE, member)
-        self._guard(lambda: pipe.execute(raise_on_error=False))
+        guarded(lambda: pipe.execute(raise_on_error=False))
         self.seed_due(sorted({part for _, _, part in strays}))
 
     def seed_due(self, parts: Sequence[str], chunk: int = SEED_CHUNK) -> int:
@@ -94,10 +100,10 @@ class Reads(StoreBase):
         sent to a stale node's keys missed, or a restarted Redis or a lost key lacks.
         Returns the entries seen; raises the first call's error."""
         ops = [Op("seed", [prefix + nodes.DUE], [TopicKeys.of(p).due for p in group[i:i + chunk]])
-               for prefix, group in self.nodes.by_node(parts).items()
+               for prefix, group in self.store.nodes.by_node(parts).items()
                for i in range(0, len(group), chunk)]
         seen = 0
-        for reply in self.run_many(ops):
+        for reply in self.store.run_many(ops):
             if isinstance(reply, Exception):
                 raise reply
             seen += int(reply)
@@ -111,23 +117,23 @@ class Reads(StoreBase):
         news moved since their partition count was read (raising it is news): the
         partition counts and placements read are learned, the others confirmed. The
         topics of a read that failed are left out, for the next one."""
-        groups = self.nodes.by_node(topics)
+        groups = self.store.nodes.by_node(topics)
         if type(self.redis) is redis.Redis:     # one server: the same HMGET each second
             reads = [news_read(prefix + nodes.NEWS, tuple(group))
                      for prefix, group in groups.items()]
-            (replies,) = self._guard(list, self._read_pipelines([reads]))
+            (replies,) = guarded(list, self._read_pipelines([reads]))
         else:
             pipe = self.redis.pipeline(transaction=False)
             for prefix, group in groups.items():
                 pipe.hmget(prefix + nodes.NEWS, group)
-            replies = self._guard(lambda: pipe.execute(raise_on_error=False))
+            replies = guarded(lambda: pipe.execute(raise_on_error=False))
         read: dict = {}
         fallback = []
         now = time.monotonic()
         for group, reply in zip(groups.values(), replies):
             if isinstance(reply, Exception):
-                if self.cluster:
-                    self.runner.refresh_slots()
+                if self.store.cluster:
+                    self.store.runner.refresh_slots()
                 continue
             fallback += self._took_news(group, reply, read, now)
         if fallback:
@@ -154,8 +160,8 @@ class Reads(StoreBase):
             versions[topic] = int(news)
             if keys.PART_MARK in topic:
                 continue
-            if topic in self._partitions and self._counted.get(topic) == versions[topic]:
-                self._confirmed[topic] = confirmed      # no news since its count was read
+            if self.store.knows(topic) and self._counted.get(topic) == versions[topic]:
+                self.store.confirm(topic, confirmed)      # no news since its count was read
             else:
                 fallback.append(topic)
         read.update(versions)
@@ -171,13 +177,13 @@ class Reads(StoreBase):
 
     def _read_versions(self, topics: list[str], read: dict) -> None:
         """versions() of topics from their version keys, into `read`."""
-        groups = self.nodes.by_node(topics)
+        groups = self.store.nodes.by_node(topics)
         ops = [Op("versions", [prefix + nodes.NEWS], [TopicKeys.of(t).version for t in group])
                for prefix, group in groups.items()]
-        for group, reply in zip(groups.values(), self.run_many(ops)):
+        for group, reply in zip(groups.values(), self.store.run_many(ops)):
             if isinstance(reply, Exception):
-                if self.cluster:
-                    self.runner.refresh_slots()
+                if self.store.cluster:
+                    self.store.runner.refresh_slots()
                 for topic in group:
                     read.pop(topic, None)
                 continue
@@ -185,8 +191,8 @@ class Reads(StoreBase):
                     group, reply[::4], reply[1::4], reply[2::4], reply[3::4]):
                 read[topic] = int(news or 0)
                 if keys.PART_MARK not in topic:
-                    self.learn_partitions(topic, int(partitions or 1), (salts or b"").decode())
-                    self._order_rules[topic] = (rule or b"").decode()
+                    self.store.learn_partitions(topic, int(partitions or 1), (salts or b"").decode(),
+                                                (rule or b"").decode())
                     self._counted[topic] = read[topic]
 
     def channel_states(self, channels: Sequence[tuple]) -> list:
@@ -196,10 +202,10 @@ class Reads(StoreBase):
         for topic, channel in channels:
             pipe.hmget(ChannelKeys.of(topic, channel).meta, "incarnation", "empties")
         return [(int(i) if i is not None else None, int(e or 0))
-                for i, e in self._guard(pipe.execute)]
+                for i, e in guarded(pipe.execute)]
 
     def topic_names(self) -> list[str]:
-        return sorted(n.decode() for n in self._guard(self.redis.smembers, keys.TOPICS))
+        return sorted(n.decode() for n in guarded(self.redis.smembers, keys.TOPICS))
 
     def stored_parts(self) -> list[str]:
         """The parts of every registered topic (a topic of one partition is its own):
@@ -207,11 +213,11 @@ class Reads(StoreBase):
         pipe = self.redis.pipeline(transaction=False)
         pipe.smembers(keys.TOPICS)
         pipe.smembers(keys.PARTITIONS)
-        topics, parts = self._guard(pipe.execute)
+        topics, parts = guarded(pipe.execute)
         return sorted(n.decode() for n in topics | parts)
 
     def channel_names(self, topic: str) -> list[str]:
-        names = self._guard(self.redis.smembers, TopicKeys.of(topic).channels)
+        names = guarded(self.redis.smembers, TopicKeys.of(topic).channels)
         return sorted(n.decode() for n in names)
 
     def consumer_brokers(self, topics: Sequence[str]) -> set[str]:
@@ -219,11 +225,11 @@ class Reads(StoreBase):
         pipe = self.redis.pipeline(transaction=False)
         for topic in topics:
             pipe.smembers(TopicKeys.of(topic).channels)
-        channels = [(t, c.decode()) for t, names in zip(topics, self._guard(pipe.execute))
+        channels = [(t, c.decode()) for t, names in zip(topics, guarded(pipe.execute))
                     for c in names]
         for topic, channel in channels:
             pipe.hkeys(ChannelKeys.of(topic, channel).consumers)
-        return {b.decode() for ids in self._guard(pipe.execute) for b in ids}
+        return {b.decode() for ids in guarded(pipe.execute) for b in ids}
 
     def read_topic(self, topic: str, parts: list | None = None) -> dict:
         """Depth and counters of a topic as stored, summed over its parts (or `parts`);
@@ -238,7 +244,7 @@ class Reads(StoreBase):
         """read_topic_parts, and the topic's retention (time ms, max bytes; (0, 0) when
         off) as part 0's meta has it, from the same read: so /stats reads the history
         of the topics with retention on only, at no cost for the others."""
-        figures, retention, _ = self.read_topic_states([(topic, parts or self.parts(topic))])[0]
+        figures, retention, _ = self.read_topic_states([(topic, parts or self.store.parts(topic))])[0]
         return figures, retention
 
     def read_topic_states(self, topics: Sequence[tuple[str, list[str]]]
@@ -277,7 +283,7 @@ class Reads(StoreBase):
             for item in batch:
                 send(commands, *item)
             pipelines.append(commands)
-        return self._guard(self._taken, batches, self._read_pipelines(pipelines), take, width)
+        return guarded(self._taken, batches, self._read_pipelines(pipelines), take, width)
 
     @staticmethod
     def _taken(batches: list, replied: Iterator[list], take: Callable[..., Any],
@@ -336,7 +342,7 @@ class Reads(StoreBase):
 
     def read_channel_parts(self, topic: str, channel: str) -> list[dict]:
         """read_channel of each part."""
-        return self.read_channels([(self.parts(topic), channel)])[0]
+        return self.read_channels([(self.store.parts(topic), channel)])[0]
 
     def read_channels(self, channels: Sequence[tuple[list[str], str]]) -> list[list[dict]]:
         """read_channel_parts of each (its topic's parts, channel), in pipelines of
@@ -350,14 +356,14 @@ class Reads(StoreBase):
 
     def queued_records(self, topic: str, channel: str, chunk: int):
         """The channel's ready queues, `chunk` records at a time, without taking them."""
-        for part in self.parts(topic):
+        for part in self.store.parts(topic):
             queue, start = ChannelKeys.of(part, channel).queue, 0
-            while records := self._guard(self.redis.lrange, queue, start, start + chunk - 1):
+            while records := guarded(self.redis.lrange, queue, start, start + chunk - 1):
                 yield records
                 start += chunk
 
     def channel_setting(self, topic: str, channel: str, name: str) -> str | None:
-        value = self._guard(self.redis.hget, ChannelKeys.of(topic, channel).meta, name)
+        value = guarded(self.redis.hget, ChannelKeys.of(topic, channel).meta, name)
         return value.decode() if value is not None else None
 
 

@@ -1,7 +1,8 @@
 """The Store: every change to queue state, as one Lua script call each, and the reads
 of that state. The Store itself is the data path (data_path.py: brokers' publishes,
 deliveries and settling, over base.py's client, ScriptRunner and caches); the rest are
-services with one job each, on the same client, runner and caches: `reads` (reads.py:
+services with one job each (data_path.Service), each given the data path and the
+services it asks: `reads` (reads.py:
 stats, the scanner, wake-ups), `control` (control.py: the HTTP API, relay-admin, jobs),
 `expiry` (expiry.py: TTLs), `limits` (limits.py: depth limits), `history` (history.py:
 retention and replay), `dedup` (dedup.py: idempotent publish) and `ordering`
@@ -25,10 +26,10 @@ class Store(DataPath):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.reads = Reads.over(self)
-        self.control = Control.over(self)
-        self.expiry = Expiry.over(self)
-        self.limits = Limits.over(self)
-        self.history = History.over(self)
-        self.dedup = Dedup.over(self)
-        self.ordering = Ordering.over(self)
+        self.reads = Reads(self)
+        self.limits = Limits(self, self.reads)
+        self.control = Control(self, self.reads, self.limits)
+        self.expiry = Expiry(self, self.reads)
+        self.history = History(self)
+        self.dedup = Dedup(self)
+        self.ordering = Ordering(self)
