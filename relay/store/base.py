@@ -261,6 +261,11 @@ class Core:
         """The topic's order key rule as last read with its count ("": none, or unread)."""
         return self._order_rules.get(topic, "")
 
+    def known_plain(self, topic: str) -> bool:
+        """The topic's count was read, and with it no order key rule: its publishes
+        need no order keys (one test per PUB, on the hot path)."""
+        return topic in self._partitions and not self._order_rules.get(topic)
+
     def forget_registered(self, topic: str) -> None:
         """The next publish to the topic registers it again (it was unregistered)."""
         self._registered.pop(topic, None)

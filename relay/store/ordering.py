@@ -156,7 +156,7 @@ class Ordering(Service):
                    ) -> "list[bytes | None] | None":
         """Each body's order key: the one given, else by the topic's rule; None when no
         body has one (a plain publish)."""
-        if given is None and self.store.knows(topic) and not self.store.known_rule(topic):
+        if given is None and self.store.known_plain(topic):
             return None     # a known topic without a rule: the common case, at once
         rule = self.order_rule(topic)
         if given is None and rule is None:
