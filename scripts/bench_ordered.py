@@ -293,7 +293,7 @@ def commandstats(client: redis.Redis) -> dict:
 
 def per_message(before: dict, after: dict, messages: int) -> dict:
     """Each Redis command's calls and µs per message between two commandstats (scripts'
-    inner commands counted too, their time inside evalsha's), the costliest first."""
+    inner commands counted too, their time inside fcall's), the costliest first."""
     out = {}
     for name, (calls, usec) in after.items():
         c0, u0 = before.get(name, (0, 0))
@@ -720,7 +720,7 @@ def render(results: dict, args) -> list:
         last = {v: rs[-1]["redis_commands_per_msg"] for v, rs in r["runs"].items()}
         names = list(dict.fromkeys(n for v in last for n in list(last[v])[:8]))
         lines += ["Redis commands per message over the drain (last round; scripts' inner "
-                  "commands counted too, their µs inside evalsha's): calls / µs", ""]
+                  "commands counted too, their µs inside fcall's): calls / µs", ""]
         lines += table(["command", *last], [[n, *(" / ".join(map(str, last[v][n]))
                                                   if n in last[v] else "-" for v in last)]
                                              for n in names])

@@ -62,7 +62,7 @@ def publish_rates(runs: int, seconds: float) -> list[str]:
 
 
 def script_cost(runs: int, calls: int = 2000) -> list[str]:
-    """Redis µs per message inside publish.lua (commandstats of EVALSHA: the script's own
+    """Redis µs per message inside publish.lua (commandstats of FCALL: the script's own
     time, no I/O), MPUBs of 100 to a topic with one channel, retention off and on in turn,
     bodies of SIZE B and of SIZE/2..3*SIZE/2 B (each length different in a call): a
     table row per kind of bodies, medians of `runs` (on - off: of the paired
@@ -82,10 +82,10 @@ def script_cost(runs: int, calls: int = 2000) -> list[str]:
             for _ in range(runs):
                 for topic in ("off", "on"):
                     ops = [store.publish_op(topic, bodies) for _ in range(50)]
-                    before = client.info("commandstats")["cmdstat_evalsha"]["usec"]
+                    before = client.info("commandstats")["cmdstat_fcall"]["usec"]
                     for _ in range(calls // 50):
                         store.run_many(ops)
-                    spent = client.info("commandstats")["cmdstat_evalsha"]["usec"] - before
+                    spent = client.info("commandstats")["cmdstat_fcall"]["usec"] - before
                     us[topic].append(spent / (calls * 100))
                     client.delete(TopicKeys.of(topic).history, ChannelKeys.of(topic, "c").queue)
             off, on = statistics.median(us["off"]), statistics.median(us["on"])
@@ -111,7 +111,7 @@ def trim_all(store: Store, topic: str) -> dict:
             break
     client.config_set("slowlog-log-slower-than", 10_000)
     times = [e["duration"] / 1000 for e in client.slowlog_get(100_000)
-             if e["command"].startswith(b"EVALSHA")
+             if e["command"].startswith(b"FCALL")
              and e["client_name"] == BENCH_CLIENT.encode()]
     assert len(times) == calls, (len(times), calls)
     return {"trimmed": trimmed, "calls": calls, "trim_ms": sum(times),

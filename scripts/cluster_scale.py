@@ -92,7 +92,7 @@ def deployment(masters: int, data: str):
     ports = [embedded.free_port() for _ in range(max(masters, 1))]
     extra = ("--save", "", "--appendonly", "yes", "--appendfsync", "everysec")
     if masters == 0:
-        proc = embedded.start(ports[0], data, extra=extra, binary=embedded.cluster_binary())
+        proc = embedded.start(ports[0], data, extra=extra)
         return f"redis://127.0.0.1:{ports[0]}/0", [proc]
     return f"redis://127.0.0.1:{ports[0]}/0", embedded.start_cluster(ports, data, extra)
 

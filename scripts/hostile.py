@@ -24,7 +24,6 @@ import zlib
 
 import redis
 
-from relay.store.runner import load_scripts
 from scripts.bench import Stack
 
 MAGIC = b"  V2"
@@ -410,16 +409,15 @@ def slowlog_reset(url: str) -> None:
 
 
 def slowest_call(url: str) -> str:
-    """The longest command SLOWLOG holds: its ms and what it was (an EVALSHA's script by
+    """The longest command SLOWLOG holds: its ms and what it was (an FCALL's script by
     its first key)."""
     entries = redis.Redis.from_url(url, socket_timeout=30).slowlog_get(1024)
     if not entries:
         return "none over 1 ms"
     worst = max(entries, key=lambda e: e["duration"])
     words = worst["command"].split(b" ")
-    if words[0] == b"EVALSHA":
-        names = {script.sha: name for name, script in load_scripts().items()}
-        what = names.get(words[1].decode(), words[1].decode()[:12])
+    if words[0] == b"FCALL":
+        what = words[1].decode().rsplit("_", 1)[0]      # the script's name
     else:
         what = b" ".join(words[:2]).decode("latin-1")
     return f"{worst['duration'] / 1000:.1f} ms ({what[:60]}), {len(entries)} over 1 ms"

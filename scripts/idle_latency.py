@@ -225,13 +225,11 @@ def settle(producer: Connection, selector) -> None:
 def redis_by_script(slow: list) -> dict:
     """Redis's time in each script (by name) and plain command over the slow log's
     entries, most first (--by-script logs every call)."""
-    from relay.store.runner import load_scripts
-    names = {s.sha.encode(): name for name, s in load_scripts().items()}
     total: dict[str, int] = {}
     for entry in slow:
         words = entry["command"].split()
-        name = names.get(words[1], "?") if words[0].upper() == b"EVALSHA" and len(words) > 1 \
-            else words[0].decode(errors="replace").upper()
+        name = words[1].decode().rsplit("_", 1)[0] if words[0].upper() == b"FCALL" \
+            and len(words) > 1 else words[0].decode(errors="replace").upper()
         total[name] = total.get(name, 0) + entry["duration"]
     return dict(sorted(total.items(), key=lambda kv: -kv[1]))
 

@@ -2,7 +2,7 @@
 no broker in between: publish (MPUB batches of 100), deliver (batches of 100 into a
 growing in-flight set) and finish (the same batches), each step's server CPU (INFO cpu,
 user + sys) over its messages, and the commands the scripts ran inside (INFO
-commandstats: EVALSHA's time includes theirs).
+commandstats: FCALL's time includes theirs).
 
     .venv/bin/python scripts/redis_profile.py --redis-url redis://127.0.0.1:6379/0 \
         [--batches 1500] [--size 200]

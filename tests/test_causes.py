@@ -1,6 +1,6 @@
 """Redis' errors as relay reports them (relay/store/causes.py): the cause, in one line,
-without a script's sha or line number, from the replies Redis 6.2, Redis 7 and Valkey
-give, as redis-py's parser makes them exceptions."""
+without a function's name or line number, from the replies Redis 7 and Valkey give, as
+redis-py's parser makes them exceptions."""
 
 import pytest
 from redis._parsers.base import BaseParser
@@ -10,24 +10,18 @@ from relay.errors import StoreConnectionError
 from relay.store.causes import cause
 from relay.store.runner import guarded
 
-SHA = "85a3" + "0" * 36
+FUNCTION = "deliver_2759dfa0c37a"
 
 
 @pytest.mark.parametrize("reply, expected", [
-    # Redis 6.2: the error of a command inside a script, in the script's frame
-    (f"Error running script (call to f_{SHA}): @user_script:108: @user_script: 108: -OOM "
-     "command not allowed when used memory > 'maxmemory'.",
-     "redis is out of memory (maxmemory)"),
-    # Redis 7, Valkey 8: the command's error with the script after it
-    (f"OOM command not allowed when used memory > 'maxmemory'. script: {SHA}, on "
-     "@user_script:108.", "redis is out of memory (maxmemory)"),
+    # the error of a command inside a function, the function after it
+    (f"OOM command not allowed when used memory > 'maxmemory'. script: {FUNCTION}, on "
+     "@user_function:108.", "redis is out of memory (maxmemory)"),
+    # a function refused before it ran
     ("OOM command not allowed when used memory > 'maxmemory'.",
      "redis is out of memory (maxmemory)"),
-    (f"Error running script (call to f_{SHA}): @user_script:12: @user_script: 12: -MISCONF "
-     "Errors writing to the AOF file: No space left on device",
-     "redis cannot write its AOF: No space left on device"),
-    (f"MISCONF Errors writing to the AOF file: No space left on device script: {SHA}, on "
-     "@user_script:12.", "redis cannot write its AOF: No space left on device"),
+    (f"MISCONF Errors writing to the AOF file: No space left on device script: {FUNCTION}, "
+     "on @user_function:12.", "redis cannot write its AOF: No space left on device"),
     ("MISCONF Redis is configured to save RDB snapshots, but it's currently unable to "
      "persist to disk. Commands that may modify the data set are disabled, because this "
      "instance is configured to report errors during writes if RDB snapshotting fails "
@@ -35,22 +29,18 @@ SHA = "85a3" + "0" * 36
      "about the RDB error.", "redis refuses writes: it cannot save its RDB snapshots "
                             "(stop-writes-on-bgsave-error)"),
     ("READONLY You can't write against a read only replica.", "redis is a read-only replica"),
-    (f"Error running script (call to f_{SHA}): @user_script:3: @user_script: 3: -READONLY "
-     "You can't write against a read only replica.", "redis is a read-only replica"),
     ("CLUSTERDOWN The cluster is down", "the redis cluster is down"),
     ("CLUSTERDOWN Hash slot not served", "the redis cluster is down (a slot is not served)"),
     ("LOADING Redis is loading the dataset in memory", "redis is loading its data"),
     ("BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN "
      "NOSCRIPT.", "redis is busy running a script"),
-    ("NOSCRIPT No matching script. Please use EVAL.",
-     "redis has lost relay's scripts (NOSCRIPT) and they could not be loaded again"),
+    ("Function not found",
+     "redis has lost relay's functions and they could not be loaded again"),
     ("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
      "the redis replica has lost its master"),
-    # a script's own errors: Lua's, and the replies it makes, without the frame
-    (f"Error running script (call to f_{SHA}): @user_script:5: user_script:5: attempt to "
-     "compare nil with number", "attempt to compare nil with number"),
-    (f"ERR user_script:5: attempt to compare nil with number script: {SHA}, on "
-     "@user_script:5.", "attempt to compare nil with number"),
+    # a function's own errors: Lua's, and the replies it makes, without the frame
+    (f"ERR user_function:5: attempt to compare nil with number script: {FUNCTION}, on "
+     "@user_function:5.", "attempt to compare nil with number"),
     ("the MPUB was not staged whole: redis refused part of it",
      "the MPUB was not staged whole: redis refused part of it"),
     ("WRONGTYPE Operation against a key holding the wrong kind of value",

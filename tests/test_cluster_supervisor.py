@@ -421,11 +421,3 @@ def test_a_node_that_cannot_bind_its_bus_says_why_from_its_log(tmp_path, monkeyp
                                  f"1: Failed listening on port {bus} (cluster), aborting.")
 
 
-def test_redis_6_takes_its_bus_at_port_plus_10000_or_names_it(tmp_path):
-    port = embedded.free_ports(1)
-    with listening(port + BUS_OFFSET):
-        with pytest.raises(embedded.NodeFailed) as failed:
-            embedded.start_cluster([port], str(tmp_path), binary=embedded.server_binary())
-    assert str(failed.value) == (f"node 127.0.0.1:{port}: its cluster bus port "
-                                 f"{port + BUS_OFFSET} (port + 10000, as Redis 6.2 has it) "
-                                 "is taken")

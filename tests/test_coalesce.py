@@ -145,13 +145,13 @@ def test_a_merged_call_with_a_stale_channel_list_is_sent_again(backend):
     assert queued(publisher) == [b"x", b"y"]
 
 
-def evalsha_calls(client) -> int:
-    """The script calls Redis (each master of a cluster) has run."""
+def function_calls(client) -> int:
+    """The function calls Redis (each master of a cluster) has run."""
     if is_cluster(client):
         nodes = client.info("commandstats", target_nodes=RedisCluster.PRIMARIES).values()
     else:
         nodes = [client.info("commandstats")]
-    return sum(n.get("cmdstat_evalsha", {}).get("calls", 0) for n in nodes)
+    return sum(n.get("cmdstat_fcall", {}).get("calls", 0) for n in nodes)
 
 
 @pytest.mark.integration
@@ -165,10 +165,10 @@ def test_a_brokers_mpubs_to_a_topic_with_a_channel_are_one_call_each(processes, 
     Store(client).control.create_channel("t", "c")
     producer = Wire(port)
     assert producer.mpub("t", [b"m"] * 20) == (FRAME_RESPONSE, b"OK")
-    before = evalsha_calls(client)
+    before = function_calls(client)
     for _ in range(5):
         assert producer.mpub("t", [b"m"] * 20) == (FRAME_RESPONSE, b"OK")
-    assert evalsha_calls(client) - before == 5
+    assert function_calls(client) - before == 5
     assert Store(client).reads.read_channel("t", "c")["depth"] == 120
 
 

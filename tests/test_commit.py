@@ -414,7 +414,7 @@ def test_later_submits_form_the_next_batch(fake_store, commit):
 
 def test_unreachable_redis_fails_every_submit(fake_store):
     store = fake_store
-    store.runner.load_scripts()
+    store.runner.load_library()
 
     def refused(ops):
         raise redis.exceptions.ConnectionError("Connection refused")
@@ -463,7 +463,7 @@ def slow_down(store, seconds: float) -> None:
 def test_an_op_sent_and_not_answered_in_its_patience_may_have_run(fake_store):
     """Its waiter stops at the deadline, but Redis may run it (here it does, later): the
     error says so (NoAnswer), for the publish's answer to say it may have been published."""
-    fake_store.runner.load_scripts()
+    fake_store.runner.load_library()
     slow_down(fake_store, 0.4)
     commit = GroupCommit(fake_store, patience=0.2)
     try:
@@ -481,7 +481,7 @@ def test_waiters_stop_at_their_own_deadlines_once_the_keeper_has_gone_idle(
     wait: waiters of different deadlines each stop at theirs, within a TICK, and so does
     one that comes after the keeper ended for want of waiters."""
     monkeypatch.setattr(Deadlines, "IDLE", 0.1)
-    fake_store.runner.load_scripts()
+    fake_store.runner.load_library()
     ops = [fake_store.publish_op("t", [b"x"]) for _ in range(4)]  # built before Redis slows
     slow_down(fake_store, 0.6)
     commit = GroupCommit(fake_store, patience=0.2)

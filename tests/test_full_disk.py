@@ -1,4 +1,4 @@
-"""A full disk under AOF (issue 36): the embedded Redis 6.2 writes its AOF to a small
+"""A full disk under AOF (issue 36): the embedded server writes its AOF to a small
 filesystem of the test's own (tmpfs, which needs root: the test skips without it) that
 a ballast file fills. Publishes are refused with the cause, nothing acknowledged is lost,
 and once the ballast goes Redis writes its AOF again by itself (no BGREWRITEAOF, no
@@ -43,7 +43,8 @@ def aof_on_small_disk(small_disk, tmp_path):
     """The embedded Redis (conf/redis.conf: AOF, fsync every second) with its data on
     the small disk, a broker and a scanner: (client, tcp port, Api)."""
     port = embedded.free_port()
-    proc = embedded.start(port, str(small_disk / "redis"), CONF)
+    proc = embedded.start(port, str(small_disk / "redis"), CONF,
+                          extra=("--enable-debug-command", "local"))   # DEBUG LOADAOF
     procs = Processes(f"redis://127.0.0.1:{port}/0", str(tmp_path))
     _, tcp_port = procs.broker()
     procs.scanner()

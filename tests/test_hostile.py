@@ -320,7 +320,7 @@ def test_a_fin_flood_breaks_no_one_elses_publish(processes):
 # and the steps of it (one channel: 1,000 messages a step, publish_step.lua)
 SLOWEST_CALL_US = 10_000
 MESSAGES_A_STEP = 1000
-PUBLISH_SCRIPTS = {runner.load_scripts()[name].sha.encode()
+PUBLISH_SCRIPTS = {runner.load_library().scripts[name].function.encode()
                    for name in ("stage", "publish", "publish_commit", "publish_step")}
 
 

@@ -1,8 +1,8 @@
 """Redis at maxmemory under noeviction (issue 36): publishing is refused with its cause,
 before anything is written (an MPUB all or nothing), while everything that frees memory
-or only moves data goes on (lib/maxmemory.lua), and publishing takes again once
-consumers have drained. On the embedded Redis 6.2 and on Valkey 8, each a server of this
-module's own, as maxmemory is set on it (fakeredis has none)."""
+or only moves data goes on (runner.REFUSED_AT_MAXMEMORY), and publishing takes again once
+consumers have drained. On the embedded Valkey 8, a server of this module's own, as
+maxmemory is set on it (fakeredis has none)."""
 
 import json
 import shutil
@@ -25,19 +25,17 @@ from tests.helpers.api import Api
 from tests.helpers.processes import Processes
 from tests.helpers.wire import Wire
 
-SERVERS = {"redis-6.2": embedded.server_binary, "valkey-8": embedded.cluster_binary}
 BODY = 1000
 HEADROOM = 4_000_000    # bytes of maxmemory above what the server holds when a test starts,
                         # well above what it takes once to run what it has not run yet
 
 
-@pytest.fixture(scope="module", params=sorted(SERVERS))
-def server(request):
+@pytest.fixture(scope="module")
+def server():
     """A server of this module's own: its client."""
     port = embedded.free_port()
     data = tempfile.mkdtemp(prefix="relay-test-maxmemory-")
-    proc = embedded.start(port, data, extra=("--save", "", "--appendonly", "no"),
-                          binary=SERVERS[request.param]())
+    proc = embedded.start(port, data, extra=("--save", "", "--appendonly", "no"))
     client = redis.Redis(port=port)
     yield client
     client.close()
@@ -129,7 +127,7 @@ def test_at_maxmemory_publishing_is_refused_and_everything_else_goes_on(server):
     assert store.reads.refusal() is None
 
 
-# -- a broker and a scanner on a full Redis 6.2 --------------------------------------------
+# -- a broker and a scanner on a full Redis -------------------------------------------------
 
 REFUSED = {command: (FRAME_ERROR, f"E_{command}_FAILED {command} failed: {OUT_OF_MEMORY}"
                      .encode()) for command in ("PUB", "MPUB", "DPUB")}
@@ -137,7 +135,7 @@ REFUSED = {command: (FRAME_ERROR, f"E_{command}_FAILED {command} failed: {OUT_OF
 
 @pytest.fixture
 def full_stack(tmp_path):
-    """The embedded Redis 6.2 of this test only, with a broker and a scanner on it:
+    """The embedded server of this test only, with a broker and a scanner on it:
     (client, url, tcp port, Api)."""
     port = embedded.free_port()
     proc = embedded.start(port, str(tmp_path / "redis"),

@@ -253,7 +253,7 @@ def test_embedded_servers_on_two_ports_keep_apart_and_a_held_folder_is_refused(
     assert sorted(os.listdir(tmp_path / "data")) == sorted([str(first), str(second)])
     for port in (first, second):
         assert redis_py.Redis(port=port).keys() == [b"written-on"]
-        assert "appendonly.aof" in os.listdir(tmp_path / "data" / str(port))
+        assert "appendonlydir" in os.listdir(tmp_path / "data" / str(port))    # AOF files
 
     again = relay("redis", "--redis-url", f"redis://127.0.0.1:{first}/0", "--data-dir",
                   "data", "--redis-conf", conf, cwd=tmp_path)

@@ -9,12 +9,13 @@ publish in test_wakeups.py.
 import time
 from importlib import resources
 
+import fakeredis
 import pytest
 
 from relay import codec
 from relay.codec import make_record, parse_record
-from relay.errors import StoreError
-from relay.store import codes, keys, runner
+from relay.errors import ServerTooOld, StoreError
+from relay.store import Store, codes, keys, runner
 from relay.store import data_path
 from relay.store.keys import ChannelKeys, TopicKeys
 from tests.helpers.servers import all_keys
@@ -612,23 +613,57 @@ def test_lua_record_layout_is_relay_codecs(store):
         make_record(0x0102030405060708, 0, b"00000000000000ff", b"x")]
 
 
-def test_included_files_come_first_and_no_script_has_flags():
-    """news.lua names node.lua, which comes before it; the codes' values stand in for
-    their names (relay/store/codes.py). No script has a flags line (#!lua): without one,
-    a script may reach keys of other slots of its node, as the node keys are
-    (relay/store/nodes.py)."""
-    plain, sharded = runner.load_scripts(), runner.load_scripts(sharded=True)
-    libs = b"".join(lua_lib(n) for n in ("fanout.lua", "time.lua", "chunked.lua", "record.lua",
-                                         "node.lua", "news.lua", "history.lua",
-                                         "deadletter.lua", "limit.lua", "order.lua",
-                                         "append.lua", "dedup.lua"))
-    own = (resources.files("relay.store") / "scripts" / "publish.lua").read_bytes()
+def test_the_library_defines_each_lib_file_once_before_its_functions():
+    """Every lib file is in the library once, after what it names (news.lua names
+    node.lua), before the functions; each script is a function named with the library's
+    hash, its file in it as it is, the codes' values in place of their names
+    (relay/store/codes.py). The sharded library has SPUBLISH where the plain one has
+    PUBLISH, and a name of its own."""
+    plain, sharded = runner.load_library(), runner.load_library(sharded=True)
+    code = plain.code.encode()
+    functions_start = code.index(b"redis.register_function")
+    folder = resources.files("relay.store") / "scripts"
+    for lib in (folder / "lib").iterdir():
+        assert code.count(lua_lib(lib.name)) == 1, lib.name
+        assert code.index(lua_lib(lib.name)) < functions_start, lib.name
+    assert code.index(lua_lib("node.lua")) < code.index(lua_lib("news.lua"))
+    own = (folder / "publish.lua").read_bytes()
     assert own.startswith(b"-- include: append.lua, dedup.lua\n")
-    assert plain["publish"].source == libs + codes.inline(own)
-    assert sharded["publish"].source == plain["publish"].source.replace(
-        b"redis.call('PUBLISH', wake", b"redis.call('SPUBLISH', wake")
-    assert b"'PUBLISH'" not in b"".join(s.source for s in sharded.values())
-    assert not any(s.source.startswith(b"#!") for s in [*plain.values(), *sharded.values()])
+    assert codes.inline(own) in code
+    digest = plain.name.removeprefix("relay_")
+    assert sorted(plain.scripts) == sorted(p.name[:-4] for p in folder.iterdir()
+                                           if p.name.endswith(".lua"))
+    assert {s.function for s in plain.scripts.values()} == \
+        {f"{name}_{digest}" for name in plain.scripts}
+    assert sharded.code.replace(sharded.name, plain.name).replace(
+        sharded.name.removeprefix("relay_"), digest) == \
+        plain.code.replace("redis.call('PUBLISH', wake", "redis.call('SPUBLISH', wake")
+    assert "'PUBLISH'" not in sharded.code and sharded.name != plain.name
+
+
+def test_functions_reach_other_slots_and_only_publishing_is_refused_at_maxmemory(store):
+    """Every function may reach keys of other slots of its node (the node keys:
+    relay/store/nodes.py); all but the publishing ones run at maxmemory (allow-oom),
+    where those are refused before they write anything (tests/test_maxmemory.py)."""
+    store.runner.load_library()
+    refused = {"publish", "publish_commit", "stage", "redrive", "replay"}
+    for server in servers(store):   # every master of a cluster
+        (library,) = server.function_list(library=store.runner.library.name)
+        listed = dict(zip(library[::2], library[1::2]))
+        flags = {}
+        for function in listed[b"functions"]:
+            fields = dict(zip(function[::2], function[1::2]))
+            flags[fields[b"name"].decode()] = {flag.decode() for flag in fields[b"flags"]}
+        assert flags == {s.function: {"allow-cross-slot-keys"} if s.name in refused
+                         else {"allow-cross-slot-keys", "allow-oom"}
+                         for s in store.runner.library.scripts.values()}
+
+
+def servers(store) -> list:
+    """The store's server, or each master of its cluster, as a client of its own."""
+    if not store.cluster:
+        return [store.redis]
+    return [store.redis.get_redis_connection(node) for node in store.redis.get_primaries()]
 
 
 @pytest.mark.parametrize("second_delay", [0, 60_000])
@@ -643,25 +678,24 @@ def test_an_id_requeued_twice_in_one_call_goes_back_once(store, second_delay):
     assert store.reads.read_channel("t", "c")["requeue_count"] == 1
 
 
-def test_a_script_names_only_what_it_uses_and_gets_each_include_once():
-    """Includes are resolved recursively: finish.lua names lib/finish.lua, which names
-    chunked.lua, inflight.lua (which names chunked.lua too) and order.lua (which names
-    time.lua and news.lua, which names node.lua); deliver.lua names finish.lua and
-    chunked.lua, and gets each once, in an order where every file comes after what it
-    uses."""
-    scripts = runner.load_scripts()
-    own = (resources.files("relay.store") / "scripts" / "finish.lua").read_bytes()
-    assert own.startswith(b"-- include: finish.lua\n")
-    assert scripts["finish"].source == b"".join(lua_lib(n) for n in (
-        "chunked.lua", "inflight.lua", "time.lua", "node.lua", "news.lua", "order.lua",
-        "finish.lua")) + codes.inline(own)
-    deliver = scripts["deliver"].source
-    for lib in ("time.lua", "chunked.lua", "record.lua", "inflight.lua", "finish.lua"):
-        assert deliver.count(lua_lib(lib)) == 1, lib
-    assert deliver.index(lua_lib("inflight.lua")) < deliver.index(lua_lib("finish.lua"))
+def test_includes_are_resolved_recursively_each_once():
+    """finish.lua names lib/finish.lua, which names chunked.lua, inflight.lua (which
+    names chunked.lua too) and order.lua (which names time.lua and news.lua, which names
+    node.lua); deliver.lua names finish.lua and chunked.lua, and gets each once, in an
+    order where every file comes after what it uses."""
     folder = resources.files("relay.store") / "scripts"
-    assert sorted(scripts) == sorted(p.name[:-4] for p in folder.iterdir()
-                                     if p.name.endswith(".lua"))
+    own = (folder / "finish.lua").read_bytes()
+    assert own.startswith(b"-- include: finish.lua\n")
+    raw = {name: (folder / "lib" / name).read_bytes() for name in (
+        "chunked.lua", "inflight.lua", "time.lua", "node.lua", "news.lua", "order.lua",
+        "finish.lua", "record.lua")}
+    assert runner.with_includes(folder / "lib", own, set()) == b"".join(raw[n] for n in (
+        "chunked.lua", "inflight.lua", "time.lua", "node.lua", "news.lua", "order.lua",
+        "finish.lua")) + own
+    deliver = runner.with_includes(folder / "lib", (folder / "deliver.lua").read_bytes(), set())
+    for lib in ("time.lua", "chunked.lua", "record.lua", "inflight.lua", "finish.lua"):
+        assert deliver.count(raw[lib]) == 1, lib
+    assert deliver.index(raw["inflight.lua"]) < deliver.index(raw["finish.lua"])
 
 
 def test_lua_channel_key_suffixes_are_the_key_schemas(store):
@@ -675,15 +709,20 @@ def test_lua_channel_key_suffixes_are_the_key_schemas(store):
     assert places == {s: i for i, s in enumerate(keys.CHANNEL_SUFFIXES, 1)}
 
 
-def test_scripts_reloaded_after_script_flush(store):
+def loaded(store) -> bool:
+    """Whether the store's server (every master of a cluster) holds its library."""
+    return all(server.function_list(library=store.runner.library.name)
+               for server in servers(store))
+
+
+def test_the_library_is_loaded_again_after_function_flush(store):
     subscribed(store, "t", "c")
     assert store.publish("t", [b"1"]) == 1
-    shas = [s.sha for s in store.runner.scripts.values()]
-    assert store.redis.script_exists(*shas) == [True] * len(shas)
+    assert loaded(store)
 
-    store.redis.script_flush()
-    assert store.redis.script_exists(*shas) == [False] * len(shas)
-    # several ops in one pipeline, all failing NOSCRIPT, all retried once
+    store.redis.function_flush()
+    assert not loaded(store)
+    # several ops in one pipeline, all failing "Function not found", all retried once
     results = store.run_many([
         store.publish_op("t", [b"2", b"3"]),
         store.subscribe_op("t", "c2", "b1"),
@@ -692,17 +731,25 @@ def test_scripts_reloaded_after_script_flush(store):
     assert results[0] == 3
     assert results[1].created is True
     assert bodies(results[2][0]) == [b"1", b"2", b"3"]
-    assert store.redis.script_exists(*shas) == [True] * len(shas)
+    assert loaded(store)
     # each op ran exactly once
     assert store.reads.read_channel("t", "c")["in_flight_count"] == 3
     assert store.reads.read_channel("t", "c2") == empty_channel(client_count=1)
     assert store.reads.read_topic("t")["message_count"] == 3
 
 
-def test_fresh_store_loads_scripts(store):
-    store.redis.script_flush()
+def test_a_fresh_store_loads_the_library(store):
+    store.redis.function_flush()
     fresh = type(store)(store.redis)
     assert fresh.publish("t", [b"x"]) == 1
+
+
+def test_a_server_without_functions_is_refused_in_one_line():
+    """Redis 6.2 has no FUNCTION: relay says what it needs (fakeredis as Redis 6.2)."""
+    old = fakeredis.FakeRedis(version=(6, 2))
+    with pytest.raises(ServerTooOld) as refused:
+        Store(old).publish("t", [b"x"])
+    assert str(refused.value) == runner.NEEDS_FUNCTIONS
 
 
 def test_a_channel_read_that_redis_refuses_is_a_store_error(store):
@@ -724,7 +771,7 @@ def test_script_error_is_a_store_error_for_that_op_only(store):
         store.deliver_op("t", "good", [("a", 1_000, 1)]),
     ])
     assert isinstance(results[0], StoreError)
-    # the error as Redis gives it, without the script's sha or line (causes.py)
+    # the error as Redis gives it, without the function's name or line (causes.py)
     assert str(results[0]) == "WRONGTYPE Operation against a key holding the wrong kind of value"
     assert bodies(results[1][0]) == [b"x"]
     with pytest.raises(StoreError):

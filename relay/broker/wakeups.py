@@ -6,13 +6,10 @@ channel C was emptied (the Nth time). A broker subscribes to the wake channels o
 the topics it has consumers of:
 
 - one Redis server: SUBSCRIBE on one connection;
-- Redis Cluster 7+ (and Valkey): sharded pub/sub, SPUBLISH in the scripts and
-  SSUBSCRIBE on a connection to the node that owns each channel's slot, one
-  greenlet per node. When a slot moves, its node ends the subscription
-  (SUNSUBSCRIBE) and the broker subscribes again where the slot now is;
-- Redis Cluster 6.2 (no sharded pub/sub): PUBLISH, which the cluster copies to
-  every node, and SUBSCRIBE on any one node. Correct, but every wake-up crosses
-  the whole cluster bus.
+- Redis Cluster: sharded pub/sub, SPUBLISH in the scripts and SSUBSCRIBE on a
+  connection to the node that owns each channel's slot, one greenlet per node. When
+  a slot moves, its node ends the subscription (SUNSUBSCRIBE) and the broker
+  subscribes again where the slot now is.
 
 A partitioned topic's parts (keys.py) each have their wake channel and version key:
 the listener follows parts (a topic of one partition is its own part 0), and tells a
@@ -48,7 +45,7 @@ from redis.retry import Retry
 from relay.broker.context import BrokerContext
 from relay.errors import StoreError
 from relay.store import Store, connect_redis
-from relay.store.connection import UNREACHABLE, is_cluster, sharded_pubsub
+from relay.store.connection import UNREACHABLE, is_cluster
 from relay.store.keys import TopicKeys, split_part
 
 log = logging.getLogger("relay.wakeups")
@@ -221,21 +218,10 @@ class WakeupListener:
 
     def run(self) -> None:
         client = self.broker.redis
-        sharded = None
-        while sharded is None:
-            try:
-                sharded = sharded_pubsub(client)
-            except redis.exceptions.RedisError as e:
-                log.warning("redis unreachable: %s; retrying", e)
-                gevent.sleep(1.0)
-        if sharded:
+        if is_cluster(client):
             # a client of its own: refreshing a slot map must not race the Store's use of it
             ShardedSubscriptions(self, connect_redis(self.broker.options)).run()
             return
-        if is_cluster(client):
-            node = client.get_primaries()[0]
-            client = redis.Redis(host=node.host, port=node.port,
-                                 **_auth(client.get_redis_connection(node)))
         while True:
             try:
                 self._listen(client)

@@ -5,25 +5,25 @@ for dead, and a live broker's in-flight messages reaped."""
 
 from typing import Any
 
-import redis
-
 from relay.store.connection import RedisClient
-from relay.store.runner import load_scripts
+from relay.store.runner import install, load_library, unloaded
 
-SCRIPT = load_scripts()["bookkeeping"]
+LIBRARY = load_library()
+FUNCTION = LIBRARY.scripts["bookkeeping"].function
 
 
 def write(client: RedisClient, *writes: tuple[Any, ...]) -> list:
-    """Each write, (command, key, *arguments), in one pipeline: their replies. The script
-    is loaded when the server lacks it (restarted). Raises the first error."""
+    """Each write, (command, key, *arguments), in one pipeline: their replies. The library
+    is loaded when the server lacks it (restarted without persistence). Raises the first
+    error."""
     for _ in range(2):
         pipe = client.pipeline(transaction=False)
         for command, key, *args in writes:
-            pipe.execute_command("EVALSHA", SCRIPT.sha, 1, key, command, *args)
+            pipe.execute_command("FCALL", FUNCTION, 1, key, command, *args)
         replies = pipe.execute(raise_on_error=False)
-        if not any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+        if not any(unloaded(r) for r in replies):
             break
-        client.script_load(SCRIPT.source)
+        install(client, LIBRARY)
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply

@@ -2,24 +2,24 @@
 error that reaches a client (error frames, HTTP bodies, relay-admin) or a log line goes
 through cause(), so none shows a script's sha or line number.
 
-Redis 6.2 wraps an error inside a script as `Error running script (call to f_<sha>):
-@user_script:<line>: @user_script: <line>: -OOM command not allowed ...`, Redis 7 and
-Valkey as `OOM command not allowed ... script: <sha>, on @user_script:<line>.`; redis-py
+Redis 7 and Valkey wrap an error inside a function as `<error> script: <function>, on
+@user_function:<line>.` (a Lua error starts `user_function:<line>: ` too); redis-py
 strips the leading code (OOM, READONLY, LOADING...) of the errors it knows, and keeps
-the others' (MISCONF, BUSY)."""
+the others' (MISCONF, BUSY). A function refused before it ran (at maxmemory, on a
+replica) has no frame."""
 
 import re
 import time
 
 import redis
 
-# the frames a script's error comes in: Redis 6.2's before it, Redis 7's and Valkey's after
-SCRIPT_PREFIX = re.compile(r"^Error running script \(call to f_[0-9a-f]{40}\): "
-                           r"@user_script:\d+: (?:@?user_script:? ?\d+: )?-?")
-SCRIPT_SUFFIX = re.compile(r",? script: [0-9a-f]{40}, on @user_script:\d+\.?$")
-LUA_LOCATION = re.compile(r"^(?:ERR )?@?user_script:? ?\d+: ")
+# the frame a function's error comes in, after it, and a Lua error's location, before it
+SCRIPT_SUFFIX = re.compile(r",? script: \w+, on @user_function:\d+\.?$")
+LUA_LOCATION = re.compile(r"^(?:ERR )?@?user_function:? ?\d+: ")
 
 OUT_OF_MEMORY = "redis is out of memory (maxmemory)"
+# what Redis answers an FCALL of a function it does not hold (runner.unloaded)
+FUNCTION_NOT_FOUND = "Function not found"
 # (what the error says, the cause): the first that matches wins
 CAUSES = (
     ("used memory > 'maxmemory'", OUT_OF_MEMORY),
@@ -47,8 +47,8 @@ def cause(error: BaseException) -> str:
 def refusal(error: BaseException) -> str | None:
     """The cause of a refusal Redis makes in a state it can leave (out of memory,
     persistence failing, a replica, a cluster down, loading, busy), else None."""
-    if isinstance(error, redis.exceptions.NoScriptError):
-        return "redis has lost relay's scripts (NOSCRIPT) and they could not be loaded again"
+    if str(error).startswith(FUNCTION_NOT_FOUND):
+        return "redis has lost relay's functions and they could not be loaded again"
     if isinstance(error, redis.exceptions.OutOfMemoryError):
         return OUT_OF_MEMORY
     text = unframed(str(error))
@@ -94,5 +94,5 @@ REFUSALS = Refusals()
 
 def unframed(text: str) -> str:
     """A script's error without the frame Redis puts it in."""
-    text = SCRIPT_SUFFIX.sub("", SCRIPT_PREFIX.sub("", text.strip()))
+    text = SCRIPT_SUFFIX.sub("", text.strip())
     return LUA_LOCATION.sub("", text)

@@ -17,6 +17,7 @@ from urllib.parse import urlparse, urlunparse
 
 import redis
 from redis.backoff import ExponentialBackoff
+from redis._parsers.commands import CommandsParser
 from redis.cluster import RedisCluster
 from redis.exceptions import (AskError, ClusterDownError, MovedError, RedisClusterException,
                               TryAgainError)
@@ -91,12 +92,26 @@ def node_url(client, key: str) -> str:
     return f"redis://{auth}{node.host}:{node.port}/0"
 
 
+class CallKeys(CommandsParser):
+    """redis-py's command parser, reading an FCALL's keys from the call as it does an
+    EVALSHA's. It asked a server for them (COMMAND GETKEYS) on every FCALL it routed: a
+    round trip each, to the client's default node, so with that node dead every call
+    redis-py routed failed (tests/test_failover.py), other masters' too."""
+
+    def get_keys(self, redis_conn: Any, *args: Any) -> Any:
+        if str(args[0]).upper() in ("FCALL", "FCALL_RO"):
+            return list(args[3:3 + int(args[2])]) or None
+        return super().get_keys(redis_conn, *args)
+
+
 def _patient(client: RedisCluster) -> RedisCluster:
     """redis-py follows MOVED/ASK and retries TRYAGAIN up to RedisClusterRequestTTL times
     per call (the second half 50 ms apart), then raises 'TTL exhausted' for the whole
     pipeline: 16 tries is under half a second, shorter than a slot move with many keys.
-    200 gives about 5 s, and Store retries calls still refused after that."""
+    200 gives about 5 s, and Store retries calls still refused after that. Its FCALLs
+    are routed by their keys (CallKeys), its pipelines' too."""
     client.RedisClusterRequestTTL = REQUEST_TTL
+    client.commands_parser = CallKeys(client)
     return client
 
 
@@ -125,15 +140,6 @@ def _without_db(url: str) -> str:
 
 def is_cluster(client: Any) -> TypeGuard[RedisCluster]:
     return isinstance(client, RedisCluster)
-
-
-def sharded_pubsub(client) -> bool:
-    """Wake-ups go by sharded pub/sub (SPUBLISH, Redis 7+) on a cluster: a classic
-    PUBLISH there is copied to every node. Redis 6.2 clusters fall back to PUBLISH."""
-    if not is_cluster(client):
-        return False
-    version = client.info("server", target_nodes=RedisCluster.RANDOM)["redis_version"]
-    return int(version.split(".")[0]) >= 7
 
 
 def unready(url: str) -> str | None:

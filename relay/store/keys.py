@@ -147,9 +147,8 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
     relay:{T}:ch:C:e2e:N              HASH  latency bucket -> FINs in half-window N of
                                             --e2e-processing-latency-window-time (expires)
     {X}:nothing                       never exists (X: a key's hash tag, or the whole
-                                            key without one): a script that must run at
-                                            maxmemory DELs it first, /ping's probe SETs
-                                            it XX (relay/store/scripts/lib/maxmemory.lua)
+                                            key without one): /ping's probe of whether
+                                            Redis takes writes SETs it XX
     {rq}:*                            rq's queue "relay": relay-admin's jobs and the
                                             `relay jobs` workers (workers/operations.py); one hash
                                             tag, so rq's transactions work on a cluster
@@ -201,7 +200,7 @@ def hash_tag(key: str) -> str:
 
 def nothing_key(key: str) -> str:
     """A key that never exists, in the slot of `key`: "{T}:nothing" for a key of hash
-    tag T, else "{key}:nothing" (as lib/maxmemory.lua names it)."""
+    tag T, else "{key}:nothing"."""
     return "{" + (hash_tag(key) or key) + "}:nothing"
 
 

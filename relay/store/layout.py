@@ -29,8 +29,8 @@ from typing import Any
 import relay
 from relay.errors import ConfigError
 from relay.liveness import Liveness
-from relay.store import bookkeeping, keys
-from relay.store.connection import RedisClient
+from relay.store import bookkeeping, keys, runner
+from relay.store.connection import RedisClient, is_cluster
 from relay.store.layout_one import find_layout_one
 
 log = logging.getLogger("relay.layout")
@@ -82,7 +82,9 @@ def check(client: RedisClient) -> None:
 
 def establish(client: RedisClient) -> int:
     """The layout in force, set first in a Redis without one; raises LayoutRefused when
-    this release cannot read it."""
+    this release cannot read it, and ServerTooOld on a server without functions (the
+    library is loaded first: a process starting checks both)."""
+    runner.install(client, runner.load_library(sharded=is_cluster(client)))
     layout = in_force(client)
     if layout is None:
         found = find_layout_one(client)

@@ -12,8 +12,8 @@ Those are the names on one server. On a cluster each node has a pair of its own,
 lowest slot the node serves: the scripts of a part write the pair of the node that
 serves it (scripts/lib/node.lua), whose prefix the caller gives them as its slot map
 has it (Nodes.prefix). The keys are not among a script's KEYS, which a cluster wants in
-one slot: Redis 6.2, Redis 7 and Valkey 8 let a script without flags reach any key of
-its own node. A write that a stale slot map sends to the wrong node fails alone
+one slot: a function flagged allow-cross-slot-keys (runner.Library) may reach any key
+of its own node. A write that a stale slot map sends to the wrong node fails alone
 (redis.pcall) and is made up for: a scanner seeds its node indexes from the parts' own
 indexes when it starts, reconnects or sees the slots move, and sweeps them all slowly
 (workers/scanner.py); a broker reads a part's version key where the node hash has no

@@ -1,7 +1,8 @@
-"""The ScriptRunner runs script calls (Ops) as pipelines of EVALSHA commands.
+"""The ScriptRunner runs script calls (Ops) as pipelines of FCALL commands.
 
-Scripts are loaded once and called by SHA; after a Redis restart (NOSCRIPT) they
-are loaded again and the failed calls retried.
+The scripts are loaded once as one function library (FUNCTION LOAD, Redis 7+ and
+Valkey: Library) and called by function name; where the server lacks it (a restart
+without persistence, a new cluster node) it is loaded again and the failed calls retried.
 
 On Redis Cluster the same calls go in one pipeline per node (_send_per_node). A call
 refused because its slot is being moved (TRYAGAIN, or ASK/MOVED that redis-py's own
@@ -29,11 +30,12 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, TryAgainError
 
-from relay.errors import NoAnswer, OutcomeUnknown, StoreConnectionError, StoreError
+from relay.errors import (NoAnswer, OutcomeUnknown, ServerTooOld, StoreConnectionError,
+                          StoreError)
 from relay.sockio import Turns, send_all
 from relay.store import codes
-from relay.store.causes import REFUSALS, cause, refusal
-from relay.store.connection import SLOT_MOVING, RedisClient, is_cluster, sharded_pubsub
+from relay.store.causes import FUNCTION_NOT_FOUND, REFUSALS, cause, refusal
+from relay.store.connection import SLOT_MOVING, RedisClient, is_cluster
 from relay.store.resp import Replies, pack
 
 if TYPE_CHECKING:
@@ -51,7 +53,7 @@ SLOT_MOVE_PATIENCE = 30.0
 # messages, a channel's consumers): bigger ones are split by their builders.
 MAX_CALL_ARGS = 10_000
 # Redis closes the connection on a command of more arguments than this (1024 * 1024 with
-# EVALSHA, its sha and key count): every call sharing the pipeline would fail, so such a
+# FCALL, its function and key count): every call sharing the pipeline would fail, so such a
 # call fails alone, before it is sent.
 REDIS_MAX_ARGS = 1024 * 1024 - 3
 # arguments packed for one send: a pipeline of many (a big MPUB's stage) gives the
@@ -110,30 +112,61 @@ class Continued(NamedTuple):
 
 
 class Script(NamedTuple):
+    name: str       # its file's, scripts/<name>.lua
+    function: str   # what FCALL names: <name>_<the library's hash>
+
+
+# the scripts refused as a whole while Redis is at maxmemory (their function has no
+# allow-oom flag): those that add messages, so a publish is the back-pressure and an
+# MPUB all or nothing. Every other script goes on there (allow-oom): those that free
+# memory or only move data, and the processes' bookkeeping and reads of the news.
+REFUSED_AT_MAXMEMORY = ("publish", "publish_commit", "stage", "redrive", "replay")
+LIBRARY_PREFIX = "relay_"
+NEEDS_FUNCTIONS = "relay needs Redis 7.0 or newer, or Valkey 7.2 or newer (FUNCTION and FCALL)"
+
+
+class Library(NamedTuple):
+    """relay's scripts as one Redis function library: each script a function, the lib
+    files they include defined once at load, not again on every call (issue 59: that
+    was 4 us of a deliver call). The name holds a hash of the code, so two releases'
+    libraries live side by side through a rolling upgrade."""
+
     name: str
-    source: bytes
-    sha: str
+    code: str
+    scripts: dict[str, Script]
 
 
-def load_scripts(sharded: bool = False) -> dict[str, Script]:
-    """Each script of scripts/ by its file's name, after the shared files (scripts/lib/)
-    it names on its first line as `-- include: X.lua, Y.lua`, each with what it names
-    itself first, and each once, with the values of the codes it names
-    (relay/store/codes.py) in place of their names. Where `sharded` (a cluster of Redis 7+): wake-ups by
-    SPUBLISH instead of PUBLISH. No script has flags (#!lua): without them, Redis 6.2, 7
-    and Valkey 8 let a script reach keys of other slots of its node, as the node keys
-    are (relay/store/nodes.py)."""
+def load_library(sharded: bool = False) -> Library:
+    """Each script of scripts/ as a function of one library, after the shared files
+    (scripts/lib/) that the scripts name on their first line as `-- include: X.lua, Y.lua`,
+    each once, with what it names itself before it, and with the values of the codes it
+    names (relay/store/codes.py) in place of their names. A function sets the call's
+    KEYS and ARGV, which the lib files read as they did as scripts, first. Every function
+    may reach keys of other slots of its node (allow-cross-slot-keys: the node keys,
+    relay/store/nodes.py). Where `sharded` (a cluster): wake-ups by SPUBLISH."""
     folder = resources.files("relay.store") / "scripts"
-    scripts = {}
+    included: set[str] = set()
+    shared, bodies = b"", []
     for path in sorted(folder.iterdir(), key=lambda p: p.name):
-        if not path.name.endswith(".lua"):
-            continue
-        name = path.name[:-len(".lua")]
-        source = codes.inline(with_includes(folder / "lib", path.read_bytes(), set()))
-        if sharded:
-            source = source.replace(b"redis.call('PUBLISH'", b"redis.call('SPUBLISH'")
-        scripts[name] = Script(name, source, hashlib.sha1(source).hexdigest())
-    return scripts
+        if path.name.endswith(".lua"):
+            source = path.read_bytes()
+            shared += with_includes(folder / "lib", source, included)[:-len(source)]
+            bodies.append((path.name[:-len(".lua")], source))
+    code = b"local KEYS, ARGV   -- this call's: each function sets them first\n" + shared
+    for name, source in bodies:
+        flags = b"'allow-cross-slot-keys'" if name in REFUSED_AT_MAXMEMORY else \
+            b"'allow-cross-slot-keys', 'allow-oom'"
+        code += (b"redis.register_function{function_name = '" + name.encode()
+                 + b"_HASH', flags = {" + flags + b"}, callback = function(keys, args)\n"
+                 + b"KEYS, ARGV = keys, args\n" + source + b"\nend}\n")
+    code = codes.inline(code)
+    if sharded:
+        code = code.replace(b"redis.call('PUBLISH'", b"redis.call('SPUBLISH'")
+    digest = hashlib.sha1(code).hexdigest()[:12]
+    code = (b"#!lua name=" + LIBRARY_PREFIX.encode() + digest.encode() + b"\n"
+            + code.replace(b"_HASH', flags", b"_" + digest.encode() + b"', flags"))
+    return Library(LIBRARY_PREFIX + digest, code.decode(),
+                   {name: Script(name, f"{name}_{digest}") for name, _ in bodies})
 
 
 def with_includes(lib: "Traversable", source: bytes, included: set[str]) -> bytes:
@@ -146,6 +179,23 @@ def with_includes(lib: "Traversable", source: bytes, included: set[str]) -> byte
             included.add(name)
             first += with_includes(lib, (lib / name).read_bytes(), included)
     return first + source
+
+
+def install(client: RedisClient, library: Library) -> None:
+    """FUNCTION LOAD of the library (on a cluster, on every master), or the one line
+    that says which server relay needs when this one has no functions."""
+    try:
+        client.function_load(library.code, replace=True)
+    except redis.exceptions.ResponseError as e:
+        if "unknown command" in str(e).lower():
+            raise ServerTooOld(NEEDS_FUNCTIONS) from None
+        raise
+
+
+def unloaded(reply: Any) -> bool:
+    """Whether a call's reply says the server lacks relay's library."""
+    return isinstance(reply, redis.exceptions.ResponseError) and \
+        str(reply).startswith(FUNCTION_NOT_FOUND)
 
 
 # a lost or timed-out connection, which a cluster client's "cannot be connected" (no node
@@ -200,7 +250,7 @@ class ScriptRunner:
         self._connection: "AbstractConnection | None" = None
         self._replies: Replies | None = None    # of _connection, made at each connect
         self.turns = Turns()
-        self.scripts = load_scripts()
+        self.library = load_library()
         self.sharded: bool | None = None
         self._loaded = False
         self.wait_replicas = wait_replicas
@@ -211,25 +261,18 @@ class ScriptRunner:
         # commit: resp.Replies), else its socket timeout does
         self.deadlines: "Deadlines | None" = None
 
-    def load_scripts(self) -> None:
+    def load_library(self) -> None:
         if self.sharded is None:
-            self.sharded = sharded_pubsub(self.redis)
-            self.scripts = load_scripts(self.sharded)
+            self.sharded = self.cluster     # wake-ups by SPUBLISH on a cluster
+            self.library = load_library(self.sharded)
         if self.wait_replicas and self.wait_command is None:
             self.wait_command = self._wait_command()
-        if self.cluster:    # SCRIPT LOAD goes to every node
-            for script in self.scripts.values():
-                self.redis.script_load(script.source)
-        else:               # one round trip, not one per script (a far Redis: 16 x RTT)
-            pipe = self.redis.pipeline(transaction=False)
-            for script in self.scripts.values():
-                pipe.script_load(script.source)
-            pipe.execute()
+        install(self.redis, self.library)
         self._loaded = True
 
     def ensure_loaded(self) -> None:
         if not self._loaded:
-            guarded(self.load_scripts)
+            guarded(self.load_library)
 
     def run(self, op: Op) -> Any:
         result = self.run_many([op])[0]
@@ -280,11 +323,12 @@ class ScriptRunner:
     def _waits(self, commands: list) -> bool:
         """Whether commands sent together need a WAIT after them."""
         return self.wait_command is not None and any(
-            c[0] == "EVALSHA" and c[1] in self._replicated_shas for c in commands)
+            c[0] == "FCALL" and c[1] in self._replicated for c in commands)
 
     @property
-    def _replicated_shas(self) -> set[str]:
-        return {self.scripts[name].sha for name in REPLICATED}
+    def _replicated(self) -> set[str]:
+        """The function names of the REPLICATED scripts."""
+        return {self.library.scripts[name].function for name in REPLICATED}
 
     def _unconfirmed(self, reply: Any) -> StoreError | None:
         """The error of the writes a WAIT (WAITAOF) reply does not cover, or None: the
@@ -303,9 +347,9 @@ class ScriptRunner:
         error = self._unconfirmed(wait_reply)
         if error is None:
             return
-        shas = self._replicated_shas
+        replicated = self._replicated
         for i in indexes:
-            if commands[i][0] == "EVALSHA" and commands[i][1] in shas \
+            if commands[i][0] == "FCALL" and commands[i][1] in replicated \
                     and not isinstance(raw[i], Exception):
                 raw[i] = error
 
@@ -316,18 +360,18 @@ class ScriptRunner:
             pass  # the next call tries again
 
     def _again(self, ops: list, results: list, follow: bool = True) -> None:
-        """Send again, in place, the calls that found no script (a restarted server, or
-        a new cluster node: the scripts are loaded again first) and that were refused
+        """Send again, in place, the calls that found no function (a server restarted
+        without persistence, or a new cluster node: the library is loaded again first) and that were refused
         while their slot moved, for SLOT_MOVE_PATIENCE, and those whose batcher asks for
         it (Batcher.again), then, if `follow`, the ops that go on after them (a staged
         publish's steps: Batcher.next) until none goes on."""
         patience = time.monotonic() + SLOT_MOVE_PATIENCE
         while True:
             again = []
-            if any(isinstance(r, redis.exceptions.NoScriptError) for r in results):
-                guarded(self.load_scripts)
+            if any(unloaded(r) for r in results):
+                guarded(self.load_library)
             for i, (op, r) in enumerate(zip(ops, results)):
-                if isinstance(r, (SLOT_MOVING, redis.exceptions.NoScriptError)):
+                if isinstance(r, SLOT_MOVING) or unloaded(r):
                     if time.monotonic() < patience:
                         again.append(i)
                 elif not isinstance(r, Exception):
@@ -362,7 +406,7 @@ class ScriptRunner:
         commands: list = []
         for op in ops:
             commands.extend(op.pre)
-            commands.append(("EVALSHA", self.scripts[op.script].sha, len(op.keys),
+            commands.append(("FCALL", self.library.scripts[op.script].function, len(op.keys),
                              *op.keys, *op.args))
         if self.cluster:
             raw = self._send_per_node(commands)
@@ -432,7 +476,7 @@ class ScriptRunner:
     def _send_per_node(self, commands: list) -> list:
         """A cluster pipeline of our own: each command goes to the node serving its first
         key's slot (a script's keys share one), all nodes written before any is read.
-        redis-py's ClusterPipeline asks a server COMMAND GETKEYS for every EVALSHA it
+        redis-py's ClusterPipeline asks a server COMMAND GETKEYS for every FCALL it
         sends, a round trip each. Commands a node redirected (MOVED, ASK) or refused
         (TRYAGAIN) go again one by one through redis-py, which follows redirects and
         keeps its slot map. A node that cannot be reached (killed, failing over) fails
@@ -440,7 +484,7 @@ class ScriptRunner:
         cluster = cast(RedisCluster, self.redis)
         groups: dict = {}
         for i, command in enumerate(commands):
-            key = command[3] if command[0] == "EVALSHA" else command[1]
+            key = command[3] if command[0] == "FCALL" else command[1]
             node = cluster.get_node_from_key(key)
             groups.setdefault(node.name, (node, []))[1].append(i)
         raw: list = [UNANSWERED] * len(commands)
@@ -493,10 +537,10 @@ class ScriptRunner:
         """A node's commands left unanswered, and its publishes unconfirmed, fail with
         the lost connection's error (NoAnswer once they were sent)."""
         waits = self._waits([commands[i] for i in indexes])
-        shas = self._replicated_shas
+        replicated = self._replicated
         for i in indexes:
-            if raw[i] is UNANSWERED or (waits and commands[i][0] == "EVALSHA"
-                                        and commands[i][1] in shas):
+            if raw[i] is UNANSWERED or (waits and commands[i][0] == "FCALL"
+                                        and commands[i][1] in replicated):
                 raw[i] = failed
 
     def _wait_on(self, key: str) -> Any:

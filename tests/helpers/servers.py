@@ -39,11 +39,10 @@ def wake_listeners(url: str, topic: str) -> int:
 
 
 @contextlib.contextmanager
-def local_cluster(ports: list, binary: str | None = None):
+def local_cluster(ports: list):
     """A cluster of one master per port, without persistence, removed at the end."""
     data = tempfile.mkdtemp(prefix="relay-test-cluster-")
-    procs = embedded.start_cluster(ports, data, extra=("--save", "", "--appendonly", "no"),
-                                   binary=binary)
+    procs = embedded.start_cluster(ports, data, extra=("--save", "", "--appendonly", "no"))
     try:
         yield f"redis://127.0.0.1:{ports[0]}/0"
     finally:

@@ -1,7 +1,6 @@
--- include: maxmemory.lua
 -- bookkeeping: one write of the processes' own bookkeeping outside the queue state, which
--- must go on at maxmemory (lib/maxmemory.lua): a broker's registration and its clients, a
--- scanner's heartbeat, the reaper's claim, the FINs' e2e latency figures
+-- must go on at maxmemory (runner.REFUSED_AT_MAXMEMORY): a broker's registration and its
+-- clients, a scanner's heartbeat, the reaper's claim, the FINs' e2e latency figures
 -- (relay/store/bookkeeping.py). Each is small, and bounded by the number of processes or
 -- channels.
 --
@@ -9,5 +8,4 @@
 -- Returns the command's reply.
 local key, command = KEYS[1], ARGV[1]
 local FIRST_ARG = 2
-past_maxmemory(key)
 return redis.call(command, key, unpack(ARGV, FIRST_ARG))

@@ -20,6 +20,7 @@
 -- the node keys' prefix (lib/node.lua: a dropped channel leaves the node due index too)
 -- Returns {the topic's last message id, trash keys used...}, nil when the channel to
 -- delete does not exist, or the stale reply.
+fanout_begin()
 local topic_ids, channels, topic_meta, backlog = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local backlog_deferred, due_index, version, history = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local FIRST_TRASH = 9

@@ -17,6 +17,7 @@
 -- call, the scanner's max attempts (0: unlimited; a channel's max_attempts wins), the
 -- node keys' prefix (node.lua), the wake pub/sub channel
 -- Returns {taken out, more}: more is 1 when the call stopped at its bound (`most`).
+fanout_begin()
 local channels, due_index, version = KEYS[2], KEYS[3], KEYS[4]
 local most, max_attempts, node = tonumber(ARGV[ARG0 + 1]), ARGV[ARG0 + 2], ARGV[ARG0 + 3]
 local wake = ARGV[ARG0 + 4]

@@ -9,6 +9,7 @@
 -- ARGV[1..ARG0] the channels (fanout.lua), then: 1 to pause, 0 to unpause,
 -- wake pub/sub channel, the node keys' prefix (lib/node.lua)
 -- Returns CODE.DONE, or the stale reply.
+fanout_begin()
 local topic_meta, channels, backlog, backlog_deferred = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local due_index, version = KEYS[5], KEYS[6]
 local pause, wake, node = ARGV[ARG0 + 1] == '1', ARGV[ARG0 + 2], ARGV[ARG0 + 3]

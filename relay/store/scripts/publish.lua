@@ -30,8 +30,8 @@
 -- of duplicates}, else the count of the last message; a refusal is an error reply.
 -- A call's arguments are bounded (runner.MAX_CALL_ARGS): a bigger MPUB is staged and
 -- published by publish_commit.lua and publish_step.lua instead.
--- Its first write is INCRBY: at maxmemory Redis refuses it before anything is written
--- (lib/maxmemory.lua).
+-- At maxmemory Redis refuses the call before anything is written (its function is not
+-- allow-oom: runner.REFUSED_AT_MAXMEMORY).
 -- With a channel's depth limit (lib/limit.lua; only read when the topic meta counts
 -- one) a group's publish to the queues is refused before that write when a `reject`
 -- channel has no room for all of it (after the groups before it), and each `drop-oldest`
@@ -39,6 +39,7 @@
 -- Ids are the part's number in 4 hex digits, then the topic's count in 12.
 -- The stale reply (fanout.lua) comes before anything is done.
 -- KEYS[2..8] are lib/append.lua's too, which reads them itself.
+fanout_begin()
 local topic_ids, topic_meta, channels = KEYS[1], KEYS[2], KEYS[3]
 local dedup_set = KEYS[9]     -- with publish keys only
 local wake, timestamp = ARGV[ARG0 + 1], ARGV[ARG0 + 2]

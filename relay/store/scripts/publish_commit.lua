@@ -21,6 +21,7 @@
 -- Returns the count of the last message, or the stale reply; wide, {the count of the
 -- last message, the first slice's names...}.
 -- KEYS[2..8] are lib/append.lua's too, which reads them itself.
+fanout_begin()
 local topic_ids, topic_meta, channels = KEYS[1], KEYS[2], KEYS[3]
 local stage, publishing_hash, snapshot = KEYS[9], KEYS[10], KEYS[11]
 local timestamp, defer = ARGV[ARG0 + 1], tonumber(ARGV[ARG0 + 2])

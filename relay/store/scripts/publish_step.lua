@@ -1,4 +1,4 @@
--- include: append.lua, staged.lua, maxmemory.lua, wide.lua
+-- include: append.lua, staged.lua, wide.lua
 -- publish_step: the next messages of a committed staged publish (publish_commit.lua)
 -- made visible, as publish.lua makes a call's: to the channels the topic has at this
 -- step, or its backlog, with their counts and wake-up. A step takes at most
@@ -20,6 +20,7 @@
 -- Returns {messages published, messages left} ({0, 0}: another call finished it), or
 -- the stale reply; a wide step, the next slice's names after those two.
 -- KEYS[2..8] are lib/append.lua's too, which reads them itself.
+fanout_begin()
 local topic_ids, channels, stage, publishing_hash = KEYS[1], KEYS[3], KEYS[9], KEYS[10]
 local snapshot = KEYS[11]
 local wake, part = ARGV[ARG0 + 1], tonumber(ARGV[ARG0 + 2])
@@ -30,7 +31,6 @@ local TAKE = 500    -- bodies read from the stage at a time
 if redis.call('EXISTS', snapshot) == 1 then
   local value = redis.call('HGET', publishing_hash, token)
   if not value then return {0, 0} end
-  past_maxmemory(topic_ids)
   return wide_steps(read_marker(value), publishing_hash, token, snapshot, stage, slice,
                     part, wake, node)
 end
@@ -38,7 +38,6 @@ local stale = stale_channels(channels)
 if stale then return stale end
 local value = redis.call('HGET', publishing_hash, token)
 if not value then return {0, 0} end
-past_maxmemory(topic_ids)
 local m = read_marker(value)
 local p = publishing(m.due)
 local copies = math.max(p.channels, 1) + (p.history and 1 or 0)

@@ -13,8 +13,7 @@
 -- or the waiting member   ARGV[3] channel name   ARGV[4] wake pub/sub channel
 -- ARGV[5] the node keys' prefix
 -- Returns 1 removed, 0 not there any more (delivered, finished or gone meanwhile).
--- Its first write is LREM or ZREM, which Redis lets through at maxmemory
--- (lib/maxmemory.lua).
+-- It goes on at maxmemory (runner.REFUSED_AT_MAXMEMORY).
 local queue, deferred, msgs, channel_meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local gate, key_of, waiting = KEYS[5], KEYS[6], KEYS[7]
 local due_index, version = KEYS[8], KEYS[9]

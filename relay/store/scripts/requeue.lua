@@ -1,4 +1,4 @@
--- include: time.lua, inflight.lua, queue.lua, news.lua, node.lua, maxmemory.lua
+-- include: time.lua, inflight.lua, queue.lua, news.lua, node.lua
 -- requeue: put messages their owner gave back (REQ, the connection closed, or
 -- relay-admin requeue naming the holder) at the tail of the queue, or deferred for a
 -- while.
@@ -14,7 +14,6 @@ local channel_meta, due_index, version = KEYS[5], KEYS[6], KEYS[7]
 local channel, wake, node = ARGV[1], ARGV[2], ARGV[3]
 local FIRST_TRIPLE = 4
 
-past_maxmemory(queue)
 local k = {inflight = inflight, msgs = msgs, deferred = deferred}
 local now = now_ms()
 local held, codes = holdings(k, ARGV, FIRST_TRIPLE, #ARGV, 3)

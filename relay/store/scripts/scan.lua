@@ -1,4 +1,4 @@
--- include: time.lua, inflight.lua, queue.lua, news.lua, maxmemory.lua
+-- include: time.lua, inflight.lua, queue.lua, news.lua
 -- scan: the scanner's move for one channel. In-flight messages past their
 -- deadline go back to the queue (a timeout, as nsqd's processInFlightQueue),
 -- deferred messages that are due join the queue (processDeferredQueue), and the
@@ -18,7 +18,6 @@ local queue, inflight, msgs, deferred = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local channel_meta, due_index, outbox, version = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local channel, wake, limit, node = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 
-past_maxmemory(queue)
 local now = now_ms()
 
 local k = {inflight = inflight, msgs = msgs, deferred = deferred}

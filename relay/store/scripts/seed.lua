@@ -1,4 +1,4 @@
--- include: node.lua, maxmemory.lua
+-- include: node.lua
 -- seed: the node due index (lib/node.lua) made up from the due indexes of topic parts
 -- this node serves: each of their entries goes in with ZADD LT, so an entry already
 -- there stays where it is lower. A scanner seeds its parts when it starts, reconnects
@@ -13,7 +13,6 @@ local node_due = KEYS[1]
 local due_indexes = ARGV
 local CHUNK = 500
 
-past_maxmemory(node_due)
 local seen = 0
 for _, due_index in ipairs(due_indexes) do
   local entries = redis.pcall('ZRANGE', due_index, 0, -1, 'WITHSCORES')

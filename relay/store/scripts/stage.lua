@@ -8,7 +8,7 @@
 -- ARGV[1] its time to live (ms): it goes by itself if the commit never comes (the
 -- broker died in between); ARGV[2] 1 for the first piece: the stage is emptied first,
 -- so a publish sent again stages its bodies once; ARGV[3..] the bodies.
--- Its first write is refused at maxmemory, as publish's (lib/maxmemory.lua).
+-- At maxmemory Redis refuses the call, as publish's (runner.REFUSED_AT_MAXMEMORY).
 -- Returns the stage's length.
 local stage = KEYS[1]
 local ttl, first_piece = ARGV[1], ARGV[2] == '1'

@@ -1,4 +1,4 @@
--- include: backlog.lua, maxmemory.lua, staged.lua
+-- include: backlog.lua, staged.lua
 -- subscribe: create the channel if needed and count one more consumer on this broker
 -- (none when the broker id is empty: /channel/create).
 -- The first channel of a topic takes over the topic backlog, deferred part included.
@@ -27,7 +27,6 @@ local due_index, topic_meta, version, topic_ids = KEYS[9], KEYS[10], KEYS[11], K
 local publishing_hash = KEYS[13]
 local channel, broker, node = ARGV[1], ARGV[2], ARGV[3]
 
-past_maxmemory(channels)
 local created = redis.call('SADD', channels, channel)
 if broker ~= '' then
   redis.call('HINCRBY', consumers, broker, 1)

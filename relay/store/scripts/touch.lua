@@ -1,4 +1,4 @@
--- include: time.lua, inflight.lua, maxmemory.lua
+-- include: time.lua, inflight.lua
 -- touch: push the deadline of in-flight messages back (TOUCH). The broker caps each
 -- timeout so that the deadline stays within max msg timeout of the delivery (nsqd
 -- Channel.TouchMessage): it knows when it delivered each message, Redis does not keep it.
@@ -10,7 +10,6 @@
 local inflight, msgs, deferred = KEYS[1], KEYS[2], KEYS[3]
 local FIRST_TRIPLE = 1
 
-past_maxmemory(inflight)
 local k = {inflight = inflight, msgs = msgs, deferred = deferred}
 local now = now_ms()
 local held, codes = holdings(k, ARGV, FIRST_TRIPLE, #ARGV, 3)

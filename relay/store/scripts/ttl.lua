@@ -11,6 +11,7 @@
 -- the TTL in ms ('': clear the setting)
 -- Returns CODE.DONE, CODE.NO_CHANNEL if the channel named is not one of the topic's, or
 -- the stale reply.
+fanout_begin()
 local topic_meta, channels = KEYS[1], KEYS[2]
 local target, ttl = ARGV[ARG0 + 1], ARGV[ARG0 + 2]
 

@@ -1,4 +1,4 @@
--- include: leave.lua, maxmemory.lua
+-- include: leave.lua
 -- unsubscribe: count one consumer less on this broker; an ephemeral channel whose
 -- last consumer (on any broker) left is deleted, and an ephemeral topic with it
 -- when that was its last channel.
@@ -19,7 +19,6 @@ local channel_ephemeral, topic_ephemeral, incarnation = ARGV[3], ARGV[4], ARGV[5
 if redis.call('HGET', channel_meta, 'incarnation') ~= incarnation then
   return CODE.KEPT
 end
-past_maxmemory(channels)
 if redis.call('HINCRBY', consumers, broker, -1) <= 0 then
   redis.call('HDEL', consumers, broker)
 end

@@ -1,4 +1,4 @@
--- include: node.lua, maxmemory.lua
+-- include: node.lua
 -- versions: a broker's read, in one call per node, of what it could not take from the
 -- node news hash (lib/node.lua) alone: the news of parts without a field there (the
 -- node field starts from the field `news` of the version key, where news.lua counts what
@@ -14,7 +14,6 @@
 local node_news = KEYS[1]
 local version_keys = ARGV
 
-past_maxmemory(node_news)
 local out = {}
 for i, version in ipairs(version_keys) do
   local part = part_of(version)

@@ -1,6 +1,6 @@
--- fanout.lua provides N_CHANNELS, ARG0, channel_name(), channel_key() and
--- stale_channels() to the scripts that touch every channel of a topic: the caller
--- names the channels, ARGV[1] = n and ARGV[2..n+1], and declares their
+-- fanout.lua provides fanout_begin(), then N_CHANNELS, ARG0, channel_name(),
+-- channel_key() and stale_channels(), to the scripts that touch every channel of a
+-- topic: the caller names the channels, ARGV[1] = n and ARGV[2..n+1], and declares their
 -- keys last in KEYS, 11 per channel in keys.CHANNEL_SUFFIXES order, so that on Redis
 -- Cluster every key is checked before the script runs. The caller's list may be
 -- stale: stale_channels() then gives the reply that makes it ask again with the
@@ -10,9 +10,15 @@
 local SUFFIX = {queue = 1, inflight = 2, deferred = 3, msgs = 4, meta = 5, consumers = 6,
                 dead = 7, dead_lock = 8, gate = 9, key_of = 10, waiting = 11}
 local PER_CHANNEL = 11
-local N_CHANNELS = tonumber(ARGV[1])
-local ARG0 = N_CHANNELS + 1
-local FIRST_CHANNEL_KEY = #KEYS - PER_CHANNEL * N_CHANNELS
+local N_CHANNELS, ARG0, FIRST_CHANNEL_KEY   -- this call's, once fanout_begin() read them
+
+-- This call's channel count, where the script's own ARGV start and where the channels'
+-- keys do: every script that includes this file calls it first.
+local function fanout_begin()
+  N_CHANNELS = tonumber(ARGV[1])
+  ARG0 = N_CHANNELS + 1
+  FIRST_CHANNEL_KEY = #KEYS - PER_CHANNEL * N_CHANNELS
+end
 
 local function channel_name(i)
   return ARGV[1 + i]

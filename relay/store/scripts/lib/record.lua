@@ -5,7 +5,7 @@
 -- because Lua hashes a long string from bytes sampled from its end (relay/codec.py).
 -- tests/test_store.py checks them against relay/codec.py.
 local RECORD_ATTEMPTS = 9   -- the attempts' first byte
-local NO_ATTEMPTS = string.char(0, 0)
+local NO_ATTEMPTS = '\0\0'     -- a literal: a library's loading reaches no string.*
 
 local function record_id(record)
   return string.sub(record, -17, -2)
