@@ -50,6 +50,7 @@ import sys
 import tempfile
 import time
 
+from relay import embedded
 from scripts.bench import CURRENT_BEGIN, CURRENT_END, CpuSampler, Stack, ceilings, cpu_model
 from scripts.bench_stats import Nsqd
 from scripts.compare import checked_out
@@ -214,6 +215,14 @@ CLIENTS = {"pub1": "`bench_writer -batch-size 1`, 16 producers",
            "e2e": "`bench_writer` 200 + `bench_reader` RDY 2500"}
 
 
+def server_version() -> str:
+    """The embedded server's name and version, as it says them (e.g. "Valkey 8.1.8")."""
+    said = subprocess.run([embedded.server_binary(), "--version"], capture_output=True,
+                          text=True).stdout
+    found = re.search(r"^(\w+) server v=(\S+)", said)
+    return f"{found.group(1).capitalize()} {found.group(2)}" if found else "server"
+
+
 def current_table(summary: dict, ceiling: dict, args) -> str:
     """The table --write puts at the top of BENCHMARKS.md."""
     revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -224,8 +233,9 @@ def current_table(summary: dict, ceiling: dict, args) -> str:
              f"`{command}`, on {revision}, {datetime.date.today().isoformat()}: "
              f"{os.cpu_count()} cores, {cpu_model()}, Python {platform.python_version()}. "
              f"Medians of {args.runs} alternating rounds of {args.seconds:g} s, each on a "
-             "fresh broker (relay: one broker, a scanner, the embedded Redis with "
-             "conf/redis.conf); µs/msg is CPU time per message, which holds on any host.", "",
+             f"fresh broker (relay: one broker, a scanner, the embedded {server_version()} "
+             "with conf/redis.conf); µs/msg is CPU time per message, which holds on any "
+             "host.", "",
              "| workload (nsq's clients) | relay msgs/s | nsqd msgs/s | relay / nsqd "
              "| relay broker µs/msg | nsqd µs/msg | relay Redis µs/msg |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
