@@ -98,6 +98,12 @@ class CallKeys(CommandsParser):
     round trip each, to the client's default node, so with that node dead every call
     redis-py routed failed (tests/test_failover.py), other masters' too."""
 
+    def __init__(self, parser: CommandsParser) -> None:
+        """With the command table `parser` read: no COMMAND of its own, so making a
+        client costs no round trip more (and cannot fail once the client is made)."""
+        self.commands = parser.commands
+        self.redis_connection = parser.redis_connection
+
     def get_keys(self, redis_conn: Any, *args: Any) -> Any:
         if str(args[0]).upper() in ("FCALL", "FCALL_RO"):
             return list(args[3:3 + int(args[2])]) or None
@@ -111,7 +117,7 @@ def _patient(client: RedisCluster) -> RedisCluster:
     200 gives about 5 s, and Store retries calls still refused after that. Its FCALLs
     are routed by their keys (CallKeys), its pipelines' too."""
     client.RedisClusterRequestTTL = REQUEST_TTL
-    client.commands_parser = CallKeys(client)
+    client.commands_parser = CallKeys(client.commands_parser)
     return client
 
 
