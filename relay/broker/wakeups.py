@@ -220,7 +220,7 @@ class WakeupListener:
         client = self.broker.redis
         if is_cluster(client):
             # a client of its own: refreshing a slot map must not race the Store's use of it
-            ShardedSubscriptions(self, connect_redis(self.broker.options)).run()
+            ShardedSubscriptions(self, self._own_cluster_client()).run()
             return
         while True:
             try:
@@ -230,6 +230,15 @@ class WakeupListener:
                 gevent.sleep(1.0)
                 for topic in list(self.topics):
                     self.messages_arrived(topic)
+
+    def _own_cluster_client(self):
+        """A cluster client of this listener's own, made once the cluster answers."""
+        while True:
+            try:
+                return connect_redis(self.broker.options, cluster=True)
+            except UNREACHABLE as e:
+                log.warning("redis unreachable: %s; retrying", e)
+                gevent.sleep(1.0)
 
     def _listen(self, client) -> None:
         pubsub = client.pubsub(ignore_subscribe_messages=True)

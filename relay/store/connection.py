@@ -48,27 +48,31 @@ READY_EVERY = 0.2       # seconds between readiness checks
 
 
 def connect(url: str, timeout: float | None = None, connect_timeout: float | None = None,
-            health_check_interval: int = 0):
-    """A client for `url`: redis.Redis, or RedisCluster when the server is a cluster node."""
+            health_check_interval: int = 0, cluster: bool | None = None):
+    """A client for `url`: redis.Redis, or RedisCluster when the server is a cluster node
+    (`cluster`: known to be one, or not; None: asked of the server, and a server that
+    does not answer is taken for a single one)."""
     kwargs = {"socket_timeout": timeout, "socket_connect_timeout": connect_timeout}
-    single = redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(
-        url, health_check_interval=health_check_interval, max_connections=MAX_CONNECTIONS,
-        timeout=timeout, **kwargs))
-    single.auto_close_connection_pool = True
-    if not _cluster_enabled(single):
-        return single
-    single.close()
+    if not cluster:
+        single = redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(
+            url, health_check_interval=health_check_interval,
+            max_connections=MAX_CONNECTIONS, timeout=timeout, **kwargs))
+        single.auto_close_connection_pool = True
+        if cluster is False or not _cluster_enabled(single):
+            return single
+        single.close()
     # redis-py's cluster client may give a connection back twice on a redirect, which
     # only its default pool forgives: past MAX_CONNECTIONS per node a call fails there
     return _patient(RedisCluster.from_url(_without_db(url), retry=_retry(),
                                           max_connections=MAX_CONNECTIONS, **kwargs))
 
 
-def connect_redis(options):
+def connect_redis(options, cluster: bool | None = None):
     """A client with bounded waits, so an unreachable Redis fails calls instead of hanging;
-    a cluster client if the URL names a cluster node."""
+    a cluster client if the URL names a cluster node (`cluster`: as connect takes it)."""
     timeout = options.redis_timeout / 1000
-    return connect(options.redis_url, timeout, min(timeout, 2.0), health_check_interval=30)
+    return connect(options.redis_url, timeout, min(timeout, 2.0), health_check_interval=30,
+                   cluster=cluster)
 
 
 def whole(client: redis.Redis):
