@@ -7,12 +7,19 @@ import zlib
 
 import pytest
 
-from relay.store import lookup, ordering
+from relay.store import keys, lookup, ordering
 from relay.store.keys import ChannelKeys
 from relay.store.limits import Limit, OrderedAndLimited
 from relay.store.ordering import OrderKeyRule, order_key_problem
-from tests.helpers.store import (attempts, bodies, ids, now_ms, ordered, publish_ordered,
-                                 queue, subscribed, wait_past)
+from tests.helpers.store import (GATE_SHAPES, attempts, bodies, gate_keys, gate_shaped, ids,
+                                 now_ms, ordered, publish_ordered, queue, subscribed,
+                                 wait_past)
+
+
+@pytest.fixture(params=list(GATE_SHAPES))
+def store(store, request):
+    """Each test on a gate of each shape."""
+    return gate_shaped(store, request.param)
 
 
 
@@ -26,11 +33,6 @@ def take(store, n=100, owner="a", channel="c", timeout_ms=60_000, max_attempts=0
 
 def finish(store, records, owner="a", channel="c"):
     assert store.finish("t", channel, [(owner, i) for i in ids(records)]) == [1] * len(records)
-
-
-def gate_keys(store, channel="c"):
-    c = ChannelKeys.of("t", channel)
-    return [k for k in (c.gate, c.key_of, c.waiting) if store.redis.exists(k)]
 
 
 def test_a_key_goes_out_one_at_a_time_in_publish_order(store):
@@ -119,9 +121,9 @@ def test_a_deleted_message_releases_its_key_and_a_waiting_one_can_go(store):
     assert lookup.remove(store, "t", "c", "queued", ids([a1])[0], a1)
     [a2] = queue(store, "t", "c")
     assert bodies([a2]) == [b"a2"]
-    [member] = store.redis.zrange(ChannelKeys.of("t", "c").waiting, 0, -1)
-    assert member.startswith(b"a " + ids([a2])[0][:-1])
-    assert lookup.remove(store, "t", "c", "waiting", member.split()[1], member)
+    [a3] = store.ordering.waiting_in("t", "c")
+    assert (a3.key, a3.id, a3.position) == (b"a", b"%016x" % (int(ids([a2])[0], 16) + 1), 1)
+    assert lookup.remove(store, "t", "c", "waiting", a3.id, a3.element)
     finish(store, take(store))
     assert take(store) == [] and gate_keys(store) == []
     assert store.reads.read_channel("t", "c")["deleted_count"] == 2
@@ -143,7 +145,7 @@ def test_other_channels_of_the_topic_are_untouched(store):
     publish_ordered(store, [("a", b"a1"), ("a", b"a2"), ("a", b"a3")])
     assert bodies(take(store, channel="plain")) == [b"a1", b"a2", b"a3"]
     assert bodies(take(store)) == [b"a1"]
-    assert gate_keys(store, "plain") == []
+    assert gate_keys(store, channel="plain") == []
 
 
 def test_a_deferred_message_holds_its_key_until_delivered_and_finished(store):
@@ -260,3 +262,43 @@ def test_a_topic_rule_gives_keys_to_messages_without_one(store):
     (b"\xff", "KEY_NOT_TEXT"), (b"x" * 256, None), ("счёт-1".encode(), None)])
 def test_order_key_checks(key, problem):
     assert order_key_problem(key) == problem
+
+
+def test_a_channel_ordered_under_layout_2_keeps_its_sorted_set_under_layout_3(store):
+    """A rolling upgrade's channels: one ordered before `upgrade finish` waits in the
+    sorted set it has, one ordered after in lists; each delivers its keys in order."""
+    gate_shaped(store, "sorted-set")
+    ordered(store, channel="before")
+    store.redis.set(keys.LAYOUT, 3)
+    ordered(store, channel="after")
+    publish_ordered(store, [("a", b"a1"), ("a", b"a2"), ("b", b"b1"), ("a", b"a3")])
+    before, after = ChannelKeys.of("t", "before"), ChannelKeys.of("t", "after")
+    assert store.redis.zcard(before.waiting) == 2 and gate_keys(store, channel="before") == [
+        before.gate.encode(), before.key_of.encode(), before.waiting.encode()]
+    stamp = store.redis.hget(after.meta, "order_lists")
+    assert gate_keys(store, channel="after") == [
+        after.gate.encode(), after.key_of.encode(),
+        keys.waiting_list(after.gate, stamp, b"a")]
+    for channel in ("before", "after"):
+        seen = []
+        while records := take(store, channel=channel):
+            seen += bodies(records)
+            finish(store, records, channel=channel)
+        assert seen == [b"a1", b"b1", b"a2", b"a3"]
+        assert gate_keys(store, channel=channel) == []
+
+
+def test_an_emptied_channel_waits_in_new_lists_and_its_old_ones_are_freed(store):
+    ordered(store)
+    publish_ordered(store, [("a", b"a1"), ("a", b"a2"), ("a", b"a3")])
+    c = ChannelKeys.of("t", "c")
+    stamp = store.redis.hget(c.meta, "order_lists")
+    store.control.empty_channel("t", "c")
+    assert gate_keys(store) == []
+    renewed = store.redis.hget(c.meta, "order_lists")
+    assert renewed is None if stamp is None else renewed not in (None, stamp)
+    publish_ordered(store, [("a", b"a4"), ("a", b"a5")])
+    assert store.reads.read_channel("t", "c")["order_waiting"] == 1
+    [a4] = take(store)
+    finish(store, [a4])
+    assert bodies([a4] + take(store)) == [b"a4", b"a5"]

@@ -5,19 +5,28 @@ redrive of dead letters, relay-admin requeue, and a Spark query's micro-batches
 (relay/spark/batches.py). After each: no key stuck, no message lost, never two of one
 key out at once."""
 
+import pytest
+
 from relay import codec
 from relay.spark.batches import QueryBatches
 from relay.store import deadletter
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.ordering import OrderKeyRule
 from tests.helpers.admin import ok, run
-from tests.helpers.store import (attempts, bodies, channel_state, ids, now_ms, publish_ordered,
-                                 queue, subscribed, wait_past)
+from tests.helpers.store import (GATE_SHAPES, attempts, bodies, channel_state, gate_keys,
+                                 gate_shaped, ids, now_ms, publish_ordered, queue, subscribed,
+                                 wait_past, waiting_bodies)
 from tests.helpers.store import ordered as ordered_channel
 from workers import operations
 from workers.operations import replay_end
 
 SEPARATOR = OrderKeyRule("separator", ":")
+
+
+@pytest.fixture(params=list(GATE_SHAPES))
+def store(store, request):
+    """Each test on a gate of each shape."""
+    return gate_shaped(store, request.param)
 
 
 def ordered(store, topic="t", channel="c", retention=False):
@@ -46,16 +55,11 @@ def gate(store, topic="t", channel="c"):
     for key, msg_id in store.redis.hgetall(c.gate).items():
         assert store.redis.hget(c.key_of, msg_id) == key
         out[key.decode()] = msg_id.decode()
-    waiting: dict[str, list[bytes]] = {}
-    for member in store.redis.zrange(c.waiting, 0, -1):
-        key, _, _, record = member.split(b" ", 3)
-        waiting.setdefault(key.decode(), []).append(bodies([record])[0])
-    return out, waiting
+    return out, waiting_bodies(store, topic, channel)
 
 
 def no_gate(store, topic="t", channel="c"):
-    c = ChannelKeys.of(topic, channel)
-    return not any(store.redis.exists(k) for k in (c.gate, c.key_of, c.waiting))
+    return gate_keys(store, topic, channel) == []
 
 
 def drain(store, **kw):

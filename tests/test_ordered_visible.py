@@ -131,10 +131,9 @@ def test_peek_shows_keys_and_the_messages_waiting_behind_them(keyed, backend):
     store = keyed
     published = published_at(store)
     c = ChannelKeys.of("t", "c")
-    [(member, _)] = [m for m in store.redis.zrange(c.waiting, 0, -1, withscores=True)
-                     if b" 0000000000000006 " in m[0]]
-    due6 = int(member.split(b" ")[2])
-    later = utc(parse_record(member.split(b" ", 3)[3])[0] // 1_000_000)
+    [a4] = [w for w in store.ordering.waiting_in("t", "c") if w.id == b"0000000000000006"]
+    due6 = a4.due_ms
+    later = utc(parse_record(a4.record)[0] // 1_000_000)
     assert ok(backend, "peek", "t", "c") == [
         "part  position  key  id                attempts  published                 body",
         f"0     1         a    0000000000000001  0         {published}  \"a1\"",
@@ -190,11 +189,10 @@ def test_msg_finds_a_message_waiting_behind_its_key(keyed, backend):
     assert ok(backend, "msg", "t", "0000000000000005", "--channel", "c")[2] == \
         "c        queued  0         2         -    -       -       -"
     data = ok_json(backend, "msg", "t", "0000000000000006")
-    [member] = [m for m in store.redis.zrange(ChannelKeys.of("t", "c").waiting, 0, -1)
-                if b" 0000000000000006 " in m]
+    [a4] = [w for w in store.ordering.waiting_in("t", "c") if w.id == b"0000000000000006"]
     assert data["channels"] == [
         {"channel": "c", "state": "waiting", "position": 3,
-         "due_ms": int(member.split(b" ")[2]), "timestamp": data["timestamp"],
+         "due_ms": a4.due_ms, "timestamp": data["timestamp"],
          "attempts": 0, "key": "a"},
         {"channel": "plain", "state": "deferred", "due_ms": data["channels"][1]["due_ms"],
          "timestamp": data["timestamp"], "attempts": 0}]

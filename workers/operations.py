@@ -22,6 +22,7 @@ from relay.codec import record_id
 from relay.errors import RelayError
 from relay.store import deadletter
 from relay.store import Store, codes, guarded, keys
+from relay.store.control import free_lists
 from relay.store.connection import whole
 from relay.store.keys import ChannelKeys
 
@@ -66,14 +67,25 @@ def _drop(store, topic, channel, delete):
 
 
 def trash_sizes(store: Store, trash: Sequence[str]) -> list[tuple[bytes, int]]:
-    """(Redis type, entries) of each trash key."""
+    """(Redis type, entries) of each trash key, and ("list", their messages) after an
+    order gate that waited in lists."""
     pipe = store.redis.pipeline(transaction=False)
     for key in trash:
         pipe.type(key)
     kinds = guarded(pipe.execute)
     for key, kind in zip(trash, kinds):
         pipe.execute_command(SIZE_COMMANDS[kind], key)
-    return list(zip(kinds, guarded(pipe.execute)))
+        if kind == b"hash":
+            pipe.hget(key, keys.WAITING_FIELD)
+    replies, sizes = iter(guarded(pipe.execute)), []
+    for kind in kinds:
+        entries = next(replies)
+        waiting = next(replies) if kind == b"hash" else None
+        if waiting is None:
+            sizes.append((kind, entries))
+        else:   # a gate's waiting lists: their messages, and its fields but the marks
+            sizes += [(kind, entries - 2), (b"list", int(waiting))]
+    return sizes
 
 
 def free_trash(store: Store, key: str, count: int) -> Iterator[int]:
@@ -115,7 +127,9 @@ def _free_stream(client, key, count):
 
 
 def _free_hash(client, key, count):
-    """HSCAN goes on from its cursor: nothing else writes a trash key."""
+    """HSCAN goes on from its cursor: nothing else writes a trash key. A trashed order
+    gate's waiting lists go first."""
+    yield from free_lists(client, key, count)
     cursor = None
     while cursor != 0:
         cursor, fields = guarded(lambda: client.hscan(key, cursor or 0, count=count))

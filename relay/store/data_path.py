@@ -284,7 +284,7 @@ class DataPath(Core):
         t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
         return items_merging(Op("finish",
                                 [c.inflight, c.msgs, c.deferred, c.queue, c.gate,
-                                 c.key_of, c.waiting, t.due, t.version],
+                                 c.key_of, c.waiting, c.meta, t.due, t.version],
                                 [channel, t.wake, self.node(part),
                                  *(x for p in pairs for x in p)]), FINISH_HEAD)
 

@@ -5,6 +5,9 @@ upgrade (README: Upgrading; docs/processes.md).
     1  before issue 35 (2026-11-25): a leases hash beside each in-flight set, records
        in the wire layout, news in each topic's version key. No release since reads it.
     2  since issue 35: what relay 0.1.0 and 0.2.0 read and write.
+    3  since issue 59: a channel made ordered waits in one list per order key
+       (scripts/lib/order.lua), not in one sorted set for all, which one ordered under
+       layout 2 keeps until it is turned off (relay 0.3.0 reads both).
 
 `relay:layout` holds the layout in force, the one every process writes. A broker,
 scanner, jobs worker or console reads it once Redis answers (`establish`) and refuses to
@@ -36,12 +39,14 @@ from relay.store.layout_one import find_layout_one
 log = logging.getLogger("relay.layout")
 
 RELEASE = relay.__version__
-READS = (2,)
-WRITES = (2,)
+READS = (2, 3)
+WRITES = (2, 3)
+ORDER_LISTS = 3     # the first layout whose ordered channels wait in lists
 EARLIER = "0.1.0 or earlier"    # a process registered only as a broker, scanner or rq worker
 EARLIER_READS = (2,)
 LAYOUTS = {1: "before issue 35 (2026-11-25), with a leases hash beside each in-flight set",
-           2: "of relay 0.1.0 and 0.2.0"}
+           2: "of relay 0.1.0 and 0.2.0",
+           3: "of relay 0.3.0, with an ordered channel's waiting messages in a list per key"}
 TTL_MS = 15_000         # a process's registration, renewed with its heartbeat
 
 
@@ -70,6 +75,13 @@ def in_force(client: RedisClient) -> int | None:
     """The layout in force, None in a Redis that has not said (fresh, or of 0.1.0)."""
     value = client.get(keys.LAYOUT)
     return None if value is None else int(value)
+
+
+def writing(client: RedisClient) -> int:
+    """The layout to write now: the one in force, else (a Redis that has not said) the
+    newest that every live process reads."""
+    layout = in_force(client)
+    return Deployment.read(client).newest_readable() if layout is None else layout
 
 
 def check(client: RedisClient) -> None:

@@ -4,21 +4,21 @@ taking one waiting message out (relay-admin msg and peek).
 A message id names its part (keys.id_part), so only that part's keys are read. Where
 it is, cheapest first: in flight or deferred (its record in the msgs hash: O(1)), in
 the dead-letter outbox (a scan of a short list), on an ordered channel waiting behind its
-order key (a ZSCAN of the waiting ZSET, only for an id with no key out while some wait),
+order key (a read of what waits, only for an id with no key out while some wait),
 then queued (a scan of the queue, head first, SCAN_CHUNK records per LRANGE: a queued
 record holds the id at its end, so LPOS, which compares whole elements, cannot find it). On an
 ordered channel each place carries the message's order key ("key": None for none): of a
-message out, from key_of; of one waiting, from its member in the waiting ZSET
-("<order key> <id> <due ms, 0: now> <record>", lib/order.lua).
+message out, from key_of; of one waiting, from where it waits (ordering.Waiting).
 """
 
+from itertools import islice
 from typing import Callable, Iterable
 
 from relay.codec import parse_record, record_id
 from relay.store import Op, Store, deadletter, guarded
 from relay.store.inflight import member_owner
 from relay.store.keys import ChannelKeys, TopicKeys, id_part
-from relay.store.ordering import ORDERED_FIELD
+from relay.store.ordering import ORDERED_FIELD, WAITING_FIELD, Waiting
 
 SCAN_CHUNK = 10_000
 
@@ -40,10 +40,11 @@ def where(store: Store, topic: str, channel: str, msg_id: bytes,
     pipe.hget(c.msgs, msg_id)
     pipe.zscore(c.deferred, msg_id)
     pipe.hget(c.key_of, msg_id)
-    pipe.hexists(c.meta, ORDERED_FIELD)
+    pipe.hmget(c.meta, ORDERED_FIELD, WAITING_FIELD)
     pipe.zcard(c.waiting)
-    record, due, key, ordered, behind = guarded(pipe.execute)
-    keyed = {"key": _text(key)} if ordered else {}
+    record, due, key, (ordered, in_lists), in_set = guarded(pipe.execute)
+    behind = in_set or int(in_lists or 0)
+    keyed = {"key": _text(key)} if ordered is not None else {}
     if record is not None and due is not None:
         return {"state": "deferred", "due_ms": int(due), **message(record), **keyed}
     if record is not None:
@@ -67,26 +68,14 @@ def where(store: Store, topic: str, channel: str, msg_id: bytes,
 
 
 def _waiting(store: Store, c: ChannelKeys, msg_id: bytes) -> dict | None:
-    """where() of msg_id waiting behind its order key: a ZSCAN of the waiting ZSET for
-    the members "<key> <id> *" (a body may hold " <id> " too: each is split to be sure),
-    then its position among its key's (one ZLEXCOUNT)."""
-    for member, _ in guarded(lambda: list(store.redis.zscan_iter(
-            c.waiting, match=b"* " + msg_id + b" *", count=SCAN_CHUNK))):
-        found = split_waiting(member)
-        if found["id"] != msg_id:
-            continue
-        key = found["key"]
-        position = guarded(store.redis.zlexcount, c.waiting, b"[" + key + b" ", b"[" + member)
-        return {"state": "waiting", "position": int(position),
-                **({"due_ms": found["due_ms"]} if found["due_ms"] else {}),
-                **message(found["record"]), "record": member, "key": _text(key)}
+    """where() of msg_id waiting behind its order key: a read of what waits in its
+    part, in order, until it is found."""
+    for w in store.ordering.waiting_in(c.topic, c.name):
+        if w.id == msg_id:
+            return {"state": "waiting", "position": w.position,
+                    **({"due_ms": w.due_ms} if w.due_ms else {}),
+                    **message(w.record), "record": w.element, "key": _text(w.key)}
     return None
-
-
-def split_waiting(member: bytes) -> dict:
-    """A waiting ZSET member's parts: key, id (bytes), due_ms (0: now), record."""
-    key, msg_id, due, record = member.split(b" ", 3)
-    return {"key": key, "id": msg_id, "due_ms": int(due), "record": record}
 
 
 def _text(key: bytes | None) -> str | None:
@@ -124,9 +113,9 @@ def _scan(store: Store, key: str, msg_id: bytes,
 
 def remove(store: Store, topic: str, channel: str, state: str, msg_id: bytes,
            record: bytes) -> bool:
-    """Take a queued (its exact record), deferred or waiting (its exact member in the
-    waiting ZSET, as `record`) message out of the channel in one script call
-    (remove.lua); False if it was no longer there."""
+    """Take a queued (its exact record), deferred or waiting (its Waiting.element, as
+    `record`) message out of the channel in one script call (remove.lua); False if it
+    was no longer there."""
     part = store.part(topic, id_part(msg_id))
     t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
     target = {"queued": record, "waiting": record}.get(state, msg_id)
@@ -166,16 +155,9 @@ def waiting(store: Store, topic: str, channel: str, limit: int) -> list[dict]:
     key's message out, 1 next) and due_ms (a publish's defer, None: none)."""
     out = []
     for index, part in enumerate(store.parts(topic)):
-        members = guarded(store.redis.zrange, ChannelKeys.of(part, channel).waiting, 0,
-                          limit - 1)
-        key, position = None, 0
-        for member in members:
-            found = split_waiting(member)
-            position = position + 1 if found["key"] == key else 1
-            key = found["key"]
-            out.append(message(found["record"]) | {
-                "part": index, "key": _text(key), "position": position,
-                "due_ms": found["due_ms"] or None})
+        out += [message(w.record) | {"part": index, "key": _text(w.key),
+                                     "position": w.position, "due_ms": w.due_ms or None}
+                for w in islice(store.ordering.waiting_in(part, channel), limit)]
     return out[:limit]
 
 

@@ -11,13 +11,16 @@ order key from its publisher (/pub?key=, IDENTIFY relay_order), or else from its
 topic's rule (`order_key` in part 0's version hash): a JSON field of the body, or the
 text before a separator. Setting it is news (order_key.lua), so brokers learn it as they
 learn a raised partition count (versions.lua), within a second. A key always goes to the part its hash picks, so its
-order holds over partitions; raising the count moves keys (their order may break once)."""
+order holds over partitions; raising the count moves keys (their order may break once).
+The messages behind a key's wait in one list per key (data layout 3), or on a channel
+made ordered under layout 2 in one sorted set (lib/order.lua says both)."""
 
 import json
-from typing import NamedTuple, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
+from relay.codec import record_id
 from relay.errors import StoreError
-from relay.store import codes
+from relay.store import codes, keys
 from relay.store.data_path import Service
 from relay.store.dedup import BadKeyedMessage, key_problem, keyed_messages
 from relay.store.keys import ChannelKeys, TopicKeys
@@ -32,6 +35,10 @@ ORDER_KEY_CODES = {"ID_EMPTY": "KEY_EMPTY", "ID_TOO_LONG": "KEY_TOO_LONG",
 # the most waiting messages one call sends out when a channel's ordering is turned off:
 # a call stays short, as every script call
 RELEASE_STEP = 10_000
+# the waiting messages read per Redis call (waiting_in)
+WAIT_CHUNK = 1000
+# the channel meta's fields of a gate waiting in lists (lib/order.lua)
+LISTS_FIELD, WAITING_FIELD = "order_lists", "order_waiting"
 
 
 def order_key_problem(key: bytes) -> str | None:
@@ -94,6 +101,42 @@ class OrderKeyRule(NamedTuple):
         return None if key_problem(key) else key
 
 
+class Waiting(NamedTuple):
+    """A message waiting behind its order key: `element` is what remove.lua takes out
+    (the ZSET member, or the order key, a space and the list entry), `position` its
+    place behind the key's message out (1: next)."""
+    key: bytes
+    id: bytes
+    due_ms: int
+    record: bytes
+    element: bytes
+    position: int
+
+    @classmethod
+    def of_entry(cls, key: bytes, entry: bytes, position: int) -> "Waiting":
+        """One of a waiting list's entries: the record, or "<due ms> <record>"."""
+        due, record = (b"0", entry) if entry[0] >= 128 else entry.split(b" ", 1)
+        return cls(key, record_id(record), int(due), record, key + b" " + entry, position)
+
+    @classmethod
+    def of_member(cls, member: bytes, position: int) -> "Waiting":
+        """One of a waiting ZSET's members: "<order key> <id> <due ms> <record>"."""
+        key, msg_id, due, record = member.split(b" ", 3)
+        return cls(key, msg_id, int(due), record, member, position)
+
+
+def _zset_waiting(client, name: str) -> Iterator[Waiting]:
+    """A waiting ZSET's members in order (keys in order, each key's in id order)."""
+    start, key, position = 0, None, 0
+    while members := guarded(client.zrange, name, start, start + WAIT_CHUNK - 1):
+        for member in members:
+            found = Waiting.of_member(member, 1)
+            position = position + 1 if found.key == key else 1
+            key = found.key
+            yield found._replace(position=position)
+        start += WAIT_CHUNK
+
+
 class Ordering(Service):
     """Ordered channels, and the order keys of what is published."""
 
@@ -103,14 +146,18 @@ class Ordering(Service):
         OrderedAndLimited for a channel with a depth limit."""
         if on:
             self.store.subscribe(topic, channel, "")      # /channel/create's way
+        from relay.store import layout     # layout reads dead letters: not at import
+        lists = on and layout.writing(self.redis) >= layout.ORDER_LISTS
         released = 0
         for part in self.store.parts(topic, fresh=True):
             t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
-            op = Op("ordered", [t.channels, t.meta, c.meta, c.queue, c.deferred, c.msgs,
-                                c.gate, c.key_of, c.waiting, t.due, t.version],
-                    [int(on), channel, t.wake, self.store.node(part), RELEASE_STEP])
+            call_keys = [t.channels, t.meta, c.meta, c.queue, c.deferred, c.msgs, c.gate,
+                         c.key_of, c.waiting, t.due, t.version]
+            cursor = b"0"
             while True:
-                reply = self.store.run(op)
+                reply = self.store.run(Op("ordered", call_keys, [
+                    int(on), channel, t.wake, self.store.node(part), RELEASE_STEP,
+                    int(lists), cursor]))
                 if int(reply[0]) == codes.LIMITED:
                     raise OrderedAndLimited(
                         f"channel {topic}/{channel} has a depth limit: remove it first "
@@ -119,6 +166,7 @@ class Ordering(Service):
                 released += int(reply[1]) if len(reply) > 1 else 0
                 if len(reply) < 3 or not int(reply[2]):
                     break
+                cursor = reply[3]
         return released
 
     def is_ordered(self, topic: str, channel: str) -> bool:
@@ -167,18 +215,36 @@ class Ordering(Service):
                      for key, body in zip(found, bodies)]
         return found if any(key is not None for key in found) else None
 
-    def waiting_ids(self, topic: str, channel: str, count: int = 1000) -> set[bytes]:
-        """The ids of the messages waiting behind their keys on every part of the channel
-        (members "<order key> <id> <due> <record>", about `count` per Redis call): what
-        an ordered channel's replay must not queue again (workers/operations.py)."""
-        found: set[bytes] = set()
-        for part in self.store.parts(topic):
-            key, cursor = ChannelKeys.of(part, channel).waiting, None
-            while cursor != 0:
-                cursor, entries = guarded(
-                    lambda: self.redis.zscan(key, cursor or 0, count=count))
-                found.update(member.split(b" ", 2)[1] for member, _ in entries)
-        return found
+    def waiting_ids(self, topic: str, channel: str) -> set[bytes]:
+        """The ids of the messages waiting behind their keys on every part of the
+        channel: what an ordered channel's replay must not queue again
+        (workers/operations.py)."""
+        return {w.id for part in self.store.parts(topic) for w in self.waiting_in(part, channel)}
+
+    def waiting_in(self, part: str, channel: str) -> Iterator[Waiting]:
+        """The messages of one part of the channel waiting behind their order keys, keys
+        in order and each key's in the order they go out, WAIT_CHUNK per Redis call: in
+        its lists (lib/order.lua), or in its waiting ZSET if it has none."""
+        c = ChannelKeys.of(part, channel)
+        stamp = guarded(self.redis.hget, c.meta, LISTS_FIELD)
+        if stamp is None:
+            yield from _zset_waiting(self.redis, c.waiting)
+            return
+        for key in sorted(guarded(self.redis.hkeys, c.gate)):
+            name, start = keys.waiting_list(c.gate, stamp, key), 0
+            while entries := guarded(self.redis.lrange, name, start, start + WAIT_CHUNK - 1):
+                for i, entry in enumerate(entries):
+                    yield Waiting.of_entry(key, entry, start + i + 1)
+                start += WAIT_CHUNK
+
+    def waiting_count(self, part: str, channel: str) -> int:
+        """How many messages of one part of the channel wait behind their keys."""
+        c = ChannelKeys.of(part, channel)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zcard(c.waiting)
+        pipe.hget(c.meta, WAITING_FIELD)
+        in_set, in_lists = guarded(pipe.execute)
+        return in_set + int(in_lists or 0)
 
     def order_report(self, topic: str, channel: str) -> dict:
         """Whether the channel is ordered, its keys with a message out and the messages
@@ -187,12 +253,10 @@ class Ordering(Service):
         pipe = self.redis.pipeline(transaction=False)
         parts = self.store.parts(topic)
         for part in parts:
-            c = ChannelKeys.of(part, channel)
-            pipe.hlen(c.gate)
-            pipe.zcard(c.waiting)
-        counts = guarded(pipe.execute)
+            pipe.hlen(ChannelKeys.of(part, channel).gate)
+        keys_out = sum(guarded(pipe.execute))
         rule = self.order_rule(topic)
         return {"topic": topic, "channel": channel,
-                "ordered": self.is_ordered(topic, channel),
-                "keys_out": sum(counts[0::2]), "waiting": sum(counts[1::2]),
+                "ordered": self.is_ordered(topic, channel), "keys_out": keys_out,
+                "waiting": sum(self.waiting_count(part, channel) for part in parts),
                 "order_key_rule": rule and {"kind": rule.kind, "value": rule.value}}

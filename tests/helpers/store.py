@@ -5,7 +5,12 @@ import time
 
 from relay.codec import parse_record
 from relay.store.inflight import member_id
+from relay.store import keys
 from relay.store.keys import ChannelKeys, TopicKeys
+
+# the shapes of an order gate's waiting messages, by the data layout in force when the
+# channel was made ordered (lib/order.lua)
+GATE_SHAPES = {"lists": 3, "sorted-set": 2}
 
 
 def now_ms(store) -> int:
@@ -88,6 +93,28 @@ def ordered(store, topic="t", channel="c"):
     subscribed(store, topic, channel)
     assert store.ordering.set_ordered(topic, channel, True) == 0
     return store
+
+
+def gate_shaped(store, shape: str):
+    """The Store with the data layout in force whose ordered channels wait in `shape`
+    (GATE_SHAPES)."""
+    store.redis.set(keys.LAYOUT, GATE_SHAPES[shape])
+    return store
+
+
+def gate_keys(store, topic="t", channel="c") -> list:
+    """The keys of a channel's order gate that exist, its waiting lists included."""
+    c = ChannelKeys.of(topic, channel)
+    return [k.encode() for k in (c.gate, c.key_of, c.waiting) if store.redis.exists(k)] \
+        + sorted(store.redis.scan_iter(match=c.gate + ":*"))
+
+
+def waiting_bodies(store, topic="t", channel="c") -> dict:
+    """{order key: bodies waiting behind it, in their order} of a channel's part."""
+    waiting: dict[str, list[bytes]] = {}
+    for w in store.ordering.waiting_in(topic, channel):
+        waiting.setdefault(w.key.decode(), []).append(parse_record(w.record)[3])
+    return waiting
 
 
 def publish_ordered(store, pairs, topic="t", defer_ms=0):

@@ -25,9 +25,9 @@ local first_group, last_group = FIRST_PAIR + 2 * to_finish, #ARGV - 2
 
 -- the channel's gate (lib/order.lua) with its other keys: the finish's k and
 -- deliver_channel's c
-local c = order_gate(queue, deferred, msgs, gate, key_of, waiting, due_index, version,
+local c = order_gate(queue, deferred, msgs, meta, gate, key_of, waiting, due_index, version,
                      channel, wake, node)
-c.inflight, c.meta, c.dead = inflight, meta, dead
+c.inflight, c.dead = inflight, dead
 local finished = finish_pairs(c, ARGV, FIRST_PAIR, first_group - 1, c)
 local out, empties, more = deliver_channel(c, max_attempts, ARGV, first_group, last_group)
 out[#out + 1] = empties

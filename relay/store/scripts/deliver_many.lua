@@ -21,9 +21,9 @@ for key = FIRST_CHANNEL_KEY, #KEYS, KEYS_PER_CHANNEL do
   local queue, inflight, msgs, meta, dead, deferred, gate, key_of, waiting =
       unpack(KEYS, key, key + KEYS_PER_CHANNEL - 1)
   local channel, group_count = ARGV[a], tonumber(ARGV[a + 1])
-  local c = order_gate(queue, deferred, msgs, gate, key_of, waiting, due_index, version,
-                       channel, wake, node)
-  c.inflight, c.meta, c.dead = inflight, meta, dead
+  local c = order_gate(queue, deferred, msgs, meta, gate, key_of, waiting, due_index,
+                       version, channel, wake, node)
+  c.inflight, c.dead = inflight, dead
   local first = a + 2
   local last = first + 4 * group_count - 1
   local records, empties, more = deliver_channel(c, max_attempts, ARGV, first, last)

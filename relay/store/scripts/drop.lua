@@ -1,4 +1,4 @@
--- include: fanout.lua, news.lua
+-- include: fanout.lua, news.lua, order.lua
 -- drop: empty or delete a channel, or a whole topic (nsqd's Channel.Empty,
 -- Channel.Delete, Topic.Empty, Topic.Delete). The keys holding the dropped messages
 -- are renamed to trash keys, O(1) each, so this one call is the cut: what the target
@@ -35,9 +35,26 @@ local function detach(key)
   end
 end
 
+-- A channel whose order gate waits in lists (lib/order.lua) leaves them where they are:
+-- its trashed gate names them (field LISTS_FIELD: their names' prefix, then each field
+-- of the gate) and counts their messages (WAITING_FIELD), and the trash's freeing frees
+-- them (relay/store/control.py). Emptied, it waits in new lists.
 local function drop_channel(c)
+  local meta = channel_key(c, 'meta')
+  local lists = redis.call('HMGET', meta, 'order_lists', 'order_waiting')
+  local stamp = lists[1]
   for _, suffix in ipairs({'queue', 'inflight', 'deferred', 'msgs', 'gate', 'key_of', 'waiting'}) do
+    local kept = #trash
     detach(channel_key(c, suffix))
+    if suffix == 'gate' and stamp and #trash > kept then
+      redis.call('HSET', trash[#trash], LISTS_FIELD,
+                 waiting_list(channel_key(c, 'gate'), stamp, ''),
+                 WAITING_FIELD, lists[2] or 0)
+    end
+  end
+  if stamp and not delete then
+    redis.call('HSET', meta, 'order_lists', order_stamp())
+    redis.call('HDEL', meta, 'order_waiting')
   end
   redis.call('ZREM', due_index, channel_name(c))
   node_set(node, due_index, channel_name(c), nil)

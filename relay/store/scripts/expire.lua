@@ -33,7 +33,7 @@ local total, more = 0, 0
 local function expire_head(c, oldest_live, attempts, dead_letters)
   local queue, expired, spent = channel_key(c, 'queue'), 0, 0
   local o = order_gate(queue, channel_key(c, 'deferred'), channel_key(c, 'msgs'),
-                       channel_key(c, 'gate'), channel_key(c, 'key_of'),
+                       channel_key(c, 'meta'), channel_key(c, 'gate'), channel_key(c, 'key_of'),
                        channel_key(c, 'waiting'), due_index, version, channel_name(c), wake,
                        node)
   while expired + spent < most do

@@ -6,7 +6,8 @@
 -- On an ordered channel (lib/order.lua) a record whose id the channel still holds (in
 -- flight or deferred: the msgs hash; out for its key: key_of) is skipped, so that no
 -- id is there twice (a FIN of one copy would free its key while the other is out), and
--- a record with an order key passes the gate: it waits behind its key's message out.
+-- a record with an order key passes the gate: it waits behind its key's message out,
+-- in id order among those waiting.
 -- On any other channel the order keys are ignored.
 --
 -- KEYS[1] topic channels   KEYS[2] channel queue   KEYS[3] topic version (news.lua)
@@ -28,7 +29,8 @@ if redis.call('SISMEMBER', channels, channel) == 0 then
 end
 local records = {}
 for i = FIRST_RECORD, #ARGV do records[#records + 1] = ARGV[i] end
-if redis.call('HEXISTS', channel_meta, 'ordered') == 1 and #records > 0 then
+local mode = redis.call('HMGET', channel_meta, 'ordered', 'order_lists')
+if mode[1] and #records > 0 then
   local ids = {}
   for i, record in ipairs(records) do ids[i] = record_id(record) end
   local held, n = {}, 0
@@ -56,9 +58,9 @@ if redis.call('HEXISTS', channel_meta, 'ordered') == 1 and #records > 0 then
     end
   end
   -- admitting reads the gate's own keys only: no deferred or due index is given
-  local o = order_gate(queue, nil, msgs, gate, key_of, waiting, nil, version, channel, wake,
-                       node)
-  local _, out = order_admit(o, fresh_ids, fresh, order_keys, 0)
+  local o = order_gate(queue, nil, msgs, channel_meta, gate, key_of, waiting, nil, version,
+                       channel, wake, node)
+  local _, out = order_admit(o, fresh_ids, fresh, order_keys, 0, mode[2] or nil, true)
   records = fresh
   if #out > 0 then call_chunked('RPUSH', queue, out) end
 else

@@ -31,9 +31,10 @@ local function publishing(due)
     p.limits = channel_limits(p.channels)
   end
   if meta[5] and meta[5] ~= '0' and p.channels > 0 then
-    p.ordered = {}
+    p.ordered, p.lists = {}, {}
     for c = 1, p.channels do
-      p.ordered[c] = redis.call('HEXISTS', channel_key(c, 'meta'), 'ordered') == 1
+      local mode = redis.call('HMGET', channel_key(c, 'meta'), 'ordered', 'order_lists')
+      p.ordered[c], p.lists[c] = mode[1] ~= false, mode[2] or nil
     end
   end
   if meta[2] or meta[3] then
@@ -57,9 +58,10 @@ end
 local function going_out(p, c, ids, records, order_keys)
   if not (order_keys and p.ordered and p.ordered[c]) then return ids, records end
   local o = order_gate(channel_key(c, 'queue'), channel_key(c, 'deferred'),
-                       channel_key(c, 'msgs'), channel_key(c, 'gate'),
-                       channel_key(c, 'key_of'), channel_key(c, 'waiting'))
-  return order_admit(o, ids, records, order_keys, p.due or 0)
+                       channel_key(c, 'msgs'), channel_key(c, 'meta'),
+                       channel_key(c, 'gate'), channel_key(c, 'key_of'),
+                       channel_key(c, 'waiting'))
+  return order_admit(o, ids, records, order_keys, p.due or 0, p.lists[c])
 end
 
 -- The bodies queued (or deferred) in every channel, else the backlog, and retained;
