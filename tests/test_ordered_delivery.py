@@ -502,6 +502,35 @@ def test_an_unordered_channel_of_the_topic_gets_everything_at_once(processes, tw
                              for c in ("plain", "ordered")] == [0, 0])
 
 
+def test_one_key_goes_out_in_the_call_that_finishes_the_one_before(processes, two_brokers):
+    """One order key, 300 messages, one consumer at RDY 10 that FINs each at once: the
+    broker folds each FIN into the deliver call that takes the message it releases, so
+    about one script call per message and no wake-up (the FIN's own call, the
+    wake-up's PUBLISH and its deliver call made three)."""
+    brokers, http_ports = two_brokers
+    (_, port), http_port = brokers[0], http_ports[0]
+    make_ordered_by_cli(processes.redis_url, "one", "ordered")
+    wire = Wire(port)
+    wire.identify(msg_timeout=10_000, output_buffer_timeout=-1)     # each message at once
+    assert wire.sub("one", "ordered") == (FRAME_RESPONSE, b"OK")
+    lines = b"\n".join(b"k %d" % i for i in range(300))
+    assert post(http_port, "/mpub?topic=one&ordered=true", lines) == (200, b"OK")
+    client = connect(processes.redis_url)
+    client.config_resetstat()
+    wire.command(b"RDY 10")
+    got = []
+    while len(got) < 300:
+        *_, msg_id, body = wire.message()
+        got.append(body)
+        wire.command(b"FIN " + msg_id)
+    stats = client.info("commandstats")
+    assert got == [b"%d" % i for i in range(300)]
+    calls = stats["cmdstat_fcall"]["calls"]
+    wakeups = stats.get("cmdstat_publish", {}).get("calls", 0) \
+        + stats.get("cmdstat_spublish", {}).get("calls", 0)
+    assert calls < 300 * 1.3 and wakeups < 30, (calls, wakeups)
+
+
 # -- a partitioned topic over a 3-master cluster --------------------------------------------
 
 

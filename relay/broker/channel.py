@@ -55,7 +55,7 @@ class Part:
     messages, and what SUB there returned."""
 
     __slots__ = ("index", "name", "order", "maybe_ready", "arrivals", "incarnation",
-                 "empties", "held")
+                 "empties", "held", "ordered")
 
     def __init__(self, name: str, channel: str, index: int, joined: Subscribed):
         """`name`: the part's (Store.parts)."""
@@ -68,6 +68,7 @@ class Part:
         self.empties = joined.empties
         # finish calls held for its next deliver call, and their results (settling.py)
         self.held: list[tuple[Op, AsyncResult]] = []
+        self.ordered = False    # as its last deliver call said: a FIN may release a message
 
 
 class Channel:
@@ -200,6 +201,7 @@ class Channel:
         if batches.empties < part.empties:
             return  # popped before an empty already applied: they went with it
         self.emptied(batches.empties, part.index)
+        part.ordered = batches.ordered
         self.broker.metrics.delivered += sum(len(records) for records in batches)
         for (client, _, _), records in zip(share, batches):
             give_back, sampled_out = client.accept(records)
@@ -209,8 +211,9 @@ class Channel:
                 settling.requeue(self, client.owner, [(i, 0) for i in give_back])
             if sampled_out:
                 settling.finish(self, client.owner, sampled_out)
-        if not batches.more and part.arrivals == seen:
-            part.maybe_ready = False    # drained (a call cut short by bytes is not)
+        if not batches.more and part.arrivals == seen and not (part.ordered and part.held):
+            part.maybe_ready = False    # drained (a call cut short by bytes is not, nor an
+            # ordered part with FINs held, each of which may release a message)
 
 
 class Deliveries:

@@ -7,7 +7,10 @@ to join it.
 FINs that come while their channel's delivery loop waits for its call are held for the
 loop's next deliver call of their part (Deliveries.flush), into which the group commit
 folds them: consumers at RDY 1 FIN while the loop waits, and each FIN was a call of its
-own. A REQ or TOUCH of the channel sends what is held first, so none overtakes a FIN."""
+own. So are all FINs of an ordered channel's part, which may each release a message of
+its key: the part may have messages again, and the call that finishes one message
+delivers the next (lib/order.lua). A REQ or TOUCH of the channel sends what is held
+first, so none overtakes a FIN."""
 
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -32,7 +35,7 @@ class Settling:
     def finish(self, channel: "Channel", owner: str, ids: Sequence[bytes],
                order: int | None = None) -> "Calls":
         items = [(owner, msg_id) for msg_id in ids]
-        if order is None and channel.deliveries.busy:
+        if order is None and (channel.deliveries.busy or any(p.ordered for p in channel.parts)):
             return self._held(channel, items)
         return self._by_part(channel, self.broker.store.finish_op, items, order)
 
@@ -65,6 +68,8 @@ class Settling:
             result: AsyncResult = AsyncResult()
             part.held.append((store.finish_op(part.name, channel.name,
                                               [items[i] for i in where]), result))
+            if part.ordered:
+                part.maybe_ready = True
             calls.append((result, where))
         channel.deliveries.look(channel)
         return calls

@@ -91,18 +91,21 @@ class Delivered(list):
     """deliver.lua's reply: one list of records per group (this delivery counted in
     their attempts: codec.delivered), the channel's count of
     empties when they were popped (`empties`), the codes of the FINs folded into
-    the call (`finished`, as finish_op's), and whether the queue has more (`more`)."""
+    the call (`finished`, as finish_op's), whether the queue has more (`more`) and
+    whether the channel is ordered (`ordered`)."""
 
     empties: int = 0
     finished: list = []
     more: bool = False
+    ordered: bool = False
 
     @classmethod
     def parse(cls, reply: list[Any]) -> "Delivered":
-        delivered = cls([[codec.delivered(r) for r in group] for group in reply[:-3]])
-        delivered.empties = int(reply[-3])
-        delivered.finished = reply[-2]
-        delivered.more = bool(reply[-1])
+        delivered = cls([[codec.delivered(r) for r in group] for group in reply[:-4]])
+        delivered.empties = int(reply[-4])
+        delivered.finished = reply[-3]
+        delivered.more = bool(reply[-2])
+        delivered.ordered = bool(reply[-1])
         return delivered
 
     @classmethod

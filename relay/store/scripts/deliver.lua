@@ -2,7 +2,9 @@
 -- deliver: finish the FINs folded in, then deliver_channel() (lib/deliver.lua): pop
 -- ready messages of one channel for this broker's clients and put them in flight, in
 -- one call for all of them (the group commit folds the FINs of this channel that
--- precede the call into it: one call frees credit and uses it).
+-- precede the call into it: one call frees credit and uses it). On an ordered channel
+-- the messages the FINs release go out in this call too, and the wake-up of the queue
+-- they filled is sent only if some are left in it.
 --
 -- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] topic due index
 -- KEYS[5] channel meta   KEYS[6] dead-letter outbox   KEYS[7] deferred   KEYS[8] gate
@@ -13,7 +15,7 @@
 -- pub/sub channel and the node keys' prefix (node.lua)
 -- Returns one list of records per group, in ARGV order, then the channel's count of
 -- empties, then the finish codes (finish.lua's), one per pair, then 1 if the queue
--- still has messages, else 0.
+-- still has messages, else 0, then 1 if the channel is ordered, else 0.
 local queue, inflight, msgs, due_index = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local meta, dead, deferred, gate = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local key_of, waiting, version = KEYS[9], KEYS[10], KEYS[11]
@@ -27,10 +29,13 @@ local first_group, last_group = FIRST_PAIR + 2 * to_finish, #ARGV - 2
 -- deliver_channel's c
 local c = order_gate(queue, deferred, msgs, meta, gate, key_of, waiting, due_index, version,
                      channel, wake, node)
-c.inflight, c.dead = inflight, dead
+c.inflight, c.dead, c.hold_wake = inflight, dead, true
 local finished = finish_pairs(c, ARGV, FIRST_PAIR, first_group - 1, c)
-local out, empties, more = deliver_channel(c, max_attempts, ARGV, first_group, last_group)
+local out, empties, more, ordered = deliver_channel(c, max_attempts, ARGV, first_group,
+                                                   last_group)
+if c.woken and more == 1 then announce(version, wake, channel, node) end
 out[#out + 1] = empties
 out[#out + 1] = finished
 out[#out + 1] = more
+out[#out + 1] = ordered
 return out

@@ -9,7 +9,8 @@
 -- keys' prefix (node.lua), then per channel: its name, its count of groups G, and G
 -- groups of 4 as deliver.lua's
 -- Returns per channel what deliver.lua returns with no FINs folded in: one list of
--- records per group, the count of empties, {} (no finish codes), 1 if more else 0.
+-- records per group, the count of empties, {} (no finish codes), 1 if more else 0, 1 if
+-- ordered else 0.
 local due_index, version = KEYS[1], KEYS[2]
 local FIRST_CHANNEL_KEY, KEYS_PER_CHANNEL = 3, 9
 local max_attempts, wake, node = ARGV[1], ARGV[2], ARGV[3]
@@ -26,10 +27,11 @@ for key = FIRST_CHANNEL_KEY, #KEYS, KEYS_PER_CHANNEL do
   c.inflight, c.dead = inflight, dead
   local first = a + 2
   local last = first + 4 * group_count - 1
-  local records, empties, more = deliver_channel(c, max_attempts, ARGV, first, last)
+  local records, empties, more, ordered = deliver_channel(c, max_attempts, ARGV, first, last)
   records[#records + 1] = empties
   records[#records + 1] = {}
   records[#records + 1] = more
+  records[#records + 1] = ordered
   out[#out + 1] = records
   a = last + 1
 end

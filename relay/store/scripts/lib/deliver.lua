@@ -21,18 +21,21 @@
 -- dead_letter_topic: above. args[first..last]: groups of 4: owner, timeout ms, count,
 -- most bytes (0: any).
 -- Returns one list of records per group, the channel's count of empties (drop.lua,
--- which tells the broker whether the records predate an empty), and 1 if the queue
--- still has messages, else 0 (the broker then waits for a wake-up).
+-- which tells the broker whether the records predate an empty), 1 if the queue still
+-- has messages, else 0 (the broker then waits for a wake-up), and 1 if the channel is
+-- ordered, else 0 (the broker then folds a FIN into the deliver call that may take the
+-- message it releases: relay/broker/settling.py).
 
 -- the channel's controls in one read: what every call needs, read where it is kept
 local function deliver_channel(c, max_attempts, args, first, last)
   local out = {}
   local meta = redis.call('HMGET', c.meta, 'empties', 'paused', 'max_attempts', 'ttl_ms',
-                          'dead_letter_topic')
+                          'dead_letter_topic', 'ordered')
   local empties = tonumber(meta[1] or '0')
+  local ordered = meta[6] and 1 or 0
   if meta[2] then
     for g = first, last, 4 do out[#out + 1] = {} end
-    return out, empties, 0
+    return out, empties, 0, ordered
   end
 
   local now = now_ms()
@@ -121,5 +124,5 @@ local function deliver_channel(c, max_attempts, args, first, last)
     due_lower(c.node, c.due_index, c.channel, earliest)
   end
   order_release(c, left)
-  return out, empties, redis.call('EXISTS', c.queue)
+  return out, empties, redis.call('EXISTS', c.queue), ordered
 end

@@ -133,8 +133,9 @@ local function next_waiting(o, key)
 end
 
 -- The keys of `ids`, messages that left the channel, released: each key's next message
--- goes out (a wake-up when the queue was empty), else the key leaves the gate. Returns
--- how many were queued. A channel with no key out pays one EXISTS.
+-- goes out (a wake-up when the queue was empty, or with o.hold_wake o.woken set: the
+-- caller delivers first, and wakes only if some are left), else the key leaves the
+-- gate. Returns how many were queued. A channel with no key out pays one EXISTS.
 local function order_release(o, ids)
   if #ids == 0 or redis.call('EXISTS', o.key_of) == 0 then return 0 end
   local left, order_keys, n = {}, {}, 0
@@ -189,7 +190,11 @@ local function order_release(o, ids)
   if earliest then due_lower(o.node, o.due_index, o.channel, earliest) end
   if #ready > 0 then
     local length = call_chunked('RPUSH', o.queue, ready)
-    if length[#length] == #ready then announce(o.version, o.wake, o.channel, o.node) end
+    if length[#length] == #ready and o.hold_wake then
+      o.woken = true
+    elseif length[#length] == #ready then
+      announce(o.version, o.wake, o.channel, o.node)
+    end
   end
   return #ready
 end
