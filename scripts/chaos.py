@@ -51,6 +51,10 @@ TOPIC = "chaos"
 LIVE, HELD = "c", "held"  # channels read while the kills go on, and once publishing is over
 HEARTBEAT_MS = 1000    # consumers' heartbeat interval: a silent broker is dropped after 2 s
 IDENTIFY = identify_command({"heartbeat_interval": HEARTBEAT_MS})
+# for an ordered channel, where a key's next message goes out only once its last is
+# finished: each message written at once, not within nsqd's 250 ms output buffer
+IDENTIFY_UNBUFFERED = identify_command({"heartbeat_interval": HEARTBEAT_MS,
+                                        "output_buffer_timeout": -1})
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -186,7 +190,7 @@ def produce(system, tally, index, count, batch, rate, stop, waits=None):
         conn.sock.close()
 
 
-def consume(system, tally, channel, stop, rdy, port=None):
+def consume(system, tally, channel, stop, rdy, port=None, identify=IDENTIFY):
     """SUB on `port` or a random broker, FIN everything; reconnect when the broker goes
     away or falls silent for HEARTBEAT_MS twice over (a partition closes nothing)."""
     while not stop.is_set():
@@ -194,7 +198,7 @@ def consume(system, tally, channel, stop, rdy, port=None):
             target = port or random.choice(system.broker_ports)
             conn = Conn(system.host, target, 2)
             conn.sock.settimeout(1.0)
-            conn.sock.sendall(IDENTIFY + f"SUB {TOPIC} {channel}\n".encode())
+            conn.sock.sendall(identify + f"SUB {TOPIC} {channel}\n".encode())
             conn.expect_ok(2)
             conn.sock.sendall(b"RDY %d\n" % rdy)
             heard = time.monotonic()
@@ -242,9 +246,9 @@ def create_channel(system, channel: str) -> None:
     conn.sock.close()
 
 
-def consumers(system, tally, channel, stop, args) -> list:
+def consumers(system, tally, channel, stop, args, identify=IDENTIFY) -> list:
     threads = [threading.Thread(target=consume, daemon=True,
-                                args=(system, tally, channel, stop, args.rdy))
+                                args=(system, tally, channel, stop, args.rdy, None, identify))
                for _ in range(args.consumers)]
     for t in threads:
         t.start()

@@ -1,7 +1,8 @@
 """A rolling upgrade under load: the previous release's brokers, scanner and jobs worker
 (PREVIOUS, from a git worktree as scripts/compare.py makes one) are replaced one at a
 time by this checkout's while producers publish and consumers read, then
-`relay-admin upgrade finish` runs. Prints one JSON report: every acknowledged message
+`relay-admin upgrade finish` runs (once no live process blocks it: a broker killed -9 is
+in the registry until its registration expires). Prints one JSON report: every acknowledged message
 delivered or not, the longest wait of a producer for a publish's OK, `relay-admin
 upgrade status` after each step, and the tracebacks in any process's log.
 
@@ -13,7 +14,12 @@ closes or a publish fails, connect again to a random broker at once and send it 
 by SIGTERM (it drains: its consumers get CLOSE_WAIT), then the new one is started on
 its port; with --kill, the second old broker is killed with -9 instead, and what it held
 in flight comes back after --msg-timeout from the scanner. Messages go to two channels
-as in scripts/chaos.py: `c` read throughout, `held` only once publishing is over.
+as in scripts/chaos.py: `c` read throughout, `held` only once publishing is over. `held`
+is ordered by the producer's number (the topic's order key rule: the text before ":"),
+made so under the previous layout; once `upgrade finish` has run, a third channel,
+`after`, is made ordered (so under the new layout), takes what is published from then
+on and is read at the end too. The report says how each ordered channel keeps its
+waiting messages and how many came before an earlier one of their key.
 """
 
 import argparse
@@ -26,16 +32,23 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 
 from relay import embedded
-from scripts.chaos import (HELD, HERE, LIVE, Tally, consumers, create_channel, delivery, drain,
-                           produce, redis_conf, settle, stop_in_turn)
+from relay.store import Store
+from relay.store.connection import connect
+from relay.store.keys import ChannelKeys
+from relay.store.ordering import LISTS_FIELD
+from scripts.chaos import (HELD, HERE, IDENTIFY_UNBUFFERED, LIVE, TOPIC, Tally, consumers,
+                           create_channel, delivery, drain, produce, redis_conf, settle,
+                           stop_in_turn)
 from scripts.chaos_redis import SingleRedis, kill9
 from scripts.compare import checked_out
 
-# The release before rolling upgrades (issue 50): layouts unversioned, no process
-# registry of its own. The next release that changes a layout names its previous here.
-PREVIOUS = "bd382cbe4f8376e1f912943c775080276c99954f"
+# relay 0.2.0, the release before layout 3 (issue 59): its ordered channels wait in a
+# sorted set. The next release that changes a layout names its previous here.
+PREVIOUS = "eac48c0ed6d3da119e6014ffc957f543ff7a5760"
+AFTER = "after"     # the channel made ordered once the new layout is in force
 RELAY_ADMIN = os.path.join(os.path.dirname(sys.executable), "relay-admin")
 
 
@@ -171,10 +184,44 @@ def upgrade(deployment: Deployment, args, steps: list) -> dict:
     step("broker 1 replaced", unserved_s=round(deployment.replace_broker(first, False), 2))
     step("broker 2 " + ("killed -9 and replaced" if args.kill else "replaced"),
          unserved_s=round(deployment.replace_broker(second, args.kill), 2))
+    unblocked = time.monotonic() + 30    # a killed broker's registration expires in 15 s
+    while status(deployment)["next"]["blocked_by"] and time.monotonic() < unblocked:
+        time.sleep(0.5)
     finished = admin(deployment, "upgrade", "finish")
     step("upgrade finish")
+    admin(deployment, "order", TOPIC, AFTER)     # made ordered, so gated from its first
     return {"returncode": finished.returncode,
             "output": (finished.stdout + finished.stderr).strip()}
+
+
+def in_order(received: Counter) -> dict:
+    """An ordered channel's messages "<producer>:<n>" by first receipt (a Counter keeps
+    that order): how many, and how many came after a later one of their producer."""
+    last: dict[bytes, int] = {}
+    late = 0
+    for body in received:
+        producer, n = body.split(b":")
+        late += int(n) < last.get(producer, -1)
+        last[producer] = max(int(n), last.get(producer, -1))
+    return {"received": len(received), "out_of_order": late}
+
+
+def gate_shape(deployment: Deployment, channel: str) -> str:
+    """How an ordered channel keeps its waiting messages (lib/order.lua)."""
+    client = connect(deployment.redis.url)
+    lists = client.hexists(ChannelKeys.of(TOPIC, channel).meta, LISTS_FIELD)
+    return "lists" if lists else "sorted set"
+
+
+def drain_after(deployment: Deployment, timeout: float) -> None:
+    """Until the channel made ordered after the upgrade holds nothing."""
+    store = Store(connect(deployment.redis.url))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = store.reads.read_channel(TOPIC, AFTER)
+        if not state["depth"] and not state["in_flight_count"]:
+            return
+        time.sleep(0.2)
 
 
 def run(args) -> dict:
@@ -190,6 +237,9 @@ def run(args) -> dict:
             wait_registered(deployment, ("broker", "scanner", "jobs"))
             for channel in (LIVE, HELD):
                 create_channel(deployment, channel)
+            admin(deployment, "order-key", TOPIC, "--separator", ":")
+            admin(deployment, "order", TOPIC, HELD)
+            time.sleep(1.5)     # brokers read the rule within a second
             reading = consumers(deployment, tally, LIVE, stop_consumers, args)
             producers = [threading.Thread(target=produce, daemon=True, args=(
                 deployment, tally, i, 10 ** 9, 1, args.rate / args.producers,
@@ -203,9 +253,15 @@ def run(args) -> dict:
             for t in producers:
                 t.join(15)
             publishing = time.monotonic() - publishing
-            reading += consumers(deployment, tally, HELD, stop_consumers, args)
+            reading += consumers(deployment, tally, HELD, stop_consumers, args,
+                                 IDENTIFY_UNBUFFERED)
+            after = Tally()
+            after.received = {AFTER: Counter()}
+            reading += consumers(deployment, after, AFTER, stop_consumers, args,
+                                 IDENTIFY_UNBUFFERED)
             drain(tally, args.drain_timeout)
             settle(deployment, args.drain_timeout)
+            drain_after(deployment, args.drain_timeout)
             stop_consumers.set()
             for t in reading:
                 t.join(5)
@@ -217,6 +273,9 @@ def run(args) -> dict:
                     "publish_retries": tally.publish_retries,
                     "refusals": sorted({e for _, _, e in tally.refused})[:10],
                     "steps": steps, "finish": finished,
+                    "ordered": {channel: {"gate": gate_shape(deployment, channel),
+                                          **in_order(got.received[channel])}
+                                for channel, got in ((HELD, tally), (AFTER, after))},
                     "tracebacks": deployment.tracebacks(),
                     "seconds": round(time.monotonic() - started, 1)}
         finally:
