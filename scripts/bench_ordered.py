@@ -74,6 +74,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
+from relay.store.keys import ChannelKeys  # noqa: E402
+from relay.store.ordering import WAITING_FIELD  # noqa: E402
 from scripts import loadgen  # noqa: E402
 from scripts.bench import CpuSampler, Stack, cpu_model, cpu_seconds  # noqa: E402
 from scripts.compare import checked_out  # noqa: E402
@@ -609,14 +611,17 @@ def grown(before: dict, after: dict, least: int = 256) -> dict:
 
 
 def order_keys(client: redis.Redis, topic: str, channel: str) -> dict:
-    """What the channel's order keys hold (spec layout), and their bytes."""
+    """What the channel's order keys hold (spec layout), and their bytes, with how many
+    wait numbered in msgs (data layout 3)."""
     out = {}
-    for suffix, count in (("gate", client.hlen), ("key_of", client.hlen),
-                          ("waiting", client.zcard)):
-        key = f"relay:{{{topic}}}:ch:{channel}:{suffix}"
+    c = ChannelKeys.of(topic, channel)
+    for key, suffix, count in ((c.gate, "gate", client.hlen), (c.key_of, "key_of", client.hlen),
+                               (c.waiting, "waiting", client.zcard)):
         exists = client.exists(key)
         out[suffix] = {"entries": count(key) if exists else 0,
                        "bytes": client.memory_usage(key, samples=0) if exists else 0}
+    out["numbered"] = {"entries": int(client.hget(c.meta, WAITING_FIELD) or 0),
+                       "msgs_bytes": client.memory_usage(c.msgs, samples=0) or 0}
     return out
 
 

@@ -10,6 +10,13 @@ commandstats: FCALL's time includes theirs).
 Prints one JSON line: {"publish_us": .., "deliver_us": .., "finish_us": .., "commands":
 {name: µs per message}}. It flushes the database it is given.
 
+`--drain KEYS` instead drains `--batches` x 100 messages over KEYS order keys, as 4
+consumers at RDY 100 do: each deliver call of 4 groups of 100 finishes the messages the
+call before delivered (the FINs folded in, as a broker's group commit folds them), on a
+channel ordered (its keys one message out at a time) and on the same channel unordered,
+alternately, `--rounds` times: {"ordered_us": [...], "unordered_us": [...], "commands":
+{variant: {name: µs per message}}} (the last round's).
+
 `--strings` instead times a script that builds 2,500 strings of PREFIX bytes, a 16-hex id
 and a 200 B body, for prefixes of 0-23 bytes: Lua 5.1 hashes a long string by a sample
 of its bytes, so whether ids that differ only in their low digits collide depends on
@@ -24,6 +31,7 @@ import redis
 
 from relay.codec import record_id
 from relay.store import Store
+from relay.store.batchers import finishing_first
 
 BATCH = 100
 
@@ -77,13 +85,59 @@ def profile(url: str, batches: int, size: int) -> dict:
             "finish_us": per_message[2], "commands": commands}
 
 
+def drain(url: str, messages: int, keys: int, ordered: bool) -> tuple[float, dict]:
+    """Server CPU µs per message draining `messages` over `keys` order keys, and the
+    commands inside (µs per message)."""
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    store = Store(client)
+    store.subscribe("drain", "c", "profile")
+    if ordered:
+        store.ordering.set_ordered("drain", "c", True)
+    body = b"x" * 100
+    for start in range(0, messages, BATCH):
+        store.dedup.publish_keyed("drain", [body] * BATCH, None, 0,
+                                  [b"k%d" % ((start + i) % keys) for i in range(BATCH)])
+    owners = [f"profile:{i}" for i in range(4)]
+    client.config_resetstat()
+    before, got, held = cpu(client), 0, []
+    while got < messages:
+        deliver = store.deliver_op("drain", "c", [(o, 600_000, BATCH) for o in owners])
+        if held:
+            deliver = finishing_first(deliver, store.finish_op("drain", "c", held))
+        reply = store.run(deliver)
+        held = [(o, record_id(r)) for o, records in zip(owners, reply) for r in records]
+        got += len(held)
+    store.finish("drain", "c", held)
+    used = (cpu(client) - before) * 1e6 / messages
+    commands = {name.removeprefix("cmdstat_"): round(stats["usec"] / messages, 2)
+                for name, stats in client.info("commandstats").items()
+                if stats["usec"] / messages >= 0.05}
+    return round(used, 2), commands
+
+
+def drains(url: str, messages: int, keys: int, rounds: int) -> dict:
+    out: dict = {"ordered_us": [], "unordered_us": [], "commands": {}}
+    for _ in range(rounds):
+        for variant in ("ordered", "unordered"):
+            used, out["commands"][variant] = drain(url, messages, keys, variant == "ordered")
+            out[f"{variant}_us"].append(used)
+    return out
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--batches", type=int, default=1500)
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--strings", action="store_true")
+    parser.add_argument("--drain", type=int, metavar="KEYS")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    result = strings(args.redis_url) if args.strings else profile(args.redis_url,
-                                                                   args.batches, args.size)
+    if args.drain:
+        result = drains(args.redis_url, args.batches * BATCH, args.drain, args.rounds)
+    elif args.strings:
+        result = strings(args.redis_url)
+    else:
+        result = profile(args.redis_url, args.batches, args.size)
     print(json.dumps(result), flush=True)

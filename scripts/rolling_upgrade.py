@@ -38,7 +38,7 @@ from relay import embedded
 from relay.store import Store
 from relay.store.connection import connect
 from relay.store.keys import ChannelKeys
-from relay.store.ordering import LISTS_FIELD
+from relay.store.ordering import SEQS_FIELD
 from scripts.chaos import (HELD, HERE, IDENTIFY_UNBUFFERED, LIVE, TOPIC, Tally, consumers,
                            create_channel, delivery, drain, produce, redis_conf, settle,
                            stop_in_turn)
@@ -209,8 +209,8 @@ def in_order(received: Counter) -> dict:
 def gate_shape(deployment: Deployment, channel: str) -> str:
     """How an ordered channel keeps its waiting messages (lib/order.lua)."""
     client = connect(deployment.redis.url)
-    lists = client.hexists(ChannelKeys.of(TOPIC, channel).meta, LISTS_FIELD)
-    return "lists" if lists else "sorted set"
+    numbered = client.hexists(ChannelKeys.of(TOPIC, channel).meta, SEQS_FIELD)
+    return "numbered" if numbered else "sorted set"
 
 
 def drain_after(deployment: Deployment, timeout: float) -> None:

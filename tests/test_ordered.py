@@ -266,7 +266,8 @@ def test_order_key_checks(key, problem):
 
 def test_a_channel_ordered_under_layout_2_keeps_its_sorted_set_under_layout_3(store):
     """A rolling upgrade's channels: one ordered before `upgrade finish` waits in the
-    sorted set it has, one ordered after in lists; each delivers its keys in order."""
+    sorted set it has, one ordered after numbered in msgs; each delivers its keys in
+    order."""
     gate_shaped(store, "sorted-set")
     ordered(store, channel="before")
     store.redis.set(keys.LAYOUT, 3)
@@ -275,10 +276,10 @@ def test_a_channel_ordered_under_layout_2_keeps_its_sorted_set_under_layout_3(st
     before, after = ChannelKeys.of("t", "before"), ChannelKeys.of("t", "after")
     assert store.redis.zcard(before.waiting) == 2 and gate_keys(store, channel="before") == [
         before.gate.encode(), before.key_of.encode(), before.waiting.encode()]
-    stamp = store.redis.hget(after.meta, "order_lists")
     assert gate_keys(store, channel="after") == [
-        after.gate.encode(), after.key_of.encode(),
-        keys.waiting_list(after.gate, stamp, b"a")]
+        after.gate.encode(), after.key_of.encode(), b"a 1", b"a 2"]
+    a1 = store.redis.hget(after.gate, "a").split()[0]
+    assert store.redis.hget(after.gate, "a") == a1 + b" 1 3"
     for channel in ("before", "after"):
         seen = []
         while records := take(store, channel=channel):
@@ -288,17 +289,32 @@ def test_a_channel_ordered_under_layout_2_keeps_its_sorted_set_under_layout_3(st
         assert gate_keys(store, channel=channel) == []
 
 
-def test_an_emptied_channel_waits_in_new_lists_and_its_old_ones_are_freed(store):
+def test_an_emptied_channel_frees_what_waited_and_numbers_anew(store):
     ordered(store)
     publish_ordered(store, [("a", b"a1"), ("a", b"a2"), ("a", b"a3")])
-    c = ChannelKeys.of("t", "c")
-    stamp = store.redis.hget(c.meta, "order_lists")
     store.control.empty_channel("t", "c")
     assert gate_keys(store) == []
-    renewed = store.redis.hget(c.meta, "order_lists")
-    assert renewed is None if stamp is None else renewed not in (None, stamp)
+    assert store.reads.read_channel("t", "c")["depth"] == 0
     publish_ordered(store, [("a", b"a4"), ("a", b"a5")])
     assert store.reads.read_channel("t", "c")["order_waiting"] == 1
     [a4] = take(store)
     finish(store, [a4])
     assert bodies([a4] + take(store)) == [b"a4", b"a5"]
+
+
+def test_a_deleted_waiting_message_leaves_a_gap_the_release_steps_over(store):
+    ordered(store)
+    publish_ordered(store, [("a", b"a%d" % i) for i in range(1, 6)])
+    waiting = list(store.ordering.waiting_in("t", "c"))
+    assert [w.position for w in waiting] == [1, 2, 3, 4]
+    for w in waiting[:2] + waiting[3:]:     # a2, a3, a5: a4 is left alone behind a1
+        assert lookup.remove(store, "t", "c", "waiting", w.id, w.element)
+    assert [(w.position, bodies([w.record])) for w in store.ordering.waiting_in("t", "c")] \
+        == [(1, [b"a4"])]
+    [a1] = take(store)
+    finish(store, [a1])
+    [a4] = take(store)
+    finish(store, [a4])
+    assert bodies([a1, a4]) == [b"a1", b"a4"] and take(store) == []
+    assert gate_keys(store) == []
+    assert store.reads.read_channel("t", "c")["deleted_count"] == 3

@@ -52,7 +52,8 @@ def gate(store, topic="t", channel="c"):
     their order}), checking that key_of agrees with the gate."""
     c = ChannelKeys.of(topic, channel)
     out = {}
-    for key, msg_id in store.redis.hgetall(c.gate).items():
+    for key, value in store.redis.hgetall(c.gate).items():
+        msg_id = value.split()[0]       # then the seqs of those waiting, if numbered
         assert store.redis.hget(c.key_of, msg_id) == key
         out[key.decode()] = msg_id.decode()
     return out, waiting_bodies(store, topic, channel)

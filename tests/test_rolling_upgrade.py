@@ -67,9 +67,9 @@ def test_a_rolling_upgrade_under_load_loses_nothing(kill):
     assert report["finish"] == {
         "returncode": 0, "output": "data layout 3 is in force; relay 0.3.0 writes no newer one"}
     # the ordered channel made under layout 2 keeps its sorted set, the one made under
-    # layout 3 waits in lists, and each delivered every producer's messages in order
+    # layout 3 waits numbered in msgs, and each delivered every producer's messages in order
     ordered = report["ordered"]
-    assert (ordered["held"]["gate"], ordered["after"]["gate"]) == ("sorted set", "lists")
+    assert (ordered["held"]["gate"], ordered["after"]["gate"]) == ("sorted set", "numbered")
     assert ordered["held"]["received"] == report["acknowledged"]
     assert ordered["after"]["received"] > 100
     assert (ordered["held"]["out_of_order"], ordered["after"]["out_of_order"]) == (0, 0)

@@ -22,7 +22,6 @@ from relay.codec import record_id
 from relay.errors import RelayError
 from relay.store import deadletter
 from relay.store import Store, codes, guarded, keys
-from relay.store.control import free_lists
 from relay.store.connection import whole
 from relay.store.keys import ChannelKeys
 
@@ -67,8 +66,8 @@ def _drop(store, topic, channel, delete):
 
 
 def trash_sizes(store: Store, trash: Sequence[str]) -> list[tuple[bytes, int]]:
-    """(Redis type, entries) of each trash key, and ("list", their messages) after an
-    order gate that waited in lists."""
+    """(Redis type, entries) of each trash key, and ("waiting", how many) after a msgs
+    hash with messages numbered behind their order keys."""
     pipe = store.redis.pipeline(transaction=False)
     for key in trash:
         pipe.type(key)
@@ -83,8 +82,8 @@ def trash_sizes(store: Store, trash: Sequence[str]) -> list[tuple[bytes, int]]:
         waiting = next(replies) if kind == b"hash" else None
         if waiting is None:
             sizes.append((kind, entries))
-        else:   # a gate's waiting lists: their messages, and its fields but the marks
-            sizes += [(kind, entries - 2), (b"list", int(waiting))]
+        else:   # msgs with messages numbered behind their order keys: those are messages
+            sizes += [(kind, entries - int(waiting)), (b"waiting", int(waiting))]
     return sizes
 
 
@@ -127,9 +126,7 @@ def _free_stream(client, key, count):
 
 
 def _free_hash(client, key, count):
-    """HSCAN goes on from its cursor: nothing else writes a trash key. A trashed order
-    gate's waiting lists go first."""
-    yield from free_lists(client, key, count)
+    """HSCAN goes on from its cursor: nothing else writes a trash key."""
     cursor = None
     while cursor != 0:
         cursor, fields = guarded(lambda: client.hscan(key, cursor or 0, count=count))

@@ -27,34 +27,6 @@ CHANNEL_COUNTS = {b"message_count", b"requeue_count", b"timeout_count", b"dead_c
 TOPIC_SETTINGS = (*RETENTION_FIELDS, "ttl_ms", CHANNEL_TTL_FIELD, DEDUP_FIELD)
 
 
-# a trashed order gate's waiting lists freed per step (free_lists)
-LISTS_STEP = 1000
-
-
-def free_lists(client, key: str, count: int) -> Iterator[int]:
-    """Free the waiting lists a trash key names, if it is an order gate that waited in
-    lists (drop.lua marks it with keys.LISTS_FIELD): `count` of them a step, with
-    UNLINK; yields the messages each step freed. The gate itself is left."""
-    if guarded(client.type, key) != b"hash":
-        return
-    prefix = guarded(client.hget, key, keys.LISTS_FIELD)
-    if prefix is None:
-        return
-    cursor = None
-    while cursor != 0:
-        cursor, fields = guarded(lambda: client.hscan(key, cursor or 0, count=count))
-        names = [prefix + field for field in fields
-                 if field not in (keys.LISTS_FIELD, keys.WAITING_FIELD)]
-        if names:
-            pipe = client.pipeline(transaction=False)
-            for name in names:
-                pipe.llen(name)
-            lengths = guarded(pipe.execute)
-            guarded(client.unlink, *names)
-            yield sum(lengths)
-    guarded(client.hdel, key, keys.LISTS_FIELD, keys.WAITING_FIELD)
-
-
 class PartitionsRefused(RelayError):
     """A topic's partition count only grows."""
 
@@ -169,9 +141,6 @@ class Control(Service):
         """detach, then free the trash at once: UNLINK frees it off Redis' main thread."""
         dropped = self.detach(topic, channel, delete)
         if dropped is not None and dropped.trash:
-            for key in dropped.trash:
-                for _ in free_lists(self.redis, key, LISTS_STEP):
-                    pass
             guarded(self.redis.unlink, *dropped.trash)
         return dropped
 

@@ -115,17 +115,18 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
     relay:{T}:ch:C:queue              LIST  ready records
     relay:{T}:ch:C:inflight           ZSET  "<id> <owner>" -> deadline (ms)
     relay:{T}:ch:C:deferred           ZSET  id -> due time (ms)
-    relay:{T}:ch:C:msgs               HASH  id -> record, for in-flight and deferred ids
+    relay:{T}:ch:C:msgs               HASH  id -> record, for in-flight and deferred ids;
+                                            on an ordered channel (data layout 3) also
+                                            "<order key> <seq>" -> a message waiting behind
+                                            its key's: its record, or "<due ms> <record>"
+                                            for one due later (lib/order.lua)
     relay:{T}:ch:C:gate               HASH  an ordered channel's order key -> id of its one
                                             message out: queued, in flight or deferred
-                                            (lib/order.lua; relay/store/ordering.py)
+                                            (lib/order.lua; relay/store/ordering.py), then
+                                            "<first seq> <next seq>" of those waiting in msgs
     relay:{T}:ch:C:key_of             HASH  id -> order key, for those same messages
-    relay:{T}:ch:C:gate:S:K           LIST  the messages behind order key K's (data
-                                            layout 3; S: the meta's order_lists), in
-                                            publish order: each its record, or "<due ms>
-                                            <record>" for one due later
     relay:{T}:ch:C:waiting            ZSET  on a channel ordered under data layout 2 (no
-                                            order_lists), the messages behind their key's,
+                                            order_seqs), the messages behind their key's,
                                             all at score 0: "<order key> <id> <due ms, 0:
                                             now> <record>", so a key's are in id order
     relay:{T}:ch:C:meta               HASH  message_count, requeue_count, timeout_count,
@@ -136,9 +137,9 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             "channel", ttl.lua; max_depth, part_max_depth,
                                             overflow: lib/limit.lua; ordered: 1 on an
                                             ordered channel, counted in the topic meta's
-                                            ordered_channels; order_lists: the stamp S of
-                                            its waiting lists, order_waiting: how many
-                                            wait in them)
+                                            ordered_channels; order_seqs: 1 if those
+                                            behind their keys wait in msgs, order_waiting:
+                                            how many)
     relay:{T}:ch:C:consumers          HASH  broker id -> number of its subscribed clients
     relay:{T}:ch:C:dead               LIST  records past max attempts, or
                                             "<reason>:<record>" (expired, overflow:
@@ -214,14 +215,10 @@ def nothing_key(key: str) -> str:
 # The keys that hold a channel's messages (an empty drops them); a channel's keys, in the
 # order fan-out scripts are given them: the first four, the others, the order gate's last.
 ORDER_SUFFIXES = ("gate", "key_of", "waiting")
-# the fields of a trashed order gate that name its waiting lists' prefix and count their
-# messages (drop.lua)
-LISTS_FIELD, WAITING_FIELD = b" lists", b" waiting"
+# the field of a trashed msgs hash that counts the messages waiting behind their order
+# keys in it (drop.lua)
+WAITING_FIELD = b" waiting"
 
-
-def waiting_list(gate: str | bytes, stamp: bytes, key: bytes) -> bytes:
-    """The list of order key `key`'s waiting messages (lib/order.lua's waiting_list)."""
-    return (gate.encode() if isinstance(gate, str) else gate) + b":" + stamp + b":" + key
 MESSAGE_SUFFIXES = ("queue", "inflight", "deferred", "msgs") + ORDER_SUFFIXES
 CHANNEL_SUFFIXES = MESSAGE_SUFFIXES[:4] + ("meta", "consumers", "dead", "dead:lock") \
     + ORDER_SUFFIXES

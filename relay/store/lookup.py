@@ -121,7 +121,7 @@ def remove(store: Store, topic: str, channel: str, state: str, msg_id: bytes,
     target = {"queued": record, "waiting": record}.get(state, msg_id)
     return bool(store.run(Op("remove", [c.queue, c.deferred, c.msgs, c.meta, c.gate, c.key_of,
                                         c.waiting, t.due, t.version],
-                             [state, target, channel, t.wake, store.node(part)])))
+                             [state, target, channel, t.wake, store.node(part), msg_id])))
 
 
 def queued(store: Store, topic: str, channel: str, limit: int) -> list[dict]:

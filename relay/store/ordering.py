@@ -20,7 +20,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 from relay.codec import record_id
 from relay.errors import StoreError
-from relay.store import codes, keys
+from relay.store import codes
 from relay.store.data_path import Service
 from relay.store.dedup import BadKeyedMessage, key_problem, keyed_messages
 from relay.store.keys import ChannelKeys, TopicKeys
@@ -37,8 +37,9 @@ ORDER_KEY_CODES = {"ID_EMPTY": "KEY_EMPTY", "ID_TOO_LONG": "KEY_TOO_LONG",
 RELEASE_STEP = 10_000
 # the waiting messages read per Redis call (waiting_in)
 WAIT_CHUNK = 1000
-# the channel meta's fields of a gate waiting in lists (lib/order.lua)
-LISTS_FIELD, WAITING_FIELD = "order_lists", "order_waiting"
+# the channel meta's fields of a gate whose waiting messages are numbered by key in the
+# msgs hash, and their count (lib/order.lua)
+SEQS_FIELD, WAITING_FIELD = "order_seqs", "order_waiting"
 
 
 def order_key_problem(key: bytes) -> str | None:
@@ -103,8 +104,8 @@ class OrderKeyRule(NamedTuple):
 
 class Waiting(NamedTuple):
     """A message waiting behind its order key: `element` is what remove.lua takes out
-    (the ZSET member, or the order key, a space and the list entry), `position` its
-    place behind the key's message out (1: next)."""
+    (its field "<order key> <seq>" in msgs, or its ZSET member), `position` its place
+    behind the key's message out (1: next)."""
     key: bytes
     id: bytes
     due_ms: int
@@ -113,10 +114,11 @@ class Waiting(NamedTuple):
     position: int
 
     @classmethod
-    def of_entry(cls, key: bytes, entry: bytes, position: int) -> "Waiting":
-        """One of a waiting list's entries: the record, or "<due ms> <record>"."""
+    def of_entry(cls, key: bytes, field: bytes, entry: bytes, position: int) -> "Waiting":
+        """One numbered in msgs: its field, and its entry there: the record, or
+        "<due ms> <record>"."""
         due, record = (b"0", entry) if entry[0] >= 128 else entry.split(b" ", 1)
-        return cls(key, record_id(record), int(due), record, key + b" " + entry, position)
+        return cls(key, record_id(record), int(due), record, field, position)
 
     @classmethod
     def of_member(cls, member: bytes, position: int) -> "Waiting":
@@ -223,19 +225,24 @@ class Ordering(Service):
 
     def waiting_in(self, part: str, channel: str) -> Iterator[Waiting]:
         """The messages of one part of the channel waiting behind their order keys, keys
-        in order and each key's in the order they go out, WAIT_CHUNK per Redis call: in
-        its lists (lib/order.lua), or in its waiting ZSET if it has none."""
+        in order and each key's in the order they go out, WAIT_CHUNK per Redis call:
+        numbered in its msgs hash (lib/order.lua), or in its waiting ZSET."""
         c = ChannelKeys.of(part, channel)
-        stamp = guarded(self.redis.hget, c.meta, LISTS_FIELD)
-        if stamp is None:
+        if guarded(self.redis.hget, c.meta, SEQS_FIELD) is None:
             yield from _zset_waiting(self.redis, c.waiting)
             return
-        for key in sorted(guarded(self.redis.hkeys, c.gate)):
-            name, start = keys.waiting_list(c.gate, stamp, key), 0
-            while entries := guarded(self.redis.lrange, name, start, start + WAIT_CHUNK - 1):
-                for i, entry in enumerate(entries):
-                    yield Waiting.of_entry(key, entry, start + i + 1)
-                start += WAIT_CHUNK
+        for key, value in sorted(guarded(self.redis.hgetall, c.gate).items()):
+            _, *seqs = value.split(b" ")
+            if not seqs:
+                continue
+            fields = [key + b" %d" % seq for seq in range(int(seqs[0]), int(seqs[1]))]
+            position = 0
+            for start in range(0, len(fields), WAIT_CHUNK):
+                chunk = fields[start:start + WAIT_CHUNK]
+                for field, entry in zip(chunk, guarded(self.redis.hmget, c.msgs, chunk)):
+                    if entry is not None:       # None: deleted (relay-admin msg --delete)
+                        position += 1
+                        yield Waiting.of_entry(key, field, entry, position)
 
     def waiting_count(self, part: str, channel: str) -> int:
         """How many messages of one part of the channel wait behind their keys."""
@@ -243,8 +250,8 @@ class Ordering(Service):
         pipe = self.redis.pipeline(transaction=False)
         pipe.zcard(c.waiting)
         pipe.hget(c.meta, WAITING_FIELD)
-        in_set, in_lists = guarded(pipe.execute)
-        return in_set + int(in_lists or 0)
+        in_set, numbered = guarded(pipe.execute)
+        return in_set + int(numbered or 0)
 
     def order_report(self, topic: str, channel: str) -> dict:
         """Whether the channel is ordered, its keys with a message out and the messages

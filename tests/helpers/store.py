@@ -10,7 +10,7 @@ from relay.store.keys import ChannelKeys, TopicKeys
 
 # the shapes of an order gate's waiting messages, by the data layout in force when the
 # channel was made ordered (lib/order.lua)
-GATE_SHAPES = {"lists": 3, "sorted-set": 2}
+GATE_SHAPES = {"numbered": 3, "sorted-set": 2}
 
 
 def now_ms(store) -> int:
@@ -103,10 +103,11 @@ def gate_shaped(store, shape: str):
 
 
 def gate_keys(store, topic="t", channel="c") -> list:
-    """The keys of a channel's order gate that exist, its waiting lists included."""
+    """The keys of a channel's order gate that exist, and the fields of its msgs hash
+    that number messages waiting (ids have no space)."""
     c = ChannelKeys.of(topic, channel)
     return [k.encode() for k in (c.gate, c.key_of, c.waiting) if store.redis.exists(k)] \
-        + sorted(store.redis.scan_iter(match=c.gate + ":*"))
+        + sorted(f for f in store.redis.hkeys(c.msgs) if b" " in f)
 
 
 def waiting_bodies(store, topic="t", channel="c") -> dict:

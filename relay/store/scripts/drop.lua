@@ -35,26 +35,19 @@ local function detach(key)
   end
 end
 
--- A channel whose order gate waits in lists (lib/order.lua) leaves them where they are:
--- its trashed gate names them (field LISTS_FIELD: their names' prefix, then each field
--- of the gate) and counts their messages (WAITING_FIELD), and the trash's freeing frees
--- them (relay/store/control.py). Emptied, it waits in new lists.
+-- The messages numbered behind their order keys (lib/order.lua) go with msgs, whose
+-- trash counts them (WAITING_FIELD), as the jobs worker reports what it frees.
 local function drop_channel(c)
-  local meta = channel_key(c, 'meta')
-  local lists = redis.call('HMGET', meta, 'order_lists', 'order_waiting')
-  local stamp = lists[1]
+  local waiting = redis.call('HGET', channel_key(c, 'meta'), 'order_waiting')
   for _, suffix in ipairs({'queue', 'inflight', 'deferred', 'msgs', 'gate', 'key_of', 'waiting'}) do
     local kept = #trash
     detach(channel_key(c, suffix))
-    if suffix == 'gate' and stamp and #trash > kept then
-      redis.call('HSET', trash[#trash], LISTS_FIELD,
-                 waiting_list(channel_key(c, 'gate'), stamp, ''),
-                 WAITING_FIELD, lists[2] or 0)
+    if suffix == 'msgs' and waiting and #trash > kept then
+      redis.call('HSET', trash[#trash], WAITING_FIELD, waiting)
     end
   end
-  if stamp and not delete then
-    redis.call('HSET', meta, 'order_lists', order_stamp())
-    redis.call('HDEL', meta, 'order_waiting')
+  if not delete then
+    redis.call('HDEL', channel_key(c, 'meta'), 'order_waiting')
   end
   redis.call('ZREM', due_index, channel_name(c))
   node_set(node, due_index, channel_name(c), nil)

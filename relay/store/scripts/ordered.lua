@@ -2,8 +2,8 @@
 -- ordered: turn ordered delivery on or off for one part of a channel (relay-admin order,
 -- relay/store/ordering.py), and keep the count of the topic's ordered channels, which
 -- publish.lua reads to know whether to look at its channels' modes at all (lib/append.lua).
--- Turned on with ARGV[6] = 1 (data layout 3 in force), its messages wait in one list per
--- key (lib/order.lua): the meta's order_lists gets a new stamp.
+-- Turned on with ARGV[6] = 1 (data layout 3 in force), its messages wait numbered by key
+-- in the msgs hash (lib/order.lua): the meta's order_seqs is set.
 -- Turned off, the messages waiting behind their keys go out (queued, or deferred until
 -- their due time), each key's in order, at most ARGV[5] per call (the caller calls again
 -- while some are left, with the cursor returned), and then the gate is gone: what
@@ -16,7 +16,8 @@
 -- KEYS[10] topic due index   KEYS[11] topic version (lib/news.lua)
 -- ARGV[1] 1 on, 0 off   ARGV[2] channel   ARGV[3] wake pub/sub channel
 -- ARGV[4] the node keys' prefix (lib/node.lua)   ARGV[5] the most waiting messages to
--- send out   ARGV[6] 1: wait in lists   ARGV[7] off: the gate's HSCAN cursor ('0' first)
+-- send out   ARGV[6] 1: wait numbered by key   ARGV[7] off: the gate's HSCAN cursor ('0'
+-- first)
 -- Returns {CODE.DONE, messages released, 1 if some are left else 0, the cursor to call
 -- again with} done, {CODE.NO_CHANNEL} no such channel, {CODE.LIMITED} the channel has a
 -- depth limit.
@@ -24,7 +25,7 @@ local channels, topic_meta, channel_meta, queue = KEYS[1], KEYS[2], KEYS[3], KEY
 local deferred, msgs, gate, key_of, waiting = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local due_index, version = KEYS[10], KEYS[11]
 local on, channel, wake, node = ARGV[1] == '1', ARGV[2], ARGV[3], ARGV[4]
-local most, lists, cursor = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[7]
+local most, numbered, cursor = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[7]
 local STEP = 1000   -- waiting messages read per ZRANGE
 
 if redis.call('SISMEMBER', channels, channel) == 0 then
@@ -34,8 +35,8 @@ if on then
   if redis.call('HEXISTS', channel_meta, 'max_depth') == 1 then return {CODE.LIMITED} end
   if redis.call('HSETNX', channel_meta, 'ordered', 1) == 1 then
     redis.call('HINCRBY', topic_meta, 'ordered_channels', 1)
-    if lists and redis.call('EXISTS', waiting) == 0 then
-      redis.call('HSETNX', channel_meta, 'order_lists', order_stamp())
+    if numbered and redis.call('EXISTS', waiting) == 0 then
+      redis.call('HSET', channel_meta, 'order_seqs', 1)
     end
   end
   return {CODE.DONE, 0, 0, '0'}
@@ -56,22 +57,30 @@ local function send(id, due, record)
   end
 end
 
-local stamp, left = redis.call('HGET', channel_meta, 'order_lists'), 0
-if stamp then
-  local o = order_gate(queue, deferred, msgs, channel_meta, gate, key_of, waiting)
+local seqs, left = redis.call('HGET', channel_meta, 'order_seqs'), 0
+if seqs then
   local done = false    -- the scan went round
   repeat
     local reply = redis.call('HSCAN', gate, cursor, 'COUNT', 100)
     local fields, whole = reply[2], true
     for i = 1, #fields, 2 do
-      local entries = redis.call('LPOP', waiting_list(o.gate, stamp, fields[i]), most - released)
-      for _, entry in ipairs(entries or {}) do
-        local e = split_entry(entry)
-        send(e[1], e[2], e[3])
+      local key = fields[i]
+      local id, first, next = split_gate(fields[i + 1])
+      if first then
+        local last = math.min(tonumber(next), first + most - released)  -- past the last sent
+        local names = {}
+        for seq = first, last - 1 do names[#names + 1] = key .. ' ' .. seq end
+        for _, entry in ipairs(hmget_chunked(msgs, names)) do
+          if entry then
+            send(split_entry(entry))
+            released = released + 1
+          end
+        end
+        call_chunked('HDEL', msgs, names)
+        redis.call('HSET', gate, key, gate_value(id, last, next))
+        call_chunked('RPUSH', queue, ready)
+        ready = {}
       end
-      released = released + #(entries or {})
-      call_chunked('RPUSH', queue, ready)
-      ready = {}
       if released >= most then
         whole = false     -- the next call reads this step's keys again, from `cursor`
         break
@@ -84,7 +93,7 @@ if stamp then
   until done or released >= most
   redis.call('HINCRBY', channel_meta, 'order_waiting', -released)
   if done then
-    redis.call('HDEL', channel_meta, 'order_lists', 'order_waiting')
+    redis.call('HDEL', channel_meta, 'order_seqs', 'order_waiting')
     redis.call('DEL', gate, key_of)
   else
     left = 1

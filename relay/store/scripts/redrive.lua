@@ -29,7 +29,7 @@ if redis.call('SISMEMBER', channels, channel) == 0 then
 end
 local records = {}
 for i = FIRST_RECORD, #ARGV do records[#records + 1] = ARGV[i] end
-local mode = redis.call('HMGET', channel_meta, 'ordered', 'order_lists')
+local mode = redis.call('HMGET', channel_meta, 'ordered', 'order_seqs')
 if mode[1] and #records > 0 then
   local ids = {}
   for i, record in ipairs(records) do ids[i] = record_id(record) end

@@ -2,8 +2,8 @@
 -- remove: relay-admin msg --delete. Takes one message out of a channel where it waits:
 -- a queued record dropped (LREM of that exact record, the first from the head), a
 -- deferred message cancelled (out of the deferred ZSET, its record out of the msgs
--- hash) or, on an ordered channel, one waiting behind its key (out of its list, or of the
--- waiting ZSET: lib/order.lua).
+-- hash) or, on an ordered channel, one waiting behind its key (its entry out of the msgs
+-- hash, or its member out of the waiting ZSET: lib/order.lua).
 -- A queued or deferred one releases its order key (lib/order.lua). A message in
 -- flight is not touched: a consumer holds it. A removal is counted in the channel
 -- meta's deleted_count (in /stats).
@@ -11,9 +11,9 @@
 -- KEYS[1] queue   KEYS[2] deferred   KEYS[3] msgs   KEYS[4] channel meta   KEYS[5] gate
 -- KEYS[6] key_of   KEYS[7] waiting   KEYS[8] topic due index   KEYS[9] topic version
 -- ARGV[1] "queued", "deferred" or "waiting"   ARGV[2] the queued record, the deferred id
--- or the waiting one's ZSET member, or with lists its order key, a space and its list
--- entry (relay/store/ordering.py's Waiting.element)   ARGV[3] channel name   ARGV[4] wake pub/sub channel
--- ARGV[5] the node keys' prefix
+-- or the waiting one's ZSET member or "<order key> <seq>" (relay/store/ordering.py's
+-- Waiting.element)   ARGV[3] channel name   ARGV[4] wake pub/sub channel
+-- ARGV[5] the node keys' prefix   ARGV[6] the message's id
 -- Returns 1 removed, 0 not there any more (delivered, finished or gone meanwhile).
 -- It goes on at maxmemory (runner.REFUSED_AT_MAXMEMORY).
 local queue, deferred, msgs, channel_meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -30,13 +30,11 @@ elseif state == 'deferred' then
   if removed == 1 then redis.call('HDEL', msgs, target) end
   id = target
 else
-  local stamp = redis.call('HGET', channel_meta, 'order_lists')
-  if stamp then
-    local space = string.find(target, ' ', 1, true)
-    local list = waiting_list(gate, stamp, string.sub(target, 1, space - 1))
-    removed = redis.call('LREM', list, 1, string.sub(target, space + 1))
-    if removed == 1 then redis.call('HINCRBY', channel_meta, 'order_waiting', -1) end
-  else
+  local entry = redis.call('HGET', msgs, target)     -- "<order key> <seq>": numbered
+  if entry and split_entry(entry) == ARGV[6] then
+    removed = redis.call('HDEL', msgs, target)
+    redis.call('HINCRBY', channel_meta, 'order_waiting', -1)
+  elseif not entry then
     removed = redis.call('ZREM', waiting, target)
   end
 end

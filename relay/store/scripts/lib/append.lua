@@ -33,7 +33,7 @@ local function publishing(due)
   if meta[5] and meta[5] ~= '0' and p.channels > 0 then
     p.ordered, p.lists = {}, {}
     for c = 1, p.channels do
-      local mode = redis.call('HMGET', channel_key(c, 'meta'), 'ordered', 'order_lists')
+      local mode = redis.call('HMGET', channel_key(c, 'meta'), 'ordered', 'order_seqs')
       p.ordered[c], p.lists[c] = mode[1] ~= false, mode[2] or nil
     end
   end

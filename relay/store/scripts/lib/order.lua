@@ -8,17 +8,19 @@
 -- releases the key: its next message goes out (queued, or deferred until its due
 -- time), else the key leaves the gate, so a key with nothing out costs nothing.
 -- The messages behind a key wait in one of two shapes, by the channel meta's field
--- `order_lists` (relay/store/layout.py):
--- * set (data layout 3): one LIST per key, `<gate>:<order_lists>:<order key>`, of
---   entries in publish order, each the record as it will be queued, or for one due
---   later "<due ms> <record>" (a record starts with a byte of 128 or more, a digit does
---   not). A release is one LPOP per key, and the count of them all is the meta's
---   `order_waiting`. The field's value, a stamp, is new with each gate, so an emptied
---   or deleted channel's lists, which the trash frees later, are not a new one's.
+-- `order_seqs` (relay/store/layout.py):
+-- * set (data layout 3): in the msgs hash, each under "<order key> <seq>" (an id has no
+--   space), the key's numbered in publish order from its gate value's: a key with
+--   messages waiting has "<id out> <first seq> <next seq>" there. An entry is the
+--   record as it will be queued, or for one due later "<due ms> <record>" (a record
+--   starts with a byte of 128 or more, a digit does not). A release reads and deletes
+--   the first entry of each key released with one HMGET and one HDEL for them all; the
+--   meta's `order_waiting` counts the entries.
 -- * absent (data layout 2): one ZSET `waiting`, all at score 0, of "<order key> <id>
 --   <due ms, 0: now> <record>": a key's in id order, which is its publish order (a key
 --   always goes to the same part); a release is one ZRANGEBYLEX per key.
--- The queue only holds messages free to go: deliver.lua pops it as any channel's.
+-- Either way every key is one the caller declares. The queue only holds messages free
+-- to go: deliver.lua pops it as any channel's.
 -- o: the channel's gate, as order_gate() builds it.
 
 -- The gate of one channel (o): its keys queue, deferred, msgs, meta, gate, key_of and
@@ -32,91 +34,124 @@ local function order_gate(queue, deferred, msgs, meta, gate, key_of, waiting, du
           channel = channel, wake = wake, node = node}
 end
 
--- A trashed gate's fields naming its lists' prefix and counting their messages (drop.lua;
--- keys.LISTS_FIELD, keys.WAITING_FIELD): no order key has a space.
-local LISTS_FIELD, WAITING_FIELD = ' lists', ' waiting'
+-- The field of a trashed msgs hash counting the messages numbered in it (drop.lua;
+-- keys.WAITING_FIELD): no id or "<order key> <seq>" starts with a space.
+local WAITING_FIELD = ' waiting'
 
--- A new gate's lists' stamp: Redis time in µs.
-local function order_stamp()
-  local time = redis.call('TIME')
-  return time[1] .. string.format('%06d', time[2])
+-- A gate value's id out, and if messages wait its first seq (a number) and next seq (as
+-- written): an id is 16 characters.
+local function split_gate(value)
+  if #value == 16 then return value end
+  local space = string.find(value, ' ', 19, true)
+  return string.sub(value, 1, 16), tonumber(string.sub(value, 18, space - 1)),
+         string.sub(value, space + 1)
 end
 
--- The list of one key's waiting messages behind `gate`, whose lists carry `stamp`.
-local function waiting_list(gate, stamp, key)
-  return gate .. ':' .. stamp .. ':' .. key
+-- The gate value of key with `id` out and the entries [first, next) behind it.
+local function gate_value(id, first, next)
+  if first and first < tonumber(next) then return id .. ' ' .. first .. ' ' .. next end
+  return id
 end
 
--- A list entry's {id, due ms, record}.
+-- An entry's id, due ms and record.
 local function split_entry(entry)
-  if string.byte(entry, 1) >= 128 then return {record_id(entry), 0, entry} end
+  if string.byte(entry, 1) >= 128 then return record_id(entry), 0, entry end
   local space = string.find(entry, ' ', 1, true)
   local record = string.sub(entry, space + 1)
-  return {record_id(record), tonumber(string.sub(entry, 1, space - 1)), record}
+  return record_id(record), tonumber(string.sub(entry, 1, space - 1)), record
 end
 
--- `entry` (of message `id`) into a waiting list in id order: at its end, unless it holds
--- a later id (a replay or a redrive of an earlier message), then before the first.
-local function insert_by_id(list, id, entry)
-  local last = redis.call('LINDEX', list, -1)
-  if last and split_entry(last)[1] > id then
-    for _, e in ipairs(redis.call('LRANGE', list, 0, -1)) do
-      if split_entry(e)[1] > id then
-        redis.call('LINSERT', list, 'BEFORE', e, entry)
-        return
-      end
-    end
+-- The values of `fields` of hash `key` (false for one absent), in HMGETs of CHUNK.
+local function hmget_chunked(key, fields)
+  local replies = call_chunked('HMGET', key, fields)
+  if #replies == 1 then return replies[1] end
+  local out = {}
+  for _, reply in ipairs(replies) do
+    for _, value in ipairs(reply) do out[#out + 1] = value end
   end
-  redis.call('RPUSH', list, entry)
+  return out
+end
+
+-- Each key of `by_key` (key -> {{id, entry}...} of messages published before, in any
+-- order) with its waiting entries rewritten in id order, the new ones among them:
+-- a replay or a redrive (o: the gate; gate: key -> {id out, first, next}).
+local function insert_by_id(o, gate, by_key)
+  local values = {}
+  for key, added in pairs(by_key) do
+    local g = gate[key]
+    local first, next = g[2] or 1, tonumber(g[3] or 1)
+    local fields, all = {}, {}
+    for seq = first, next - 1 do fields[#fields + 1] = key .. ' ' .. seq end
+    if #fields > 0 then
+      for _, entry in ipairs(hmget_chunked(o.msgs, fields)) do
+        if entry then all[#all + 1] = {(split_entry(entry)), entry} end
+      end
+      call_chunked('HDEL', o.msgs, fields)
+    end
+    for _, a in ipairs(added) do all[#all + 1] = a end
+    table.sort(all, function(x, y) return x[1] < y[1] end)
+    local writes = {}
+    for i, e in ipairs(all) do
+      writes[#writes + 1], writes[#writes + 2] = key .. ' ' .. (first + i - 1), e[2]
+    end
+    call_chunked('HSET', o.msgs, writes)
+    values[#values + 1], values[#values + 2] = key, gate_value(g[1], first, first + #all)
+  end
+  if #values > 0 then call_chunked('HSET', o.gate, values) end
 end
 
 -- Of messages published to an ordered channel (`ids`, `records`, `order_keys`: a key
 -- or false each), those that go out now: {ids}, {records}. The others wait, with their
 -- `due` (ms, 0: now), in publish order, or with `by_id` (messages published before) in
--- id order among those waiting. `stamp`: the channel's order_lists (nil: the waiting
+-- id order among those waiting. `seqs`: the channel's order_seqs (nil: the waiting
 -- ZSET, always in id order).
-local function order_admit(o, ids, records, order_keys, due, stamp, by_id)
+local function order_admit(o, ids, records, order_keys, due, seqs, by_id)
   local wanted = {}
   for i = 1, #ids do
     if order_keys[i] then wanted[#wanted + 1] = order_keys[i] end
   end
   if #wanted == 0 then return ids, records end
-  local out, n = {}, 0     -- key -> true while it has a message out
-  for _, reply in ipairs(call_chunked('HMGET', o.gate, wanted)) do
-    for _, id in ipairs(reply) do
-      n = n + 1
-      if id then out[wanted[n]] = true end
-    end
+  local gate = {}     -- key -> {id out, first seq, next seq} while it has a message out
+  for n, value in ipairs(hmget_chunked(o.gate, wanted)) do
+    if value then gate[wanted[n]] = {split_gate(value)} end
   end
   local prefix = due > 0 and due .. ' ' or ''
-  local free_ids, free_records, gate, key_of, waiting, listed = {}, {}, {}, {}, {}, 0
+  local free_ids, free_records, out, key_of, waiting, entries = {}, {}, {}, {}, {}, {}
+  local grown, by_key, listed = {}, {}, 0
   for i, id in ipairs(ids) do
     local key = order_keys[i]
-    if key and out[key] then
-      if stamp and by_id then
-        insert_by_id(waiting_list(o.gate, stamp, key), id, prefix .. records[i])
-        listed = listed + 1
-      elseif stamp then
-        redis.call('RPUSH', waiting_list(o.gate, stamp, key), prefix .. records[i])
-        listed = listed + 1
-      else
-        waiting[#waiting + 1] = 0
-        waiting[#waiting + 1] = key .. ' ' .. id .. ' ' .. due .. ' ' .. records[i]
-      end
+    local g = key and gate[key]
+    if g and seqs and by_id then
+      by_key[key] = by_key[key] or {}
+      table.insert(by_key[key], {id, prefix .. records[i]})
+      listed = listed + 1
+    elseif g and seqs then
+      local next = tonumber(g[3] or 1)
+      g[2], g[3] = g[2] or 1, next + 1
+      entries[#entries + 1], entries[#entries + 2] = key .. ' ' .. next, prefix .. records[i]
+      if not grown[key] then grown[key], grown[#grown + 1] = true, key end
+      listed = listed + 1
+    elseif g then
+      waiting[#waiting + 1] = 0
+      waiting[#waiting + 1] = key .. ' ' .. id .. ' ' .. due .. ' ' .. records[i]
     else
       if key then
-        out[key] = true
-        gate[#gate + 1], gate[#gate + 2] = key, id
+        gate[key] = {id}
+        out[#out + 1], out[#out + 2] = key, id
         key_of[#key_of + 1], key_of[#key_of + 2] = id, key
       end
       free_ids[#free_ids + 1], free_records[#free_records + 1] = id, records[i]
     end
   end
-  if #gate > 0 then
-    call_chunked('HSET', o.gate, gate)
-    call_chunked('HSET', o.key_of, key_of)
+  for _, key in ipairs(grown) do
+    local g = gate[key]
+    out[#out + 1], out[#out + 2] = key, gate_value(g[1], g[2], g[3])
   end
+  if #out > 0 then call_chunked('HSET', o.gate, out) end
+  if #key_of > 0 then call_chunked('HSET', o.key_of, key_of) end
+  if #entries > 0 then call_chunked('HSET', o.msgs, entries) end
   if #waiting > 0 then call_chunked('ZADD', o.waiting, waiting) end
+  if next(by_key) then insert_by_id(o, gate, by_key) end
   if listed > 0 then redis.call('HINCRBY', o.meta, 'order_waiting', listed) end
   return free_ids, free_records
 end
@@ -136,46 +171,69 @@ end
 -- goes out (a wake-up when the queue was empty, or with o.hold_wake o.woken set: the
 -- caller delivers first, and wakes only if some are left), else the key leaves the
 -- gate. Returns how many were queued. A channel with no key out pays one EXISTS.
+-- Per key the work is a field of each of a few variadic commands; a key numbered with a
+-- gap (a waiting message deleted: remove.lua) costs an HGET per entry missing.
 local function order_release(o, ids)
   if #ids == 0 or redis.call('EXISTS', o.key_of) == 0 then return 0 end
-  local left, order_keys, n = {}, {}, 0
-  for _, reply in ipairs(call_chunked('HMGET', o.key_of, ids)) do
-    for _, key in ipairs(reply) do
-      n = n + 1
-      if key then left[#left + 1], order_keys[#order_keys + 1] = ids[n], key end
-    end
+  local left, order_keys = {}, {}
+  for n, key in ipairs(hmget_chunked(o.key_of, ids)) do
+    if key then left[#left + 1], order_keys[#order_keys + 1] = ids[n], key end
   end
   if #left == 0 then return 0 end
   call_chunked('HDEL', o.key_of, left)
-  local stamp = redis.call('HGET', o.meta, 'order_lists')
-  local now = now_ms()
+  local now, sorted = now_ms(), nil
   local gone, gate, key_of, ready, later, earliest, listed = {}, {}, {}, {}, {}, nil, 0
   local members = {}
-  for _, key in ipairs(order_keys) do
-    local nxt
-    if stamp then
-      local entry = redis.call('LPOP', waiting_list(o.gate, stamp, key))
-      if entry then
-        nxt = split_entry(entry)
-        listed = listed + 1
-      end
+  local wkeys, wfirst, wnext, fields = {}, {}, {}, {}    -- the keys numbered, with entries
+  for i, value in ipairs(hmget_chunked(o.gate, order_keys)) do
+    local key = order_keys[i]
+    local _, first, next
+    if value then _, first, next = split_gate(value) end
+    if first then
+      local n = #wkeys + 1
+      wkeys[n], wfirst[n], wnext[n], fields[n] = key, first, next, key .. ' ' .. first
     else
-      nxt = next_waiting(o, key)
-      if nxt then members[#members + 1] = nxt[4] end
-    end
-    if nxt then
-      local id, due, record = nxt[1], nxt[2], nxt[3]
-      gate[#gate + 1], gate[#gate + 2] = key, id
-      key_of[#key_of + 1], key_of[#key_of + 2] = id, key
-      if due > now then
-        later[#later + 1] = {id, record, due}
-        if not earliest or due < earliest then earliest = due end
+      if sorted == nil then sorted = redis.call('EXISTS', o.waiting) == 1 end
+      local nxt = sorted and next_waiting(o, key)
+      if nxt then
+        members[#members + 1] = nxt[4]
+        gate[#gate + 1], gate[#gate + 2] = key, nxt[1]
+        key_of[#key_of + 1], key_of[#key_of + 2] = nxt[1], key
+        if nxt[2] > now then
+          later[#later + 1] = {nxt[1], nxt[3], nxt[2]}
+        else
+          ready[#ready + 1] = nxt[3]
+        end
       else
-        ready[#ready + 1] = record
+        gone[#gone + 1] = key
       end
-    else
-      gone[#gone + 1] = key
     end
+  end
+  if #wkeys > 0 then
+    local entries = hmget_chunked(o.msgs, fields)
+    for n = 1, #wkeys do
+      local first, last = wfirst[n] + 1, tonumber(wnext[n])
+      while not entries[n] and first < last do     -- a gap
+        fields[#fields + 1] = wkeys[n] .. ' ' .. first
+        entries[n] = redis.call('HGET', o.msgs, fields[#fields])
+        first = first + 1
+      end
+      local entry, key = entries[n], wkeys[n]
+      if entry then
+        local id, due, record = split_entry(entry)
+        listed = listed + 1
+        gate[#gate + 1], gate[#gate + 2] = key, gate_value(id, first, wnext[n])
+        key_of[#key_of + 1], key_of[#key_of + 2] = id, key
+        if due > now then
+          later[#later + 1] = {id, record, due}
+        else
+          ready[#ready + 1] = record
+        end
+      else
+        gone[#gone + 1] = key
+      end
+    end
+    call_chunked('HDEL', o.msgs, fields)
   end
   if #gone > 0 then call_chunked('HDEL', o.gate, gone) end
   if #gate == 0 then return 0 end
@@ -186,6 +244,7 @@ local function order_release(o, ids)
   for _, m in ipairs(later) do
     redis.call('HSET', o.msgs, m[1], m[2])
     redis.call('ZADD', o.deferred, m[3], m[1])
+    if not earliest or m[3] < earliest then earliest = m[3] end
   end
   if earliest then due_lower(o.node, o.due_index, o.channel, earliest) end
   if #ready > 0 then
