@@ -620,8 +620,8 @@ def order_keys(client: redis.Redis, topic: str, channel: str) -> dict:
         exists = client.exists(key)
         out[suffix] = {"entries": count(key) if exists else 0,
                        "bytes": client.memory_usage(key, samples=0) if exists else 0}
-    out["numbered"] = {"entries": int(client.hget(c.meta, WAITING_FIELD) or 0),
-                       "msgs_bytes": client.memory_usage(c.msgs, samples=0) or 0}
+    out["numbered in msgs"] = {"entries": int(client.hget(c.meta, WAITING_FIELD) or 0),
+                               "bytes": client.memory_usage(c.msgs, samples=0) or 0}
     return out
 
 
