@@ -5,9 +5,10 @@ upgrade (README: Upgrading; docs/processes.md).
     1  before issue 35 (2026-11-25): a leases hash beside each in-flight set, records
        in the wire layout, news in each topic's version key. No release since reads it.
     2  since issue 35: what relay 0.1.0 and 0.2.0 read and write.
-    3  since issue 59: a channel made ordered waits in one list per order key
-       (scripts/lib/order.lua), not in one sorted set for all, which one ordered under
-       layout 2 keeps until it is turned off (relay 0.3.0 reads both).
+    3  since issue 59: on a channel made ordered the messages behind an order key wait
+       numbered in its msgs hash (scripts/lib/order.lua), not in one sorted set for
+       all, which one ordered under layout 2 keeps until it is turned off (relay 0.3.0
+       reads both).
 
 `relay:layout` holds the layout in force, the one every process writes. A broker,
 scanner, jobs worker or console reads it once Redis answers (`establish`) and refuses to
@@ -41,12 +42,12 @@ log = logging.getLogger("relay.layout")
 RELEASE = relay.__version__
 READS = (2, 3)
 WRITES = (2, 3)
-ORDER_LISTS = 3     # the first layout whose ordered channels wait in lists
+ORDER_SEQS = 3      # the first layout whose ordered channels number what waits
 EARLIER = "0.1.0 or earlier"    # a process registered only as a broker, scanner or rq worker
 EARLIER_READS = (2,)
 LAYOUTS = {1: "before issue 35 (2026-11-25), with a leases hash beside each in-flight set",
            2: "of relay 0.1.0 and 0.2.0",
-           3: "of relay 0.3.0, with an ordered channel's waiting messages in a list per key"}
+           3: "of relay 0.3.0, with an ordered channel's waiting messages numbered by key"}
 TTL_MS = 15_000         # a process's registration, renewed with its heartbeat
 
 

@@ -42,8 +42,8 @@ def where(store: Store, topic: str, channel: str, msg_id: bytes,
     pipe.hget(c.key_of, msg_id)
     pipe.hmget(c.meta, ORDERED_FIELD, WAITING_FIELD)
     pipe.zcard(c.waiting)
-    record, due, key, (ordered, in_lists), in_set = guarded(pipe.execute)
-    behind = in_set or int(in_lists or 0)
+    record, due, key, (ordered, numbered), in_set = guarded(pipe.execute)
+    behind = in_set or int(numbered or 0)
     keyed = {"key": _text(key)} if ordered is not None else {}
     if record is not None and due is not None:
         return {"state": "deferred", "due_ms": int(due), **message(record), **keyed}

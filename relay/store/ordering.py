@@ -12,8 +12,8 @@ topic's rule (`order_key` in part 0's version hash): a JSON field of the body, o
 text before a separator. Setting it is news (order_key.lua), so brokers learn it as they
 learn a raised partition count (versions.lua), within a second. A key always goes to the part its hash picks, so its
 order holds over partitions; raising the count moves keys (their order may break once).
-The messages behind a key's wait in one list per key (data layout 3), or on a channel
-made ordered under layout 2 in one sorted set (lib/order.lua says both)."""
+The messages behind a key's wait numbered in the channel's msgs hash (data layout 3), or
+on a channel made ordered under layout 2 in one sorted set (lib/order.lua says both)."""
 
 import json
 from typing import Iterator, NamedTuple, Sequence
@@ -149,7 +149,7 @@ class Ordering(Service):
         if on:
             self.store.subscribe(topic, channel, "")      # /channel/create's way
         from relay.store import layout     # layout reads dead letters: not at import
-        lists = on and layout.writing(self.redis) >= layout.ORDER_LISTS
+        numbered = on and layout.writing(self.redis) >= layout.ORDER_SEQS
         released = 0
         for part in self.store.parts(topic, fresh=True):
             t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
@@ -159,7 +159,7 @@ class Ordering(Service):
             while True:
                 reply = self.store.run(Op("ordered", call_keys, [
                     int(on), channel, t.wake, self.store.node(part), RELEASE_STEP,
-                    int(lists), cursor]))
+                    int(numbered), cursor]))
                 if int(reply[0]) == codes.LIMITED:
                     raise OrderedAndLimited(
                         f"channel {topic}/{channel} has a depth limit: remove it first "

@@ -413,7 +413,7 @@ def _channel_figures(queued: int, waiting: int, keys_out: int, inflight: int, de
     their keys, which order_waiting counts alone, beside whether it is ordered and its
     keys with a message out (queued, in flight or deferred: order_keys_out)."""
     meta = pairs(meta)
-    waiting += int(meta.get(b"order_waiting", 0))      # in lists (lib/order.lua)
+    waiting += int(meta.get(b"order_waiting", 0))      # numbered in msgs (lib/order.lua)
     return {"depth": queued + waiting, "in_flight_count": inflight, "deferred_count": deferred,
             "message_count": int(meta.get(b"message_count", 0)),
             "requeue_count": int(meta.get(b"requeue_count", 0)),

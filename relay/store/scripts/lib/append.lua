@@ -7,9 +7,10 @@
 -- publishing(due) reads, once per call, where its messages go: `channels` (0 while the
 -- topic is paused: its backlog keeps them), the channels' depth limits (`limits`, read
 -- only when the topic meta counts one, for messages made ready now), which channels are
--- ordered (`ordered`, read only when the topic meta counts one: lib/order.lua) and the
--- history's state (`history`, only with retention on); `due` is the deferred messages'
--- due time (ms), nil for messages ready now.
+-- ordered (`ordered`, read only when the topic meta counts one: lib/order.lua) and
+-- which of those number what waits (`seqs`: data layout 3), and the history's state
+-- (`history`, only with retention on); `due` is the deferred messages' due time (ms),
+-- nil for messages ready now.
 -- append(p, first, bodies, timestamp, part, order_keys) queues the bodies (counts first,
 -- first + 1, ...) and retains them; `order_keys` (nil: none; else an order key or false
 -- per body) pass an ordered channel's gate (lib/order.lua); appended(p, n, bytes, wake, node) does what follows n more:
@@ -31,10 +32,10 @@ local function publishing(due)
     p.limits = channel_limits(p.channels)
   end
   if meta[5] and meta[5] ~= '0' and p.channels > 0 then
-    p.ordered, p.lists = {}, {}
+    p.ordered, p.seqs = {}, {}
     for c = 1, p.channels do
       local mode = redis.call('HMGET', channel_key(c, 'meta'), 'ordered', 'order_seqs')
-      p.ordered[c], p.lists[c] = mode[1] ~= false, mode[2] or nil
+      p.ordered[c], p.seqs[c] = mode[1] ~= false, mode[2] or nil
     end
   end
   if meta[2] or meta[3] then
@@ -61,7 +62,7 @@ local function going_out(p, c, ids, records, order_keys)
                        channel_key(c, 'msgs'), channel_key(c, 'meta'),
                        channel_key(c, 'gate'), channel_key(c, 'key_of'),
                        channel_key(c, 'waiting'))
-  return order_admit(o, ids, records, order_keys, p.due or 0, p.lists[c])
+  return order_admit(o, ids, records, order_keys, p.due or 0, p.seqs[c])
 end
 
 -- The bodies queued (or deferred) in every channel, else the backlog, and retained;
