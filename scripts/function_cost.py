@@ -11,9 +11,7 @@ a deliver that finds nothing, a deliver of 1 and of 100 messages, and a finish o
 """
 
 import argparse
-import shutil
 import statistics
-import tempfile
 from importlib import resources
 
 import redis
@@ -90,12 +88,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    port, data = embedded.free_port(), tempfile.mkdtemp(prefix="relay-function-cost-")
-    server = embedded.start(port, data, extra=("--save", "", "--appendonly", "no"))
-    try:
+    with embedded.scratch_server("relay-function-cost-") as (port, version):
         client = redis.Redis(port=port)
-        version = client.info("server").get("valkey_version") or \
-            client.info("server")["redis_version"]
         store = Store(client)
         rounds: dict = {"FCALL": [], "EVALSHA": []}
         for _ in range(args.rounds):
@@ -109,11 +103,6 @@ def main() -> None:
             cells = [f"{statistics.median(r[case] for r in rounds[way]):.1f}"
                      if case in rounds[way][0] else "" for way in ("EVALSHA", "FCALL")]
             print(f"| {case} | {' | '.join(cells)} |")
-    finally:
-        server.terminate()
-        server.wait(10)
-        shutil.rmtree(data, ignore_errors=True)
-
 
 if __name__ == "__main__":
     main()

@@ -24,6 +24,12 @@ Workloads (-size 200, topic t, channel c; PORT the broker's TCP port, N --second
     http1   wrk -t2 -c16 -d Ns -s POST.lua http://127.0.0.1:HTTP/pub?topic=t  (keep-alive,
                 a body of 200 B a request; wrk from Debian's package, a tool for measuring
                 only); the rate is wrk's requests/s, and a run with non-2xx answers fails
+    sub2500 channel c made, the topic prefilled with
+                GOMAXPROCS=2 bench_writer ... -runfor Ms -size 200 -batch-size 200
+            (M = 1.5 N, so a reader as fast as nsqd's does not run dry), then
+                GOMAXPROCS=2 bench_reader ... -channel c -runfor Ns -size 200 -rdy 2500
+            alone: what consuming costs (deliver and finish), the reader's rate reported.
+    sub100  the same with -rdy 100.
     e2e     channel c made, then at once
                 GOMAXPROCS=2 bench_reader ... -channel c -runfor Ns -size 200 -rdy 2500
                 GOMAXPROCS=2 bench_writer ... -runfor Ns -size 200 -batch-size 200
@@ -157,8 +163,20 @@ def e2e(broker, seconds: float) -> tuple:
     return rate, rate * seconds, start, time.time()
 
 
+def reader(rdy: int):
+    def run(broker, seconds: float) -> tuple:
+        port = broker.tcp_port
+        make_channel(port)
+        ops(client("bench_writer", port, 2, 1.5 * seconds, "-batch-size", "200"))
+        start = time.time()
+        rate = ops(client("bench_reader", port, 2, seconds, "-channel", CHANNEL, "-rdy",
+                          str(rdy)))
+        return rate, rate * seconds, start, time.time()
+    return run
+
+
 WORKLOADS = {"pub1": writer(16, 1), "pub200": writer(2, 200), "rdy1": rdy1, "http1": http1,
-             "e2e": e2e}
+             "e2e": e2e, "sub2500": reader(2500), "sub100": reader(100)}
 
 
 def one_round(workload: str, source: str | None, args) -> dict:
