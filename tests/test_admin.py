@@ -72,7 +72,7 @@ def test_stats_table_and_json(store, backend):
         "in_flight_count": 1, "deferred_count": 1, "message_count": 4, "requeue_count": 0,
         "timeout_count": 0, "dead_count": 0, "deleted_count": 0, "expired_count": 0,
         "overflow_count": 0, "client_count": 0, "backend_depth": 2, "ordered": False,
-        "order_keys_out": 0, "order_waiting": 0,
+        "order_keys_out": 0, "order_waiting": 0, "rate_limit": None,
         "e2e_processing_latency": {"count": 0, "percentiles": None}, "clients": []}]
 
 

@@ -39,7 +39,8 @@ def test_ttl_limit_and_dedup_over_http_on_a_partitioned_topic(processes):
 
     assert api.json("POST", "/channel/limit?topic=t&channel=c&max_depth=3") == (200, {
         "topic": "t", "channel": "c", "max_depth": 3, "overflow": "reject",
-        "partitions": 2, "part_max_depth": 2, "depth": 0, "overflow_count": 0})
+        "partitions": 2, "part_max_depth": 2, "depth": 0, "overflow_count": 0,
+        "rate_per_s": None, "rate_burst": None})
     for i in range(4):                  # two a part: the publishes go to the parts in turn
         assert api.request("POST", "/pub?topic=t", b"m%d" % i)[:2] == (200, b"OK")
     assert api.json("POST", "/pub?topic=t", b"m4") == (

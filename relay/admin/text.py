@@ -11,6 +11,7 @@ STATS_COLUMNS = ["topic", "channel", "depth", "in_flight", "deferred", "messages
                  "requeued", "timed_out", "dead", "deleted", "expired", "overflowed", "clients",
                  "paused"]
 ORDER_COLUMNS = ["ordered", "keys_out", "waiting"]     # when some channel is ordered
+RATE_COLUMNS = ["rate"]         # when some channel has a rate limit
 RETAINED_COLUMNS = ["topic", "retention", "retained", "bytes", "oldest", "newest"]
 CLIENT_COLUMNS = ["broker", "channel", "client", "address", "user_agent", "ready",
                   "in_flight", "messages", "finished", "requeued", "connected"]
@@ -40,15 +41,17 @@ utc = iso_ms    # a Redis ms timestamp as UTC ISO 8601
 def stats_text(data: dict) -> str:
     """The stats table; read --partitions, each part's row names its master. With an
     ordered channel among them, each channel's mode, keys with a message out and messages
-    waiting behind them too (ORDER_COLUMNS)."""
+    waiting behind them too (ORDER_COLUMNS); with a rate-limited channel, each channel's
+    rate limit (RATE_COLUMNS)."""
     rows, clients = [], []
     by_part = any("parts" in t for t in data["topics"])
     ordered = any(c.get("ordered") for t in data["topics"] for c in t["channels"])
+    limited = any(c.get("rate_limit") for t in data["topics"] for c in t["channels"])
     for t in data["topics"]:
         for label, row in [(t["topic_name"], t)] + _part_rows(t):
             rows.append([label, "", row["depth"], "", row["deferred_count"],
                          row["message_count"], *[""] * 7, row["paused"],
-                         *[""] * (len(ORDER_COLUMNS) * ordered),
+                         *[""] * (len(ORDER_COLUMNS) * ordered + limited),
                          *([row.get("master", "")] if by_part else [])])
         for c in t["channels"]:
             for label, row in [(c["channel_name"], c)] + _part_rows(c):
@@ -59,14 +62,24 @@ def stats_text(data: dict) -> str:
                              row.get("client_count", ""), row["paused"],
                              *([row["ordered"], row["order_keys_out"], row["order_waiting"]]
                                if ordered else []),
+                             *([rate_text(c["rate_limit"]) if c["rate_limit"] else ""]
+                               if limited else []),
                              *([row.get("master", "")] if by_part else [])])
             clients += c["clients"]
     if not rows:
         return "no topics"
-    text = table(rows, STATS_COLUMNS + ORDER_COLUMNS * ordered + ["master"] * by_part)
+    text = table(rows, STATS_COLUMNS + ORDER_COLUMNS * ordered + RATE_COLUMNS * limited
+                 + ["master"] * by_part)
     if any("retention" in t for t in data["topics"]):
         text += "\n\n" + retained_table(data["topics"])
     return text + "\n\n" + clients_table(clients) if clients else text
+
+
+def rate_text(per_s: float) -> str:
+    """A rate as a person reads it: 200/s, 1.5/s, 30/m."""
+    if per_s < 1 and (per_s * 60) % 1 == 0:
+        return f"{per_s * 60:g}/m"
+    return f"{per_s:g}/s"
 
 
 def retained_table(topics: list[dict]) -> str:

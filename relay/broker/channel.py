@@ -17,6 +17,14 @@ commit folds the FINs that came before it.
 A channel deleted or emptied elsewhere is seen the same two ways, and compared with
 what SUB returned (its incarnation and count of empties, subscribe.lua).
 
+A channel with a delivery rate limit (relay/store/limits.py) takes from its bucket before
+each deliver call (tokens.lua: one call for all such channels of a round, side by side),
+delivers at most what it took, and gives back what the call did not use. When it took
+fewer than its credit, it waits the time the bucket names (at most RATE_RECHECK, so a
+rate raised while it waits counts within that) before it asks again. A broker learns a
+channel has a limit from a deliver call that therefore brought nothing, and that it has
+none from the bucket's answer.
+
 A partitioned topic's channel has a part in each of the topic's parts (keys.py). The
 loop then spreads each round's credit over the parts that may have messages, starting
 one further each round, so none starves: a part with messages is asked within as many
@@ -42,6 +50,8 @@ from relay.store.runner import MAX_CALL_ARGS, Op
 log = logging.getLogger("relay.channel")
 
 RETRY_DELAY = 0.5
+# the longest a rate-limited channel waits for its bucket before it asks again
+RATE_RECHECK = 1.0
 # consumers in one deliver call (4 arguments each): a bounded call however many there are
 MAX_GROUPS = MAX_CALL_ARGS // 4 - 4
 # channels in one deliver_many call: each costs Redis 30-60 us here, so a call stays
@@ -84,6 +94,9 @@ class Channel:
         self.parts = [Part(p, name, i, j) for i, (p, j) in enumerate(zip(parts, joined))]
         self.stopped = False
         self._turn = 0
+        self.limited = False        # has a rate limit: takes from it before delivering
+        self.granted: int | None = None     # taken for this round's calls (limited)
+        self._held = False          # waits for its bucket (hold)
 
     def __repr__(self) -> str:
         return f"Channel({self.topic}/{self.name})"
@@ -168,16 +181,48 @@ class Channel:
         until their msg_timeout."""
         self.stopped = True
 
+    def wanted(self) -> int:
+        """The messages this channel's next round would ask for: its clients' credit, or
+        0 when it has none, no part may have messages or its rate limit holds it."""
+        if self.stopped or self._held or not any(p.maybe_ready for p in self.parts):
+            return 0
+        return sum(max(0, c.credit()) for c in self.clients)
+
+    def hold(self, wait_ms: int) -> None:
+        """The bucket has nothing for `wait_ms` ms: look again then (at most
+        RATE_RECHECK)."""
+        self._held = True
+        gevent.spawn_later(min(wait_ms / 1000, RATE_RECHECK), self._unhold)
+
+    def _unhold(self) -> None:
+        self._held = False
+        self.deliveries.look(self)
+
     def round(self) -> list:
         """This round's work (_shares): none when no client has credit or no part may
-        have messages."""
+        have messages; with a rate limit, at most what was taken from it (`granted`)."""
         if self.stopped:
             return []
         groups = [(c, c.credit()) for c in self.clients]
         groups = [(c, n) for c, n in groups if n > 0]
         if not groups or not any(p.maybe_ready for p in self.parts):
             return []
+        if self.granted is not None:
+            groups = self._capped(groups, self.granted)
         return self._shares(groups)
+
+    def _capped(self, groups: list[tuple[Client, int]], cap: int) -> list:
+        """The groups' credit cut to `cap` in all, shared evenly, the first one further
+        each round."""
+        first = self._turn % len(groups)
+        groups = groups[first:] + groups[:first]
+        capped = []
+        for k, (client, credit) in enumerate(groups):
+            share = min(credit, -(-cap // (len(groups) - k)))
+            if share > 0:
+                capped.append((client, share))
+            cap -= share
+        return capped
 
     def _shares(self, groups: list[tuple[Client, int]]) -> list:
         """(part, [(client, count, bytes)]) for this round: each client's credit and room
@@ -196,13 +241,16 @@ class Channel:
         return [(ready[k], share[i:i + MAX_GROUPS]) for k, share in sorted(shares.items())
                 for i in range(0, len(share), MAX_GROUPS)]
 
-    def hand_out(self, part: Part, share: list, seen: int, batches: Delivered) -> None:
+    def hand_out(self, part: Part, share: list, seen: int, batches: Delivered) -> int:
+        """Give each client its records; returns how many were delivered."""
         settling = self.broker.settling
+        self.limited = batches.limited
+        delivered = sum(len(records) for records in batches)
         if batches.empties < part.empties:
-            return  # popped before an empty already applied: they went with it
+            return delivered  # popped before an empty already applied: they went with it
         self.emptied(batches.empties, part.index)
         part.ordered = batches.ordered
-        self.broker.metrics.delivered += sum(len(records) for records in batches)
+        self.broker.metrics.delivered += delivered
         for (client, _, _), records in zip(share, batches):
             give_back, sampled_out = client.accept(records)
             if client.in_flight:
@@ -214,6 +262,7 @@ class Channel:
         if not batches.more and part.arrivals == seen and not (part.ordered and part.held):
             part.maybe_ready = False    # drained (a call cut short by bytes is not, nor an
             # ordered part with FINs held, each of which may release a message)
+        return delivered
 
 
 class Deliveries:
@@ -257,6 +306,7 @@ class Deliveries:
                 self._told.wait()
                 self._told.clear()
                 looking, self._looking = self._looking, {}
+                self._take_tokens(looking)
                 work = [(channel, share) for channel in looking
                         for share in channel.round()]
                 dealt = {(channel, part) for channel, (part, _) in work}
@@ -269,6 +319,42 @@ class Deliveries:
         finally:
             for channel in self._looking:
                 self.flush(channel)
+
+    def _take_tokens(self, looking: dict) -> None:
+        """Each rate-limited channel's take from its bucket for this round, in calls
+        side by side (granted: None for a channel without a limit, 0 for one that got
+        nothing and waits)."""
+        store, commit = self.broker.store, self.broker.commit
+        calls = []
+        for channel in looking:
+            channel.granted = None
+            if channel.limited:
+                channel.granted = 0
+                if wanted := channel.wanted():
+                    calls.append((channel, wanted, commit.submit(
+                        store.tokens_op(self.topic, channel.name, wanted),
+                        channel.parts[0].order)))
+        for channel, wanted, call in calls:
+            try:
+                tokens = call.get()
+            except StoreError as e:
+                log.warning("rate limit of %s/%s not read: %s", self.topic, channel.name, e)
+                gevent.spawn_later(RETRY_DELAY, self.look, channel)
+                continue
+            if tokens.rate is None:
+                channel.limited, channel.granted = False, None
+                continue
+            channel.granted = tokens.taken
+            if tokens.taken < wanted:
+                channel.hold(tokens.wait_ms)
+
+    def _give_back(self, channel: Channel, delivered: int) -> None:
+        """What a limited channel took and its calls did not deliver, back to its bucket."""
+        unused = (channel.granted or 0) - delivered
+        channel.granted = None
+        if unused > 0:
+            self.broker.commit.submit(self.broker.store.tokens_op(
+                self.topic, channel.name, -unused), channel.parts[0].order)
 
     def _deliver(self, work: list[tuple[Channel, tuple]]) -> None:
         """Submit every call of the round, then hand out each reply. A channel whose
@@ -287,6 +373,7 @@ class Deliveries:
         calls = [(chunk, [p.arrivals for _, p, _ in chunk], self._submit(name, chunk))
                  for name, entries in by_part.items() for chunk in _chunks(entries)]
         failed: dict[Channel, None] = {}
+        delivered: dict[Channel, int] = {}
         for chunk, seen, call in calls:
             try:
                 replies = call.get()
@@ -296,9 +383,12 @@ class Deliveries:
                 failed.update((channel, None) for channel, _, _ in chunk)
                 continue
             for (channel, part, share), arrivals, batches in zip(chunk, seen, replies):
-                channel.hand_out(part, share, arrivals, batches)
+                delivered[channel] = delivered.get(channel, 0) + \
+                    channel.hand_out(part, share, arrivals, batches)
                 self._turns.take()
         for channel in dict.fromkeys(channel for channel, _ in work):
+            if channel.granted is not None:
+                self._give_back(channel, delivered.get(channel, 0))
             if channel in failed:
                 gevent.spawn_later(RETRY_DELAY, self.look, channel)
             elif any(p.maybe_ready for p in channel.parts):
@@ -316,9 +406,10 @@ class Deliveries:
             channel, p, share = chunk[0]
             return _Listed(commit.submit(store.deliver_op(
                 part, channel.name, [(c.owner, c.msg_timeout, n, room) for c, n, room in share],
-                attempts), p.order))
+                attempts, channel.granted is not None), p.order))
         return commit.submit(store.deliver_many_op(
-            part, [(channel.name, [(c.owner, c.msg_timeout, n, room) for c, n, room in share])
+            part, [(channel.name, [(c.owner, c.msg_timeout, n, room) for c, n, room in share],
+                    channel.granted is not None)
                    for channel, _, share in chunk], attempts), hash(part))
 
 

@@ -80,7 +80,10 @@ class _QueueCollector:
                       ("channel_order_keys_out", "Order keys with a message out: queued, "
                        "in flight or deferred (ordered channels)", ["topic", "channel"]),
                       ("channel_order_waiting", "Messages waiting behind their order key's "
-                       "(ordered channels; counted in the depth too)", ["topic", "channel"])]}
+                       "(ordered channels; counted in the depth too)", ["topic", "channel"]),
+                      ("channel_rate_limit", "Messages a second the channel delivers at most "
+                       "(channels with a rate limit: relay-admin limit --rate)",
+                       ["topic", "channel"])]}
         counters = {name: CounterMetricFamily(f"relay_{name}", help, labels=labels) for
                     name, help, labels in [
                         ("topic_messages", "Messages published to the topic", ["topic"]),
@@ -117,6 +120,8 @@ class _QueueCollector:
                 if c["ordered"]:
                     gauges["channel_order_keys_out"].add_metric(labels, c["order_keys_out"])
                     gauges["channel_order_waiting"].add_metric(labels, c["order_waiting"])
+                if c["rate_limit"] is not None:
+                    gauges["channel_rate_limit"].add_metric(labels, c["rate_limit"])
                 for metric, field in [("channel_messages", "message_count"),
                                       ("channel_requeued", "requeue_count"),
                                       ("channel_timed_out", "timeout_count"),

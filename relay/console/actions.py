@@ -1,6 +1,7 @@
 """The console's actions, each a POST of a form with its CSRF token: pause, unpause,
 empty and delete a topic or channel, create a channel (from latest or earliest),
-replay a channel, redrive its dead letters (some or all). Each is refused unless the
+replay a channel, redrive its dead letters (some or all), set or remove its delivery
+rate limit. Each is refused unless the
 console writes (--console-write) and the user's grants allow it on that topic or
 channel, and each asks for a confirmation first. What holds more than INLINE_LIMIT
 messages runs as an rq job, whose page shows its progress, as relay-admin runs it.
@@ -12,13 +13,14 @@ from flask import Blueprint, flash, redirect, render_template, request, url_for
 from werkzeug.wrappers import Response
 
 from relay.admin.steering import INLINE_LIMIT, held_messages
-from relay.admin.text import summary, utc
+from relay.admin.text import rate_text, summary, utc
 from relay.codec import is_valid_name
 from relay.console.app import Problem, console
 from relay.console.pages import existing
 from relay.options import parse_duration, parse_time
 from relay.store import deadletter
 from relay.store.history import ReplayRefused
+from relay.store.limits import BadRate, parse_rate
 from workers import operations
 
 bp = Blueprint("actions", __name__)
@@ -122,6 +124,20 @@ def replay(topic: str, channel: str) -> Response:
     return operate("replay", topic, channel, plan.size, plan.params, back(topic, channel))
 
 
+def rate(topic: str, channel: str) -> Response:
+    """The channel's delivery rate limit set (N/s, N/m, N/h, with a burst) or removed (off),
+    as relay-admin limit --rate."""
+    text, burst = (request.form.get(k, "").strip() for k in ("rate", "burst"))
+    try:
+        new = parse_rate(text or "off", int(burst) if burst else None)
+    except (BadRate, ValueError) as bad:
+        raise Problem(400, str(bad)) from None
+    console().store.limits.set_rate(topic, channel, new)
+    flash(f"{topic}/{channel}: " + (f"at most {rate_text(new.per_s)}, bursts of {new.burst}"
+                                    if new else "no rate limit"))
+    return back(topic, channel)
+
+
 def create(topic: str, _: str) -> Response:
     """A new channel, starting at what is published next or with all the topic retains."""
     store = console().store
@@ -169,4 +185,5 @@ ACTIONS = {
     "redrive": Action(True, "Queue dead letters on {target} again?", redrive),
     "replay": Action(True, "Replay the retained messages into {target}?", replay),
     "create": Action(False, "", create),
+    "rate": Action(True, "", rate),
 }

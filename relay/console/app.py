@@ -18,7 +18,7 @@ import redis
 from flask import Flask, current_app, redirect, render_template, request, session, url_for
 from flask_wtf.csrf import CSRFError, CSRFProtect
 
-from relay.admin.text import duration_text, utc
+from relay.admin.text import duration_text, rate_text, utc
 from relay.broker.auth import Grant, grant_of, load_file
 from relay.codec import go_quote
 from relay.console.figures import Figures
@@ -110,7 +110,8 @@ def create_app(store: Store, options: Options, clock: Callable[[], float] = time
     app.before_request(_logged_in)
     app.after_request(_no_framing)
     app.context_processor(lambda: {"console": console(), "user": session.get("name")})
-    app.jinja_env.filters.update(utc=utc, ms=duration_text, body=body_text, bytes=size_text)
+    app.jinja_env.filters.update(utc=utc, ms=duration_text, body=body_text, bytes=size_text,
+                                 rate=rate_text)
     app.register_error_handler(Problem, _problem)
     app.register_error_handler(CSRFError, lambda e: _problem(Problem(
         400, "this form expired or did not come from this console (CSRF): reload the "

@@ -121,6 +121,7 @@ class Figures:
                           for name in ("ttl_ms", "ttl_from"))
         return {"topic": t, "channel": c, "in_flight": in_flight, "by_broker": by_broker,
                 "limit": self.store.limits.limit(topic, channel),
+                "rate_limit": self.store.limits.rate(topic, channel),
                 "ttl": {"ttl_ms": int(ttl_ms) if ttl_ms else None, "source": source},
                 "max_attempts": self.store.reads.channel_setting(topic, channel, "max_attempts"),
                 "rates": rates.series()}

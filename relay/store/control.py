@@ -13,7 +13,7 @@ from relay.store.expiry import CHANNEL_TTL_FIELD
 from relay.store.history import RETENTION_FIELDS
 from relay.store.inflight import member_id, member_owner
 from relay.store.keys import ChannelKeys, TopicKeys
-from relay.store.limits import LIMIT_FIELDS, Limits
+from relay.store.limits import LIMIT_FIELDS, RATE_BUCKET, Limits
 from relay.store.reads import Reads
 from relay.store.replies import Dropped
 from relay.store.runner import Op, guarded
@@ -74,7 +74,7 @@ class Control(Service):
         for channel in self.reads.channel_names(topic):
             settings = {k: v for k, v in guarded(
                 self.redis.hgetall, ChannelKeys.of(topic, channel).meta).items()
-                if k not in CHANNEL_COUNTS and k not in LIMIT_FIELDS}
+                if k not in CHANNEL_COUNTS and k not in LIMIT_FIELDS and k != RATE_BUCKET}
             for part in parts:
                 self.store.run(self.store.subscribe_op(part, channel, ""))
                 if settings:

@@ -13,7 +13,7 @@ from relay.errors import StoreError
 from relay.store import keys
 from relay.store.base import Core
 from relay.store.keys import ChannelKeys, TopicKeys, id_part, split_part
-from relay.store.replies import Delivered, Published, Stepped, Subscribed
+from relay.store.replies import Delivered, Published, Stepped, Subscribed, Tokens
 from relay.store.batchers import FINISH_HEAD, Publishing, items_merging, stage_op
 from relay.store.runner import MAX_CALL_ARGS, Op
 
@@ -225,46 +225,73 @@ class DataPath(Core):
                    TopicKeys.of(part).wake, self.node(part)], tuple)
 
     def deliver_op(self, part: str, channel: str, groups: Sequence[tuple],
-                   max_attempts: int = 0) -> Op:
+                   max_attempts: int = 0, taken: bool = False) -> Op:
         """Pop from one part for each (owner, timeout ms, count[, most bytes]): a
         Delivered, one list of records per group. Messages delivered `max_attempts` times
         already (0: no limit; the channel's own setting wins) go to its dead-letter outbox
-        instead."""
+        instead. A channel with a rate limit delivers only if the counts were `taken`
+        from it first (tokens_op)."""
         c = ChannelKeys.of(part, channel)
         args = [channel, max_attempts, 0]
         for owner, timeout_ms, count, *most_bytes in groups:
             args += [owner, timeout_ms, count, most_bytes[0] if most_bytes else 0]
         t = TopicKeys.of(part)
-        args += [t.wake, self.node(part)]
+        args += [int(taken), t.wake, self.node(part)]
         return Op("deliver", [c.queue, c.inflight, c.msgs, t.due, c.meta, c.dead,
                               c.deferred, c.gate, c.key_of, c.waiting, t.version], args,
                   Delivered.parse)
 
-    def deliver_many_op(self, part: str, channels: Sequence[tuple[str, Sequence[tuple]]],
+    def deliver_many_op(self, part: str, channels: Sequence[tuple],
                         max_attempts: int = 0) -> Op:
-        """deliver_op's work for each (channel, groups) of one part, in one call
+        """deliver_op's work for each (channel, groups[, taken]) of one part, in one call
         (deliver_many.lua): a list of one Delivered per channel, in their order."""
         t = TopicKeys.of(part)
         call_keys, args = [t.due, t.version], [max_attempts, t.wake, self.node(part)]
-        for channel, groups in channels:
+        for channel, groups, *taken in channels:
             c = ChannelKeys.of(part, channel)
             call_keys += [c.queue, c.inflight, c.msgs, c.meta, c.dead, c.deferred, c.gate,
                           c.key_of, c.waiting]
-            args += [channel, len(groups)]
+            args += [channel, int(bool(taken and taken[0])), len(groups)]
             for group in groups:
                 args += group
         return Op("deliver_many", call_keys, args, Delivered.parse_many)
 
+    def tokens_op(self, topic: str, channel: str, count: int) -> Op:
+        """Take up to `count` messages from the channel's rate limit (a negative count
+        gives them back), one bucket on part 0 for all its parts: a Tokens."""
+        return Op("tokens", [ChannelKeys.of(topic, channel).meta], [count], Tokens.parse)
+
     def deliver(self, topic: str, channel: str, groups: Sequence[tuple],
                 max_attempts: int = 0) -> list:
         """deliver_op over the topic's parts, starting at the next in turn, until each
-        group has its count or every part was asked: one list of records per group."""
+        group has its count or every part was asked: one list of records per group. On a
+        channel with a rate limit, what the limit allows now, taken from it first."""
+        got, limited = self._deliver_parts(topic, channel, groups, max_attempts, False)
+        if not limited:
+            return got
+        tokens = self.run(self.tokens_op(topic, channel, sum(g[2] for g in groups)))
+        left, capped = tokens.taken, []
+        for group in groups:
+            capped.append((*group[:2], min(group[2], left), *group[3:]))
+            left -= capped[-1][2]
+        got, _ = self._deliver_parts(topic, channel, capped, max_attempts, True)
+        unused = tokens.taken - sum(map(len, got))
+        if unused and tokens.rate is not None:
+            self.run(self.tokens_op(topic, channel, -unused))
+        return got
+
+    def _deliver_parts(self, topic: str, channel: str, groups: Sequence[tuple],
+                       max_attempts: int, taken: bool) -> tuple[list, bool]:
+        """deliver()'s calls (on one part, its Delivered), and whether a part said the
+        channel has a rate limit."""
         parts = self.parts(topic)
         if len(parts) == 1:
-            return self.run(self.deliver_op(topic, channel, groups, max_attempts))
+            reply = self.run(self.deliver_op(topic, channel, groups, max_attempts, taken))
+            return reply, reply.limited
         first = next(self.turns)
-        wanted = [count for _, _, count in groups]
+        wanted = [count for _, _, count, *_ in groups]
         got: list[list] = [[] for _ in groups]
+        limited = False
         for turn in range(len(parts)):
             short = [i for i, n in enumerate(wanted) if len(got[i]) < n]
             if not short:
@@ -273,10 +300,11 @@ class DataPath(Core):
             reply = self.run(self.deliver_op(
                 part, channel,
                 [(*groups[i][:2], wanted[i] - len(got[i]), *groups[i][3:]) for i in short],
-                max_attempts))
+                max_attempts, taken))
+            limited = limited or reply.limited
             for i, records in zip(short, reply):
                 got[i].extend(records)
-        return got
+        return got, limited
 
     def finish_op(self, part: str, channel: str, pairs: Sequence[tuple]) -> Op:
         """FIN each (owner, id) of one part: per pair 1 done, 0 not in flight, -1 owned

@@ -411,7 +411,8 @@ def _channel_figures(queued: int, waiting: int, keys_out: int, inflight: int, de
     """A channel part's figures from its LLEN, ZCARDs, HLEN of the order gate, meta and
     consumers' counts: the depth counts the messages of an ordered channel waiting behind
     their keys, which order_waiting counts alone, beside whether it is ordered and its
-    keys with a message out (queued, in flight or deferred: order_keys_out)."""
+    keys with a message out (queued, in flight or deferred: order_keys_out), and its
+    delivery rate limit in msgs/s (rate_limit, None without one)."""
     meta = pairs(meta)
     waiting += int(meta.get(b"order_waiting", 0))      # numbered in msgs (lib/order.lua)
     return {"depth": queued + waiting, "in_flight_count": inflight, "deferred_count": deferred,
@@ -423,4 +424,5 @@ def _channel_figures(queued: int, waiting: int, keys_out: int, inflight: int, de
             "expired_count": int(meta.get(b"expired_count", 0)),
             "overflow_count": int(meta.get(b"overflow_count", 0)),
             "client_count": sum(map(int, consumers)), "paused": b"paused" in meta,
-            "ordered": b"ordered" in meta, "order_keys_out": keys_out, "order_waiting": waiting}
+            "ordered": b"ordered" in meta, "order_keys_out": keys_out, "order_waiting": waiting,
+            "rate_limit": float(meta[b"rate_per_s"]) if b"rate_per_s" in meta else None}

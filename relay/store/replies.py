@@ -91,27 +91,44 @@ class Delivered(list):
     """deliver.lua's reply: one list of records per group (this delivery counted in
     their attempts: codec.delivered), the channel's count of
     empties when they were popped (`empties`), the codes of the FINs folded into
-    the call (`finished`, as finish_op's), whether the queue has more (`more`) and
-    whether the channel is ordered (`ordered`)."""
+    the call (`finished`, as finish_op's), whether the queue has more (`more`),
+    whether the channel is ordered (`ordered`) and whether it has a rate limit
+    (`limited`: a call that took nothing from it first got nothing)."""
 
     empties: int = 0
     finished: list = []
     more: bool = False
     ordered: bool = False
+    limited: bool = False
 
     @classmethod
     def parse(cls, reply: list[Any]) -> "Delivered":
-        delivered = cls([[codec.delivered(r) for r in group] for group in reply[:-4]])
-        delivered.empties = int(reply[-4])
-        delivered.finished = reply[-3]
-        delivered.more = bool(reply[-2])
-        delivered.ordered = bool(reply[-1])
+        delivered = cls([[codec.delivered(r) for r in group] for group in reply[:-5]])
+        delivered.empties = int(reply[-5])
+        delivered.finished = reply[-4]
+        delivered.more = bool(reply[-3])
+        delivered.ordered = bool(reply[-2])
+        delivered.limited = bool(reply[-1])
         return delivered
 
     @classmethod
     def parse_many(cls, reply: list[Any]) -> "list[Delivered]":
         """deliver_many.lua's reply: one Delivered per channel."""
         return [cls.parse(channel) for channel in reply]
+
+
+class Tokens(NamedTuple):
+    """tokens.lua's reply: how many messages a broker took from a channel's rate limit,
+    in how many ms it may take more when it took none, and the rate (msgs/s; None: the
+    channel has no limit, and it took what it asked)."""
+
+    taken: int
+    wait_ms: int
+    rate: float | None
+
+    @classmethod
+    def parse(cls, reply: list[Any]) -> "Tokens":
+        return cls(int(reply[0]), int(reply[1]), float(reply[2]) if reply[2] else None)
 
 
 class DueView(NamedTuple):
@@ -122,7 +139,7 @@ class DueView(NamedTuple):
 
 
 # read as part 0 has them, not summed
-FIRST_PART_ONLY = ("paused", "client_count", "ordered")
+FIRST_PART_ONLY = ("paused", "client_count", "ordered", "rate_limit")
 
 
 def summed(parts: list[dict]) -> dict:

@@ -1,6 +1,6 @@
 """relay's HTTP extensions for the controls nsqd has none of, beside nsqd's API on the
-same port: a message TTL (relay/store/expiry.py), a channel's depth limit
-(relay/store/limits.py), a topic's dedup window (relay/store/dedup.py), a channel's
+same port: a message TTL (relay/store/expiry.py), a channel's depth and delivery rate
+limits (relay/store/limits.py), a topic's dedup window (relay/store/dedup.py), a channel's
 ordered delivery and a topic's order key rule (relay/store/ordering.py), as relay-admin
 ttl, limit, dedup, order and order-key show and set them, for tools that speak HTTP.
 GET shows, POST sets (or with off=true clears) and answers what is in force then. Each
@@ -16,7 +16,7 @@ from relay.broker.context import BrokerContext
 from relay.broker.http.server import (HttpError, Request, Routes, existing_channel,
                                       existing_topic, from_store, parsed_arg)
 from relay.options import parse_duration
-from relay.store.limits import OVERFLOWS, Limit, OrderedAndLimited
+from relay.store.limits import OVERFLOWS, BadRate, Limit, OrderedAndLimited, parse_rate
 from relay.store.ordering import OrderKeyRule
 
 
@@ -59,12 +59,24 @@ class ControlsApi:
             if channel in (None, name)]}
 
     def limit(self, request: Request) -> dict:
-        """A channel's depth limit, its depth and what overflowed; POST sets `max_depth`
-        (1 or more) with `overflow` (reject, the default, drop-oldest or dead-letter),
-        or removes it (off=true)."""
+        """A channel's depth and rate limits, its depth and what overflowed; POST sets
+        `max_depth` (1 or more) with `overflow` (reject, the default, drop-oldest or
+        dead-letter), or removes it (off=true); or sets the delivery rate `rate` (N/s,
+        N/m, N/h or N a second) with `burst`, or removes it (rate=off)."""
         topic, channel = request.topic_channel()
         existing_channel(self.broker, topic, channel)
-        if request.method == "POST":
+        rate = request.arg("rate") or None
+        if request.method == "POST" and rate is not None:
+            burst = parsed_arg(request, "burst", _at_least(1, int), "INVALID_ARG_BURST", None)
+            try:
+                new_rate = parse_rate(rate, burst)
+            except BadRate:
+                raise HttpError(400, "INVALID_ARG_RATE") from None
+            if burst is not None and new_rate is None:
+                raise HttpError(400, "INVALID_ARG_BURST")
+            from_store(self.broker, lambda s: s.limits.set_rate(topic, channel, new_rate))
+        if request.method == "POST" and (rate is None or request.arg("max_depth")
+                                         or request.arg("off")):
             max_depth = parsed_arg(request, "max_depth", _at_least(1, int),
                                    "INVALID_ARG_MAX_DEPTH", None)
             overflow = request.arg("overflow") or None

@@ -6,11 +6,12 @@
 -- KEYS[1] topic due index   KEYS[2] topic version, then 9 per channel: queue, inflight,
 -- msgs, meta, dead-letter outbox, deferred, gate, key_of, waiting
 -- ARGV[1] max attempts (0: unlimited)   ARGV[2] wake pub/sub channel   ARGV[3] the node
--- keys' prefix (node.lua), then per channel: its name, its count of groups G, and G
--- groups of 4 as deliver.lua's
+-- keys' prefix (node.lua), then per channel: its name, 1 if its counts were taken from
+-- its rate limit else 0 (deliver.lua), its count of groups G, and G groups of 4 as
+-- deliver.lua's
 -- Returns per channel what deliver.lua returns with no FINs folded in: one list of
 -- records per group, the count of empties, {} (no finish codes), 1 if more else 0, 1 if
--- ordered else 0.
+-- ordered else 0, 1 if rate-limited else 0.
 local due_index, version = KEYS[1], KEYS[2]
 local FIRST_CHANNEL_KEY, KEYS_PER_CHANNEL = 3, 9
 local max_attempts, wake, node = ARGV[1], ARGV[2], ARGV[3]
@@ -21,17 +22,19 @@ local a = FIRST_CHANNEL_ARG
 for key = FIRST_CHANNEL_KEY, #KEYS, KEYS_PER_CHANNEL do
   local queue, inflight, msgs, meta, dead, deferred, gate, key_of, waiting =
       unpack(KEYS, key, key + KEYS_PER_CHANNEL - 1)
-  local channel, group_count = ARGV[a], tonumber(ARGV[a + 1])
+  local channel, taken, group_count = ARGV[a], ARGV[a + 1] == '1', tonumber(ARGV[a + 2])
   local c = order_gate(queue, deferred, msgs, meta, gate, key_of, waiting, due_index,
                        version, channel, wake, node)
   c.inflight, c.dead = inflight, dead
-  local first = a + 2
+  local first = a + 3
   local last = first + 4 * group_count - 1
-  local records, empties, more, ordered = deliver_channel(c, max_attempts, ARGV, first, last)
+  local records, empties, more, ordered, limited = deliver_channel(c, max_attempts, ARGV,
+                                                                   first, last, taken)
   records[#records + 1] = empties
   records[#records + 1] = {}
   records[#records + 1] = more
   records[#records + 1] = ordered
+  records[#records + 1] = limited
   out[#out + 1] = records
   a = last + 1
 end

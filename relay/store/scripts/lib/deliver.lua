@@ -20,22 +20,27 @@
 -- max_attempts field overrides `max_attempts` (0: unlimited); ttl_ms,
 -- dead_letter_topic: above. args[first..last]: groups of 4: owner, timeout ms, count,
 -- most bytes (0: any).
+-- `taken`: whether the broker took the groups' counts from the channel's rate limit
+-- (tokens.lua) first; a channel with a rate limit (field rate_per_s) delivers nothing to
+-- a call that did not.
 -- Returns one list of records per group, the channel's count of empties (drop.lua,
 -- which tells the broker whether the records predate an empty), 1 if the queue still
--- has messages, else 0 (the broker then waits for a wake-up), and 1 if the channel is
+-- has messages, else 0 (the broker then waits for a wake-up), 1 if the channel is
 -- ordered, else 0 (the broker then folds a FIN into the deliver call that may take the
--- message it releases: relay/broker/settling.py).
+-- message it releases: relay/broker/settling.py), and 1 if it has a rate limit, else 0
+-- (the broker then takes from it before each call: relay/broker/channel.py).
 
 -- the channel's controls in one read: what every call needs, read where it is kept
-local function deliver_channel(c, max_attempts, args, first, last)
+local function deliver_channel(c, max_attempts, args, first, last, taken)
   local out = {}
   local meta = redis.call('HMGET', c.meta, 'empties', 'paused', 'max_attempts', 'ttl_ms',
-                          'dead_letter_topic', 'ordered')
+                          'dead_letter_topic', 'ordered', 'rate_per_s')
   local empties = tonumber(meta[1] or '0')
   local ordered = meta[6] and 1 or 0
-  if meta[2] then
+  local limited = meta[7] and 1 or 0
+  if meta[2] or (limited == 1 and not taken) then
     for g = first, last, 4 do out[#out + 1] = {} end
-    return out, empties, 0, ordered
+    return out, empties, meta[2] and 0 or redis.call('EXISTS', c.queue), ordered, limited
   end
 
   local now = now_ms()
@@ -124,5 +129,5 @@ local function deliver_channel(c, max_attempts, args, first, last)
     due_lower(c.node, c.due_index, c.channel, earliest)
   end
   order_release(c, left)
-  return out, empties, redis.call('EXISTS', c.queue), ordered
+  return out, empties, redis.call('EXISTS', c.queue), ordered, limited
 end
