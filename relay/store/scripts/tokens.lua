@@ -5,8 +5,9 @@
 -- taken so far would have gone out at the rate. At time `now` a broker may take k while
 -- rate_tat + k * interval <= now + burst * interval (interval = 1000 / rate ms): after
 -- a pause up to `burst` go at once, and over any span no more than rate * span + burst.
--- A take waits for at least `least` messages (those asked, the burst and 1/50 s of the
--- rate, whichever is least) rather than take one at a time.
+-- A take waits for at least `least` messages (those asked, the burst and 1/20 s of the
+-- rate, whichever is least) rather than take one at a time: a limited channel costs
+-- Redis a call to its bucket per 50 ms per broker, not one per message.
 --
 -- KEYS[1] the channel's meta on part 0
 -- ARGV[1] how many to take; a negative count gives that many back
@@ -29,7 +30,7 @@ if want < 0 then
   return {0, 0, limit[1]}
 end
 local room = math.min(burst, math.floor((now + burst * interval - tat) / interval + 1e-9))
-local least = math.min(want, burst, math.max(1, math.floor(rate / 50)))
+local least = math.min(want, burst, math.max(1, math.floor(rate / 20)))
 local taken = room < least and 0 or math.min(want, room)
 local after = tat + taken * interval
 if taken > 0 then
