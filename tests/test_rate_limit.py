@@ -14,8 +14,10 @@ import pytest
 
 from relay.console.app import create_app
 from relay.options import load_options
+from relay.store import keys
 from relay.store.keys import ChannelKeys
-from relay.store.limits import BadRate, Rate, parse_rate
+from relay.store.layout import Presence
+from relay.store.limits import BadRate, OldBrokers, Rate, parse_rate
 from tests.helpers import gnsq_clients
 from tests.helpers.admin import relay_admin
 from tests.helpers.api import Api
@@ -127,6 +129,21 @@ def test_an_ordered_channel_keeps_each_key_in_order_under_a_rate(store):
     store.finish("t", "c", [("o", i.decode()) for i in ids(first)])
     time.sleep(0.15)
     assert bodies(store.deliver("t", "c", [("o", 60_000, 10)])[0]) == [b"c1", b"a2"]
+
+
+def test_no_rate_is_set_while_a_broker_of_an_earlier_release_runs(store):
+    """Its deliver calls would not read the rate: refused until it is gone."""
+    store.subscribe("t", "c", "b1")
+    Presence(store.redis, "broker", "old-b", 3).heartbeat()
+    store.redis.hset(keys.process_key("old-b"), "release", "0.3.0")
+    with pytest.raises(OldBrokers) as refused:
+        store.limits.set_rate("t", "c", parse_rate("5/s"))
+    assert str(refused.value) == ("a rate limit needs every broker at relay 0.4.0 or later, "
+                                  "as older ones deliver past it: old-b runs 0.3.0")
+    assert store.limits.rate("t", "c") is None
+    assert store.limits.set_rate("t", "c", None) is True       # removing one is not refused
+    store.redis.hset(keys.process_key("old-b"), "release", "0.4.0")
+    assert store.limits.set_rate("t", "c", parse_rate("5/s")) is True
 
 
 def test_stats_show_the_rate(store):

@@ -15,7 +15,7 @@ from scripts.rolling_upgrade import PREVIOUS
 
 pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
 
-OLD, NEW = "0.2.0", "0.3.0"     # the previous release (PREVIOUS) and this one
+OLD, NEW = "0.2.0", "0.4.0"     # the previous release (PREVIOUS) and this one
 
 
 def upgrade(*args: str) -> dict:
@@ -65,7 +65,7 @@ def test_a_rolling_upgrade_under_load_loses_nothing(kill):
          {"broker " + NEW: 2, "jobs " + NEW: 1, "scanner " + NEW: 1}),
         ("upgrade finish", 3, {"broker " + NEW: 2, "jobs " + NEW: 1, "scanner " + NEW: 1})]
     assert report["finish"] == {
-        "returncode": 0, "output": "data layout 3 is in force; relay 0.3.0 writes no newer one"}
+        "returncode": 0, "output": "data layout 3 is in force; relay 0.4.0 writes no newer one"}
     # the ordered channel made under layout 2 keeps its sorted set, the one made under
     # layout 3 waits numbered in msgs, and each delivered every producer's messages in order
     ordered = report["ordered"]

@@ -10,7 +10,8 @@ from relay.admin.args import existing, fail, redis_options
 from relay.admin.history import channel_target
 from relay.admin.text import rate_text, show, table
 from relay.store import Store
-from relay.store.limits import OVERFLOWS, BadRate, Limit, OrderedAndLimited, parse_rate
+from relay.store.limits import (OVERFLOWS, BadRate, Limit, OldBrokers, OrderedAndLimited,
+                                 parse_rate)
 
 
 @click.command()
@@ -46,8 +47,11 @@ def limit(store, as_json, target, channel, max_depth, overflow, off, rate, burst
     except BadRate as bad:
         raise click.UsageError(str(bad))
     topic, channel = existing(store, channel_target(target, channel), channel_required=True)
-    if rate is not None and not store.limits.set_rate(topic, channel, new_rate):
-        fail(f"channel {topic}/{channel} not found")
+    try:
+        if rate is not None and not store.limits.set_rate(topic, channel, new_rate):
+            fail(f"channel {topic}/{channel} not found")
+    except OldBrokers as refused:
+        fail(str(refused))
     if off or max_depth is not None:
         new = None if off else Limit(max_depth, overflow or OVERFLOWS[0])
         try:

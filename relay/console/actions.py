@@ -20,7 +20,7 @@ from relay.console.pages import existing
 from relay.options import parse_duration, parse_time
 from relay.store import deadletter
 from relay.store.history import ReplayRefused
-from relay.store.limits import BadRate, parse_rate
+from relay.store.limits import BadRate, OldBrokers, parse_rate
 from workers import operations
 
 bp = Blueprint("actions", __name__)
@@ -132,7 +132,10 @@ def rate(topic: str, channel: str) -> Response:
         new = parse_rate(text or "off", int(burst) if burst else None)
     except (BadRate, ValueError) as bad:
         raise Problem(400, str(bad)) from None
-    console().store.limits.set_rate(topic, channel, new)
+    try:
+        console().store.limits.set_rate(topic, channel, new)
+    except OldBrokers as refused:
+        raise Problem(409, str(refused)) from None
     flash(f"{topic}/{channel}: " + (f"at most {rate_text(new.per_s)}, bursts of {new.burst}"
                                     if new else "no rate limit"))
     return back(topic, channel)

@@ -59,6 +59,19 @@ class BadRate(RelayError):
     """A rate that does not parse, or is out of range."""
 
 
+class OldBrokers(RelayError):
+    """A rate limit set while brokers of a release before rate limits run, whose deliver
+    calls would not keep it."""
+
+
+RATES_SINCE = "0.4.0"   # the first release whose brokers keep a channel's rate limit
+
+
+def _release(text: str) -> tuple[int, ...]:
+    """A release as a tuple to compare ("0.1.0 or earlier" as 0.1.0)."""
+    return tuple(int(n) for n in text.split()[0].split("."))
+
+
 def parse_rate(text: str, burst: int | None = None) -> Rate | None:
     """A rate as `N/s`, `N/m`, `N/h` or `N` (a second), or `off` (None), with its burst
     (by default a tenth of a second's messages, at least 1)."""
@@ -121,7 +134,17 @@ class Limits(Service):
 
     def set_rate(self, topic: str, channel: str, rate: Rate | None) -> bool:
         """Set (None: remove) the channel's delivery rate limit on every part, waking
-        the brokers' delivery loops; False if it has no such channel."""
+        the brokers' delivery loops; False if it has no such channel. Raises OldBrokers
+        when setting one while a broker of a release before RATES_SINCE runs."""
+        if rate is not None:
+            from relay.store.layout import Deployment      # layout imports the Store
+            old = [p for p in Deployment.read(self.redis).processes
+                   if p.kind == "broker" and _release(p.release) < _release(RATES_SINCE)]
+            if old:
+                raise OldBrokers(
+                    f"a rate limit needs every broker at relay {RATES_SINCE} or later, "
+                    "as older ones deliver past it: " + ", ".join(
+                        f"{p.id} runs {p.release}" for p in old))
         parts = self.store.parts(topic, fresh=True)
         replies = self.store.run_many([_rate_op(part, self.store.node(part), channel, rate)
                                        for part in parts])

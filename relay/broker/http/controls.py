@@ -7,7 +7,8 @@ GET shows, POST sets (or with off=true clears) and answers what is in force then
 needs a topic made before (/topic/create; relay-admin dedup --window makes one), but
 POST /channel/order makes its channel, as relay-admin order does.
 Errors in nsqd's form: 400 MISSING_ARG_*, INVALID_ARG_*, ORDERED_AND_LIMITED (a channel
-is ordered or has a depth limit, not both); 404 TOPIC_NOT_FOUND, CHANNEL_NOT_FOUND;
+is ordered or has a depth limit, not both); 404 TOPIC_NOT_FOUND, CHANNEL_NOT_FOUND; 409
+OLD_BROKERS (a rate limit while a broker of a release before them runs);
 nothing is changed by a request that gets one."""
 
 from typing import Callable
@@ -16,7 +17,8 @@ from relay.broker.context import BrokerContext
 from relay.broker.http.server import (HttpError, Request, Routes, existing_channel,
                                       existing_topic, from_store, parsed_arg)
 from relay.options import parse_duration
-from relay.store.limits import OVERFLOWS, BadRate, Limit, OrderedAndLimited, parse_rate
+from relay.store.limits import (OVERFLOWS, BadRate, Limit, OldBrokers, OrderedAndLimited,
+                                 parse_rate)
 from relay.store.ordering import OrderKeyRule
 
 
@@ -74,7 +76,10 @@ class ControlsApi:
                 raise HttpError(400, "INVALID_ARG_RATE") from None
             if burst is not None and new_rate is None:
                 raise HttpError(400, "INVALID_ARG_BURST")
-            from_store(self.broker, lambda s: s.limits.set_rate(topic, channel, new_rate))
+            try:
+                from_store(self.broker, lambda s: s.limits.set_rate(topic, channel, new_rate))
+            except OldBrokers:
+                raise HttpError(409, "OLD_BROKERS") from None
         if request.method == "POST" and (rate is None or request.arg("max_depth")
                                          or request.arg("off")):
             max_depth = parsed_arg(request, "max_depth", _at_least(1, int),
