@@ -3,8 +3,8 @@ port, 4 consumers at RDY 50 that FIN what they get, a channel prefilled with mor
 the run can take, limited to --rate (200/s) for --seconds, then raised to --then (500/s)
 for --seconds more, as `relay-admin limit --rate` sets it (Limits.set_rate). Reports
 each window's rate (its first second left out, the time a change takes to count), the
-consumers per broker, Redis' CPU while the consumers wait on the limited channel with
-nothing in it (what a second costs it with no message at all), and Redis' work: server CPU (INFO cpu) and script calls (FCALL)
+consumers per broker, Redis' CPU while the consumers wait on the empty channel without a
+limit and then with one (what a second costs it with no message at all), and Redis' work: server CPU (INFO cpu) and script calls (FCALL)
 per message in each window, the brokers' calls to the bucket per message (their
 /metrics' relay_redis_script_calls{script="tokens"}), and what one such call costs
 (tokens.lua, 5,000 calls on the same server, INFO commandstats): the limit's cost per
@@ -28,7 +28,7 @@ from scripts.bench import Stack
 from scripts.loadgen import Conn
 
 TOPIC, CHANNEL, CONSUMERS, RDY = "t", "c", 4, 50
-IDLE_S = 6.0    # the consumers on the limited channel with nothing to deliver, first
+IDLE_S = 6.0    # the consumers on the channel with nothing to deliver, first
 
 
 class Consumer(threading.Thread):
@@ -133,10 +133,11 @@ def main() -> None:
         client = connect(stack.url)
         store = Store(client)
         store.control.create_channel(TOPIC, CHANNEL)
-        store.limits.set_rate(TOPIC, CHANNEL, first)
         consumers = spread(stack)
         for c in consumers:
             c.start()
+        unlimited = window(consumers, client, stack, time.monotonic(), IDLE_S)
+        store.limits.set_rate(TOPIC, CHANNEL, first)
         idle = window(consumers, client, stack, time.monotonic(), IDLE_S)
         for _ in range(int((first.per_s + then.per_s) * args.seconds * 1.2) // 1000 + 1):
             store.publish(TOPIC, [b"x" * 200] * 1000)
@@ -153,7 +154,9 @@ def main() -> None:
             "rate": first.per_s, "burst": first.burst, "then": then.per_s,
             "then_burst": then.burst, "seconds": args.seconds,
             "consumers_per_broker": [len(b) for b in brokers],
-            "idle_redis_cpu_us_per_s": round(idle["redis_us_per_msg"] / (IDLE_S - 1.0), 1),
+            "idle_redis_cpu_us_per_s": {
+                "unlimited": round(unlimited["redis_us_per_msg"] / (IDLE_S - 1.0), 1),
+                "limited": round(idle["redis_us_per_msg"] / (IDLE_S - 1.0), 1)},
             "at_rate": before, "at_then": after,
             "tokens_call_us": tokens_call_us(store, client)}, indent=1))
     finally:

@@ -5,6 +5,7 @@ against real brokers, NSQ clients, relay-admin, the HTTP API and the console."""
 
 import json
 import os
+import re
 import signal
 import time
 import urllib.request
@@ -13,11 +14,12 @@ import gevent
 import pytest
 
 from relay.console.app import create_app
+from relay.errors import StoreError
 from relay.options import load_options
 from relay.store import keys
 from relay.store.keys import ChannelKeys
 from relay.store.layout import Presence
-from relay.store.limits import BadRate, OldBrokers, Rate, parse_rate
+from relay.store.limits import BadRate, Limit, OldBrokers, Rate, parse_rate
 from tests.helpers import gnsq_clients
 from tests.helpers.admin import relay_admin
 from tests.helpers.api import Api
@@ -131,6 +133,27 @@ def test_an_ordered_channel_keeps_each_key_in_order_under_a_rate(store):
     assert bodies(store.deliver("t", "c", [("o", 60_000, 10)])[0]) == [b"c1", b"a2"]
 
 
+def test_it_combines_with_a_depth_limit_a_ttl_and_pause(store):
+    """Expired messages take nothing from the bucket; a paused channel gives back all it
+    took; a depth limit still counts the queue."""
+    limited(store, burst=3, count=3)
+    store.limits.set_limit("t", "c", Limit(5, "reject"))
+    store.expiry.set_ttl("t", "c", 300)
+    time.sleep(0.35)
+    store.publish("t", [b"a", b"b"])                  # 5 queued, the first 3 expired
+    with pytest.raises(StoreError, match="is full"):
+        store.publish("t", [b"x"])
+    assert bodies(store.deliver("t", "c", [("o", 60_000, 10)])[0]) == [b"a", b"b"]
+    assert store.reads.read_channel("t", "c")["expired_count"] == 3
+    store.expiry.set_ttl("t", "c", None)
+    store.publish("t", [b"c", b"d", b"e"])
+    store.control.pause_channel("t", "c", True)
+    assert store.deliver("t", "c", [("o", 60_000, 10)]) == [[]]
+    store.control.pause_channel("t", "c", False)
+    time.sleep(0.15)                # what the paused call took went back; the bucket refills
+    assert bodies(store.deliver("t", "c", [("o", 60_000, 10)])[0]) == [b"c", b"d", b"e"]
+
+
 def test_no_rate_is_set_while_a_broker_of_an_earlier_release_runs(store):
     """Its deliver calls would not read the rate: refused until it is gone."""
     store.subscribe("t", "c", "b1")
@@ -226,6 +249,36 @@ def test_two_brokers_and_four_consumers_share_one_rate(processes, redis_url):
         gnsq_clients.stop(*consumers)
     assert 45 <= in_3s <= 5 + 3 * 20 + 1          # the burst, then 20/s
     assert len(got.bodies()) == len(got.at)
+
+
+def tokens_calls(http_port) -> float:
+    """The broker's calls to rate limits' buckets so far (its /metrics)."""
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics").read().decode()
+    found = re.search(r'relay_redis_script_calls_total\{script="tokens"\} (\S+)', metrics)
+    return float(found.group(1)) if found else 0.0
+
+
+@pytest.mark.integration
+def test_a_limited_channel_with_nothing_to_deliver_asks_its_bucket_nothing(processes, redis_url):
+    _, port = processes.broker()
+    http = processes.http_ports[port]
+    api = Api(port, http)
+    made(api)
+    assert admin(redis_url, "limit", "t/c", "--rate", "20/s")[0] == 0
+    got = Received()
+    consumer = gnsq_clients.consumer(port, "t", "c", got, max_in_flight=50)
+    try:
+        assert api.request("POST", "/pub?topic=t", b"first")[0] == 200
+        assert wait_for(lambda: got.bodies() == {b"first"})
+        gevent.sleep(0.5)
+        idle = tokens_calls(http)
+        gevent.sleep(1.5)
+        assert tokens_calls(http) == idle
+        assert api.request("POST", "/pub?topic=t", b"second")[0] == 200
+        assert wait_for(lambda: got.bodies() == {b"first", b"second"})
+    finally:
+        gnsq_clients.stop(consumer)
+    assert tokens_calls(http) > idle
 
 
 @pytest.mark.integration

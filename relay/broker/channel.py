@@ -310,10 +310,13 @@ class Deliveries:
                 work = [(channel, share) for channel in looking
                         for share in channel.round()]
                 dealt = {(channel, part) for channel, (part, _) in work}
+                delivering = {channel for channel, _ in work}
                 for channel in looking:     # held for a deliver call not made this round
                     for part in channel.parts:
                         if part.held and (channel, part) not in dealt:
                             self.flush(channel, part)
+                    if channel.granted and channel not in delivering:
+                        self._give_back(channel, 0)     # its credit went while it took
                 if work:
                     self._deliver(work)
         finally:

@@ -139,7 +139,9 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             ordered channel, counted in the topic meta's
                                             ordered_channels; order_seqs: 1 if those
                                             behind their keys wait in msgs, order_waiting:
-                                            how many)
+                                            how many; rate_per_s, rate_burst: its rate
+                                            limit, on every part, rate_tat: its bucket,
+                                            on part 0: tokens.lua)
     relay:{T}:ch:C:consumers          HASH  broker id -> number of its subscribed clients
     relay:{T}:ch:C:dead               LIST  records past max attempts, or
                                             "<reason>:<record>" (expired, overflow:

@@ -68,7 +68,7 @@ def empty_channel(**overrides) -> dict:
     base = {"depth": 0, "in_flight_count": 0, "deferred_count": 0, "message_count": 0,
             "requeue_count": 0, "timeout_count": 0, "dead_count": 0, "deleted_count": 0,
             "expired_count": 0, "overflow_count": 0, "client_count": 0, "paused": False,
-            "ordered": False, "order_keys_out": 0, "order_waiting": 0}
+            "ordered": False, "order_keys_out": 0, "order_waiting": 0, "rate_limit": None}
     return {**base, **overrides}
 
 
