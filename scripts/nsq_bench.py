@@ -230,7 +230,9 @@ CLIENTS = {"pub1": "`bench_writer -batch-size 1`, 16 producers",
            "pub200": "`bench_writer -batch-size 200`, 2 producers",
            "rdy1": "4 `nsq_tail -max-in-flight 1`",
            "http1": "`wrk -t2 -c16` POST 200 B to `/pub`, keep-alive",
-           "e2e": "`bench_writer` 200 + `bench_reader` RDY 2500"}
+           "e2e": "`bench_writer` 200 + `bench_reader` RDY 2500",
+           "sub2500": "`bench_reader` RDY 2500 alone, on a prefilled topic",
+           "sub100": "`bench_reader` RDY 100 alone, on a prefilled topic"}
 
 
 def server_version() -> str:
