@@ -202,6 +202,13 @@ def admin(url, *args):
     return done.returncode, done.stdout.strip(), done.stderr.strip()
 
 
+def one_broker(processes, *args) -> tuple:
+    """A broker: (its TCP port, its HTTP port, an Api on it)."""
+    _, port = processes.broker(*args)
+    http = processes.http_ports[port]
+    return port, http, Api(port, http)
+
+
 def made(api, topic="t", count=0):
     assert api.request("POST", f"/topic/create?topic={topic}")[0] == 200
     assert api.request("POST", f"/channel/create?topic={topic}&channel=c")[0] == 200
@@ -251,18 +258,20 @@ def test_two_brokers_and_four_consumers_share_one_rate(processes, redis_url):
     assert len(got.bodies()) == len(got.at)
 
 
+def metrics(http_port) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics").read().decode()
+
+
 def tokens_calls(http_port) -> float:
     """The broker's calls to rate limits' buckets so far (its /metrics)."""
-    metrics = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics").read().decode()
-    found = re.search(r'relay_redis_script_calls_total\{script="tokens"\} (\S+)', metrics)
+    found = re.search(r'relay_redis_script_calls_total\{script="tokens"\} (\S+)',
+                      metrics(http_port))
     return float(found.group(1)) if found else 0.0
 
 
 @pytest.mark.integration
 def test_a_limited_channel_with_nothing_to_deliver_asks_its_bucket_nothing(processes, redis_url):
-    _, port = processes.broker()
-    http = processes.http_ports[port]
-    api = Api(port, http)
+    port, http, api = one_broker(processes)
     made(api)
     assert admin(redis_url, "limit", "t/c", "--rate", "20/s")[0] == 0
     got = Received()
@@ -283,8 +292,7 @@ def test_a_limited_channel_with_nothing_to_deliver_asks_its_bucket_nothing(proce
 
 @pytest.mark.integration
 def test_a_rate_changed_mid_run_counts_within_a_second(processes, redis_url):
-    _, port = processes.broker()
-    api = Api(port, processes.http_ports[port])
+    port, _, api = one_broker(processes)
     made(api, count=300)
     assert api.json("POST", "/channel/limit?topic=t&channel=c&rate=5&burst=1")[0] == 200
     got = Received()
@@ -331,9 +339,7 @@ def test_a_broker_killed_under_a_rate_loses_nothing_and_the_rate_holds(processes
 
 @pytest.mark.integration
 def test_relay_admin_stats_http_and_metrics_show_the_rate(processes, redis_url):
-    _, port = processes.broker()
-    http = processes.http_ports[port]
-    api = Api(port, http)
+    port, http, api = one_broker(processes)
     made(api)
     code, out, _ = admin(redis_url, "limit", "t/c", "--rate", "30/m", "--burst", "2")
     assert (code, out) == (0, "t/c: no depth limit (depth 0)\nt/c: at most 30/m, bursts of 2")
@@ -352,8 +358,6 @@ def test_relay_admin_stats_http_and_metrics_show_the_rate(processes, redis_url):
             (400, {"message": error})
     _, stats = api.json("GET", "/stats?format=json&topic=t")
     assert stats["topics"][0]["channels"][0]["rate_limit"] == 0.5
-    metrics = urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics").read().decode()
-    assert 'relay_channel_rate_limit{channel="c",topic="t"} 0.5' in metrics
+    assert 'relay_channel_rate_limit{channel="c",topic="t"} 0.5' in metrics(http)
     assert admin(redis_url, "limit", "t/c", "--rate", "off")[1] == "t/c: no depth limit (depth 0)"
-    assert "relay_channel_rate_limit{" not in \
-        urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics").read().decode()
+    assert "relay_channel_rate_limit{" not in metrics(http)
