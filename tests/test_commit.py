@@ -230,9 +230,9 @@ def test_finishes_fold_into_the_deliver_of_their_channel_that_follows(fake_store
     merged, _ = merge(ops)
     assert [op.script for op in merged] == ["publish", "deliver"]
     assert list(merged[1].args) == ["c", 5, 4, "a", "1", "b", "2", "b", "3", "a", "4",
-                                    "a", 1_000, 2, 0, "b", 1_000, 1, 0, 0, "relay:{t}:wake",
-                                    "relay:"]
-    assert list(deliver.args) == ["c", 5, 0, "a", 1_000, 2, 0, "b", 1_000, 1, 0, 0,
+                                    "a", 1_000, 2, 0, "b", 1_000, 1, 0, 0, 0,
+                                    "relay:{t}:wake", "relay:"]
+    assert list(deliver.args) == ["c", 5, 0, "a", 1_000, 2, 0, "b", 1_000, 1, 0, 0, 0,
                                   "relay:{t}:wake", "relay:"]
     assert carried(ops) == [[([1], None)], [([3], None), ([0, 2, 4], "finished")]]
 

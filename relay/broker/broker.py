@@ -47,6 +47,7 @@ from relay.store.commit import GroupCommit
 from relay.store.connection import UNREACHABLE, RedisClient, connect_when_ready
 from relay.store.keys import split_part
 from relay.store.latency import E2eLatency
+from relay.store.inflight import LOTS
 from relay.store.layout import establish
 from relay.store.runner import Op
 
@@ -367,6 +368,13 @@ class Broker:
         for part in new:
             self.wakeups.watch(part)
         log.info("%s/%s: %d partitions now", channel.topic, channel.name, len(parts))
+
+    @property
+    def lots(self) -> bool:
+        """Whether deliveries go in flight as lots: data layout 4 is in force (read
+        again with each heartbeat, relay/store/layout.py)."""
+        presence = self.registry.presence
+        return presence is not None and presence.layout >= LOTS
 
     def subscribed_clients(self) -> list[Client]:
         return [c for c in self.clients.values()

@@ -252,7 +252,7 @@ class Channel:
         part.ordered = batches.ordered
         self.broker.metrics.delivered += delivered
         for (client, _, _), records in zip(share, batches):
-            give_back, sampled_out = client.accept(records)
+            give_back, sampled_out = client.accept(records, batches.lotted)
             if client.in_flight:
                 self.broker.holding.add(client)
             if give_back:
@@ -409,11 +409,11 @@ class Deliveries:
             channel, p, share = chunk[0]
             return _Listed(commit.submit(store.deliver_op(
                 part, channel.name, [(c.owner, c.msg_timeout, n, room) for c, n, room in share],
-                attempts, channel.granted is not None), p.order))
+                attempts, channel.granted is not None, self.broker.lots), p.order))
         return commit.submit(store.deliver_many_op(
             part, [(channel.name, [(c.owner, c.msg_timeout, n, room) for c, n, room in share],
                     channel.granted is not None)
-                   for channel, _, share in chunk], attempts), hash(part))
+                   for channel, _, share in chunk], attempts, self.broker.lots), hash(part))
 
 
 def _chunks(entries: list) -> list[list]:

@@ -16,6 +16,7 @@ from gevent.queue import Queue
 from relay import codec
 from relay.broker import transport
 from relay.deadlines import Deadlines
+from relay.store import inflight
 
 if TYPE_CHECKING:
     import ssl
@@ -38,6 +39,7 @@ MAX_NAME_LENGTH = 256
 # not RDY x msg size, as each delivery is bounded by what is left of it.
 # One that stays stuck longer than --client-timeout is closed by the socket timeout.
 MAX_UNSENT_BYTES = 4 * 1024 * 1024
+LATE_ITEMS = 10_000
 
 
 class Client:
@@ -46,9 +48,12 @@ class Client:
     clientV2; each change that frees credit tells the channel.
 
     `in_flight` maps id -> (local deadline in monotonic seconds, publish time in ns,
-    delivery in monotonic seconds), oldest first, so the broker can free RDY credit when
-    a message times out without asking Redis, time publish-to-FIN, and cap a TOUCH
-    (Redis keeps no delivery time).
+    delivery in monotonic seconds, item), oldest first, so the broker can free RDY credit
+    when a message times out without asking Redis, time publish-to-FIN, and cap a TOUCH
+    (Redis keeps no delivery time). The item is how its FIN, REQ and TOUCH name it to
+    Redis: its id, or its lot item if it went in flight in a lot (relay/store/inflight.py);
+    those of the last LATE_ITEMS lot items timed out here stay known, for a FIN that comes
+    late.
     """
 
     def __init__(self, number: int, sock: socket.socket, address: tuple, broker_id: str,
@@ -79,6 +84,7 @@ class Client:
         self.output_buffer_timeout = options.output_buffer_timeout
         self.ready_count = 0
         self.in_flight: OrderedDict[bytes, tuple] = OrderedDict()
+        self._late_items: OrderedDict[bytes, bytes] = OrderedDict()
         self.channel: "Channel | None" = None
         self.incarnation: list[int] = []    # of the channel it joined, per part (subscribe.lua)
         self.message_count = self.finish_count = self.requeue_count = 0
@@ -161,19 +167,21 @@ class Client:
         what it holds (its next delivery is bounded by this in Redis, deliver.lua)."""
         return max(0, MAX_UNSENT_BYTES - self._unsent)
 
-    def accept(self, records: list) -> tuple[list, list]:
-        """Take delivered records: returns (ids to give back, ids sampled out to finish)."""
+    def accept(self, records: list, lotted: bool = False) -> tuple[list, list]:
+        """Take delivered records (`lotted`: as Delivered.lotted says of their group):
+        returns (items to give back, items sampled out to finish)."""
+        ids = [codec.record_id(r) for r in records]
+        items = inflight.items(ids, lotted)
         if self.state != SUBSCRIBED or self.closed:
-            return [codec.record_id(r) for r in records], []
+            return items, []
         now = time.monotonic()
         deadline = now + self.msg_timeout / 1000
         sampled_out, frames = [], []
-        for r in records:
-            msg_id = codec.record_id(r)
+        for r, msg_id, item in zip(records, ids, items):
             if self.sample_rate and random.randint(1, 100) > self.sample_rate:
-                sampled_out.append(msg_id)
+                sampled_out.append(item)
                 continue
-            self.in_flight[msg_id] = (deadline, codec.record_timestamp(r), now)
+            self.in_flight[msg_id] = (deadline, codec.record_timestamp(r), now, item)
             frames.append(r)
         if frames:
             self.message_count += len(frames)
@@ -247,21 +255,30 @@ class Client:
         self.state = CLOSING
         self.ready_count = 0
 
-    def settled(self, ids: list[bytes]) -> dict[bytes, int]:
+    def item(self, msg_id: bytes) -> bytes:
+        """How a TOUCH names msg_id to Redis: its item, or the id."""
+        entry = self.in_flight.get(msg_id)
+        return entry[3] if entry is not None else self._late_items.get(msg_id, msg_id)
+
+    def settled(self, ids: list[bytes]) -> tuple[dict[bytes, int], list[bytes]]:
         """FIN or REQ of ids (nsqd FinishedMessage / RequeuedMessage): those it held stop
-        counting against RDY; returns them with their publish times (ns)."""
-        held = {}
+        counting against RDY; returns them with their publish times (ns), and the items
+        that name `ids` to Redis."""
+        held, items, late = {}, [], self._late_items
         for msg_id in ids:
             entry = self.in_flight.pop(msg_id, None)
             if entry is not None:
                 held[msg_id] = entry[1]
+                items.append(entry[3])
+            else:
+                items.append(late.get(msg_id, msg_id) if late else msg_id)
         if held:
             self._credit_changed()
-        return held
+        return held, items
 
     def release(self) -> list[bytes]:
-        """Everything held in flight, given up as the connection closes."""
-        held = list(self.in_flight)
+        """Everything held in flight, given up as the connection closes, as items."""
+        held = [entry[3] for entry in self.in_flight.values()]
         self.in_flight.clear()
         return held
 
@@ -279,10 +296,14 @@ class Client:
         credit is free again."""
         n = 0
         while self.in_flight:
-            msg_id, (deadline, *_) = next(iter(self.in_flight.items()))
+            msg_id, (deadline, _, _, item) = next(iter(self.in_flight.items()))
             if deadline > now:
                 break
             del self.in_flight[msg_id]
+            if item is not msg_id:
+                self._late_items[msg_id] = item
+                if len(self._late_items) > LATE_ITEMS:
+                    self._late_items.popitem(last=False)
             n += 1
         if n:
             self._credit_changed()
@@ -304,9 +325,9 @@ class Client:
 
     def touched(self, msg_id: bytes, timeout_ms: int) -> None:
         if msg_id in self.in_flight:
-            _, published_ns, delivered = self.in_flight[msg_id]
+            _, published_ns, delivered, item = self.in_flight[msg_id]
             self.in_flight[msg_id] = (time.monotonic() + timeout_ms / 1000, published_ns,
-                                      delivered)
+                                      delivered, item)
             self.in_flight.move_to_end(msg_id)
 
     # -- writing -------------------------------------------------------------------

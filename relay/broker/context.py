@@ -47,6 +47,9 @@ class BrokerContext(Protocol):
     tcp_port: int
     http: HttpServer                        # the nsqd API server; /info reports its port
 
+    @property
+    def lots(self) -> bool: ...     # data layout 4 in force: deliveries go as lots
+
     def subscribe(self, client: Client, topic: str, channel_name: str) -> None: ...
 
     def grow(self, channel: Channel) -> None: ...   # its topic has more partitions now

@@ -41,7 +41,7 @@ class Settling:
 
     def requeue(self, channel: "Channel", owner: str, delays: Sequence[tuple[bytes, int]],
                 order: int | None = None) -> "Calls":
-        """REQ of each (id, delay ms)."""
+        """REQ of each (id or lot item, delay ms)."""
         channel.deliveries.flush(channel)
         return self._by_part(channel, self.broker.store.requeue_op,
                              [(owner, msg_id, delay) for msg_id, delay in delays], order)

@@ -11,7 +11,7 @@ from relay.store.dedup import DEDUP_FIELD
 from relay.store.data_path import DataPath, Service
 from relay.store.expiry import CHANNEL_TTL_FIELD
 from relay.store.history import RETENTION_FIELDS
-from relay.store.inflight import member_id, member_owner
+from relay.store.inflight import expand, member_id, member_item, member_owner
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.limits import LIMIT_FIELDS, RATE_BUCKET, Limits
 from relay.store.reads import Reads
@@ -21,7 +21,7 @@ from relay.store.runner import Op, guarded
 # channel meta fields that are settings, not counts: a new part copies them
 CHANNEL_COUNTS = {b"message_count", b"requeue_count", b"timeout_count", b"dead_count",
                   b"deleted_count", b"expired_count", b"overflow_count", b"incarnation",
-                  b"empties", b"order_waiting"}
+                  b"empties", b"order_waiting", b"lotted"}
 # topic meta fields that are settings: a new part copies them (ttl_ms, channel_ttl:
 # ttl.lua)
 TOPIC_SETTINGS = (*RETENTION_FIELDS, "ttl_ms", CHANNEL_TTL_FIELD, DEDUP_FIELD)
@@ -182,19 +182,20 @@ class Control(Service):
                           count: int = 1000) -> Iterator[list[tuple[bytes, float]]]:
         """The in-flight members of every part with their deadlines, about `count` per
         Redis call (ZSCAN: an entry may come twice, and those that come or go meanwhile
-        may be missed)."""
+        may be missed); a lot's messages each as its member (inflight.expand)."""
         for part in self.store.parts(topic):
-            key, cursor = ChannelKeys.of(part, channel).inflight, None
+            c, cursor = ChannelKeys.of(part, channel), None
+            key, msgs = c.inflight, c.msgs
             while cursor != 0:
                 cursor, entries = guarded(
                     lambda: self.redis.zscan(key, cursor or 0, count=count))
                 if entries:
-                    yield entries
+                    yield [(m, d) for m, d, _ in expand(self.redis, msgs, entries)]
 
     def requeue_held(self, topic: str, channel: str, members: Sequence[bytes]) -> list[int]:
         """Requeue in-flight messages by their members, each from the owner it names
         (lib/inflight.lua). Per member: 1 requeued, 0 no longer held so."""
-        triples = [(member_owner(m), member_id(m), 0) for m in members]
+        triples = [(member_owner(m), member_item(m), 0) for m in members]
         return [int(code == codes.DONE) for code in (self.store.requeue(topic, channel, triples)
                                                      if triples else [])]
 

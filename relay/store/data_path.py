@@ -225,28 +225,31 @@ class DataPath(Core):
                    TopicKeys.of(part).wake, self.node(part)], tuple)
 
     def deliver_op(self, part: str, channel: str, groups: Sequence[tuple],
-                   max_attempts: int = 0, taken: bool = False) -> Op:
+                   max_attempts: int = 0, taken: bool = False, lots: bool = False) -> Op:
         """Pop from one part for each (owner, timeout ms, count[, most bytes]): a
         Delivered, one list of records per group. Messages delivered `max_attempts` times
         already (0: no limit; the channel's own setting wins) go to its dead-letter outbox
         instead. A channel with a rate limit delivers only if the counts were `taken`
-        from it first (tokens_op)."""
+        from it first (tokens_op). With `lots` (data layout 4 in force), a group of 2 or
+        more records of an unordered channel goes in flight as a lot, whose messages
+        FIN, REQ and TOUCH name by their lot items (inflight.lot_item)."""
         c = ChannelKeys.of(part, channel)
         args = [channel, max_attempts, 0]
         for owner, timeout_ms, count, *most_bytes in groups:
             args += [owner, timeout_ms, count, most_bytes[0] if most_bytes else 0]
         t = TopicKeys.of(part)
-        args += [int(taken), t.wake, self.node(part)]
+        args += [int(taken), int(lots), t.wake, self.node(part)]
         return Op("deliver", [c.queue, c.inflight, c.msgs, t.due, c.meta, c.dead,
                               c.deferred, c.gate, c.key_of, c.waiting, t.version], args,
                   Delivered.parse)
 
     def deliver_many_op(self, part: str, channels: Sequence[tuple],
-                        max_attempts: int = 0) -> Op:
+                        max_attempts: int = 0, lots: bool = False) -> Op:
         """deliver_op's work for each (channel, groups[, taken]) of one part, in one call
         (deliver_many.lua): a list of one Delivered per channel, in their order."""
         t = TopicKeys.of(part)
-        call_keys, args = [t.due, t.version], [max_attempts, t.wake, self.node(part)]
+        call_keys = [t.due, t.version]
+        args = [max_attempts, int(lots), t.wake, self.node(part)]
         for channel, groups, *taken in channels:
             c = ChannelKeys.of(part, channel)
             call_keys += [c.queue, c.inflight, c.msgs, c.meta, c.dead, c.deferred, c.gate,
@@ -359,7 +362,7 @@ class DataPath(Core):
         """TOUCH each (owner, id, timeout ms from now) of one part: per triple the new
         deadline ms, or 0 / -1. The caller caps the timeouts (--max-msg-timeout)."""
         c = ChannelKeys.of(part, channel)
-        return items_merging(Op("touch", [c.inflight, c.msgs, c.deferred],
+        return items_merging(Op("touch", [c.inflight, c.msgs, c.deferred, c.meta],
                                 [x for tr in triples for x in tr]), 0)
 
     def touch(self, topic: str, channel: str, triples: Sequence[tuple]) -> list:

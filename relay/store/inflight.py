@@ -1,9 +1,19 @@
 """The in-flight layout as Python reads it (scripts/lib/inflight.lua writes it): a message
 in flight is the member "<id> <owner>" of its channel's inflight ZSET, scored by its
-deadline, and its record in the msgs hash.
+deadline, and its record in the msgs hash; since data layout 4 what one deliver call
+handed one client may be a lot: one member "<lot> <owner>", the records in the msgs field
+<lot> and a done flag per message in <lot>+. A broker names a message of a lot by its
+item (lot_item) in FIN, REQ and TOUCH.
 """
 
-from relay.codec import MSG_ID_LENGTH
+from typing import Any
+
+from relay.codec import MSG_ID_LENGTH, record_id
+from relay.store.runner import guarded
+
+LOTS = 4            # the first data layout with lots (relay/store/layout.py)
+LOT_MAX = 4096      # messages in one lot; a bigger delivery goes in flight one by one
+NOT_DONE = 0x30     # a done flag: b"0" in flight, b"1" finished
 
 
 def member(msg_id: bytes, owner: str) -> bytes:
@@ -11,9 +21,77 @@ def member(msg_id: bytes, owner: str) -> bytes:
 
 
 def member_id(member: bytes) -> bytes:
+    """The id a member names (a lot's name for a lot; an item's id for an item's)."""
     return member[:MSG_ID_LENGTH]
 
 
 def member_owner(member: bytes) -> str:
     """The owner a member names."""
-    return member[MSG_ID_LENGTH + 1:].decode()
+    return member.partition(b" ")[2].decode()
+
+
+def member_item(member: bytes) -> bytes:
+    """What a member names, as FIN, REQ and TOUCH take it: an id, or a lot item."""
+    return member.partition(b" ")[0]
+
+
+def is_lot(member: bytes) -> bool:
+    return member[MSG_ID_LENGTH - 1] > ord("f")
+
+
+def lot_name(first_id: bytes) -> bytes:
+    """The lot whose first message is `first_id`: its last hex digit moved to g-v."""
+    last = first_id[MSG_ID_LENGTH - 1]
+    return first_id[:MSG_ID_LENGTH - 1] + bytes([last + (55 if last < 58 else 16)])
+
+
+# each index of a lot (from 0) in two characters from "0" (lib/inflight.lua's lot_index)
+INDEXES = tuple(bytes([48 + i // 64, 48 + i % 64]) for i in range(LOT_MAX))
+
+
+def lot_item(msg_id: bytes, lot: bytes, index: int) -> bytes:
+    """Message `index` (from 0) of a lot, as its FIN, REQ and TOUCH name it."""
+    return msg_id + lot + INDEXES[index]
+
+
+def items(ids: list[bytes], lotted: bool) -> list[bytes]:
+    """How FIN, REQ and TOUCH name the messages `ids` of one group of a deliver reply
+    (Delivered.lotted: its groups of 2 to LOT_MAX went in flight as lots)."""
+    if not lotted or not 1 < len(ids) <= LOT_MAX:
+        return ids
+    lot = lot_name(ids[0])
+    return [msg_id + lot + index for msg_id, index in zip(ids, INDEXES)]
+
+
+def lot_records(blob: bytes, done: bytes) -> list[tuple[int, bytes]]:
+    """(index, record) of each message of a lot not finished yet."""
+    head, _, records = blob.partition(b"\n")
+    out, at = [], 0
+    for index, length in enumerate(map(int, head.split())):
+        if done[index] == NOT_DONE:
+            out.append((index, records[at:at + length]))
+        at += length
+    return out
+
+
+def expand(client: Any, msgs_key: str, entries: list) -> list[tuple[bytes, float, bytes | None]]:
+    """(member, deadline, record or None) of each message of in-flight `entries`
+    ((member, deadline) pairs of one part): a lot's messages not finished, each as the
+    member "<lot item> <owner>" with its record; any other entry as it is (its record
+    is the msgs field of its id)."""
+    lots = [member for member, _ in entries if is_lot(member)]
+    if not lots:
+        return [(member, deadline, None) for member, deadline in entries]
+    fields = [f for m in lots for f in (member_id(m), member_id(m) + b"+")]
+    values = iter(guarded(client.hmget, msgs_key, fields))
+    stored = {m: (next(values), next(values)) for m in lots}
+    out: list[tuple[bytes, float, bytes | None]] = []
+    for member, deadline in entries:
+        blob, done = stored.get(member, (None, None))
+        if not is_lot(member):
+            out.append((member, deadline, None))
+        elif blob is not None and done is not None:
+            lot, owner = member_id(member), member.partition(b" ")[2]
+            out += [(lot_item(record_id(r), lot, i) + b" " + owner, deadline, r)
+                    for i, r in lot_records(blob, done)]
+    return out

@@ -113,9 +113,14 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             a message's order key (part 0's;
                                             relay/store/ordering.py); never deleted
     relay:{T}:ch:C:queue              LIST  ready records
-    relay:{T}:ch:C:inflight           ZSET  "<id> <owner>" -> deadline (ms)
+    relay:{T}:ch:C:inflight           ZSET  "<id> <owner>" -> deadline (ms), or (data
+                                            layout 4) "<lot> <owner>" for the messages one
+                                            delivery handed one consumer (lib/inflight.lua)
     relay:{T}:ch:C:deferred           ZSET  id -> due time (ms)
     relay:{T}:ch:C:msgs               HASH  id -> record, for in-flight and deferred ids;
+                                            <lot> -> its records' lengths, a newline, its
+                                            records, and <lot>+ -> a 0 per message in
+                                            flight, 1 once finished (data layout 4);
                                             on an ordered channel (data layout 3) also
                                             "<order key> <seq>" -> a message waiting behind
                                             its key's: its record, or "<due ms> <record>"
@@ -141,7 +146,8 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             behind their keys wait in msgs, order_waiting:
                                             how many; rate_per_s, rate_burst: its rate
                                             limit, on every part, rate_tat: its bucket,
-                                            on part 0: tokens.lua)
+                                            on part 0: tokens.lua; lotted: the messages in
+                                            flight in lots beyond one each)
     relay:{T}:ch:C:consumers          HASH  broker id -> number of its subscribed clients
     relay:{T}:ch:C:dead               LIST  records past max attempts, or
                                             "<reason>:<record>" (expired, overflow:

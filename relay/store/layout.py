@@ -9,6 +9,9 @@ upgrade (README: Upgrading; docs/processes.md).
        numbered in its msgs hash (scripts/lib/order.lua), not in one sorted set for
        all, which one ordered under layout 2 keeps until it is turned off (relay 0.3.0
        reads both).
+    4  since issue 59 item 2: what one deliver call hands one client of an unordered
+       channel goes in flight as a lot, one member and one record field for all its
+       messages (scripts/lib/inflight.lua; relay 0.5.0).
 
 `relay:layout` holds the layout in force, the one every process writes. A broker,
 scanner, jobs worker or console reads it once Redis answers (`establish`) and refuses to
@@ -40,14 +43,15 @@ from relay.store.layout_one import find_layout_one
 log = logging.getLogger("relay.layout")
 
 RELEASE = relay.__version__
-READS = (2, 3)
-WRITES = (2, 3)
+READS = (2, 3, 4)
+WRITES = (2, 3, 4)
 ORDER_SEQS = 3      # the first layout whose ordered channels number what waits
 EARLIER = "0.1.0 or earlier"    # a process registered only as a broker, scanner or rq worker
 EARLIER_READS = (2,)
 LAYOUTS = {1: "before issue 35 (2026-11-25), with a leases hash beside each in-flight set",
            2: "of relay 0.1.0 and 0.2.0",
-           3: "of relay 0.3.0, with an ordered channel's waiting messages numbered by key"}
+           3: "of relay 0.3.0, with an ordered channel's waiting messages numbered by key",
+           4: "of relay 0.5.0, with deliveries in flight by lot"}
 TTL_MS = 15_000         # a process's registration, renewed with its heartbeat
 
 

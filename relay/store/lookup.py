@@ -16,7 +16,7 @@ from typing import Callable, Iterable
 
 from relay.codec import parse_record, record_id
 from relay.store import Op, Store, deadletter, guarded
-from relay.store.inflight import member_owner
+from relay.store.inflight import expand, is_lot, member_id, member_owner
 from relay.store.keys import ChannelKeys, TopicKeys, id_part
 from relay.store.ordering import ORDERED_FIELD, WAITING_FIELD, Waiting
 
@@ -53,6 +53,11 @@ def where(store: Store, topic: str, channel: str, msg_id: bytes,
             found = message(record)
             found["attempts"] += 1
             return {"state": "in_flight", **held, **found, **keyed}
+    elif (lotted := _in_lot(store, c, msg_id)) is not None:
+        held, record = lotted
+        found = message(record)
+        found["attempts"] += 1
+        return {"state": "in_flight", **held, **found, **keyed}
     position, entry = _scan(store, c.dead, msg_id, lambda e: deadletter.split_entry(e)[1])
     if entry is not None:
         reason, record = deadletter.split_entry(entry)
@@ -94,6 +99,20 @@ def _holder(store: Store, c: ChannelKeys, msg_id: bytes, owners: list[str]) -> d
     for member, score in guarded(lambda: list(store.redis.zscan_iter(
             c.inflight, match=msg_id + b" *", count=SCAN_CHUNK, score_cast_func=float))):
         return {"owner": member_owner(member), "deadline_ms": int(score)}
+    return None
+
+
+def _in_lot(store: Store, c: ChannelKeys, msg_id: bytes) -> tuple[dict, bytes] | None:
+    """_holder's answer and the record for msg_id in flight in a lot
+    (lib/inflight.lua): a ZSCAN of the in-flight set, each lot's messages read until it
+    is found."""
+    lots = [(m, s) for m, s in guarded(lambda: list(store.redis.zscan_iter(
+        c.inflight, count=SCAN_CHUNK, score_cast_func=float))) if is_lot(m)]
+    for start in range(0, len(lots), SCAN_CHUNK):
+        for member, score, record in expand(store.redis, c.msgs,
+                                            lots[start:start + SCAN_CHUNK]):
+            if member_id(member) == msg_id and record is not None:
+                return {"owner": member_owner(member), "deadline_ms": int(score)}, record
     return None
 
 

@@ -415,6 +415,7 @@ def _channel_figures(queued: int, waiting: int, keys_out: int, inflight: int, de
     delivery rate limit in msgs/s (rate_limit, None without one)."""
     meta = pairs(meta)
     waiting += int(meta.get(b"order_waiting", 0))      # numbered in msgs (lib/order.lua)
+    inflight += int(meta.get(b"lotted", 0))            # in lots beyond one each (lib/inflight.lua)
     return {"depth": queued + waiting, "in_flight_count": inflight, "deferred_count": deferred,
             "message_count": int(meta.get(b"message_count", 0)),
             "requeue_count": int(meta.get(b"requeue_count", 0)),

@@ -93,22 +93,25 @@ class Delivered(list):
     empties when they were popped (`empties`), the codes of the FINs folded into
     the call (`finished`, as finish_op's), whether the queue has more (`more`),
     whether the channel is ordered (`ordered`) and whether it has a rate limit
-    (`limited`: a call that took nothing from it first got nothing)."""
+    (`limited`: a call that took nothing from it first got nothing), and whether each
+    group of 2 to LOT_MAX records went in flight as a lot (`lotted`: lib/inflight.lua)."""
 
     empties: int = 0
     finished: list = []
     more: bool = False
     ordered: bool = False
     limited: bool = False
+    lotted: bool = False
 
     @classmethod
     def parse(cls, reply: list[Any]) -> "Delivered":
-        delivered = cls([[codec.delivered(r) for r in group] for group in reply[:-5]])
-        delivered.empties = int(reply[-5])
-        delivered.finished = reply[-4]
-        delivered.more = bool(reply[-3])
-        delivered.ordered = bool(reply[-2])
-        delivered.limited = bool(reply[-1])
+        delivered = cls([[codec.delivered(r) for r in group] for group in reply[:-6]])
+        delivered.empties = int(reply[-6])
+        delivered.finished = reply[-5]
+        delivered.more = bool(reply[-4])
+        delivered.ordered = bool(reply[-3])
+        delivered.limited = bool(reply[-2])
+        delivered.lotted = bool(reply[-1])
         return delivered
 
     @classmethod

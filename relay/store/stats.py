@@ -15,7 +15,7 @@ from relay.codec import is_ephemeral, parse_record
 from relay.sockio import Turns
 from relay.store import Store, guarded
 from relay.store.history import Retained
-from relay.store.inflight import member_id, member_owner
+from relay.store.inflight import expand, member_id, member_owner
 from relay.store.keys import ChannelKeys
 from relay.store.latency import NO_LATENCY, E2eLatency, describe, percentiles
 from relay.store.replies import summed
@@ -119,16 +119,18 @@ def in_flight(store: Store, topic: str, channel: str, limit: int) -> list[dict]:
 
 
 def _in_flight_part(store: Store, c: ChannelKeys, limit: int) -> list[dict]:
-    entries = guarded(lambda: store.redis.zrange(c.inflight, 0, limit - 1, withscores=True))
+    entries = expand(store.redis, c.msgs, guarded(
+        lambda: store.redis.zrange(c.inflight, 0, limit - 1, withscores=True)))[:limit]
     if not entries:
         return []
-    ids = [member_id(member) for member, _ in entries]
+    ids = [member_id(member) for member, _, _ in entries]
     pipe = store.redis.pipeline(transaction=False)
     pipe.hmget(c.msgs, ids)
     pipe.hmget(c.key_of, ids)       # their order keys (lib/order.lua)
     records, order_keys = guarded(pipe.execute)
     out = []
-    for (member, deadline), record, key in zip(entries, records, order_keys):
+    for (member, deadline, in_lot), record, key in zip(entries, records, order_keys):
+        record = in_lot or record
         if record is None:
             continue  # finished meanwhile
         # the record counts the deliveries before this one (lib/queue.lua)

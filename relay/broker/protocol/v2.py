@@ -355,8 +355,8 @@ class ProtocolV2:
             ids.append(more)
         channel = client.channel
         assert channel is not None      # SUBSCRIBED or CLOSING (_message_id): SUB set it
-        published = client.settled(ids)
-        calls = self.broker.settling.finish(channel, client.owner, ids)
+        published, items = client.settled(ids)
+        calls = self.broker.settling.finish(channel, client.owner, items)
 
         def took(done: list[bytes]) -> None:
             client.finish_count += len(done)
@@ -375,8 +375,8 @@ class ProtocolV2:
         delay = min(delay, self.options.max_req_timeout)
         channel = client.channel
         assert channel is not None      # SUBSCRIBED or CLOSING (_message_id): SUB set it
-        client.settled([msg_id])
-        calls = self.broker.settling.requeue(channel, client.owner, [(msg_id, delay)])
+        _, [item] = client.settled([msg_id])
+        calls = self.broker.settling.requeue(channel, client.owner, [(item, delay)])
 
         def took(done: list[bytes]) -> None:
             client.requeue_count += len(done)
@@ -387,7 +387,7 @@ class ProtocolV2:
         timeout = client.touch_timeout(msg_id, self.options.max_msg_timeout)
         channel = client.channel
         assert channel is not None      # SUBSCRIBED or CLOSING (_message_id): SUB set it
-        calls = self.broker.settling.touch(channel, client.owner, msg_id, timeout)
+        calls = self.broker.settling.touch(channel, client.owner, client.item(msg_id), timeout)
 
         def took(done: list[bytes]) -> None:
             for touched in done:

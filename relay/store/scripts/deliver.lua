@@ -12,34 +12,37 @@
 -- ARGV[1] channel name (its member in the due index)   ARGV[2] max attempts (0: unlimited)
 -- ARGV[3] F, then F pairs to finish first: owner, id
 -- then groups of 4: owner, timeout ms, count, most bytes (0: any), then 1 if the counts
--- were taken from the channel's rate limit (tokens.lua) else 0, then last the wake
--- pub/sub channel and the node keys' prefix (node.lua)
+-- were taken from the channel's rate limit (tokens.lua) else 0, then 1 if lots may be
+-- written (data layout 4: lib/inflight.lua) else 0, then last the wake pub/sub channel
+-- and the node keys' prefix (node.lua)
 -- Returns one list of records per group, in ARGV order, then the channel's count of
 -- empties, then the finish codes (finish.lua's), one per pair, then 1 if the queue
 -- still has messages, else 0, then 1 if the channel is ordered, else 0, then 1 if it has a
--- rate limit, else 0.
+-- rate limit, else 0, then 1 if groups went in flight as lots, else 0.
 local queue, inflight, msgs, due_index = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local meta, dead, deferred, gate = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local key_of, waiting, version = KEYS[9], KEYS[10], KEYS[11]
 local channel, max_attempts, to_finish = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local taken, wake, node = ARGV[#ARGV - 2] == '1', ARGV[#ARGV - 1], ARGV[#ARGV]
+local taken, lots = ARGV[#ARGV - 3] == '1', ARGV[#ARGV - 2] == '1'
+local wake, node = ARGV[#ARGV - 1], ARGV[#ARGV]
 local FIRST_PAIR = 4
--- the groups' arguments: after the pairs, before the taken flag, the wake channel and
--- the node prefix
-local first_group, last_group = FIRST_PAIR + 2 * to_finish, #ARGV - 3
+-- the groups' arguments: after the pairs, before the taken and lots flags, the wake
+-- channel and the node prefix
+local first_group, last_group = FIRST_PAIR + 2 * to_finish, #ARGV - 4
 
 -- the channel's gate (lib/order.lua) with its other keys: the finish's k and
 -- deliver_channel's c
 local c = order_gate(queue, deferred, msgs, meta, gate, key_of, waiting, due_index, version,
                      channel, wake, node)
-c.inflight, c.dead, c.hold_wake = inflight, dead, true
+c.inflight, c.dead, c.hold_wake = inflight, dead, true   -- c.meta: order_gate's
 local finished = finish_pairs(c, ARGV, FIRST_PAIR, first_group - 1, c)
-local out, empties, more, ordered, limited = deliver_channel(c, max_attempts, ARGV,
-                                                            first_group, last_group, taken)
+local out, empties, more, ordered, limited, lotted = deliver_channel(
+    c, max_attempts, ARGV, first_group, last_group, taken, lots)
 if c.woken and more == 1 then announce(version, wake, channel, node) end
 out[#out + 1] = empties
 out[#out + 1] = finished
 out[#out + 1] = more
 out[#out + 1] = ordered
 out[#out + 1] = limited
+out[#out + 1] = lotted
 return out

@@ -47,7 +47,7 @@ local function drop_channel(c)
     end
   end
   if not delete then
-    redis.call('HDEL', channel_key(c, 'meta'), 'order_waiting')
+    redis.call('HDEL', channel_key(c, 'meta'), 'order_waiting', 'lotted')   -- lib/inflight.lua
   end
   redis.call('ZREM', due_index, channel_name(c))
   node_set(node, due_index, channel_name(c), nil)

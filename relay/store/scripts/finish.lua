@@ -14,7 +14,7 @@ local key_of, waiting, meta, due_index, version = KEYS[6], KEYS[7], KEYS[8], KEY
 local channel, wake, node = ARGV[1], ARGV[2], ARGV[3]
 local FIRST_PAIR = 4
 
-local k = {inflight = inflight, msgs = msgs, deferred = deferred}
+local k = {inflight = inflight, msgs = msgs, deferred = deferred, meta = meta}
 local o = order_gate(queue, deferred, msgs, meta, gate, key_of, waiting, due_index, version,
                      channel, wake, node)
 return finish_pairs(k, ARGV, FIRST_PAIR, #ARGV, o)

@@ -21,7 +21,7 @@ for key = FIRST_CHANNEL_KEY, #KEYS, KEYS_PER_CHANNEL do
   local inflight, msgs, deferred, queue, gate, key_of, waiting, meta =
       unpack(KEYS, key, key + KEYS_PER_CHANNEL - 1)
   local channel, pair_count = ARGV[a], tonumber(ARGV[a + 1])
-  local k = {inflight = inflight, msgs = msgs, deferred = deferred}
+  local k = {inflight = inflight, msgs = msgs, deferred = deferred, meta = meta}
   local o = order_gate(queue, deferred, msgs, meta, gate, key_of, waiting, due_index,
                        version, channel, wake, node)
   local last = a + 1 + 2 * pair_count

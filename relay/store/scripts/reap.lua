@@ -32,7 +32,7 @@ local gone = drop_if_unused({channels = channels, topic_meta = topic_meta,
 if gone ~= CODE.KEPT then
   return {gone, 0}
 end
-local k = {inflight = inflight, msgs = msgs, deferred = deferred}
+local k = {inflight = inflight, msgs = msgs, deferred = deferred, meta = channel_meta}
 local ids, members = holders(k, dead_broker .. ':')
 back_to_queue(queue, msgs, ids, true)
 release(k, ids, members, true)

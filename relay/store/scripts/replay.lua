@@ -1,4 +1,4 @@
--- include: chunked.lua, record.lua, news.lua, history.lua
+-- include: chunked.lua, record.lua, news.lua, history.lua, inflight.lua
 -- replay: one chunk of a part's history (lib/history.lua) put back in a channel's queue,
 -- each record as retained: its id, timestamp and body, attempts 0. Forward (a rewind,
 -- relay-admin replay): the messages from start to end, oldest first, to the queue's
@@ -6,7 +6,8 @@
 -- to the queue's head, so the queue ends in publish order, before what was published
 -- since. Messages whose count is above the cut (published after the channel was made)
 -- are passed over. An id in the channel's msgs hash (in flight or deferred) is skipped:
--- a replay never disturbs it. Handing back (an ordered channel's replay,
+-- a replay never disturbs it (lots in flight, lib/inflight.lua, are turned back into
+-- messages first, so each of theirs is there). Handing back (an ordered channel's replay,
 -- workers/operations.py): the records that are not skipped are returned instead of
 -- queued, and the caller queues them through the channel's gate (redrive.lua).
 -- The range is of messages: start "<ms>-<count>" is the message of that count at that
@@ -17,6 +18,7 @@
 --
 -- KEYS[1] topic history   KEYS[2] channel queue   KEYS[3] channel msgs
 -- KEYS[4] channel meta   KEYS[5] topic channels   KEYS[6] topic version (news.lua)
+-- KEYS[7] channel inflight
 -- ARGV[1] channel   ARGV[2] start   ARGV[3] end (stream ids as XRANGE takes them)
 -- ARGV[4] the messages to read (at least one entry's)   ARGV[5] 1 forward, 0 backward
 -- ARGV[6] the cut (0: none)   ARGV[7] wake pub/sub channel   ARGV[8] the node keys'
@@ -25,7 +27,7 @@
 -- is done else 0}, handing back with the records not skipped as a 6th (replayed 0), or
 -- nil when the channel does not exist.
 local history, queue, msgs, channel_meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local channels, version = KEYS[5], KEYS[6]
+local channels, version, inflight = KEYS[5], KEYS[6], KEYS[7]
 local channel, start, stop, budget = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local forward, cut = ARGV[5] == '1', tonumber(ARGV[6])
 local wake, node, hand_back = ARGV[7], ARGV[8], ARGV[9] == '1'
@@ -94,6 +96,11 @@ if done and not forward then
   if entry then take(entry, low) end
 end
 
+local lots = {}
+for _, member in ipairs(redis.call('ZRANGE', inflight, 0, -1)) do
+  if is_lot(member) then lots[#lots + 1] = member end
+end
+held_ids({inflight = inflight, msgs = msgs, meta = channel_meta}, lots)
 local ids = {}
 for i, record in ipairs(records) do
   ids[i] = record_id(record)

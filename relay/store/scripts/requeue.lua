@@ -6,7 +6,8 @@
 -- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] deferred   KEYS[5] channel meta
 -- KEYS[6] topic due index   KEYS[7] topic version (news.lua)
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] wake pub/sub channel
--- ARGV[3] the node keys' prefix (node.lua), then triples: owner, id, delay ms
+-- ARGV[3] the node keys' prefix (node.lua), then triples: owner, id (or lot item:
+-- lib/inflight.lua), delay ms
 -- Returns per triple: CODE.DONE requeued, CODE.NOT_IN_FLIGHT not in flight (or requeued
 -- earlier in this call), CODE.NOT_OWNER in flight for another client.
 local queue, inflight, msgs, deferred = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -14,8 +15,9 @@ local channel_meta, due_index, version = KEYS[5], KEYS[6], KEYS[7]
 local channel, wake, node = ARGV[1], ARGV[2], ARGV[3]
 local FIRST_TRIPLE = 4
 
-local k = {inflight = inflight, msgs = msgs, deferred = deferred}
+local k = {inflight = inflight, msgs = msgs, deferred = deferred, meta = channel_meta}
 local now = now_ms()
+unlot(k, ARGV, FIRST_TRIPLE, #ARGV, 3)
 local held, codes = holdings(k, ARGV, FIRST_TRIPLE, #ARGV, 3)
 local out = {}
 local requeued, taken = 0, {}

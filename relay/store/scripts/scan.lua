@@ -20,15 +20,13 @@ local channel, wake, limit, node = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 
 local now = now_ms()
 
-local k = {inflight = inflight, msgs = msgs, deferred = deferred}
+local k = {inflight = inflight, msgs = msgs, deferred = deferred, meta = channel_meta}
 
--- Up to `limit` in-flight messages past their deadline back to the queue; how many.
+-- Up to `limit` in-flight members past their deadline back to the queue (a lot's
+-- messages all); how many messages.
 local function time_out()
-  local members = redis.call('ZRANGEBYSCORE', inflight, '-inf', now, 'LIMIT', 0, limit)
-  local ids = {}
-  for i, member in ipairs(members) do
-    ids[i] = member_id(member)
-  end
+  local ids, members = held_ids(k, redis.call('ZRANGEBYSCORE', inflight, '-inf', now,
+                                              'LIMIT', 0, limit))
   back_to_queue(queue, msgs, ids, true)
   release(k, ids, members, true)
   return #ids

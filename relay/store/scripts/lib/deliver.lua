@@ -28,10 +28,12 @@
 -- has messages, else 0 (the broker then waits for a wake-up), 1 if the channel is
 -- ordered, else 0 (the broker then folds a FIN into the deliver call that may take the
 -- message it releases: relay/broker/settling.py), and 1 if it has a rate limit, else 0
--- (the broker then takes from it before each call: relay/broker/channel.py).
+-- (the broker then takes from it before each call: relay/broker/channel.py), and 1 if
+-- `lots` (data layout 4 in force) put each group of 2 to LOT_MAX records in flight as a
+-- lot (lib/inflight.lua), which an ordered channel never does, else 0.
 
 -- the channel's controls in one read: what every call needs, read where it is kept
-local function deliver_channel(c, max_attempts, args, first, last, taken)
+local function deliver_channel(c, max_attempts, args, first, last, taken, lots)
   local out = {}
   local meta = redis.call('HMGET', c.meta, 'empties', 'paused', 'max_attempts', 'ttl_ms',
                           'dead_letter_topic', 'ordered', 'rate_per_s')
@@ -40,8 +42,9 @@ local function deliver_channel(c, max_attempts, args, first, last, taken)
   local limited = meta[7] and 1 or 0
   if meta[2] or (limited == 1 and not taken) then
     for g = first, last, 4 do out[#out + 1] = {} end
-    return out, empties, meta[2] and 0 or redis.call('EXISTS', c.queue), ordered, limited
+    return out, empties, meta[2] and 0 or redis.call('EXISTS', c.queue), ordered, limited, 0
   end
+  lots = lots and ordered == 0
 
   local now = now_ms()
   max_attempts = tonumber(meta[3] or max_attempts)
@@ -97,16 +100,23 @@ local function deliver_channel(c, max_attempts, args, first, last, taken)
 
   -- every group's records go in flight with one HSET and one ZADD
   local earliest = nil
-  local msgs, inflight, n = {}, {}, 0
+  local msgs, inflight, n, lotted = {}, {}, 0, 0
   for g = first, last, 4 do
     local deadline = now + tonumber(args[g + 1])
     local owner = args[g]
     local records = pop(tonumber(args[g + 2]), tonumber(args[g + 3]))
-    for _, r in ipairs(records) do
-      local id = record_id(r)
-      msgs[n + 1], msgs[n + 2] = id, r
-      inflight[n + 1], inflight[n + 2] = deadline, in_flight_member(id, owner)
-      n = n + 2
+    if lots and #records > 1 and #records <= LOT_MAX then
+      local lot = lot_name(record_id(records[1]))
+      lot_fields(msgs, lot, records)
+      inflight[n + 1], inflight[n + 2] = deadline, lot .. ' ' .. owner
+      n, lotted = n + 2, lotted + #records - 1
+    else
+      for _, r in ipairs(records) do
+        local id = record_id(r)
+        msgs[#msgs + 1], msgs[#msgs + 2] = id, r
+        inflight[n + 1], inflight[n + 2] = deadline, in_flight_member(id, owner)
+        n = n + 2
+      end
     end
     if #records > 0 and (not earliest or deadline < earliest) then earliest = deadline end
     out[#out + 1] = records
@@ -114,6 +124,9 @@ local function deliver_channel(c, max_attempts, args, first, last, taken)
   if n > 0 then
     call_chunked('HSET', c.msgs, msgs)
     call_chunked('ZADD', c.inflight, inflight)
+  end
+  if lotted > 0 then
+    redis.call('HINCRBY', c.meta, 'lotted', lotted)
   end
   if spent > 0 then
     redis.call('HINCRBY', c.meta, 'dead_count', spent)
@@ -129,5 +142,5 @@ local function deliver_channel(c, max_attempts, args, first, last, taken)
     due_lower(c.node, c.due_index, c.channel, earliest)
   end
   order_release(c, left)
-  return out, empties, redis.call('EXISTS', c.queue), ordered, limited
+  return out, empties, redis.call('EXISTS', c.queue), ordered, limited, lots and 1 or 0
 end

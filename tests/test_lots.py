@@ -1,0 +1,242 @@
+"""In flight by lot (data layout 4, scripts/lib/inflight.lua): what one deliver call hands
+one client of an unordered channel is one member and one record field; a FIN marks it by
+index, and a REQ, a TOUCH, a timeout, a dead broker, relay-admin and `msg` each see its
+messages one by one. Store tests run on fakeredis, one Redis and the cluster; the last
+ones run a real broker and its consumers."""
+
+import time
+
+import pytest
+
+from relay.codec import FRAME_RESPONSE, record_id
+from relay.store import codes
+from relay.store import inflight
+from relay.store.inflight import is_lot, lot_item, lot_name
+from relay.store.keys import ChannelKeys
+from relay.store.lookup import where
+from relay.store.connection import connect
+from relay.store.stats import in_flight
+from tests.helpers.api import Api
+from tests.helpers.store import (attempts, bodies, empty_channel, ids, mid, now_ms, ordered,
+                                 queue, subscribed, wait_past)
+from tests.helpers.wait import wait_for
+from tests.helpers.wire import Wire
+
+
+def deliver(store, groups, topic="t", channel="c"):
+    """A broker's deliver call with lots allowed: (records per group, items per group, as
+    relay/broker/client.py names them)."""
+    got = store.run(store.deliver_op(topic, channel, groups, lots=True))
+    return got, [inflight.items([record_id(r) for r in records], got.lotted)
+                 for records in got]
+
+
+def members(store, topic="t", channel="c") -> list:
+    return store.redis.zrange(ChannelKeys.of(topic, channel).inflight, 0, -1)
+
+
+def in_flight_count(store) -> int:
+    return store.reads.read_channel("t", "c")["in_flight_count"]
+
+
+def lot_of_three(store):
+    subscribed(store)
+    store.publish("t", [b"1", b"2", b"3"])
+    got, (items,) = deliver(store, [("a", 60_000, 3)])
+    return got, items
+
+
+def test_a_delivery_of_several_goes_in_flight_as_one_member_and_one_record(store):
+    got, items = lot_of_three(store)
+    c = ChannelKeys.of("t", "c")
+    assert got.lotted and bodies(got[0]) == [b"1", b"2", b"3"]
+    assert members(store) == [lot_name(mid(1)) + b" a"]
+    assert sorted(store.redis.hkeys(c.msgs)) == [lot_name(mid(1)), lot_name(mid(1)) + b"+"]
+    assert store.reads.read_channel("t", "c") == empty_channel(
+        in_flight_count=3, message_count=3, client_count=1)
+    assert items == [lot_item(mid(n), lot_name(mid(1)), n - 1) for n in (1, 2, 3)]
+
+
+def test_one_message_and_an_ordered_channel_go_in_flight_one_by_one(store):
+    subscribed(store)
+    store.publish("t", [b"1"])
+    got, _ = deliver(store, [("a", 60_000, 5)])
+    assert members(store) == [mid(1) + b" a"]
+    ordered(store, channel="o")
+    store.publish("t", [b"2", b"3"])
+    got, _ = deliver(store, [("a", 60_000, 5)], channel="o")
+    assert (got.lotted, bodies(got[0])) == (False, [b"2", b"3"])
+    assert members(store, channel="o") == [mid(2) + b" a", mid(3) + b" a"]
+
+
+def test_fin_marks_each_message_and_the_last_takes_the_lot_away(store):
+    _, items = lot_of_three(store)
+    c = ChannelKeys.of("t", "c")
+    assert store.finish("t", "c", [("a", items[0]), ("a", items[2])]) == [codes.DONE] * 2
+    assert in_flight_count(store) == 1
+    assert store.finish("t", "c", [("a", items[0])]) == [codes.NOT_IN_FLIGHT]
+    assert store.finish("t", "c", [("b", items[1])]) == [codes.NOT_IN_FLIGHT]
+    assert in_flight_count(store) == 1
+    assert store.finish("t", "c", [("a", items[1])]) == [codes.DONE]
+    assert (members(store), store.redis.hlen(c.msgs), in_flight_count(store)) == ([], 0, 0)
+    assert store.redis.hget(c.meta, "lotted") in (None, b"0")
+
+
+def test_many_fins_of_a_big_lot_in_one_call(store):
+    subscribed(store)
+    store.publish("t", [b"%d" % n for n in range(300)])
+    _, (items,) = deliver(store, [("a", 60_000, 300)])
+    assert len(members(store)) == 1
+    assert store.finish("t", "c", [("a", i) for i in items[:250]]) == [codes.DONE] * 250
+    assert in_flight_count(store) == 50
+    assert store.finish("t", "c", [("a", i) for i in items[240:]]) == \
+        [codes.NOT_IN_FLIGHT] * 10 + [codes.DONE] * 50
+    assert (members(store), in_flight_count(store)) == ([], 0)
+
+
+def test_req_of_one_turns_the_lot_back_into_messages(store):
+    _, items = lot_of_three(store)
+    deadline = store.redis.zscore(ChannelKeys.of("t", "c").inflight, members(store)[0])
+    assert store.finish("t", "c", [("a", items[0])]) == [codes.DONE]
+    assert store.requeue("t", "c", [("a", items[1], 0)]) == [codes.DONE]
+    assert bodies(queue(store, "t", "c")) == [b"2"]
+    assert attempts(queue(store, "t", "c")) == [1]
+    assert store.redis.zrange(ChannelKeys.of("t", "c").inflight, 0, -1, withscores=True) == \
+        [(mid(3) + b" a", deadline)]
+    assert in_flight_count(store) == 1
+    # the broker still names the third by its lot item
+    assert store.finish("t", "c", [("a", items[2])]) == [codes.DONE]
+    assert (members(store), in_flight_count(store)) == ([], 0)
+
+
+def test_touch_of_one_moves_its_deadline_alone(store):
+    _, items = lot_of_three(store)
+    deadline = int(store.redis.zscore(ChannelKeys.of("t", "c").inflight, members(store)[0]))
+    [touched] = store.touch("t", "c", [("a", items[1], 600_000)])
+    assert touched > deadline
+    scores = dict(store.redis.zrange(ChannelKeys.of("t", "c").inflight, 0, -1,
+                                     withscores=True))
+    assert scores == {mid(1) + b" a": deadline, mid(2) + b" a": touched,
+                      mid(3) + b" a": deadline}
+    assert store.touch("t", "c", [("b", items[0], 600_000)]) == [codes.NOT_OWNER]
+
+
+def test_a_lot_past_its_deadline_times_out_what_was_not_finished(store):
+    subscribed(store)
+    store.publish("t", [b"1", b"2", b"3"])
+    _, (items,) = deliver(store, [("a", 1, 3)])
+    assert store.finish("t", "c", [("a", items[1])]) == [codes.DONE]
+    wait_past(store, now_ms(store) + 2)
+    assert store.scan("t", "c")[:2] == (2, 0)
+    assert (bodies(queue(store, "t", "c")), attempts(queue(store, "t", "c"))) == \
+        ([b"1", b"3"], [1, 1])
+    assert store.reads.read_channel("t", "c") == empty_channel(
+        depth=2, timeout_count=2, message_count=3, client_count=1)
+    assert store.finish("t", "c", [("a", items[0])]) == [codes.NOT_IN_FLIGHT]
+
+
+def test_a_dead_brokers_lots_go_back_to_the_queue(store):
+    subscribed(store, broker="dead")
+    store.publish("t", [b"1", b"2", b"3", b"4"])
+    _, items = deliver(store, [("dead:1", 60_000, 2), ("dead:2", 60_000, 2)])
+    assert store.finish("t", "c", [("dead:2", items[1][0])]) == [codes.DONE]
+    assert store.run(store.reap_op("t", "c", "dead")) == (0, 3)
+    assert sorted(bodies(queue(store, "t", "c"))) == [b"1", b"2", b"4"]
+    assert (members(store), in_flight_count(store)) == ([], 0)
+
+
+def test_relay_admin_reads_and_requeues_a_lots_messages_one_by_one(store):
+    _, items = lot_of_three(store)
+    assert store.finish("t", "c", [("a", items[0])]) == [codes.DONE]
+    listed = in_flight(store, "t", "c", 10)
+    assert [(m["id"], m["owner"], m["attempts"]) for m in listed] == \
+        [(mid(2).decode(), "a", 1), (mid(3).decode(), "a", 1)]
+    found = where(store, "t", "c", mid(3))
+    assert (found["state"], found["owner"], found["body"]) == ("in_flight", "a", b"3")
+    assert where(store, "t", "c", mid(1))["state"] == "absent"
+    assert store.control.requeue_in_flight("t", "c", [mid(3)]) == [1]
+    assert bodies(queue(store, "t", "c")) == [b"3"]
+    assert members(store) == [mid(2) + b" a"]
+    assert in_flight_count(store) == 1
+
+
+def test_an_emptied_channel_counts_no_lot(store):
+    lot_of_three(store)
+    store.control.empty_channel("t", "c")
+    assert in_flight_count(store) == 0
+    store.publish("t", [b"4", b"5"])
+    _, (items,) = deliver(store, [("a", 60_000, 2)])
+    assert in_flight_count(store) == 2
+
+
+def test_deliver_many_puts_each_channels_group_in_a_lot(store):
+    subscribed(store, channel="c")
+    subscribed(store, channel="d")
+    store.publish("t", [b"1", b"2"])
+    replies = store.run(store.deliver_many_op("t", [("c", [("a", 60_000, 2, 0)]),
+                                                    ("d", [("b", 60_000, 2, 0)])], 0, True))
+    assert [(r.lotted, bodies(r[0])) for r in replies] == [(True, [b"1", b"2"])] * 2
+    assert [members(store, channel=ch) for ch in ("c", "d")] == \
+        [[lot_name(mid(1)) + b" a"], [lot_name(mid(1)) + b" b"]]
+
+
+def test_a_lot_name_is_no_id():
+    assert [lot_name(mid(n)) for n in (0, 9, 10, 15)] == [
+        b"000000000000000g", b"000000000000000p", b"000000000000000q", b"000000000000000v"]
+    assert not is_lot(mid(15) + b" a") and is_lot(lot_name(mid(15)) + b" a")
+    assert ids([]) == []
+
+
+# -- a real broker ---------------------------------------------------------------
+
+@pytest.mark.integration
+def test_a_consumer_gets_every_message_once_through_lots(processes, redis_url):
+    _, port = processes.broker()
+    api = Api(port, processes.http_ports[port])
+    redis_client = connect(redis_url)
+    c = ChannelKeys.of("t", "c")
+    wire = Wire(port)
+    wire.identify()
+    assert wire.sub("t", "c", rdy=50) == (FRAME_RESPONSE, b"OK")
+    assert api.request("POST", "/mpub?topic=t",
+                       b"\n".join(b"%d" % n for n in range(200)))[0] == 200
+    held = [wire.message() for _ in range(50)]
+    assert wire.nothing()
+    lots = [m for m in redis_client.zrange(c.inflight, 0, -1) if is_lot(m)]
+    assert lots and redis_client.zcard(c.inflight) < 50
+    assert api.json("GET", "/stats?format=json&topic=t&channel=c")[1][
+        "topics"][0]["channels"][0]["in_flight_count"] == 50
+    wire.command(b"REQ " + held[7][2] + b" 0")
+    for message in held[:7] + held[8:]:
+        wire.command(b"FIN " + message[2])
+    got = [m[3] for m in held]
+    while len(got) < 201:
+        message = wire.message()
+        got.append(message[3])
+        wire.command(b"FIN " + message[2])
+    assert wait_for(lambda: redis_client.zcard(c.inflight) == 0)
+    assert wire.nothing()
+    wire.close()
+    assert sorted(got) == sorted([b"%d" % n for n in range(200)] + [held[7][3]])
+    assert redis_client.hlen(c.msgs) == 0
+
+
+@pytest.mark.integration
+def test_a_fin_after_the_brokers_own_timeout_still_names_the_lot(processes, redis_url):
+    """No scanner runs, so the lot is still in flight in Redis when the FINs come after
+    the broker forgot the messages (its msg_timeout): they name the lot all the same."""
+    _, port = processes.broker()
+    redis_client = connect(redis_url)
+    wire = Wire(port)
+    wire.identify(msg_timeout=1000)
+    assert wire.sub("t", "c", rdy=10) == (FRAME_RESPONSE, b"OK")
+    assert Wire(port).mpub("t", [b"1", b"2", b"3"]) == (FRAME_RESPONSE, b"OK")
+    held = [wire.message() for _ in range(3)]
+    assert [m for m in redis_client.zrange(ChannelKeys.of("t", "c").inflight, 0, -1)
+            if is_lot(m)]
+    time.sleep(1.5)
+    for message in held:
+        wire.command(b"FIN " + message[2])
+    assert wire.nothing()
+    assert wait_for(lambda: redis_client.zcard(ChannelKeys.of("t", "c").inflight) == 0)
+    wire.close()
