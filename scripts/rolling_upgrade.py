@@ -19,7 +19,10 @@ is ordered by the producer's number (the topic's order key rule: the text before
 made so under the previous layout; once `upgrade finish` has run, a third channel,
 `after`, is made ordered (so under the new layout), takes what is published from then
 on and is read at the end too. The report says how each ordered channel keeps its
-waiting messages and how many came before an earlier one of their key.
+waiting messages and how many came before an earlier one of their key. A fourth channel,
+`backlog`, unordered, takes every message and is read at the end, under the new layout:
+the report says how many of the acknowledged messages it missed and the most lots
+(layout 4, scripts/lib/inflight.lua) seen in flight at once while it drained.
 """
 
 import argparse
@@ -37,6 +40,7 @@ from collections import Counter
 from relay import embedded
 from relay.store import Store
 from relay.store.connection import connect
+from relay.store.inflight import is_lot
 from relay.store.keys import ChannelKeys
 from relay.store.ordering import SEQS_FIELD
 from scripts.chaos import (HELD, HERE, IDENTIFY_UNBUFFERED, LIVE, TOPIC, Tally, consumers,
@@ -45,10 +49,11 @@ from scripts.chaos import (HELD, HERE, IDENTIFY_UNBUFFERED, LIVE, TOPIC, Tally, 
 from scripts.chaos_redis import SingleRedis, kill9
 from scripts.compare import checked_out
 
-# relay 0.2.0, the release before layout 3 (issue 59): its ordered channels wait in a
-# sorted set. The next release that changes a layout names its previous here.
-PREVIOUS = "eac48c0ed6d3da119e6014ffc957f543ff7a5760"
+# relay 0.4.0, the release before layout 4 (issue 59 item 2): it puts messages in flight
+# one by one. The next release that changes a layout names its previous here.
+PREVIOUS = "cb9c3927f2874d186c96e711fd5f40c613759222"
 AFTER = "after"     # the channel made ordered once the new layout is in force
+BACKLOG = "backlog"     # an unordered channel read once the new layout is in force
 RELAY_ADMIN = os.path.join(os.path.dirname(sys.executable), "relay-admin")
 
 
@@ -213,13 +218,27 @@ def gate_shape(deployment: Deployment, channel: str) -> str:
     return "numbered" if numbered else "sorted set"
 
 
+def watch_lots(deployment: Deployment, stop: threading.Event, seen: list) -> threading.Thread:
+    """A thread noting in seen[0] the most lots in flight at once on BACKLOG."""
+    client = connect(deployment.redis.url)
+    key = ChannelKeys.of(TOPIC, BACKLOG).inflight
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen[0] = max(seen[0], sum(map(is_lot, client.zrange(key, 0, -1))))
+            time.sleep(0.05)
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
 def drain_after(deployment: Deployment, timeout: float) -> None:
-    """Until the channel made ordered after the upgrade holds nothing."""
+    """Until the channels read after the upgrade hold nothing."""
     store = Store(connect(deployment.redis.url))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        state = store.reads.read_channel(TOPIC, AFTER)
-        if not state["depth"] and not state["in_flight_count"]:
+        states = [store.reads.read_channel(TOPIC, c) for c in (AFTER, BACKLOG)]
+        if not any(s["depth"] or s["in_flight_count"] for s in states):
             return
         time.sleep(0.2)
 
@@ -235,7 +254,7 @@ def run(args) -> dict:
         try:
             deployment.start("previous")
             wait_registered(deployment, ("broker", "scanner", "jobs"))
-            for channel in (LIVE, HELD):
+            for channel in (LIVE, HELD, BACKLOG):
                 create_channel(deployment, channel)
             admin(deployment, "order-key", TOPIC, "--separator", ":")
             admin(deployment, "order", TOPIC, HELD)
@@ -259,6 +278,10 @@ def run(args) -> dict:
             after.received = {AFTER: Counter()}
             reading += consumers(deployment, after, AFTER, stop_consumers, args,
                                  IDENTIFY_UNBUFFERED)
+            backlog, lots = Tally(), [0]
+            backlog.received = {BACKLOG: Counter()}
+            reading += [watch_lots(deployment, stop_consumers, lots)]
+            reading += consumers(deployment, backlog, BACKLOG, stop_consumers, args)
             drain(tally, args.drain_timeout)
             settle(deployment, args.drain_timeout)
             drain_after(deployment, args.drain_timeout)
@@ -276,6 +299,8 @@ def run(args) -> dict:
                     "ordered": {channel: {"gate": gate_shape(deployment, channel),
                                           **in_order(got.received[channel])}
                                 for channel, got in ((HELD, tally), (AFTER, after))},
+                    "backlog": {"lost": len(tally.acked - set(backlog.received[BACKLOG])),
+                                "most_lots_in_flight": lots[0]},
                     "tracebacks": deployment.tracebacks(),
                     "seconds": round(time.monotonic() - started, 1)}
         finally:
