@@ -207,8 +207,11 @@ def flood(port: int, seconds: float, data: bytes, first: bytes = b"") -> None:
 
 
 def registered_until(url: str) -> float:
-    """The expiry (ms) of the one broker's registration."""
-    [(_, until)] = connect(url).zrange("relay:brokers", 0, -1, withscores=True)
+    """The expiry (ms) of the one broker's registration, once it has one (a broker
+    registers right after it starts listening)."""
+    client = connect(url)
+    assert wait_for(lambda: client.zcard("relay:brokers") == 1)
+    [(_, until)] = client.zrange("relay:brokers", 0, -1, withscores=True)
     return until
 
 
