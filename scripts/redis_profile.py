@@ -8,7 +8,8 @@ commandstats: FCALL's time includes theirs).
         [--batches 1500] [--size 200]
 
 Prints one JSON line: {"publish_us": .., "deliver_us": .., "finish_us": .., "commands":
-{name: µs per message}}. It flushes the database it is given.
+{name: µs per message}}. It flushes the database it is given. `--lots` delivers as a
+broker does once data layout 4 is in force: each batch in flight as one lot.
 
 `--drain KEYS` instead drains `--batches` x 100 messages over KEYS order keys, as 4
 consumers at RDY 100 do: each deliver call of 4 groups of 100 finishes the messages the
@@ -30,7 +31,7 @@ import time
 import redis
 
 from relay.codec import record_id
-from relay.store import Store
+from relay.store import Store, inflight
 from relay.store.batchers import finishing_first
 
 BATCH = 100
@@ -60,7 +61,7 @@ def cpu(client: redis.Redis) -> float:
     return info["used_cpu_user"] + info["used_cpu_sys"]
 
 
-def profile(url: str, batches: int, size: int) -> dict:
+def profile(url: str, batches: int, size: int, lots: bool = False) -> dict:
     client = redis.Redis.from_url(url)
     client.flushdb()
     store, owner, body = Store(client), "profile:1", b"x" * size
@@ -71,11 +72,12 @@ def profile(url: str, batches: int, size: int) -> dict:
     for _ in range(batches):
         store.publish("profile", [body] * BATCH)
     marks.append(cpu(client))
-    delivered = [store.deliver("profile", "c", [(owner, 600_000, BATCH)])[0]
-                 for _ in range(batches)]
+    delivered = [store.run(store.deliver_op("profile", "c", [(owner, 600_000, BATCH)],
+                                            lots=lots)) for _ in range(batches)]
     marks.append(cpu(client))
-    for records in delivered:
-        store.finish("profile", "c", [(owner, record_id(r)) for r in records])
+    for reply in delivered:
+        named = inflight.items([record_id(r) for r in reply[0]], reply.lotted)
+        store.finish("profile", "c", [(owner, item) for item in named])
     marks.append(cpu(client))
     per_message = [round((b - a) * 1e6 / messages, 2) for a, b in zip(marks, marks[1:])]
     commands = {name.removeprefix("cmdstat_"): round(stats["usec"] / messages, 2)
@@ -131,6 +133,8 @@ if __name__ == "__main__":
     parser.add_argument("--batches", type=int, default=1500)
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--strings", action="store_true")
+    parser.add_argument("--lots", action="store_true",
+                        help="deliver as a broker does under data layout 4 (in lots)")
     parser.add_argument("--drain", type=int, metavar="KEYS")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
@@ -139,5 +143,5 @@ if __name__ == "__main__":
     elif args.strings:
         result = strings(args.redis_url)
     else:
-        result = profile(args.redis_url, args.batches, args.size)
+        result = profile(args.redis_url, args.batches, args.size, args.lots)
     print(json.dumps(result), flush=True)
