@@ -9,7 +9,9 @@ commandstats: FCALL's time includes theirs).
 
 Prints one JSON line: {"publish_us": .., "deliver_us": .., "finish_us": .., "commands":
 {name: µs per message}}. It flushes the database it is given. `--lots` delivers as a
-broker does once data layout 4 is in force: each batch in flight as one lot.
+broker does once data layout 4 is in force: each batch in flight as one lot;
+`--per-call N` makes the batches N messages (a consumer at RDY 100 frees credit a few
+messages at a time).
 
 `--drain KEYS` instead drains `--batches` x 100 messages over KEYS order keys, as 4
 consumers at RDY 100 do: each deliver call of 4 groups of 100 finishes the messages the
@@ -61,18 +63,19 @@ def cpu(client: redis.Redis) -> float:
     return info["used_cpu_user"] + info["used_cpu_sys"]
 
 
-def profile(url: str, batches: int, size: int, lots: bool = False) -> dict:
+def profile(url: str, batches: int, size: int, lots: bool = False,
+            per_call: int = BATCH) -> dict:
     client = redis.Redis.from_url(url)
     client.flushdb()
     store, owner, body = Store(client), "profile:1", b"x" * size
     store.subscribe("profile", "c", "profile")
     client.config_resetstat()
-    messages = batches * BATCH
+    messages = batches * per_call
     marks = [cpu(client)]
     for _ in range(batches):
-        store.publish("profile", [body] * BATCH)
+        store.publish("profile", [body] * per_call)
     marks.append(cpu(client))
-    delivered = [store.run(store.deliver_op("profile", "c", [(owner, 600_000, BATCH)],
+    delivered = [store.run(store.deliver_op("profile", "c", [(owner, 600_000, per_call)],
                                             lots=lots)) for _ in range(batches)]
     marks.append(cpu(client))
     for reply in delivered:
@@ -133,6 +136,8 @@ if __name__ == "__main__":
     parser.add_argument("--batches", type=int, default=1500)
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--strings", action="store_true")
+    parser.add_argument("--per-call", type=int, default=BATCH,
+                        help="messages per publish, deliver and finish call")
     parser.add_argument("--lots", action="store_true",
                         help="deliver as a broker does under data layout 4 (in lots)")
     parser.add_argument("--drain", type=int, metavar="KEYS")
@@ -143,5 +148,5 @@ if __name__ == "__main__":
     elif args.strings:
         result = strings(args.redis_url)
     else:
-        result = profile(args.redis_url, args.batches, args.size, args.lots)
+        result = profile(args.redis_url, args.batches, args.size, args.lots, args.per_call)
     print(json.dumps(result), flush=True)
