@@ -240,3 +240,14 @@ def test_a_fin_after_the_brokers_own_timeout_still_names_the_lot(processes, redi
     assert wire.nothing()
     assert wait_for(lambda: redis_client.zcard(ChannelKeys.of("t", "c").inflight) == 0)
     wire.close()
+
+
+def test_a_scan_times_out_lots_up_to_its_limit_of_messages(store):
+    subscribed(store)
+    store.publish("t", [b"%d" % n for n in range(9)])
+    deliver(store, [("a", 1, 3), ("b", 1, 3), ("c", 1, 3)])
+    wait_past(store, now_ms(store) + 2)
+    assert store.scan("t", "c", limit=4)[:2] == (6, 0)      # two lots: the first had 3
+    assert store.scan("t", "c", limit=4)[:2] == (3, 0)
+    assert store.reads.read_channel("t", "c")["in_flight_count"] == 0
+    assert len(queue(store, "t", "c")) == 9

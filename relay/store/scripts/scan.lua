@@ -22,11 +22,11 @@ local now = now_ms()
 
 local k = {inflight = inflight, msgs = msgs, deferred = deferred, meta = channel_meta}
 
--- Up to `limit` in-flight members past their deadline back to the queue (a lot's
--- messages all); how many messages.
+-- In-flight members past their deadline back to the queue, up to `limit` messages (or
+-- the first lot's, if more); how many messages.
 local function time_out()
   local ids, members = held_ids(k, redis.call('ZRANGEBYSCORE', inflight, '-inf', now,
-                                              'LIMIT', 0, limit))
+                                              'LIMIT', 0, limit), limit)
   back_to_queue(queue, msgs, ids, true)
   release(k, ids, members, true)
   return #ids

@@ -163,11 +163,14 @@ local function unlot(k, args, first, last, step)
 end
 
 -- The ids and members of `members` as release() takes them, a lot's turned back into
--- its messages first (explode).
-local function held_ids(k, members)
+-- its messages first (explode); with `most`, no member after the first once that many
+-- ids are in (a lot may hold thousands: the scanner's calls stay short).
+local function held_ids(k, members, most)
   local ids, out = {}, {}
   for _, member in ipairs(members) do
-    if is_lot(member) then
+    if most and #ids >= most then
+      break
+    elseif is_lot(member) then
       local lot_ids, lot_members = explode(k, string.sub(member, 1, ID_LENGTH),
                                            member_owner(member))
       for i, id in ipairs(lot_ids) do
