@@ -47,8 +47,7 @@ from relay.store.commit import GroupCommit
 from relay.store.connection import UNREACHABLE, RedisClient, connect_when_ready
 from relay.store.keys import split_part
 from relay.store.latency import E2eLatency
-from relay.store.inflight import LOTS
-from relay.store.layout import establish
+from relay.store.layout import LOTS, establish
 from relay.store.runner import Op
 
 log = logging.getLogger("relay.broker")

@@ -11,7 +11,6 @@ from typing import Any
 from relay.codec import MSG_ID_LENGTH, record_id
 from relay.store.runner import guarded
 
-LOTS = 4            # the first data layout with lots (relay/store/layout.py)
 LOT_MAX = 4096      # messages in one lot; a bigger delivery goes in flight one by one
 NOT_DONE = 0x30     # a done flag: b"0" in flight, b"1" finished
 

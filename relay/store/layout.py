@@ -46,6 +46,7 @@ RELEASE = relay.__version__
 READS = (2, 3, 4)
 WRITES = (2, 3, 4)
 ORDER_SEQS = 3      # the first layout whose ordered channels number what waits
+LOTS = 4            # the first layout with deliveries in flight by lot (lib/inflight.lua)
 EARLIER = "0.1.0 or earlier"    # a process registered only as a broker, scanner or rq worker
 EARLIER_READS = (2,)
 LAYOUTS = {1: "before issue 35 (2026-11-25), with a leases hash beside each in-flight set",
