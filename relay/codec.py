@@ -34,6 +34,7 @@ FRAME_MESSAGE = 2
 
 MSG_ID_LENGTH = 16
 MAX_PARTITIONS = 1024    # of a topic (relay/store/keys.py); its ids carry the part
+MAX_PRIORITY = 9         # a message's, 0-9: its id's first digit (relay/store/keys.py)
 RECORD_HEADER = 8 + 2 + MSG_ID_LENGTH
 STORED = 1 << 63        # the stored record's mark, in its timestamp
 STORED_TRAILER = MSG_ID_LENGTH + 1

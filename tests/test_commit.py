@@ -156,7 +156,7 @@ def test_finishes_of_a_parts_channels_become_one_call(fake_store):
                                         *ops[0].keys[:7]]
     assert [list(op.args)[2::4] for op in (merged[0], merged[4])] == [
         ["c0", "c1", "c2", "c3"], [f"c{MANY_FINISHES + 4}", f"c{MANY_FINISHES + 5}"]]
-    assert len(merged[3].keys) == 2 + 8 * MANY_FINISHES
+    assert len(merged[3].keys) == 2 + 9 * MANY_FINISHES
     assert answer([[[1]] * 4, [1], 1, [[0]] + [[1]] * (MANY_FINISHES - 1), [[1], [-1]]]) == (
         [[1]] * 3 + [[1], 1, [1], [0]] + [[1]] * MANY_FINISHES + [[-1]])
 

@@ -515,6 +515,7 @@ def test_ephemeral_channel_deleted_when_last_consumer_leaves(store):
     store.redis.hset(c.gate, "key", mid(2))     # as an ordered channel has them
     store.redis.hset(c.key_of, mid(2), "key")
     store.redis.zadd(c.waiting, {b"key " + mid(3) + b" 0 record": 0})
+    store.redis.zadd(c.urgent, {b"an urgent record": -1})
     assert all(store.redis.exists(k) for k in c.all())
     assert due_score(store, "t", ch) is not None
 
@@ -682,17 +683,17 @@ def test_an_id_requeued_twice_in_one_call_goes_back_once(store, second_delay):
 def test_includes_are_resolved_recursively_each_once():
     """finish.lua names lib/finish.lua, which names chunked.lua, inflight.lua (which
     names chunked.lua too and record.lua) and order.lua (which names time.lua, news.lua,
-    which names node.lua, and record.lua); deliver.lua names finish.lua and chunked.lua, and gets each once, in an
+    which names node.lua, record.lua and queue.lua); deliver.lua names finish.lua and chunked.lua, and gets each once, in an
     order where every file comes after what it uses."""
     folder = resources.files("relay.store") / "scripts"
     own = (folder / "finish.lua").read_bytes()
     assert own.startswith(b"-- include: finish.lua\n")
     raw = {name: (folder / "lib" / name).read_bytes() for name in (
         "chunked.lua", "inflight.lua", "time.lua", "node.lua", "news.lua", "order.lua",
-        "finish.lua", "record.lua")}
+        "finish.lua", "record.lua", "queue.lua")}
     assert runner.with_includes(folder / "lib", own, set()) == b"".join(raw[n] for n in (
         "chunked.lua", "record.lua", "inflight.lua", "time.lua", "node.lua", "news.lua",
-        "order.lua", "finish.lua")) + own
+        "queue.lua", "order.lua", "finish.lua")) + own
     deliver = runner.with_includes(folder / "lib", (folder / "deliver.lua").read_bytes(), set())
     for lib in ("time.lua", "chunked.lua", "record.lua", "inflight.lua", "finish.lua"):
         assert deliver.count(raw[lib]) == 1, lib

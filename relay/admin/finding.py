@@ -61,7 +61,7 @@ def msg(store, as_json, topic, msg_id, channel, delete):
 def published(store: Store, topic: str, msg_id: bytes) -> bool:
     """Whether the topic handed out this id: its part exists and has counted that far."""
     part = id_part(msg_id)
-    if part >= len(store.parts(topic)):
+    if not 0 <= part < len(store.parts(topic)):
         return False
     last = guarded(store.redis.get, TopicKeys.of(store.part(topic, part)).ids)
     return 0 < int(msg_id[PART_DIGITS:], 16) <= int(last or 0)

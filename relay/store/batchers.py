@@ -50,7 +50,7 @@ class FanOut(NamedTuple):
 class Publishing(NamedTuple):
     """A small publish that may merge with others to its part (publish.lua): where it
     goes and its group (bodies, publish keys or None, registry commands, order keys or
-    None)."""
+    None, priorities or None)."""
 
     part: str
     number: int
@@ -365,9 +365,9 @@ def finishing_together(finishes: Sequence[Op]) -> Op:
     """One call (finish_many.lua) doing the work of finish calls of channels of one
     part: its reply is the list of theirs, in order."""
     first = finishes[0]
-    call_keys, args = list(first.keys[8:10]), list(first.args[1:FINISH_HEAD])
+    call_keys, args = list(first.keys[9:11]), list(first.args[1:FINISH_HEAD])
     for op in finishes:
-        call_keys += op.keys[:8]
+        call_keys += op.keys[:9]
         args += [op.args[0], (len(op.args) - FINISH_HEAD) // 2, *op.args[FINISH_HEAD:]]
     return Op("finish_many", call_keys, args)
 

@@ -50,10 +50,10 @@ def _merging_publish(p: Publishing) -> Op:
     """A small publish, to be built into a call with the others of its part on its lane
     that merge with it (batchers.Publish): its call is built once, there, with the
     channel list known then."""
-    bodies, publish_keys, _, order_keys = p.group
+    bodies, publish_keys, _, order_keys, priorities = p.group
     keyed = bool(publish_keys)
     return Op("publish", (), (), lane=p.part,
-              merge=("publish", p.part, p.defer_ms, keyed, bool(order_keys)),
+              merge=("publish", p.part, p.defer_ms, keyed, bool(order_keys), bool(priorities)),
               size=_publish_size(bodies, keyed), job=p)
 
 
@@ -75,7 +75,8 @@ class DataPath(Core):
     def publish_op(self, topic: str, bodies: Sequence[bytes], defer_ms: int = 0,
                    timestamp_ns: int | None = None, index: int | None = None,
                    publish_keys: Sequence[bytes] | None = None,
-                   order_keys: "Sequence[bytes | None] | None" = None) -> Op:
+                   order_keys: "Sequence[bytes | None] | None" = None,
+                   priorities: Sequence[int] | None = None) -> Op:
         """PUB/MPUB/DPUB to part `index` of the topic, else to its parts in turn (one
         call's messages stay together): returns the count of the last message. With
         the count unreadable it goes to part 0, which every topic has: the call itself
@@ -83,7 +84,9 @@ class DataPath(Core):
         caller picks the part: relay/store/dedup.py), make it return the number of
         duplicates instead. `order_keys` (an order key or None per body, at most
         KEYED_BODIES; the caller picks the part) pass ordered channels' gates
-        (relay/store/ordering.py)."""
+        (relay/store/ordering.py). `priorities` (0-9 per body, at most KEYED_BODIES; None:
+        all 0) go in the ids, and each channel delivers the higher first
+        (lib/queue.lua)."""
         try:
             count = self.partitions(topic)
         except StoreError:
@@ -93,8 +96,8 @@ class DataPath(Core):
         part = self.part(topic, index)
         ts = stored_timestamp(timestamp_ns or time.time_ns())
         pre = self._register(topic, count)
-        group = (bodies, publish_keys, pre, order_keys)
-        keyed = bool(publish_keys or order_keys)
+        group = (bodies, publish_keys, pre, order_keys, priorities)
+        keyed = bool(publish_keys or order_keys or priorities)
         wide = not keyed and self.channel_count(topic) > WIDE_CHANNELS
         if len(bodies) <= MERGED_BODIES and not wide:
             return _merging_publish(Publishing(part, index, ts, defer_ms, group))
@@ -112,17 +115,19 @@ class DataPath(Core):
     def inline_publish_op(self, part: str, index: int, ts: bytes, defer_ms: int,
                           groups: list[tuple]) -> Op:
         """One publish.lua call of the (bodies, publish keys or None, registry commands,
-        order keys or None) of each group: one publish's, or several merged (Op.merge: the
+        order keys or None, priorities or None) of each group: one publish's, or several merged (Op.merge: the
         group commit merges those of a part with the same delay, keyed-ness and
         ordered-ness: batchers.Publish). Each group's result is as its own call's: the
         count of its last message, or with keys its duplicates."""
         t = TopicKeys.of(part)
-        keyed, ordered = bool(groups[0][1]), bool(groups[0][3])
+        keyed, ordered, prioritized = bool(groups[0][1]), bool(groups[0][3]), bool(groups[0][4])
         bodies = [body for group in groups for body in group[0]]
         pre = tuple(dict.fromkeys(command for group in groups for command in group[2]))
         args = [t.wake, ts, defer_ms, index, self.node(part), len(bodies) if keyed else 0,
                 " ".join(str(len(group[0])) for group in groups) if len(groups) > 1 else "",
                 b"\n".join(key or b"" for group in groups for key in group[3]) if ordered
+                else "",
+                "".join(map(str, (p for group in groups for p in group[4]))) if prioritized
                 else "", *bodies]
         if keyed:
             args.append(b" ".join(key for group in groups for key in group[1]))
@@ -196,7 +201,8 @@ class DataPath(Core):
         registry = ("SADD", keys.PARTITIONS, part) if index else ("SADD", keys.TOPICS, topic)
         return Op("subscribe",
                   [t.channels, t.backlog, t.backlog_deferred, c.queue, c.deferred, c.msgs,
-                   c.meta, c.consumers, t.due, t.meta, t.version, t.ids, t.publishing],
+                   c.meta, c.consumers, t.due, t.meta, t.version, t.ids, t.publishing,
+                   c.urgent],
                   [channel, broker_id, self.node(part)], Subscribed.parse, pre=(registry,))
 
     def subscribe(self, topic: str, channel: str, broker_id: str) -> bool:
@@ -240,7 +246,8 @@ class DataPath(Core):
         t = TopicKeys.of(part)
         args += [int(taken), int(lots), t.wake, self.node(part)]
         return Op("deliver", [c.queue, c.inflight, c.msgs, t.due, c.meta, c.dead,
-                              c.deferred, c.gate, c.key_of, c.waiting, t.version], args,
+                              c.deferred, c.gate, c.key_of, c.waiting, c.urgent, t.version],
+                  args,
                   Delivered.parse)
 
     def deliver_many_op(self, part: str, channels: Sequence[tuple],
@@ -253,7 +260,7 @@ class DataPath(Core):
         for channel, groups, *taken in channels:
             c = ChannelKeys.of(part, channel)
             call_keys += [c.queue, c.inflight, c.msgs, c.meta, c.dead, c.deferred, c.gate,
-                          c.key_of, c.waiting]
+                          c.key_of, c.waiting, c.urgent]
             args += [channel, int(bool(taken and taken[0])), len(groups)]
             for group in groups:
                 args += group
@@ -315,7 +322,7 @@ class DataPath(Core):
         t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
         return items_merging(Op("finish",
                                 [c.inflight, c.msgs, c.deferred, c.queue, c.gate,
-                                 c.key_of, c.waiting, c.meta, t.due, t.version],
+                                 c.key_of, c.waiting, c.meta, c.urgent, t.due, t.version],
                                 [channel, t.wake, self.node(part),
                                  *(x for p in pairs for x in p)]), FINISH_HEAD)
 
@@ -351,7 +358,7 @@ class DataPath(Core):
         t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
         return items_merging(Op("requeue",
                                 [c.queue, c.inflight, c.msgs, c.deferred, c.meta,
-                                 t.due, t.version],
+                                 t.due, t.version, c.urgent],
                                 [channel, t.wake, self.node(part),
                                  *(x for tr in triples for x in tr)]), 3)
 
@@ -373,7 +380,8 @@ class DataPath(Core):
         messages waiting in the dead-letter outbox)."""
         t, c = TopicKeys.of(topic), ChannelKeys.of(topic, channel)
         return Op("scan",
-                  [c.queue, c.inflight, c.msgs, c.deferred, c.meta, t.due, c.dead, t.version],
+                  [c.queue, c.inflight, c.msgs, c.deferred, c.meta, t.due, c.dead, t.version,
+                   c.urgent],
                   [channel, t.wake, limit, self.node(topic)], tuple)
 
     def scan(self, topic: str, channel: str, limit: int = 1000) -> tuple:

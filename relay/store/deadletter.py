@@ -162,7 +162,7 @@ def redrive_op(topic: str, channel: str, records: Sequence[bytes], node: str,
     joined = b"\n".join(k or b"" for k in order_keys) if order_keys and any(order_keys) \
         else b""
     return Op("redrive", [t.channels, c.queue, t.version, c.meta, c.msgs, c.gate, c.key_of,
-                          c.waiting],
+                          c.waiting, c.urgent],
               [channel, t.wake, node, int(counted), joined, *records])
 
 

@@ -102,9 +102,11 @@ class Dedup(Service):
 
     def keyed_publish_ops(self, topic: str, bodies: Sequence[bytes],
                           publish_keys: Sequence[bytes] | None, defer_ms: int = 0,
-                          order_keys: "Sequence[bytes | None] | None" = None) -> list[Op]:
+                          order_keys: "Sequence[bytes | None] | None" = None,
+                          priorities: Sequence[int] | None = None) -> list[Op]:
         """The calls of a publish with a publish key per body, an order key (or None) per
-        body (relay/store/ordering.py), or both (checked by the caller, key_problem):
+        body (relay/store/ordering.py), or both (checked by the caller, key_problem),
+        and with or without a priority (0-9) per body (data_path.publish_op):
         with publish keys each returns its number of duplicates, else the count of its
         last message. A message goes to the part its order key picks, else its publish
         key's, else the publish's turn: a key's messages always meet in one part."""
@@ -126,17 +128,19 @@ class Dedup(Service):
                 ops.append(self.store.publish_op(
                     topic, [bodies[i] for i in chunk], defer_ms, index=index,
                     publish_keys=publish_keys and [publish_keys[i] for i in chunk],
-                    order_keys=order_keys and [order_keys[i] for i in chunk]))
+                    order_keys=order_keys and [order_keys[i] for i in chunk],
+                    priorities=priorities and [priorities[i] for i in chunk]))
         return ops
 
     def publish_keyed(self, topic: str, bodies: Sequence[bytes],
                       publish_keys: Sequence[bytes] | None, defer_ms: int = 0,
-                      order_keys: "Sequence[bytes | None] | None" = None) -> int:
-        """Publish with publish keys, order keys or both: the number of duplicates (not
-        published)."""
+                      order_keys: "Sequence[bytes | None] | None" = None,
+                      priorities: Sequence[int] | None = None) -> int:
+        """Publish with publish keys, order keys, priorities or some of them: the number
+        of duplicates (not published)."""
         duplicates = 0
-        for reply in self.store.run_many(self.keyed_publish_ops(topic, bodies, publish_keys,
-                                                          defer_ms, order_keys)):
+        for reply in self.store.run_many(self.keyed_publish_ops(
+                topic, bodies, publish_keys, defer_ms, order_keys, priorities)):
             if isinstance(reply, Exception):
                 raise reply
             duplicates += reply if publish_keys else 0

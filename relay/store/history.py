@@ -231,7 +231,7 @@ class History(Service):
         ordered channel's replay to queue through its gate (workers/operations.py)."""
         t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
         return Op("replay", [t.history, c.queue, c.msgs, c.meta, t.channels, t.version,
-                             c.inflight],
+                             c.inflight, c.urgent],
                   [channel, start, end, count, int(forward), cut, t.wake, self.store.node(part),
                    int(hand_back)],
                   Replayed.handed_back if hand_back else Replayed.parse)

@@ -113,6 +113,11 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             a message's order key (part 0's;
                                             relay/store/ordering.py); never deleted
     relay:{T}:ch:C:queue              LIST  ready records
+    relay:{T}:ch:C:urgent             ZSET  ready records of priority 1-9 (data layout 5),
+                                            scored -priority: within one, by publish
+                                            time (the record's first bytes); the
+                                            channel meta's `urgent` says it may hold
+                                            some (lib/queue.lua)
     relay:{T}:ch:C:inflight           ZSET  "<id> <owner>" -> deadline (ms), or (data
                                             layout 4) "<lot> <owner>" for the messages one
                                             delivery handed one consumer (lib/inflight.lua)
@@ -177,13 +182,16 @@ from functools import lru_cache
 from redis.crc import key_slot
 
 from relay.codec import MAX_PARTITIONS  # noqa: F401  (the one limit, kept by the codec)
+from relay.codec import MAX_PRIORITY
 
 PREFIX = "relay"
 TOPICS = f"{PREFIX}:topics"
 SCANNERS = f"{PREFIX}:scanners"
 PARTITIONS = f"{PREFIX}:partitions"
 PART_MARK = "/"
-PART_DIGITS = 4         # of the 16 in a message id
+PART_DIGITS = 4         # of the 16 in a message id: its priority's, then 3 of the part
+PRIORITY_SHIFT = 12     # of those 4 digits' value: the priority is the top one
+PART_MASK = 0xfff
 BROKERS = f"{PREFIX}:brokers"
 LAYOUT = f"{PREFIX}:layout"
 PROCESSES = f"{PREFIX}:processes"
@@ -227,9 +235,9 @@ ORDER_SUFFIXES = ("gate", "key_of", "waiting")
 # keys in it (drop.lua)
 WAITING_FIELD = b" waiting"
 
-MESSAGE_SUFFIXES = ("queue", "inflight", "deferred", "msgs") + ORDER_SUFFIXES
+MESSAGE_SUFFIXES = ("queue", "inflight", "deferred", "msgs") + ORDER_SUFFIXES + ("urgent",)
 CHANNEL_SUFFIXES = MESSAGE_SUFFIXES[:4] + ("meta", "consumers", "dead", "dead:lock") \
-    + ORDER_SUFFIXES
+    + ORDER_SUFFIXES + ("urgent",)
 
 
 def part_name(topic: str, index: int, salt: int = 0) -> str:
@@ -260,11 +268,19 @@ def part_slot(part: str) -> int:
 
 
 def id_part(msg_id: bytes) -> int:
-    """The part a message id names; -1 if it is not hex (no part has it)."""
+    """The part a message id names, in its first 4 hex digits after the first, which is
+    the message's priority (data layout 5: codec.MAX_PRIORITY); -1 if they are not
+    (no part has it)."""
     try:
-        return int(msg_id[:PART_DIGITS], 16)
+        head = int(msg_id[:PART_DIGITS], 16)
     except ValueError:
         return -1
+    return head & PART_MASK if head >> PRIORITY_SHIFT <= MAX_PRIORITY else -1
+
+
+def id_priority(msg_id: bytes) -> int:
+    """A message's priority (0-9), its id's first digit (data layout 5)."""
+    return int(msg_id[:1], 16)
 
 
 def topic_prefix(topic: str) -> str:
@@ -336,6 +352,7 @@ class ChannelKeys:
     gate: str
     key_of: str
     waiting: str
+    urgent: str
 
     @classmethod
     @lru_cache(maxsize=65536)
@@ -354,4 +371,5 @@ class ChannelKeys:
 
     def all(self) -> list[str]:
         return [self.queue, self.inflight, self.deferred, self.msgs, self.meta,
-                self.consumers, self.dead, self.dead_lock, self.gate, self.key_of, self.waiting]
+                self.consumers, self.dead, self.dead_lock, self.gate, self.key_of, self.waiting,
+                self.urgent]

@@ -139,7 +139,7 @@ def remove(store: Store, topic: str, channel: str, state: str, msg_id: bytes,
     t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
     target = {"queued": record, "waiting": record}.get(state, msg_id)
     return bool(store.run(Op("remove", [c.queue, c.deferred, c.msgs, c.meta, c.gate, c.key_of,
-                                        c.waiting, t.due, t.version],
+                                        c.waiting, t.due, t.version, c.urgent],
                              [state, target, channel, t.wake, store.node(part), msg_id])))
 
 

@@ -154,7 +154,7 @@ class Ordering(Service):
         for part in self.store.parts(topic, fresh=True):
             t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
             call_keys = [t.channels, t.meta, c.meta, c.queue, c.deferred, c.msgs, c.gate,
-                         c.key_of, c.waiting, t.due, t.version]
+                         c.key_of, c.waiting, t.due, t.version, c.urgent]
             cursor = b"0"
             while True:
                 reply = self.store.run(Op("ordered", call_keys, [

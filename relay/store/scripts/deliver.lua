@@ -8,7 +8,8 @@
 --
 -- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] topic due index
 -- KEYS[5] channel meta   KEYS[6] dead-letter outbox   KEYS[7] deferred   KEYS[8] gate
--- KEYS[9] key_of   KEYS[10] waiting   KEYS[11] topic version (lib/news.lua)
+-- KEYS[9] key_of   KEYS[10] waiting   KEYS[11] urgent (lib/queue.lua)
+-- KEYS[12] topic version (lib/news.lua)
 -- ARGV[1] channel name (its member in the due index)   ARGV[2] max attempts (0: unlimited)
 -- ARGV[3] F, then F pairs to finish first: owner, id
 -- then groups of 4: owner, timeout ms, count, most bytes (0: any), then 1 if the counts
@@ -21,7 +22,7 @@
 -- rate limit, else 0, then 1 if groups went in flight as lots, else 0.
 local queue, inflight, msgs, due_index = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local meta, dead, deferred, gate = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local key_of, waiting, version = KEYS[9], KEYS[10], KEYS[11]
+local key_of, waiting, urgent, version = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local channel, max_attempts, to_finish = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local taken, lots = ARGV[#ARGV - 3] == '1', ARGV[#ARGV - 2] == '1'
 local wake, node = ARGV[#ARGV - 1], ARGV[#ARGV]
@@ -32,8 +33,8 @@ local first_group, last_group = FIRST_PAIR + 2 * to_finish, #ARGV - 4
 
 -- the channel's gate (lib/order.lua) with its other keys: the finish's k and
 -- deliver_channel's c
-local c = order_gate(queue, deferred, msgs, meta, gate, key_of, waiting, due_index, version,
-                     channel, wake, node)
+local c = order_gate(queue, deferred, msgs, meta, gate, key_of, waiting, urgent, due_index,
+                     version, channel, wake, node)
 c.inflight, c.dead, c.hold_wake = inflight, dead, true   -- c.meta: order_gate's
 local finished = finish_pairs(c, ARGV, FIRST_PAIR, first_group - 1, c)
 local out, empties, more, ordered, limited, lotted = deliver_channel(

@@ -3,8 +3,8 @@
 -- topic part, in one call: a wake-up of a topic with many channels on this broker costs
 -- a call per bounded group of channels (relay/broker/channel.py), not one per channel.
 --
--- KEYS[1] topic due index   KEYS[2] topic version, then 9 per channel: queue, inflight,
--- msgs, meta, dead-letter outbox, deferred, gate, key_of, waiting
+-- KEYS[1] topic due index   KEYS[2] topic version, then 10 per channel: queue, inflight,
+-- msgs, meta, dead-letter outbox, deferred, gate, key_of, waiting, urgent
 -- ARGV[1] max attempts (0: unlimited)   ARGV[2] 1 if lots may be written (deliver.lua)
 -- ARGV[3] wake pub/sub channel   ARGV[4] the node keys' prefix (node.lua), then per
 -- channel: its name, 1 if its counts were taken from
@@ -14,18 +14,18 @@
 -- records per group, the count of empties, {} (no finish codes), 1 if more else 0, 1 if
 -- ordered else 0, 1 if rate-limited else 0, 1 if lots else 0.
 local due_index, version = KEYS[1], KEYS[2]
-local FIRST_CHANNEL_KEY, KEYS_PER_CHANNEL = 3, 9
+local FIRST_CHANNEL_KEY, KEYS_PER_CHANNEL = 3, 10
 local max_attempts, lots, wake, node = ARGV[1], ARGV[2] == '1', ARGV[3], ARGV[4]
 local FIRST_CHANNEL_ARG = 5
 
 local out = {}
 local a = FIRST_CHANNEL_ARG
 for key = FIRST_CHANNEL_KEY, #KEYS, KEYS_PER_CHANNEL do
-  local queue, inflight, msgs, meta, dead, deferred, gate, key_of, waiting =
+  local queue, inflight, msgs, meta, dead, deferred, gate, key_of, waiting, urgent =
       unpack(KEYS, key, key + KEYS_PER_CHANNEL - 1)
   local channel, taken, group_count = ARGV[a], ARGV[a + 1] == '1', tonumber(ARGV[a + 2])
-  local c = order_gate(queue, deferred, msgs, meta, gate, key_of, waiting, due_index,
-                       version, channel, wake, node)
+  local c = order_gate(queue, deferred, msgs, meta, gate, key_of, waiting, urgent,
+                       due_index, version, channel, wake, node)
   c.inflight, c.dead = inflight, dead
   local first = a + 3
   local last = first + 4 * group_count - 1

@@ -39,7 +39,8 @@ end
 -- trash counts them (WAITING_FIELD), as the jobs worker reports what it frees.
 local function drop_channel(c)
   local waiting = redis.call('HGET', channel_key(c, 'meta'), 'order_waiting')
-  for _, suffix in ipairs({'queue', 'inflight', 'deferred', 'msgs', 'gate', 'key_of', 'waiting'}) do
+  for _, suffix in ipairs({'queue', 'inflight', 'deferred', 'msgs', 'gate', 'key_of', 'waiting',
+                           'urgent'}) do
     local kept = #trash
     detach(channel_key(c, suffix))
     if suffix == 'msgs' and waiting and #trash > kept then
@@ -47,7 +48,8 @@ local function drop_channel(c)
     end
   end
   if not delete then
-    redis.call('HDEL', channel_key(c, 'meta'), 'order_waiting', 'lotted')   -- lib/inflight.lua
+    -- lib/inflight.lua, lib/queue.lua
+    redis.call('HDEL', channel_key(c, 'meta'), 'order_waiting', 'lotted', 'urgent')
   end
   redis.call('ZREM', due_index, channel_name(c))
   node_set(node, due_index, channel_name(c), nil)
@@ -77,6 +79,7 @@ else
   end
   detach(backlog)
   detach(backlog_deferred)
+  redis.call('HDEL', topic_meta, 'urgent_backlog')     -- lib/append.lua
   if delete then
     detach(history)
     for c = 1, N_CHANNELS do drop_channel(c) end

@@ -9,6 +9,8 @@
 -- forwards its letters. A paused channel is left alone, as deliver.lua leaves it. A
 -- queue is in publish order but for the messages requeued to its tail, so the sweep
 -- stops at the first live record: an expired one behind it goes when it is delivered.
+-- A channel's urgent messages (lib/queue.lua) are swept the same way, each priority's
+-- from its oldest.
 -- On an ordered channel what goes releases its order key (lib/order.lua).
 --
 -- KEYS[1] topic meta   KEYS[2] topic channels   KEYS[3] topic due index   KEYS[4] topic
@@ -28,17 +30,35 @@ if stale then return stale end
 local now = now_ms()
 local total, more = 0, 0
 
--- The expired records at the head of channel c's queue, at most `most`, out of it:
--- how many expired, and how many were spent (delivered max_attempts times already).
-local function expire_head(c, oldest_live, attempts, dead_letters)
-  local queue, expired, spent = channel_key(c, 'queue'), 0, 0
-  local o = order_gate(queue, channel_key(c, 'deferred'), channel_key(c, 'msgs'),
-                       channel_key(c, 'meta'), channel_key(c, 'gate'), channel_key(c, 'key_of'),
-                       channel_key(c, 'waiting'), due_index, version, channel_name(c), wake,
-                       node)
+-- The ready records of channel c in the order they go out, as sources: the queue, and
+-- if its meta says it may hold some (lib/queue.lua), each priority of its urgent ZSET,
+-- oldest first; read(want) gives a source's first records, cut(records, n) takes its
+-- first n of them out.
+local function sources(c, urgent)
+  local queue = channel_key(c, 'queue')
+  local out = {{read = function(want) return redis.call('LRANGE', queue, 0, want - 1) end,
+                cut = function(_, n) redis.call('LTRIM', queue, n, -1) end}}
+  local zset = channel_key(c, 'urgent')
+  for priority = 9, 1, -1 do
+    if urgent then
+      out[#out + 1] = {
+        read = function(want)
+          return redis.call('ZRANGEBYSCORE', zset, -priority, -priority, 'LIMIT', 0, want)
+        end,
+        cut = function(records, n) redis.call('ZREM', zset, unpack(records, 1, n)) end}
+    end
+  end
+  return out
+end
+
+-- The expired records at the head of one source of channel c (o: its gate), at most
+-- `most`, out of it: how many expired, how many were spent (delivered max_attempts
+-- times already), and true if it stopped at `most`.
+local function expire_head(c, o, source, most, oldest_live, attempts, dead_letters)
+  local expired, spent = 0, 0
   while expired + spent < most do
     local want = math.min(STEP, most - expired - spent)
-    local records = redis.call('LRANGE', queue, 0, want - 1)
+    local records = source.read(want)
     local n, dead, left = 0, {}, {}
     while n < #records and timestamp_ms(records[n + 1]) < oldest_live do
       n = n + 1
@@ -53,24 +73,37 @@ local function expire_head(c, oldest_live, attempts, dead_letters)
       end
     end
     if #dead > 0 then redis.call('RPUSH', channel_key(c, 'dead'), unpack(dead)) end
-    if n > 0 then redis.call('LTRIM', queue, n, -1) end
+    if n > 0 then source.cut(records, n) end
     local released = order_release(o, left)
-    -- a live record, or the queue's end (but for the messages the expired ones released)
-    if n < #records or (n < want and released == 0) then return expired, spent end
+    -- a live record, or the source's end (but for the messages the expired ones released)
+    if n < #records or (n < want and released == 0) then return expired, spent, false end
   end
-  more = 1
-  return expired, spent
+  return expired, spent, true
 end
 
 for c = 1, N_CHANNELS do
   local meta = channel_key(c, 'meta')
   local got = redis.call('HMGET', meta, 'ttl_ms', 'max_attempts', 'dead_letter_topic',
-                         'paused')
+                         'paused', 'urgent')
   local ttl = tonumber(got[1] or '0')
   if ttl > 0 and not got[4] and most > 0 then
     local attempts = tonumber(got[2] or max_attempts)
     local dead_letters = attempts > 0 or got[3] ~= false
-    local expired, spent = expire_head(c, now - ttl, attempts, dead_letters)
+    local o = order_gate(channel_key(c, 'queue'), channel_key(c, 'deferred'),
+                         channel_key(c, 'msgs'), meta, channel_key(c, 'gate'),
+                         channel_key(c, 'key_of'), channel_key(c, 'waiting'),
+                         channel_key(c, 'urgent'), due_index, version, channel_name(c),
+                         wake, node)
+    local expired, spent = 0, 0
+    for _, source in ipairs(sources(c, got[5])) do
+      local e, s, stopped = expire_head(c, o, source, most - expired - spent, now - ttl,
+                                        attempts, dead_letters)
+      expired, spent = expired + e, spent + s
+      if stopped then
+        more = 1
+        break
+      end
+    end
     if expired > 0 then redis.call('HINCRBY', meta, 'expired_count', expired) end
     if spent > 0 then redis.call('HINCRBY', meta, 'dead_count', spent) end
     if spent > 0 or (dead_letters and expired > 0) then

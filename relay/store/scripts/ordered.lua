@@ -1,4 +1,4 @@
--- include: record.lua, order.lua
+-- include: record.lua, queue.lua, order.lua
 -- ordered: turn ordered delivery on or off for one part of a channel (relay-admin order,
 -- relay/store/ordering.py), and keep the count of the topic's ordered channels, which
 -- publish.lua reads to know whether to look at its channels' modes at all (lib/append.lua).
@@ -13,7 +13,7 @@
 --
 -- KEYS[1] topic channels   KEYS[2] topic meta   KEYS[3] channel meta   KEYS[4] queue
 -- KEYS[5] deferred   KEYS[6] msgs   KEYS[7] gate   KEYS[8] key_of   KEYS[9] waiting
--- KEYS[10] topic due index   KEYS[11] topic version (lib/news.lua)
+-- KEYS[10] topic due index   KEYS[11] topic version (lib/news.lua)   KEYS[12] urgent
 -- ARGV[1] 1 on, 0 off   ARGV[2] channel   ARGV[3] wake pub/sub channel
 -- ARGV[4] the node keys' prefix (lib/node.lua)   ARGV[5] the most waiting messages to
 -- send out   ARGV[6] 1: wait numbered by key   ARGV[7] off: the gate's HSCAN cursor ('0'
@@ -24,6 +24,7 @@
 local channels, topic_meta, channel_meta, queue = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local deferred, msgs, gate, key_of, waiting = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local due_index, version = KEYS[10], KEYS[11]
+local q = {queue = queue, urgent = KEYS[12], meta = channel_meta}
 local on, channel, wake, node = ARGV[1] == '1', ARGV[2], ARGV[3], ARGV[4]
 local most, numbered, cursor = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[7]
 local STEP = 1000   -- waiting messages read per ZRANGE
@@ -78,7 +79,7 @@ if seqs then
         end
         call_chunked('HDEL', msgs, names)
         redis.call('HSET', gate, key, gate_value(id, last, next))
-        call_chunked('RPUSH', queue, ready)
+        enqueue(q, ready)
         ready = {}
       end
       if released >= most then
@@ -109,7 +110,7 @@ else
            string.sub(member, space + 1))
     end
     released = released + #members
-    call_chunked('RPUSH', queue, ready)
+    enqueue(q, ready)
     ready = {}
     call_chunked('ZREM', waiting, members)
   end

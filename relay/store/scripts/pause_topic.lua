@@ -1,4 +1,4 @@
--- include: fanout.lua, chunked.lua, backlog.lua, news.lua
+-- include: fanout.lua, chunked.lua, record.lua, queue.lua, backlog.lua, news.lua
 -- pause_topic: a paused topic keeps what is published in its backlog and fans nothing
 -- out (publish.lua and subscribe.lua check the flag); unpausing moves the backlog,
 -- deferred part included, to every channel and wakes the brokers.
@@ -27,11 +27,13 @@ end
 local records = redis.call('LRANGE', backlog, 0, -1)
 local deferred = redis.call('ZRANGE', backlog_deferred, 0, -1, 'WITHSCORES')
 for c = 1, N_CHANNELS do
-  call_chunked('RPUSH', channel_key(c, 'queue'), records)
+  enqueue({queue = channel_key(c, 'queue'), urgent = channel_key(c, 'urgent'),
+           meta = channel_key(c, 'meta')}, records)
   hand_over_deferred(deferred, channel_key(c, 'msgs'), channel_key(c, 'deferred'), due_index,
                      channel_name(c), node)
   redis.call('HINCRBY', channel_key(c, 'meta'), 'message_count', #records + #deferred / 2)
 end
 redis.call('UNLINK', backlog, backlog_deferred)
+redis.call('HDEL', topic_meta, 'urgent_backlog')
 announce(version, wake, '', node)
 return CODE.DONE

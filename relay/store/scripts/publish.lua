@@ -16,7 +16,8 @@
 -- 8-byte timestamp, defer ms (0 = now), the part's number (keys.py), the node keys'
 -- prefix (lib/node.lua), the number of publish keys (0: none), the groups ('' for one),
 -- the order keys ('' for none; else one per body joined by newlines, an empty one for a
--- body without: lib/order.lua), bodies..., then with keys one more: a key per body, joined by spaces (one argument
+-- body without: lib/order.lua), the priorities ('' for all 0; else a digit 0-9 per
+-- body: lib/append.lua), bodies..., then with keys one more: a key per body, joined by spaces (one argument
 -- costs less to send than one per key; keys have no spaces). A key the part's dedup
 -- window remembers, or an earlier message of the call has, is not published again
 -- (lib/dedup.lua).
@@ -49,7 +50,8 @@ local node = ARGV[ARG0 + 5]
 local keyed = tonumber(ARGV[ARG0 + 6])
 local group_sizes = ARGV[ARG0 + 7]
 local ordered = ARGV[ARG0 + 8]
-local FIRST_BODY = ARG0 + 9
+local prioritized = ARGV[ARG0 + 9]
+local FIRST_BODY = ARG0 + 10
 local joined_keys = ARGV[#ARGV]     -- with publish keys only
 
 local stale = stale_channels(channels)
@@ -112,15 +114,18 @@ local last = 0
 if n > 0 then
   last = redis.call('INCRBY', topic_ids, n)
   if window then dedup_remember(dedup_set, window, publish_keys, fresh) end
-  local bodies, order_keys, given = {}, nil, nil
+  local bodies, order_keys, given, priorities = {}, nil, nil, nil
   if ordered ~= '' and p.ordered then
     order_keys, given = {}, order_split(ordered)
   end
+  if prioritized ~= '' then priorities = {} end
   for i = 1, n do
-    bodies[i] = ARGV[FIRST_BODY + (fresh and fresh[i] or i) - 1]
-    if order_keys then order_keys[i] = given[fresh and fresh[i] or i] end
+    local at = fresh and fresh[i] or i
+    bodies[i] = ARGV[FIRST_BODY + at - 1]
+    if order_keys then order_keys[i] = given[at] end
+    if priorities then priorities[i] = string.byte(prioritized, at) - 48 end
   end
-  local bytes = append(p, last - n + 1, bodies, timestamp, part, order_keys)
+  local bytes = append(p, last - n + 1, bodies, timestamp, part, order_keys, priorities)
   appended(p, n, bytes, wake, node)
 end
 if not answers then

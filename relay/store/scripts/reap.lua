@@ -7,8 +7,8 @@
 --
 -- KEYS[1] topic channels   KEYS[2] topic meta   KEYS[3] channel consumers
 -- KEYS[4] topic due index   KEYS[5] queue   KEYS[6] inflight   KEYS[7] deferred
--- KEYS[8] msgs   KEYS[9] channel meta   KEYS[10..14] the channel's other keys
--- KEYS[15] topic version (lib/news.lua)
+-- KEYS[8] msgs   KEYS[9] channel meta   KEYS[10..15] the channel's other keys (urgent
+-- last: lib/queue.lua)   KEYS[16] topic version (lib/news.lua)
 -- ARGV[1] channel name   ARGV[2] dead broker id   ARGV[3] 1 if the channel is ephemeral
 -- ARGV[4] 1 if the topic is ephemeral   ARGV[5] wake pub/sub channel
 -- ARGV[6] the node keys' prefix (lib/node.lua)
@@ -16,8 +16,8 @@
 -- messages requeued}.
 local channels, topic_meta, consumers, due_index = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queue, inflight, deferred, msgs = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local channel_meta, version = KEYS[9], KEYS[15]
-local channel_keys = {unpack(KEYS, 5, 14)}   -- the channel's keys but consumers
+local channel_meta, version = KEYS[9], KEYS[16]
+local channel_keys = {unpack(KEYS, 5, 15)}   -- the channel's keys but consumers
 local channel, dead_broker = ARGV[1], ARGV[2]
 local channel_ephemeral, topic_ephemeral, wake, node = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 
@@ -34,7 +34,7 @@ if gone ~= CODE.KEPT then
 end
 local k = {inflight = inflight, msgs = msgs, deferred = deferred, meta = channel_meta}
 local ids, members = holders(k, dead_broker .. ':')
-back_to_queue(queue, msgs, ids, true)
+back_to_queue({queue = queue, urgent = KEYS[15], meta = channel_meta}, msgs, ids, true)
 release(k, ids, members, true)
 local requeued = #ids
 if requeued > 0 then

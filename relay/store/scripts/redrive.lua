@@ -1,4 +1,4 @@
--- include: chunked.lua, news.lua, record.lua, order.lua
+-- include: chunked.lua, news.lua, record.lua, queue.lua, order.lua
 -- redrive: put records back at the end of their channel's queue, with their original
 -- id and timestamp and attempts reset, and wake the channel's consumers: dead letters
 -- (relay-admin redrive), and an ordered channel's replay (workers/operations.py, with
@@ -12,6 +12,7 @@
 --
 -- KEYS[1] topic channels   KEYS[2] channel queue   KEYS[3] topic version (news.lua)
 -- KEYS[4] channel meta   KEYS[5] msgs   KEYS[6] gate   KEYS[7] key_of   KEYS[8] waiting
+-- KEYS[9] urgent (a record keeps its priority: lib/queue.lua)
 -- ARGV[1] channel name   ARGV[2] wake pub/sub channel   ARGV[3] the node keys' prefix
 -- (lib/node.lua)   ARGV[4] 1 counted, else 0   ARGV[5] the order keys ('' for none;
 -- else one per record joined by newlines, an empty one for a record without)
@@ -22,6 +23,7 @@ local channels, queue, version, channel_meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4
 local msgs, gate, key_of, waiting = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local channel, wake, node, counted = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1'
 local joined_keys = ARGV[5]
+local q = {queue = queue, urgent = KEYS[9], meta = channel_meta}
 local FIRST_RECORD = 6
 
 if redis.call('SISMEMBER', channels, channel) == 0 then
@@ -58,13 +60,13 @@ if mode[1] and #records > 0 then
     end
   end
   -- admitting reads the gate's own keys only: no deferred or due index is given
-  local o = order_gate(queue, nil, msgs, channel_meta, gate, key_of, waiting, nil, version,
-                       channel, wake, node)
+  local o = order_gate(queue, nil, msgs, channel_meta, gate, key_of, waiting, KEYS[9], nil,
+                       version, channel, wake, node)
   local _, out = order_admit(o, fresh_ids, fresh, order_keys, 0, mode[2] or nil, true)
   records = fresh
-  if #out > 0 then call_chunked('RPUSH', queue, out) end
+  enqueue(q, out)
 else
-  call_chunked('RPUSH', queue, records)
+  enqueue(q, records)
 end
 if #records > 0 then
   if counted then redis.call('HINCRBY', channel_meta, 'message_count', #records) end

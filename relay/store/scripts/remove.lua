@@ -10,6 +10,7 @@
 --
 -- KEYS[1] queue   KEYS[2] deferred   KEYS[3] msgs   KEYS[4] channel meta   KEYS[5] gate
 -- KEYS[6] key_of   KEYS[7] waiting   KEYS[8] topic due index   KEYS[9] topic version
+-- KEYS[10] urgent (a queued record of priority 1-9 is there: lib/queue.lua)
 -- ARGV[1] "queued", "deferred" or "waiting"   ARGV[2] the queued record, the deferred id
 -- or the waiting one's ZSET member or "<order key> <seq>" (relay/store/ordering.py's
 -- Waiting.element)   ARGV[3] channel name   ARGV[4] wake pub/sub channel
@@ -23,7 +24,11 @@ local state, target, channel, wake, node = ARGV[1], ARGV[2], ARGV[3], ARGV[4], A
 
 local removed, id = 0, nil
 if state == 'queued' then
-  removed = redis.call('LREM', queue, 1, target)
+  if record_priority(target) > 0 then
+    removed = redis.call('ZREM', KEYS[10], target)
+  else
+    removed = redis.call('LREM', queue, 1, target)
+  end
   id = record_id(target)
 elseif state == 'deferred' then
   removed = redis.call('ZREM', deferred, target)
@@ -41,8 +46,8 @@ end
 if removed == 1 then
   redis.call('HINCRBY', channel_meta, 'deleted_count', 1)
   if id then
-    local o = order_gate(queue, deferred, msgs, channel_meta, gate, key_of, waiting, due_index,
-                         version, channel, wake, node)
+    local o = order_gate(queue, deferred, msgs, channel_meta, gate, key_of, waiting, KEYS[10],
+                         due_index, version, channel, wake, node)
     order_release(o, {id})
   end
 end

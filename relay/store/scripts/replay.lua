@@ -1,4 +1,4 @@
--- include: chunked.lua, record.lua, news.lua, history.lua, inflight.lua
+-- include: chunked.lua, record.lua, queue.lua, news.lua, history.lua, inflight.lua
 -- replay: one chunk of a part's history (lib/history.lua) put back in a channel's queue,
 -- each record as retained: its id, timestamp and body, attempts 0. Forward (a rewind,
 -- relay-admin replay): the messages from start to end, oldest first, to the queue's
@@ -18,7 +18,7 @@
 --
 -- KEYS[1] topic history   KEYS[2] channel queue   KEYS[3] channel msgs
 -- KEYS[4] channel meta   KEYS[5] topic channels   KEYS[6] topic version (news.lua)
--- KEYS[7] channel inflight
+-- KEYS[7] channel inflight   KEYS[8] channel urgent (a message keeps its priority: lib/queue.lua)
 -- ARGV[1] channel   ARGV[2] start   ARGV[3] end (stream ids as XRANGE takes them)
 -- ARGV[4] the messages to read (at least one entry's)   ARGV[5] 1 forward, 0 backward
 -- ARGV[6] the cut (0: none)   ARGV[7] wake pub/sub channel   ARGV[8] the node keys'
@@ -115,7 +115,7 @@ end
 if hand_back then
   return {0, #records - #fresh, read, last, done and 1 or 0, fresh}
 end
-call_chunked(forward and 'RPUSH' or 'LPUSH', queue, fresh)
+enqueue({queue = queue, urgent = KEYS[8], meta = channel_meta}, fresh, not forward)
 if #fresh > 0 then
   redis.call('HINCRBY', channel_meta, 'message_count', #fresh)
   announce(version, wake, channel, node)

@@ -4,7 +4,7 @@
 -- while.
 --
 -- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] deferred   KEYS[5] channel meta
--- KEYS[6] topic due index   KEYS[7] topic version (news.lua)
+-- KEYS[6] topic due index   KEYS[7] topic version (news.lua)   KEYS[8] urgent (lib/queue.lua)
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] wake pub/sub channel
 -- ARGV[3] the node keys' prefix (node.lua), then triples: owner, id (or lot item:
 -- lib/inflight.lua), delay ms
@@ -13,6 +13,7 @@
 local queue, inflight, msgs, deferred = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local channel_meta, due_index, version = KEYS[5], KEYS[6], KEYS[7]
 local channel, wake, node = ARGV[1], ARGV[2], ARGV[3]
+local q = {queue = queue, urgent = KEYS[8], meta = channel_meta}
 local FIRST_TRIPLE = 4
 
 local k = {inflight = inflight, msgs = msgs, deferred = deferred, meta = channel_meta}
@@ -47,7 +48,7 @@ if #delayed > 0 then
   release(k, delayed, delayed_members, true)
 end
 if #ready > 0 then
-  back_to_queue(queue, msgs, ready, true)
+  back_to_queue(q, msgs, ready, true)
   release(k, ready, ready_members, true)
 end
 if requeued > 0 then

@@ -8,7 +8,7 @@
 -- KEYS[1] queue   KEYS[2] inflight   KEYS[3] msgs   KEYS[4] deferred   KEYS[5] channel meta
 -- KEYS[6] topic due index   KEYS[7] dead-letter outbox (while it holds messages the
 -- channel is due every second, so a scanner forwards them even after a failed attempt)
--- KEYS[8] topic version (news.lua)
+-- KEYS[8] topic version (news.lua)   KEYS[9] urgent (lib/queue.lua)
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] wake pub/sub channel
 -- ARGV[3] at most this many messages of each kind per call   ARGV[4] the node keys' prefix
 -- (node.lua): the channel's entry in the node due index is set as in the topic's
@@ -17,6 +17,7 @@
 local queue, inflight, msgs, deferred = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local channel_meta, due_index, outbox, version = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local channel, wake, limit, node = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local q = {queue = queue, urgent = KEYS[9], meta = channel_meta}
 
 local now = now_ms()
 
@@ -27,7 +28,7 @@ local k = {inflight = inflight, msgs = msgs, deferred = deferred, meta = channel
 local function time_out()
   local ids, members = held_ids(k, redis.call('ZRANGEBYSCORE', inflight, '-inf', now,
                                               'LIMIT', 0, limit), limit)
-  back_to_queue(queue, msgs, ids, true)
+  back_to_queue(q, msgs, ids, true)
   release(k, ids, members, true)
   return #ids
 end
@@ -35,7 +36,7 @@ end
 -- Up to `limit` deferred messages that are due into the queue; how many.
 local function promote()
   local ids = redis.call('ZRANGEBYSCORE', deferred, '-inf', now, 'LIMIT', 0, limit)
-  back_to_queue(queue, msgs, ids)
+  back_to_queue(q, msgs, ids)
   call_chunked('ZREM', deferred, ids)
   return #ids
 end

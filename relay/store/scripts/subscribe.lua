@@ -1,4 +1,4 @@
--- include: backlog.lua, staged.lua
+-- include: backlog.lua, staged.lua, chunked.lua, record.lua, queue.lua
 -- subscribe: create the channel if needed and count one more consumer on this broker
 -- (none when the broker id is empty: /channel/create).
 -- The first channel of a topic takes over the topic backlog, deferred part included.
@@ -9,6 +9,8 @@
 -- KEYS[10] topic meta (a paused topic keeps its backlog; a new channel takes its TTL)
 -- KEYS[11] topic version   KEYS[12] topic ids
 -- KEYS[13] the part's publishing hash (staged publishes whose steps are under way)
+-- KEYS[14] channel urgent (a backlog that holds messages of priority 1-9, topic meta
+-- field urgent_backlog: lib/append.lua, goes over one by one: lib/queue.lua)
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] broker id
 -- ARGV[3] the node keys' prefix (lib/node.lua)
 -- Returns {1 if the channel was created else 0, its incarnation, its empties, the cut,
@@ -59,7 +61,11 @@ end
 local n = redis.call('LLEN', backlog)
 if n > 0 then
   -- the queue of a channel created just now is normally absent: an O(1) move
-  if redis.call('EXISTS', queue) == 0 then
+  if redis.call('HDEL', topic_meta, 'urgent_backlog') == 1 then
+    enqueue({queue = queue, urgent = KEYS[14], meta = channel_meta},
+            redis.call('LRANGE', backlog, 0, -1))
+    redis.call('DEL', backlog)
+  elseif redis.call('EXISTS', queue) == 0 then
     redis.call('RENAME', backlog, queue)
   else
     while redis.call('LMOVE', backlog, queue, 'LEFT', 'RIGHT') do end

@@ -1,4 +1,4 @@
--- include: fanout.lua, time.lua, chunked.lua, record.lua, news.lua, history.lua, limit.lua, order.lua
+-- include: fanout.lua, time.lua, chunked.lua, record.lua, queue.lua, news.lua, history.lua, limit.lua, order.lua
 -- append.lua provides publishing(), append() and appended(): how published messages are
 -- made visible, shared by publish.lua (a whole publish in one call) and publish_step.lua
 -- (a step of a staged one). The including script's KEYS[1..8] are publish.lua's, and
@@ -11,9 +11,12 @@
 -- which of those number what waits (`seqs`: data layout 3), and the history's state
 -- (`history`, only with retention on); `due` is the deferred messages' due time (ms),
 -- nil for messages ready now.
--- append(p, first, bodies, timestamp, part, order_keys) queues the bodies (counts first,
--- first + 1, ...) and retains them; `order_keys` (nil: none; else an order key or false
--- per body) pass an ordered channel's gate (lib/order.lua); appended(p, n, bytes, wake, node) does what follows n more:
+-- append(p, first, bodies, timestamp, part, order_keys, priorities) queues the bodies
+-- (counts first, first + 1, ...) and retains them; `order_keys` (nil: none; else an
+-- order key or false per body) pass an ordered channel's gate (lib/order.lua);
+-- `priorities` (nil: all 0; else 0-9 per body) go in the ids, and those above 0 into
+-- each channel's urgent ZSET (lib/queue.lua), or with no channel into the backlog with
+-- the others, its topic meta's `urgent_backlog` set (subscribe.lua); appended(p, n, bytes, wake, node) does what follows n more:
 -- the counters, the overflow of drop-oldest and dead-letter channels, the wake-up and
 -- the history's trim.
 -- what a trim removes at most, beyond what the call added: entries and record bytes;
@@ -61,17 +64,17 @@ local function going_out(p, c, ids, records, order_keys)
   local o = order_gate(channel_key(c, 'queue'), channel_key(c, 'deferred'),
                        channel_key(c, 'msgs'), channel_key(c, 'meta'),
                        channel_key(c, 'gate'), channel_key(c, 'key_of'),
-                       channel_key(c, 'waiting'))
+                       channel_key(c, 'waiting'), channel_key(c, 'urgent'))
   return order_admit(o, ids, records, order_keys, p.due or 0, p.seqs[c])
 end
 
 -- The bodies queued (or deferred) in every channel, else the backlog, and retained;
 -- returns their bytes.
-local function append(p, first, bodies, timestamp, part, order_keys)
+local function append(p, first, bodies, timestamp, part, order_keys, priorities)
   local ids, records, counts, bytes = {}, {}, {}, 0
   for i, body in ipairs(bodies) do
     local count = first + i - 1
-    ids[i] = message_id(part, count)
+    ids[i] = message_id(part, count, priorities and priorities[i])
     records[i] = new_record(timestamp, ids[i], body, count)
     counts[i] = count
     bytes = bytes + #body
@@ -84,10 +87,16 @@ local function append(p, first, bodies, timestamp, part, order_keys)
   if not p.due then
     if p.channels == 0 then
       call_chunked('RPUSH', KEYS[4], records)
+      if priorities then redis.call('HSET', KEYS[2], 'urgent_backlog', 1) end
     end
     for c = 1, p.channels do
       local _, out = going_out(p, c, ids, records, order_keys)
-      call_chunked('RPUSH', channel_key(c, 'queue'), out)
+      if priorities then
+        enqueue({queue = channel_key(c, 'queue'), urgent = channel_key(c, 'urgent'),
+                 meta = channel_key(c, 'meta')}, out)
+      else
+        call_chunked('RPUSH', channel_key(c, 'queue'), out)
+      end
     end
   else
     if p.channels == 0 then

@@ -1,4 +1,4 @@
--- include: time.lua, chunked.lua, record.lua, inflight.lua, node.lua, deadletter.lua, order.lua
+-- include: time.lua, chunked.lua, record.lua, queue.lua, inflight.lua, node.lua, deadletter.lua, order.lua
 -- deliver.lua provides deliver_channel(): pop ready messages of one channel for this
 -- broker's clients and put them in flight (lib/inflight.lua), in one go for all of
 -- them. deliver.lua runs it for one channel, after the FINs folded into its call;
@@ -16,7 +16,8 @@
 --
 -- c: the channel's gate (lib/order.lua's order_gate(): what is finished, dead-lettered
 -- or expired releases its order key) with its other keys inflight =, meta = and dead =
--- (the dead-letter outbox). The meta hash: a paused channel delivers nothing; its
+-- (the dead-letter outbox); c.urgent its messages of priority 1-9, which go first
+-- (lib/queue.lua). The meta hash: a paused channel delivers nothing; its
 -- max_attempts field overrides `max_attempts` (0: unlimited); ttl_ms,
 -- dead_letter_topic: above. args[first..last]: groups of 4: owner, timeout ms, count,
 -- most bytes (0: any).
@@ -36,13 +37,19 @@
 local function deliver_channel(c, max_attempts, args, first, last, taken, lots)
   local out = {}
   local meta = redis.call('HMGET', c.meta, 'empties', 'paused', 'max_attempts', 'ttl_ms',
-                          'dead_letter_topic', 'ordered', 'rate_per_s')
+                          'dead_letter_topic', 'ordered', 'rate_per_s', 'urgent')
   local empties = tonumber(meta[1] or '0')
   local ordered = meta[6] and 1 or 0
   local limited = meta[7] and 1 or 0
+  local urgent = meta[8]
+  -- 1 if the channel has messages ready, else 0
+  local function more()
+    if urgent then return math.min(redis.call('EXISTS', c.queue, c.urgent), 1) end
+    return redis.call('EXISTS', c.queue)
+  end
   if meta[2] or (limited == 1 and not taken) then
     for g = first, last, 4 do out[#out + 1] = {} end
-    return out, empties, meta[2] and 0 or redis.call('EXISTS', c.queue), ordered, limited, 0
+    return out, empties, meta[2] and 0 or more(), ordered, limited, 0
   end
   lots = lots and ordered == 0
 
@@ -60,6 +67,18 @@ local function deliver_channel(c, max_attempts, args, first, last, taken, lots)
   -- the queue is popped a few records at a time (as many as fit if they are the size
   -- of the largest seen, at most POP_BATCH), and what was popped past it goes back.
   local POP_BATCH = 64
+  -- up to `want` ready records: the urgent ones first, highest priority first
+  local function take(want)
+    if not urgent then return redis.call('LPOP', c.queue, want) end
+    local got, records = redis.call('ZPOPMIN', c.urgent, want), {}
+    for i = 1, #got, 2 do records[#records + 1] = got[i] end
+    if #records < want then
+      for _, r in ipairs(redis.call('LPOP', c.queue, want - #records) or {}) do
+        records[#records + 1] = r
+      end
+    end
+    return #records > 0 and records
+  end
   local function pop(count, max_bytes)
     local records, bytes, largest = {}, 0, 0
     while count > 0 and (max_bytes == 0 or bytes < max_bytes) do
@@ -70,13 +89,13 @@ local function deliver_channel(c, max_attempts, args, first, last, taken, lots)
           want = math.max(1, math.min(count, POP_BATCH, math.floor((max_bytes - bytes) / largest)))
         end
       end
-      local popped = redis.call('LPOP', c.queue, want)
+      local popped = take(want)
       if not popped then break end
       for i, r in ipairs(popped) do
         if max_bytes > 0 and #records > 0 and bytes + #r > max_bytes then
           local rest = {}
           for j = #popped, i, -1 do rest[#rest + 1] = popped[j] end
-          call_chunked('LPUSH', c.queue, rest)
+          enqueue(c, rest, true)
           return records
         end
         largest = math.max(largest, #r)
@@ -142,5 +161,5 @@ local function deliver_channel(c, max_attempts, args, first, last, taken, lots)
     due_lower(c.node, c.due_index, c.channel, earliest)
   end
   order_release(c, left)
-  return out, empties, redis.call('EXISTS', c.queue), ordered, limited, lots and 1 or 0
+  return out, empties, more(), ordered, limited, lots and 1 or 0
 end

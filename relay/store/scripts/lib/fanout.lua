@@ -1,15 +1,15 @@
 -- fanout.lua provides fanout_begin(), then N_CHANNELS, ARG0, channel_name(),
 -- channel_key() and stale_channels(), to the scripts that touch every channel of a
 -- topic: the caller names the channels, ARGV[1] = n and ARGV[2..n+1], and declares their
--- keys last in KEYS, 11 per channel in keys.CHANNEL_SUFFIXES order, so that on Redis
+-- keys last in KEYS, 12 per channel in keys.CHANNEL_SUFFIXES order, so that on Redis
 -- Cluster every key is checked before the script runs. The caller's list may be
 -- stale: stale_channels() then gives the reply that makes it ask again with the
 -- topic's real channels. The script's own ARGV start at ARGV[ARG0 + 1]. This file
 -- reads KEYS and ARGV itself: the channels' part of them is laid out alike in every
 -- script that includes it.
 local SUFFIX = {queue = 1, inflight = 2, deferred = 3, msgs = 4, meta = 5, consumers = 6,
-                dead = 7, dead_lock = 8, gate = 9, key_of = 10, waiting = 11}
-local PER_CHANNEL = 11
+                dead = 7, dead_lock = 8, gate = 9, key_of = 10, waiting = 11, urgent = 12}
+local PER_CHANNEL = 12
 local N_CHANNELS, ARG0, FIRST_CHANNEL_KEY   -- this call's, once fanout_begin() read them
 
 -- This call's channel count, where the script's own ARGV start and where the channels'

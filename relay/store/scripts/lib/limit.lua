@@ -4,8 +4,9 @@
 -- meta counts a limited channel (`limited_channels`), so an unlimited topic pays nothing.
 -- A channel's meta holds `max_depth` (the limit as set), `part_max_depth` (this part's
 -- share of it: the limit holds per part) and `overflow` (reject, drop-oldest or
--- dead-letter). The depth is the queue's length: what waits to be delivered, as nsqd's
--- depth (in flight and deferred messages are not counted).
+-- dead-letter). The depth is what waits to be delivered, as nsqd's depth (in flight
+-- and deferred messages are not counted): the queue's length and its urgent ZSET's
+-- (lib/queue.lua). Overflow takes the oldest of priority 0 first, then of 1, and so on.
 local MOVE_STEP = 1000   -- records dead-lettered per LRANGE
 
 -- {channel number, part's limit, overflow, limit as set, depth} of each limited channel
@@ -16,7 +17,9 @@ local function channel_limits(channels)
                            'max_depth')
     if got[1] then
       limits[#limits + 1] = {c = c, depth = tonumber(got[1]), overflow = got[2],
-                             shown = got[3], queued = redis.call('LLEN', channel_key(c, 'queue'))}
+                             shown = got[3],
+                             queued = redis.call('LLEN', channel_key(c, 'queue'))
+                                 + redis.call('ZCARD', channel_key(c, 'urgent'))}
     end
   end
   return limits
@@ -34,13 +37,29 @@ local function full_channel(limits, n, topic)
   return nil
 end
 
--- The oldest records of a dead-letter channel's queue, `count` of them, to its outbox.
-local function dead_letter_oldest(c, count)
-  local queue, dead = channel_key(c, 'queue'), channel_key(c, 'dead')
-  for from = 0, count - 1, MOVE_STEP do
-    local records = redis.call('LRANGE', queue, from, math.min(from + MOVE_STEP, count) - 1)
+-- Channel c's `over` oldest ready records of the lowest priorities out, to its outbox
+-- with `dead`: the queue's first, then each priority's of the urgent ZSET from 1 up.
+local function drop_oldest(c, over, dead)
+  local queue, outbox = channel_key(c, 'queue'), channel_key(c, 'dead')
+  local from_queue = math.min(over, redis.call('LLEN', queue))
+  for from = 0, dead and from_queue - 1 or -1, MOVE_STEP do
+    local records = redis.call('LRANGE', queue, from, math.min(from + MOVE_STEP, from_queue) - 1)
     for i, record in ipairs(records) do records[i] = dead_entry('overflow', record) end
-    call_chunked('RPUSH', dead, records)
+    call_chunked('RPUSH', outbox, records)
+  end
+  if from_queue > 0 then redis.call('LTRIM', queue, from_queue, -1) end
+  local left, urgent = over - from_queue, channel_key(c, 'urgent')
+  for priority = 1, 9 do
+    if left == 0 then break end
+    local records = redis.call('ZRANGEBYSCORE', urgent, -priority, -priority, 'LIMIT', 0, left)
+    if #records > 0 then
+      call_chunked('ZREM', urgent, records)
+      if dead then
+        for i, record in ipairs(records) do records[i] = dead_entry('overflow', record) end
+        call_chunked('RPUSH', outbox, records)
+      end
+      left = left - #records
+    end
   end
 end
 
@@ -51,11 +70,10 @@ local function overflow(limits, n, due_index, node, now)
   for _, l in ipairs(limits) do
     local over = l.queued + n - l.depth
     if over > 0 and l.overflow ~= 'reject' then
+      drop_oldest(l.c, over, l.overflow == 'dead-letter')
       if l.overflow == 'dead-letter' then
-        dead_letter_oldest(l.c, over)
         due_lower(node, due_index, channel_name(l.c), now)
       end
-      redis.call('LTRIM', channel_key(l.c, 'queue'), over, -1)
       redis.call('HINCRBY', channel_key(l.c, 'meta'), 'overflow_count', over)
     end
   end

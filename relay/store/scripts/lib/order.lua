@@ -1,4 +1,4 @@
--- include: chunked.lua, time.lua, news.lua, record.lua
+-- include: chunked.lua, time.lua, news.lua, record.lua, queue.lua
 -- order.lua provides the gate of ordered channels (relay-admin order; relay/store/
 -- ordering.py): order_gate() to name a channel's, order_admit() for messages published
 -- to one, order_release() for messages that leave one. On an ordered channel each order
@@ -23,15 +23,16 @@
 -- to go: deliver.lua pops it as any channel's.
 -- o: the channel's gate, as order_gate() builds it.
 
--- The gate of one channel (o): its keys queue, deferred, msgs, meta, gate, key_of and
--- waiting, and for what goes out when a key is released its topic's due index and
--- version keys, the channel's name, its wake pub/sub channel and the node keys' prefix
--- (lib/node.lua). order_admit() needs the channel's keys alone.
-local function order_gate(queue, deferred, msgs, meta, gate, key_of, waiting, due_index,
-                          version, channel, wake, node)
+-- The gate of one channel (o): its keys queue, deferred, msgs, meta, gate, key_of,
+-- waiting and urgent (lib/queue.lua: o is also a channel's ready messages there), and
+-- for what goes out when a key is released its topic's due index and version keys, the
+-- channel's name, its wake pub/sub channel and the node keys' prefix (lib/node.lua).
+-- order_admit() needs the channel's keys alone.
+local function order_gate(queue, deferred, msgs, meta, gate, key_of, waiting, urgent,
+                          due_index, version, channel, wake, node)
   return {queue = queue, deferred = deferred, msgs = msgs, meta = meta, gate = gate,
-          key_of = key_of, waiting = waiting, due_index = due_index, version = version,
-          channel = channel, wake = wake, node = node}
+          key_of = key_of, waiting = waiting, urgent = urgent, due_index = due_index,
+          version = version, channel = channel, wake = wake, node = node}
 end
 
 -- The field of a trashed msgs hash counting the messages numbered in it (drop.lua;
@@ -247,11 +248,10 @@ local function order_release(o, ids)
     if not earliest or m[3] < earliest then earliest = m[3] end
   end
   if earliest then due_lower(o.node, o.due_index, o.channel, earliest) end
-  if #ready > 0 then
-    local length = call_chunked('RPUSH', o.queue, ready)
-    if length[#length] == #ready and o.hold_wake then
+  if enqueue(o, ready) then
+    if o.hold_wake then
       o.woken = true
-    elseif length[#length] == #ready then
+    else
       announce(o.version, o.wake, o.channel, o.node)
     end
   end

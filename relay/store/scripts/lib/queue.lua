@@ -1,10 +1,55 @@
 -- include: chunked.lua, record.lua
--- queue.lua provides back_to_queue() and count_delivery(). A record in flight does not
--- count its delivery yet (deliver.lua leaves it as queued; the broker adds it to what
--- it sends), so whatever takes a message out of flight without a FIN writes it in.
+-- queue.lua provides enqueue(), back_to_queue() and count_delivery().
 --
+-- A channel's ready messages (q: {queue =, urgent =, meta =}, its keys) are its queue,
+-- a LIST, and for messages of priority 1-9 (data layout 5: the first digit of the id,
+-- lib/record.lua) its urgent ZSET, scored -priority: ZPOPMIN takes the highest
+-- priority first and, within one, the oldest published (a record starts with its
+-- publish timestamp), so a requeued urgent message goes back to its place. The meta's
+-- field `urgent` (set with the first urgent record, never cleared but by an empty)
+-- makes deliver calls look at the ZSET; a channel that never had one pays nothing.
+--
+-- A record in flight does not count its delivery yet (deliver.lua leaves it as queued;
+-- the broker adds it to what it sends), so whatever takes a message out of flight
+-- without a FIN writes it in.
+
+-- enqueue(): records made ready go to the tail of the queue (to its head with `front`,
+-- the first given ending up last: records popped and given back in reverse), or by
+-- priority into the urgent ZSET. Returns true if the channel had nothing ready before
+-- them, as far as one reply shows (a broker waits for the wake-up then).
+local function enqueue(q, records, front)
+  if #records == 0 then return false end
+  local plain, urgent = records, nil
+  for i, r in ipairs(records) do
+    if record_priority(r) ~= 0 then
+      plain, urgent = {}, {}
+      for j = 1, i - 1 do plain[j] = records[j] end
+      for j = i, #records do
+        local priority = record_priority(records[j])
+        if priority == 0 then
+          plain[#plain + 1] = records[j]
+        else
+          urgent[#urgent + 1], urgent[#urgent + 2] = -priority, records[j]
+        end
+      end
+      break
+    end
+  end
+  local fresh = false
+  if #plain > 0 then
+    local length = call_chunked(front and 'LPUSH' or 'RPUSH', q.queue, plain)
+    fresh = length[#length] == #plain
+  end
+  if urgent then
+    call_chunked('ZADD', q.urgent, urgent)
+    redis.call('HSET', q.meta, 'urgent', 1)
+    fresh = fresh or redis.call('ZCARD', q.urgent) * 2 == #urgent
+  end
+  return fresh
+end
+
 -- back_to_queue(): messages whose records are in a channel's msgs hash (in flight or
--- deferred) go to the tail of its queue, in the order of `ids`, out of the msgs hash;
+-- deferred) are made ready (enqueue()), in the order of `ids`, out of the msgs hash;
 -- one command per CHUNK ids. With `in_flight` they come out of flight, so each record
 -- counts its delivery first; without, they were deferred. The caller takes them out of
 -- their ZSET (release() for in-flight ones). requeue.lua, reap.lua and scan.lua use it.
@@ -13,7 +58,7 @@ local function counted(record)
   return with_attempts(record, math.min(record_attempts(record) + 1, 65535))
 end
 
-local function back_to_queue(queue, msgs, ids, in_flight)
+local function back_to_queue(q, msgs, ids, in_flight)
   local records = {}
   for _, reply in ipairs(call_chunked('HMGET', msgs, ids)) do
     for _, value in ipairs(reply) do
@@ -22,7 +67,7 @@ local function back_to_queue(queue, msgs, ids, in_flight)
       end
     end
   end
-  call_chunked('RPUSH', queue, records)
+  enqueue(q, records)
   call_chunked('HDEL', msgs, ids)
 end
 

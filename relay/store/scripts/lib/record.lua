@@ -1,7 +1,7 @@
 -- record.lua provides the stored record's layout (relay/codec.py) as positions in a
 -- Lua string (from 1): [8-byte ns timestamp, top bit set][2-byte big-endian attempts]
 -- [body][16-byte hex id][the id's last byte value], and record_id(), record_attempts(),
--- with_attempts(), message_id(), new_record() and timestamp_ms(). The id goes last
+-- with_attempts(), message_id(), record_priority(), new_record() and timestamp_ms(). The id goes last
 -- because Lua hashes a long string from bytes sampled from its end (relay/codec.py).
 -- tests/test_store.py checks them against relay/codec.py.
 local RECORD_ATTEMPTS = 9   -- the attempts' first byte
@@ -22,9 +22,15 @@ local function with_attempts(record, attempts)
       .. string.sub(record, RECORD_ATTEMPTS + 2)
 end
 
--- A message's id: its part's number in 4 hex digits, then the topic's count in 12.
-local function message_id(part, count)
-  return string.format('%04x%012x', part, count)
+-- A message's id: its priority (0-9: data layout 5) in one hex digit, its part's number
+-- in 3, then the topic's count in 12.
+local function message_id(part, count, priority)
+  return string.format('%x%03x%012x', priority or 0, part, count)
+end
+
+-- A stored record's priority (0-9), its id's first digit.
+local function record_priority(record)
+  return string.byte(record, -17) - 48
 end
 
 -- a record never delivered; `timestamp` is the 8-byte timestamp the Store packed
