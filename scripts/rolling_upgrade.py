@@ -49,9 +49,9 @@ from scripts.chaos import (HELD, HERE, IDENTIFY_UNBUFFERED, LIVE, TOPIC, Tally, 
 from scripts.chaos_redis import SingleRedis, kill9
 from scripts.compare import checked_out
 
-# relay 0.4.0, the release before layout 4 (issue 59 item 2): it puts messages in flight
-# one by one. The next release that changes a layout names its previous here.
-PREVIOUS = "cb9c3927f2874d186c96e711fd5f40c613759222"
+# relay 0.5.0, the release before layout 5 (issue 60 part 2): its ids carry no priority.
+# The next release that changes a layout names its previous here.
+PREVIOUS = "1f5a0e79f5f0ae1783e51f27bae8703b5486af15"
 AFTER = "after"     # the channel made ordered once the new layout is in force
 BACKLOG = "backlog"     # an unordered channel read once the new layout is in force
 RELAY_ADMIN = os.path.join(os.path.dirname(sys.executable), "relay-admin")

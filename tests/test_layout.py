@@ -14,8 +14,8 @@ from tests.helpers.admin import run
 
 HOST = socket.gethostname()
 WIDTH = max(len(HOST), len("host"))
-NEWER = ("relay 0.5.0 reads data layout 2, 3, 4; this Redis holds data layout 5: run a "
-         "release that reads layout 5 (`relay-admin upgrade status` lists the live ones)")
+NEWER = ("relay 0.6.0 reads data layout 2, 3, 4, 5; this Redis holds data layout 6: run a "
+         "release that reads layout 6 (`relay-admin upgrade status` lists the live ones)")
 
 
 def earlier(client, kind: str, process_id: str) -> None:
@@ -27,9 +27,9 @@ def earlier(client, kind: str, process_id: str) -> None:
 
 
 def test_a_fresh_redis_gets_the_layout_this_release_writes(backend):
-    assert layout.establish(backend) == 4
-    assert backend.get(keys.LAYOUT) == b"4"
-    assert layout.establish(backend) == 4
+    assert layout.establish(backend) == 5
+    assert backend.get(keys.LAYOUT) == b"5"
+    assert layout.establish(backend) == 5
 
 
 def test_a_redis_of_the_previous_release_gets_layout_2(backend):
@@ -41,11 +41,11 @@ def test_a_redis_of_the_previous_release_gets_layout_2(backend):
 
 
 @pytest.mark.parametrize("value, message", [
-    (b"5", NEWER),
-    (b"1", "relay 0.5.0 reads data layout 2, 3, 4; this Redis holds data layout 1 (before issue 35 "
+    (b"6", NEWER),
+    (b"1", "relay 0.6.0 reads data layout 2, 3, 4, 5; this Redis holds data layout 1 (before issue 35 "
            "(2026-11-25), with a leases hash beside each in-flight set): serve it with relay "
            "0.1.0 until none of layout 1 is left (that release reads both), then start "
-           "0.5.0")])
+           "0.6.0")])
 def test_a_layout_this_release_cannot_read_is_refused_in_one_line(backend, value, message):
     backend.set(keys.LAYOUT, value)
     with pytest.raises(LayoutRefused) as refused:
@@ -62,15 +62,15 @@ def test_a_redis_still_holding_layout_1_is_refused_and_keeps_no_layout(backend):
     with pytest.raises(LayoutRefused) as refused:
         layout.establish(backend)
     assert str(refused.value) == (
-        "relay 0.5.0 reads data layout 2, 3, 4; this Redis holds data layout 1 (before issue 35 "
+        "relay 0.6.0 reads data layout 2, 3, 4, 5; this Redis holds data layout 1 (before issue 35 "
         "(2026-11-25), with a leases hash beside each in-flight set): relay:{t}:ch:c:leases "
         "(1 message in flight of layout 1): serve it with relay 0.1.0 until none of layout "
-        "1 is left (that release reads both), then start 0.5.0")
+        "1 is left (that release reads both), then start 0.6.0")
     assert backend.get(keys.LAYOUT) is None
 
 
 def test_relay_admin_refuses_a_layout_it_cannot_read_but_shows_the_upgrade(backend):
-    backend.set(keys.LAYOUT, 5)
+    backend.set(keys.LAYOUT, 6)
     result = run(backend, "topics")
     assert (result.exit_code, result.output) == (1, f"relay-admin: {NEWER}\n")
     assert run(backend, "upgrade", "status").exit_code == 0
@@ -81,8 +81,8 @@ def test_a_heartbeat_registers_the_process_and_reads_the_layout_again(backend):
     presence = Presence(backend, "scanner", "new-1", 2)
     assert presence.heartbeat() is None
     [process] = layout.Deployment.read(backend).processes
-    assert process == layout.Process("scanner", "new-1", "0.5.0", (2, 3, 4), 2, HOST)
-    backend.set(keys.LAYOUT, 5)
+    assert process == layout.Process("scanner", "new-1", "0.6.0", (2, 3, 4, 5), 2, HOST)
+    backend.set(keys.LAYOUT, 6)
     assert str(presence.heartbeat()) == NEWER
     pipe = backend.pipeline(transaction=False)
     presence.leave(pipe)
@@ -99,46 +99,46 @@ def test_upgrade_status_lists_each_release_and_what_blocks_the_next_layout(backe
     assert result.exit_code == 0, result.output
     assert result.output.splitlines() == [
         "data layout in force: 2 (of relay 0.1.0 and 0.2.0)",
-        "relay 0.5.0 reads 2,3,4 and writes 2,3,4",
+        "relay 0.6.0 reads 2,3,4,5 and writes 2,3,4,5",
         "",
-        f"kind     process  {'host':{WIDTH}}  release           reads  writes",
-        f"broker   new-b    {HOST:{WIDTH}}  0.5.0             2,3,4  2",
-        f"broker   old-b    {'-':{WIDTH}}  0.1.0 or earlier  2      -",
-        f"scanner  old-s    {'-':{WIDTH}}  0.1.0 or earlier  2      -",
+        f"kind     process  {'host':{WIDTH}}  release           reads    writes",
+        f"broker   new-b    {HOST:{WIDTH}}  0.6.0             2,3,4,5  2",
+        f"broker   old-b    {'-':{WIDTH}}  0.1.0 or earlier  2        -",
+        f"scanner  old-s    {'-':{WIDTH}}  0.1.0 or earlier  2        -",
         "",
-        "next layout: 4, blocked by 1 broker of 0.1.0 or earlier and 1 scanner of 0.1.0 or "
-        "earlier (they do not read layout 4)"]
+        "next layout: 5, blocked by 1 broker of 0.1.0 or earlier and 1 scanner of 0.1.0 or "
+        "earlier (they do not read layout 5)"]
     data = json.loads(run(backend, "upgrade", "status", "--json").output)
     assert (data["layout"], data["reads"], data["writes"], data["next"]) == (
-        2, [2, 3, 4], [2, 3, 4], {"layout": 4, "blocked_by": ["old-b", "old-s"]})
+        2, [2, 3, 4, 5], [2, 3, 4, 5], {"layout": 5, "blocked_by": ["old-b", "old-s"]})
     assert [(p["kind"], p["id"], p["release"], p["reads"], p["writes"])
             for p in data["processes"]] == [
-        ("broker", "new-b", "0.5.0", [2, 3, 4], 2),
+        ("broker", "new-b", "0.6.0", [2, 3, 4, 5], 2),
         ("broker", "old-b", "0.1.0 or earlier", [2], None),
         ("scanner", "old-s", "0.1.0 or earlier", [2], None)]
 
 
 def test_a_newer_layout_waits_for_every_process_that_does_not_read_it(backend):
-    """finish refuses while a process of 0.1.0 lives, says which, and puts 4 in force
+    """finish refuses while a process of 0.1.0 lives, says which, and puts 5 in force
     once none does; then it has nothing newer to put in force."""
     earlier(backend, "broker", "old-b")
     earlier(backend, "broker", "old-c")
     layout.establish(backend)
     Presence(backend, "scanner", "new-s", 2).heartbeat()
     status = run(backend, "upgrade", "status").output.splitlines()
-    assert status[-1] == ("next layout: 4, blocked by 2 brokers of 0.1.0 or earlier (they do "
-                          "not read layout 4)")
+    assert status[-1] == ("next layout: 5, blocked by 2 brokers of 0.1.0 or earlier (they do "
+                          "not read layout 5)")
     refused = run(backend, "upgrade", "finish")
     assert (refused.exit_code, refused.output) == (
-        1, "relay-admin: layout 4 not put in force: 2 brokers of 0.1.0 or earlier still "
+        1, "relay-admin: layout 5 not put in force: 2 brokers of 0.1.0 or earlier still "
            "live; replace them, then run this again\n")
     assert backend.get(keys.LAYOUT) == b"2"
     backend.zrem(keys.BROKERS, "old-b", "old-c")
     assert run(backend, "upgrade", "status").output.splitlines()[-1] == (
-        "next layout: 4, ready: `relay-admin upgrade finish`")
+        "next layout: 5, ready: `relay-admin upgrade finish`")
     finished = run(backend, "upgrade", "finish")
     assert (finished.exit_code, finished.output) == (
-        0, "data layout 4 is in force; relay 0.5.0 writes no newer one\n")
-    assert backend.get(keys.LAYOUT) == b"4"
+        0, "data layout 5 is in force; relay 0.6.0 writes no newer one\n")
+    assert backend.get(keys.LAYOUT) == b"5"
     assert run(backend, "upgrade", "status").output.splitlines()[-1] == (
-        "next layout: none (relay 0.5.0 writes none newer)")
+        "next layout: none (relay 0.6.0 writes none newer)")

@@ -17,8 +17,8 @@ from tests.helpers.wire import Wire
 
 pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
 
-REFUSAL = ("relay 0.5.0 reads data layout 2, 3, 4; this Redis holds data layout 5: run a "
-           "release that reads layout 5 (`relay-admin upgrade status` lists the live ones)")
+REFUSAL = ("relay 0.6.0 reads data layout 2, 3, 4, 5; this Redis holds data layout 6: run a "
+           "release that reads layout 6 (`relay-admin upgrade status` lists the live ones)")
 
 
 def log_of(processes, command: str) -> str:
@@ -47,7 +47,7 @@ def client(redis_url):
 
 @pytest.mark.parametrize("command", ["broker", "scanner", "jobs", "console"])
 def test_a_process_refuses_to_start_on_a_layout_it_cannot_read(client, processes, command):
-    client.set(keys.LAYOUT, 5)
+    client.set(keys.LAYOUT, 6)
     proc = processes._start(command, arguments(command))
     assert proc.wait(30) == 2
     assert log_of(processes, command).splitlines() == [f"relay: {REFUSAL}"]
@@ -62,8 +62,8 @@ def test_processes_that_find_a_layout_they_cannot_read_stop_without_touching_dat
     broker, port = processes.broker()
     running = {"broker": broker, "scanner": processes.scanner(), "jobs": processes.jobs()}
     releases = lambda: sorted((p.kind, p.release) for p in Deployment.read(client).processes)  # noqa: E731,E501
-    assert wait_for(lambda: releases() == [("broker", "0.5.0"), ("jobs", "0.5.0"),
-                                           ("scanner", "0.5.0")], timeout=15)
+    assert wait_for(lambda: releases() == [("broker", "0.6.0"), ("jobs", "0.6.0"),
+                                           ("scanner", "0.6.0")], timeout=15)
     consumer = Wire(port)
     consumer.identify()
     consumer.sub("t", "c", rdy=1)
@@ -71,7 +71,7 @@ def test_processes_that_find_a_layout_they_cannot_read_stop_without_touching_dat
     assert consumer.message()[3] == b"held"
     [broker_id] = [p.id for p in Deployment.read(client).processes if p.kind == "broker"]
 
-    client.set(keys.LAYOUT, 5)
+    client.set(keys.LAYOUT, 6)
     for command, proc in running.items():
         assert proc.wait(15) == 2, command
         assert 'level=critical logger=relay.' in log_of(processes, command), command

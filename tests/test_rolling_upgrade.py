@@ -15,7 +15,7 @@ from scripts.rolling_upgrade import PREVIOUS
 
 pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
 
-OLD, NEW = "0.4.0", "0.5.0"     # the previous release (PREVIOUS) and this one
+OLD, NEW = "0.5.0", "0.6.0"     # the previous release (PREVIOUS) and this one
 
 
 def upgrade(*args: str) -> dict:
@@ -54,26 +54,26 @@ def test_a_rolling_upgrade_under_load_loses_nothing(kill):
                  if step.startswith(("broker 2", "upgrade")) else (step, layout, live)
                  for step, layout, live in steps]
     assert steps == [
-        ("previous release serving", 3, {"broker " + OLD: 2, "jobs " + OLD: 1,
+        ("previous release serving", 4, {"broker " + OLD: 2, "jobs " + OLD: 1,
                                          "scanner " + OLD: 1}),
-        ("scanner replaced", 3, {"broker " + OLD: 2, "jobs " + OLD: 1, "scanner " + NEW: 1}),
-        ("jobs worker replaced", 3, {"broker " + OLD: 2, "jobs " + NEW: 1,
+        ("scanner replaced", 4, {"broker " + OLD: 2, "jobs " + OLD: 1, "scanner " + NEW: 1}),
+        ("jobs worker replaced", 4, {"broker " + OLD: 2, "jobs " + NEW: 1,
                                      "scanner " + NEW: 1}),
-        ("broker 1 replaced", 3, {"broker " + OLD: 1, "broker " + NEW: 1, "jobs " + NEW: 1,
+        ("broker 1 replaced", 4, {"broker " + OLD: 1, "broker " + NEW: 1, "jobs " + NEW: 1,
                                   "scanner " + NEW: 1}),
-        ("broker 2 " + ("killed -9 and replaced" if kill else "replaced"), 3,
+        ("broker 2 " + ("killed -9 and replaced" if kill else "replaced"), 4,
          {"broker " + NEW: 2, "jobs " + NEW: 1, "scanner " + NEW: 1}),
-        ("upgrade finish", 4, {"broker " + NEW: 2, "jobs " + NEW: 1, "scanner " + NEW: 1})]
+        ("upgrade finish", 5, {"broker " + NEW: 2, "jobs " + NEW: 1, "scanner " + NEW: 1})]
     assert report["finish"] == {
-        "returncode": 0, "output": "data layout 4 is in force; relay 0.5.0 writes no newer one"}
-    # the ordered channels, made under layouts 3 and 4, wait numbered in msgs and each
+        "returncode": 0, "output": "data layout 5 is in force; relay 0.6.0 writes no newer one"}
+    # the ordered channels, made under layouts 4 and 5, wait numbered in msgs and each
     # delivered every producer's messages in order
     ordered = report["ordered"]
     assert (ordered["held"]["gate"], ordered["after"]["gate"]) == ("numbered", "numbered")
     assert ordered["held"]["received"] == report["acknowledged"]
     assert ordered["after"]["received"] > 100
     assert (ordered["held"]["out_of_order"], ordered["after"]["out_of_order"]) == (0, 0)
-    # under layout 4 the backlog drained through lots, and missed nothing
+    # under layout 5 the backlog drained through lots, and missed nothing
     assert report["backlog"]["lost"] == 0
     assert report["backlog"]["most_lots_in_flight"] > 0
     # a producer waits no longer than a broker's replacement (its port unserved) and a retry

@@ -47,7 +47,7 @@ from relay.store.commit import GroupCommit
 from relay.store.connection import UNREACHABLE, RedisClient, connect_when_ready
 from relay.store.keys import split_part
 from relay.store.latency import E2eLatency
-from relay.store.layout import LOTS, establish
+from relay.store.layout import LOTS, PRIORITIES, establish
 from relay.store.runner import Op
 
 log = logging.getLogger("relay.broker")
@@ -374,6 +374,12 @@ class Broker:
         again with each heartbeat, relay/store/layout.py)."""
         presence = self.registry.presence
         return presence is not None and presence.layout >= LOTS
+
+    @property
+    def prioritized(self) -> bool:
+        """Whether messages may have priorities: data layout 5 is in force."""
+        presence = self.registry.presence
+        return presence is not None and presence.layout >= PRIORITIES
 
     def subscribed_clients(self) -> list[Client]:
         return [c for c in self.clients.values()

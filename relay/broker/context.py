@@ -50,6 +50,9 @@ class BrokerContext(Protocol):
     @property
     def lots(self) -> bool: ...     # data layout 4 in force: deliveries go as lots
 
+    @property
+    def prioritized(self) -> bool: ...  # data layout 5 in force: messages have priorities
+
     def subscribe(self, client: Client, topic: str, channel_name: str) -> None: ...
 
     def grow(self, channel: Channel) -> None: ...   # its topic has more partitions now

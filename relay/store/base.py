@@ -88,6 +88,7 @@ class Core:
         # (WakeupListener._grow: their local channels join the new parts)
         self.recounted: set[str] = set()
         self._order_rules: dict[str, str] = {}  # topic -> its order key rule, read with it
+        self._priority_rules: dict[str, str] = {}   # topic -> its priority rule, read with it
         self._channel_counts: dict[str, int] = {}   # topic -> its channels, read with it
         self._reading: dict[str, threading.Lock] = {}   # one read per topic at a time
         self._unread: dict[str, tuple[StoreError, float]] = {}  # a failed read, and when
@@ -114,6 +115,7 @@ class Core:
         other._confirmed = self._confirmed
         other._reading = self._reading
         other._unread, other._order_rules = self._unread, self._order_rules
+        other._priority_rules = self._priority_rules
         other._channel_counts = self._channel_counts
         other.recounted = self.recounted
         other.nodes = self.nodes
@@ -223,9 +225,10 @@ class Core:
     def _learned(self, topic: str, reply: list) -> int:
         """The count of partitions_op's reply, its parts' names learned (and retention
         given to the parts of a topic it made)."""
-        count, _, made, salts, rule, channels = reply
+        count, _, made, salts, rule, channels, priority_rule = reply
         names = keys.part_names(topic, count, salts)
         self._order_rules[topic] = rule
+        self._priority_rules[topic] = priority_rule
         self._channel_counts[topic] = channels
         self.learn_parts(topic, names)
         if made and count > 1:
@@ -241,12 +244,14 @@ class Core:
         self._guard(pipe.execute)
 
     def learn_partitions(self, topic: str, count: int, salts: str = "",
-                         rule: str | None = None) -> None:
+                         rule: str | None = None, priority_rule: str | None = None) -> None:
         """The topic's count and placement as read (partitions.lua), and its order key
-        rule if read with them."""
+        and priority rules if read with them."""
         self.learn_parts(topic, keys.part_names(topic, count, salts))
         if rule is not None:
             self._order_rules[topic] = rule
+        if priority_rule is not None:
+            self._priority_rules[topic] = priority_rule
 
     def knows(self, topic: str) -> bool:
         """Whether the topic's partition count was ever read here."""
@@ -261,10 +266,15 @@ class Core:
         """The topic's order key rule as last read with its count ("": none, or unread)."""
         return self._order_rules.get(topic, "")
 
+    def known_priority_rule(self, topic: str) -> str:
+        """The topic's priority rule as last read with its count ("": none, or unread)."""
+        return self._priority_rules.get(topic, "")
+
     def known_plain(self, topic: str) -> bool:
         """The topic's count was read, and with it no order key rule: its publishes
         need no order keys (one test per PUB, on the hot path)."""
-        return topic in self._partitions and not self._order_rules.get(topic)
+        return topic in self._partitions and not self._order_rules.get(topic) \
+            and not self._priority_rules.get(topic)
 
     def forget_registered(self, topic: str) -> None:
         """The next publish to the topic registers it again (it was unregistered)."""

@@ -53,7 +53,7 @@ class Control(Service):
         new = keys.part_names(topic, count, salts)[before:]
         if new:
             self._prepare_parts(topic, new)
-        now, before, _, salts, _, _ = self.store.run(self.store.partitions_op(topic, count, salts))
+        now, before, _, salts, *_ = self.store.run(self.store.partitions_op(topic, count, salts))
         self.store.learn_partitions(topic, now, salts)
         for channel in self.reads.channel_names(topic) if new else ():
             limit = self.limits.limit(topic, channel)

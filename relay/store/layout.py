@@ -12,6 +12,10 @@ upgrade (README: Upgrading; docs/processes.md).
     4  since issue 59 item 2: what one deliver call hands one client of an unordered
        channel goes in flight as a lot, one member and one record field for all its
        messages (scripts/lib/inflight.lua; relay 0.5.0).
+    5  since issue 60 part 2: a message id's first digit is its priority (0-9), and a
+       channel's messages of priority 1-9 wait ready in its urgent ZSET beside its queue
+       (scripts/lib/queue.lua; relay 0.6.0). An earlier release would take the digit
+       for part of the part's number and not deliver from the ZSET.
 
 `relay:layout` holds the layout in force, the one every process writes. A broker,
 scanner, jobs worker or console reads it once Redis answers (`establish`) and refuses to
@@ -43,16 +47,18 @@ from relay.store.layout_one import find_layout_one
 log = logging.getLogger("relay.layout")
 
 RELEASE = relay.__version__
-READS = (2, 3, 4)
-WRITES = (2, 3, 4)
+READS = (2, 3, 4, 5)
+WRITES = (2, 3, 4, 5)
 ORDER_SEQS = 3      # the first layout whose ordered channels number what waits
 LOTS = 4            # the first layout with deliveries in flight by lot (lib/inflight.lua)
+PRIORITIES = 5      # the first layout with message priorities (lib/queue.lua)
 EARLIER = "0.1.0 or earlier"    # a process registered only as a broker, scanner or rq worker
 EARLIER_READS = (2,)
 LAYOUTS = {1: "before issue 35 (2026-11-25), with a leases hash beside each in-flight set",
            2: "of relay 0.1.0 and 0.2.0",
            3: "of relay 0.3.0, with an ordered channel's waiting messages numbered by key",
-           4: "of relay 0.5.0, with deliveries in flight by lot"}
+           4: "of relay 0.5.0, with deliveries in flight by lot",
+           5: "of relay 0.6.0, with message priorities"}
 TTL_MS = 15_000         # a process's registration, renewed with its heartbeat
 
 

@@ -9,7 +9,7 @@ An order key is not a publish key (relay/store/dedup.py): that one makes a publi
 idempotent, this one orders delivery; a message may carry both. A message gets its
 order key from its publisher (/pub?key=, IDENTIFY relay_order), or else from its
 topic's rule (`order_key` in part 0's version hash): a JSON field of the body, or the
-text before a separator. Setting it is news (order_key.lua), so brokers learn it as they
+text before a separator. Setting it is news (topic_rule.lua), so brokers learn it as they
 learn a raised partition count (versions.lua), within a second. A key always goes to the part its hash picks, so its
 order holds over partitions; raising the count moves keys (their order may break once).
 The messages behind a key's wait numbered in the channel's msgs hash (data layout 3), or
@@ -185,8 +185,8 @@ class Ordering(Service):
         """The topic's rule for the order key of messages published without one (None:
         none); brokers use it within a second."""
         t = TopicKeys.of(topic)
-        self.store.run(Op("order_key", [t.version], ["" if rule is None else rule.text(), t.wake,
-                                               self.store.node(topic)]))
+        self.store.run(Op("topic_rule", [t.version], [
+            "order_key", "" if rule is None else rule.text(), t.wake, self.store.node(topic)]))
         self.store.partitions(topic, fresh=True)
 
     def order_rule(self, topic: str) -> OrderKeyRule | None:

@@ -187,12 +187,13 @@ class Reads(Service):
                 for topic in group:
                     read.pop(topic, None)
                 continue
-            for topic, news, partitions, salts, rule in zip(
-                    group, reply[::4], reply[1::4], reply[2::4], reply[3::4]):
+            for topic, news, partitions, salts, rule, priority_rule in zip(
+                    group, reply[::5], reply[1::5], reply[2::5], reply[3::5], reply[4::5]):
                 read[topic] = int(news or 0)
                 if keys.PART_MARK not in topic:
                     self.store.learn_partitions(topic, int(partitions or 1), (salts or b"").decode(),
-                                                (rule or b"").decode())
+                                                (rule or b"").decode(),
+                                                (priority_rule or b"").decode())
                     self._counted[topic] = read[topic]
 
     def channel_states(self, channels: Sequence[tuple]) -> list:

@@ -5,8 +5,8 @@ services with one job each (data_path.Service), each given the data path and the
 services it asks: `reads` (reads.py:
 stats, the scanner, wake-ups), `control` (control.py: the HTTP API, relay-admin, jobs),
 `expiry` (expiry.py: TTLs), `limits` (limits.py: depth limits), `history` (history.py:
-retention and replay), `dedup` (dedup.py: idempotent publish) and `ordering`
-(ordering.py: ordered delivery).
+retention and replay), `dedup` (dedup.py: idempotent publish), `ordering`
+(ordering.py: ordered delivery) and `priorities` (priorities.py: message priorities).
 """
 
 from typing import Any
@@ -18,6 +18,7 @@ from relay.store.expiry import Expiry
 from relay.store.history import History
 from relay.store.limits import Limits
 from relay.store.ordering import Ordering
+from relay.store.priorities import Priorities
 from relay.store.reads import Reads
 
 
@@ -33,3 +34,4 @@ class Store(DataPath):
         self.history = History(self)
         self.dedup = Dedup(self)
         self.ordering = Ordering(self)
+        self.priorities = Priorities(self)

@@ -17,6 +17,7 @@ from relay.store import stats
 from relay.store.causes import cause
 from relay.store.dedup import BadKeyedMessage, key_problem
 from relay.store.ordering import order_key_problem, split_keyed_forms
+from relay.store.priorities import parse_priority
 from relay.codec import NSQD_VERSION, parse_int64, split_lines, split_mpub
 from relay.broker.context import BrokerContext
 from relay.errors import ClientError, OutcomeUnknown, StoreError, publish_outcome
@@ -121,8 +122,9 @@ class NsqdApi:
             if problem:
                 raise HttpError(400, problem)
             order_key = self._order_key(request)
+            priority = self._priority(request)
         return self._publish(request, topic, [body], defer, None if key is None else [key],
-                             None if order_key is None else [order_key])
+                             None if order_key is None else [order_key], priority)
 
     @staticmethod
     def _order_key(request) -> bytes | None:
@@ -132,6 +134,20 @@ class NsqdApi:
         if problem:
             raise HttpError(400, problem)
         return key
+
+    def _priority(self, request) -> int | None:
+        """The priority of `priority=` (relay/store/priorities.py), or None; above 0 only
+        once data layout 5 is in force."""
+        raw = request.arg("priority")
+        if raw is None:
+            return None
+        try:
+            priority = parse_priority(raw)
+        except ValueError:
+            raise HttpError(400, "INVALID_PRIORITY") from None
+        if priority and not self.broker.prioritized:
+            raise HttpError(400, "PRIORITIES_NEED_LAYOUT_5")
+        return priority
 
     def _defer(self, request) -> int:
         raw = request.arg("defer")
@@ -149,10 +165,11 @@ class NsqdApi:
         topic = request.topic()
         with self._made_if_refused(request, topic):
             bodies, publish_keys, order_keys = self._mpub_messages(request)
+            priority = self._priority(request)
         if not bodies:
             self._create(request, topic)
             return "OK"
-        return self._publish(request, topic, bodies, 0, publish_keys, order_keys)
+        return self._publish(request, topic, bodies, 0, publish_keys, order_keys, priority)
 
     def _mpub_messages(self, request) -> tuple[list, list | None, list | None]:
         """The bodies of an /mpub, their publish keys with keyed=true, and their order
@@ -205,14 +222,15 @@ class NsqdApi:
                          before=True)
 
     def _publish(self, request, topic: str, bodies: list, defer: int = 0,
-                 publish_keys: list | None = None, order_keys: list | None = None) -> str:
+                 publish_keys: list | None = None, order_keys: list | None = None,
+                 priority: int | None = None) -> str:
         """Publish, with publish keys (relay/store/dedup.py) "OK" all the same, and how
         many were duplicates, not published, in the header X-Relay-Duplicates; with order
         keys, given or by the topic's rule (relay/store/ordering.py): the one path of
         publishes (relay/broker/publishing.py)."""
         publishing = self.broker.publishing
         result = self._publishing(request, topic, lambda: publishing.submit(
-            topic, bodies, defer, publish_keys, order_keys), before=True)
+            topic, bodies, defer, publish_keys, order_keys, priority=priority), before=True)
         duplicates = publishing.published(len(bodies), publish_keys,
                                           self._publishing(request, topic, result.get))
         if publish_keys is not None:

@@ -6,7 +6,8 @@
 --
 -- KEYS[1] topic version (part 0's; fields `partitions`, absent: 1, `placement`, and
 -- `order_key`: the topic's rule for the order key of a message that has none,
--- relay/store/ordering.py, which brokers learn with the count)
+-- relay/store/ordering.py, which brokers learn with the count, and `priority_rule`, its
+-- rule for a message's priority, relay/store/priorities.py)
 -- KEYS[2] topic meta   KEYS[3] topic channels (part 0's: every part has the same)
 -- ARGV[1] the default for a topic that is new (neither key exists)
 -- ARGV[2] the count to raise it to (0: only read)   ARGV[3] the topic's wake channel
@@ -17,13 +18,15 @@
 -- relay/store/placement.py)
 -- Returns {the count now, the count before, 1 if this call found the topic new and
 -- gave it the retention, else 0, the placement now ('' if none), the order key rule
--- ('' if none), the number of channels (a publish to many goes wide: lib/wide.lua)}.
+-- ('' if none), the number of channels (a publish to many goes wide: lib/wide.lua), the
+-- priority rule ('' if none)}.
 local version, topic_meta = KEYS[1], KEYS[2]
 local default, wanted, wake, node = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local retention, given = tonumber(ARGV[5] or '0'), ARGV[6] or ''
 
-local fields = redis.call('HMGET', version, 'partitions', 'placement', 'order_key')
-local rule = fields[3] or ''
+local fields = redis.call('HMGET', version, 'partitions', 'placement', 'order_key',
+                         'priority_rule')
+local rule, priority_rule = fields[3] or '', fields[4] or ''
 local before = tonumber(fields[1] or '0')
 local placement = fields[2] or ''
 local made = 0
@@ -39,7 +42,7 @@ if before == 0 then
   before = 1
 end
 if wanted <= before then
-  return {before, before, made, placement, rule, redis.call('SCARD', KEYS[3])}
+  return {before, before, made, placement, rule, redis.call('SCARD', KEYS[3]), priority_rule}
 end
 redis.call('HSET', version, 'partitions', wanted)
 if given ~= '' or placement ~= '' then
@@ -53,4 +56,4 @@ if given ~= '' or placement ~= '' then
   redis.call('HSET', version, 'placement', placement)
 end
 announce(version, wake, '', node)
-return {wanted, before, made, placement, rule, redis.call('SCARD', KEYS[3])}
+return {wanted, before, made, placement, rule, redis.call('SCARD', KEYS[3]), priority_rule}
