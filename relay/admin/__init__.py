@@ -6,14 +6,14 @@ The commands live by what they do: reading.py (topics, channels, stats, brokers,
 inflight, jobs), steering.py (create, pause, unpause, empty, delete, requeue, config),
 messages.py (dlq, redrive, pub, tail), history.py (retention, replay), finding.py (msg,
 peek), expiry.py (ttl), dedup.py (dedup), limits.py (limit), ordering.py (order,
-order-key) and upgrade.py (upgrade status, finish); args.py holds the options they
+order-key), priority.py (priority) and upgrade.py (upgrade status, finish); args.py holds the options they
 share and text.py what they print.
 """
 
 import click
 
-from relay.admin import (dedup, expiry, finding, history, limits, messages, ordering, reading,
-                         steering, upgrade)
+from relay.admin import (dedup, expiry, finding, history, limits, messages, ordering, priority,
+                         reading, steering, upgrade)
 from relay.admin.args import REDIS_ENV, AdminGroup
 from relay.options import DEFAULT_CONFIG, Options
 
@@ -28,7 +28,8 @@ def main(redis_url, config):
     """Inspect and steer relay (topics, channels and messages in Redis)."""
 
 
-for module in (reading, steering, messages, history, finding, expiry, dedup, limits, ordering):
+for module in (reading, steering, messages, history, finding, expiry, dedup, limits, ordering,
+               priority):
     for command in vars(module).values():
         if isinstance(command, click.Command):
             main.add_command(command)

@@ -16,6 +16,7 @@ from relay.broker import registry
 from relay.store import Store, deadletter
 from relay.store.dedup import MAX_KEY_BYTES, key_problem
 from relay.store.ordering import order_key_problem
+from relay.store.priorities import PrioritiesRefused
 
 PUB_BATCH = 1000
 PUB_BATCH_BYTES = 1 << 20
@@ -69,8 +70,10 @@ def redrive(store, as_json, target, background):
 @click.option("--key", "order_key", metavar="ORDER_KEY",
               help="publish every message with this order key: an ordered channel "
                    "delivers them one at a time, in order (relay-admin order)")
+@click.option("--priority", type=click.IntRange(0, 9), metavar="N",
+              help="publish every message at priority N (0-9, higher first; data layout 5)")
 @redis_options
-def pub(store, as_json, topic, source, key, order_key):
+def pub(store, as_json, topic, source, key, order_key, priority):
     """Publish each non-empty line of stdin (or --file) as a message, in batches of at
     most --max-body-size; a line over --max-msg-size is refused and, as nsqd's /mpub,
     nothing is published."""
@@ -85,6 +88,11 @@ def pub(store, as_json, topic, source, key, order_key):
     if order_problem:
         raise click.UsageError(f"--key {order_key!r}: {order_problem}: 1-256 bytes of text "
                                "without spaces")
+    if priority:
+        try:
+            store.priorities.check_layout()
+        except PrioritiesRefused as e:
+            fail(str(e))
     options, _ = relay_options()
     store = replicated(store)
     with tempfile.SpooledTemporaryFile(PUB_SPOOL_BYTES) as lines:
@@ -104,13 +112,14 @@ def pub(store, as_json, topic, source, key, order_key):
         for batch in batches(lines, min(PUB_BATCH_BYTES, options.max_body_size)):
             order_keys = store.ordering.order_keys(
                 topic, batch, None if order_key is None else [order_key.encode()] * len(batch))
-            if key is None and order_keys is None:
+            ranks = store.priorities.of(topic, batch, priority)
+            if key is None and order_keys is None and ranks is None:
                 store.publish(topic, batch)
             else:
                 numbers = range(count + 1, count + len(batch) + 1)
                 duplicates += store.dedup.publish_keyed(
                     topic, batch, key and [f"{key}:{n}".encode() for n in numbers], 0,
-                    order_keys)
+                    order_keys, ranks)
             count += len(batch)
     if key is None:
         show({"topic": topic, "published": count}, as_json,

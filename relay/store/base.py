@@ -41,8 +41,10 @@ def _text(value: Any) -> str:
 
 
 def _partitions_reply(reply: list) -> list:
-    """partitions.lua's reply: [now, before, made, placement, order key rule, channels]."""
-    return [*(int(n) for n in reply[:3]), _text(reply[3]), _text(reply[4]), int(reply[5])]
+    """partitions.lua's reply: [now, before, made, placement, order key rule, channels,
+    priority rule]."""
+    return [*(int(n) for n in reply[:3]), _text(reply[3]), _text(reply[4]), int(reply[5]),
+            _text(reply[6])]
 
 
 class Confirmed:
@@ -179,8 +181,7 @@ class Core:
 
     def partitions_op(self, topic: str, raise_to: int = 0, salts: str | None = None) -> Op:
         """The topic's partition count, [now, before, made, placement, order key rule,
-        channels]
-        (relay/store/ordering.py); a new topic takes
+        channels, priority rule] (relay/store/ordering.py, priorities.py); a new topic takes
         this Store's default count and retention (made: 1 if this call gave it the
         latter), and `raise_to` raises the count. The new parts take `salts` (unless
         given, this Store's placement for the count it may set)."""

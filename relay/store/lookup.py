@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 from relay.codec import parse_record, record_id
 from relay.store import Op, Store, deadletter, guarded
 from relay.store.inflight import expand, is_lot, member_id, member_owner
-from relay.store.keys import ChannelKeys, TopicKeys, id_part
+from relay.store.keys import ChannelKeys, TopicKeys, id_part, id_priority
 from relay.store.ordering import ORDERED_FIELD, WAITING_FIELD, Waiting
 
 SCAN_CHUNK = 10_000
@@ -65,11 +65,31 @@ def where(store: Store, topic: str, channel: str, msg_id: bytes,
                 "record": entry, **keyed}
     if behind and key is None and (waiting := _waiting(store, c, msg_id)) is not None:
         return waiting
-    position, record = _scan(store, c.queue, msg_id)
+    position, record = _queued(store, c, msg_id)
     if record is not None:
         return {"state": "queued", "position": position, **message(record), "record": record,
                 **keyed}
     return {"state": "absent", **keyed}
+
+
+def _queued(store: Store, c: ChannelKeys, msg_id: bytes) -> tuple[int, bytes | None]:
+    """(position from 1 at the head of what goes out next, record) of msg_id ready: in
+    the urgent ZSET for a priority above 0 (a read of its priority's), else in the queue
+    behind all the urgent ones (lib/queue.lua); (0, None) if it is not."""
+    priority = id_priority(msg_id)
+    if priority == 0:
+        position, record = _scan(store, c.queue, msg_id)
+        return (position + guarded(store.redis.zcard, c.urgent), record) if record \
+            else (0, None)
+    ahead = guarded(store.redis.zcount, c.urgent, -9, f"({-priority}")
+    start = 0
+    while records := guarded(lambda: store.redis.zrangebyscore(
+            c.urgent, -priority, -priority, start=start, num=SCAN_CHUNK)):
+        for i, record in enumerate(records):
+            if record_id(record) == msg_id:
+                return ahead + start + i + 1, record
+        start += SCAN_CHUNK
+    return 0, None
 
 
 def _waiting(store: Store, c: ChannelKeys, msg_id: bytes) -> dict | None:
@@ -148,7 +168,10 @@ def queued(store: Store, topic: str, channel: str, limit: int) -> list[dict]:
     the order it delivers them: id, timestamp, attempts, body, part, position."""
     out = []
     for index, part in enumerate(store.parts(topic)):
-        records = guarded(store.redis.lrange, ChannelKeys.of(part, channel).queue, 0, limit - 1)
+        c = ChannelKeys.of(part, channel)
+        records = guarded(store.redis.zrange, c.urgent, 0, limit - 1)
+        if len(records) < limit:
+            records += guarded(store.redis.lrange, c.queue, 0, limit - len(records) - 1)
         out += [message(r) | {"part": index, "position": i + 1} for i, r in enumerate(records)]
     return out[:limit]
 
@@ -193,6 +216,7 @@ def with_keys(store: Store, topic: str, channel: str, messages: list[dict]) -> l
 
 def message(record: bytes) -> dict:
     """What a stored record holds: id, timestamp (ns), attempts (the
-    deliveries so far), body (bytes)."""
+    deliveries so far), priority (relay/store/priorities.py), body (bytes)."""
     ts, attempts, msg_id, body = parse_record(record)
-    return {"id": msg_id.decode(), "timestamp": ts, "attempts": attempts, "body": body}
+    return {"id": msg_id.decode(), "timestamp": ts, "attempts": attempts,
+            "priority": id_priority(msg_id), "body": body}

@@ -20,7 +20,7 @@ from relay.store.runner import Op, guarded
 DUE_READ = 10_000   # entries of one node's due index read at most per pass
 SEED_CHUNK = 500    # parts per seed.lua call
 READ_BATCH = 250    # topics or channels per pipeline of /stats: others wait while one is parsed
-CHANNEL_READS = 7   # commands of a channel part's figures (channel_reads)
+CHANNEL_READS = 8   # commands of a channel part's figures (channel_reads)
 NEWS_KEPT = 64      # news replies kept to compare the next with (32,000 parts in slices of 500)
 
 
@@ -356,12 +356,16 @@ class Reads(Service):
         return self._batched(channels, send, take, width=CHANNEL_READS)
 
     def queued_records(self, topic: str, channel: str, chunk: int):
-        """The channel's ready queues, `chunk` records at a time, without taking them."""
+        """The channel's ready messages (its urgent ones, then its queue's), `chunk`
+        records at a time, without taking them."""
         for part in self.store.parts(topic):
-            queue, start = ChannelKeys.of(part, channel).queue, 0
-            while records := guarded(self.redis.lrange, queue, start, start + chunk - 1):
-                yield records
-                start += chunk
+            c = ChannelKeys.of(part, channel)
+            for read in (self.redis.zrange, self.redis.lrange):
+                start = 0
+                while records := guarded(read, c.urgent if read == self.redis.zrange else c.queue,
+                                         start, start + chunk - 1):
+                    yield records
+                    start += chunk
 
     def channel_setting(self, topic: str, channel: str, name: str) -> str | None:
         value = guarded(self.redis.hget, ChannelKeys.of(topic, channel).meta, name)
@@ -381,7 +385,7 @@ def channel_reads(part: str, channel: str) -> Packed:
     c = ChannelKeys.of(part, channel)
     commands = (("LLEN", c.queue), ("ZCARD", c.waiting), ("HLEN", c.gate),
                 ("ZCARD", c.inflight), ("ZCARD", c.deferred), ("HGETALL", c.meta),
-                ("HVALS", c.consumers))
+                ("HVALS", c.consumers), ("ZCARD", c.urgent))
     return Packed(commands, resp.pack(commands))
 
 
@@ -408,16 +412,17 @@ def pairs(reply: Any) -> dict:
 
 
 def _channel_figures(queued: int, waiting: int, keys_out: int, inflight: int, deferred: int,
-                     meta: Any, consumers: list) -> dict:
+                     meta: Any, consumers: list, urgent: int) -> dict:
     """A channel part's figures from its LLEN, ZCARDs, HLEN of the order gate, meta and
-    consumers' counts: the depth counts the messages of an ordered channel waiting behind
+    consumers' counts: the depth counts the messages of priority 1-9 (lib/queue.lua) and
+    the messages of an ordered channel waiting behind
     their keys, which order_waiting counts alone, beside whether it is ordered and its
     keys with a message out (queued, in flight or deferred: order_keys_out), and its
     delivery rate limit in msgs/s (rate_limit, None without one)."""
     meta = pairs(meta)
     waiting += int(meta.get(b"order_waiting", 0))      # numbered in msgs (lib/order.lua)
     inflight += int(meta.get(b"lotted", 0))            # in lots beyond one each (lib/inflight.lua)
-    return {"depth": queued + waiting, "in_flight_count": inflight, "deferred_count": deferred,
+    return {"depth": queued + urgent + waiting, "in_flight_count": inflight, "deferred_count": deferred,
             "message_count": int(meta.get(b"message_count", 0)),
             "requeue_count": int(meta.get(b"requeue_count", 0)),
             "timeout_count": int(meta.get(b"timeout_count", 0)),

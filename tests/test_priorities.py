@@ -1,0 +1,204 @@
+"""Message priorities (issue 60 part 2, data layout 5, relay/store/priorities.py): every
+channel of a topic delivers the higher priorities first and FIFO within one, and a
+message keeps its priority wherever it goes. Store tests run on fakeredis, one Redis
+and the cluster; the last ones run a real broker and its consumers."""
+
+import json
+
+import pytest
+
+from relay.codec import record_id
+from relay.store import codes
+from relay.store.keys import ChannelKeys, TopicKeys, id_part, id_priority
+from relay.store.limits import Limit
+from relay.store.lookup import queued, remove, where
+from relay.store.priorities import PrioritiesRefused, parse_priority, priority_of
+from tests.helpers.admin import run
+from tests.helpers.store import bodies, empty_channel, now_ms, ordered, subscribed, wait_past
+from tests.helpers.wait import wait_for
+from tests.helpers.wire import Wire
+
+
+def publish(store, pairs, topic="t", defer_ms=0):
+    """Publish (body, priority) pairs in one call."""
+    store.dedup.publish_keyed(topic, [b for b, _ in pairs], None, defer_ms, None,
+                              [p for _, p in pairs])
+
+
+def take(store, count=100, topic="t", channel="c", owner="a"):
+    return store.deliver(topic, channel, [(owner, 60_000, count)])[0]
+
+
+def one_by_one(store, n, topic="t", channel="c"):
+    """Bodies delivered one per call, as a consumer at RDY 1 that finishes each."""
+    out = []
+    for _ in range(n):
+        [record] = take(store, 1, topic, channel)
+        store.finish(topic, channel, [("a", record_id(record))])
+        out += bodies([record])
+    return out
+
+
+MIXED = [(b"a0", 0), (b"b5", 5), (b"c9", 9), (b"d0", 0), (b"e5", 5), (b"f1", 1), (b"g9", 9)]
+BY_PRIORITY = [b"c9", b"g9", b"b5", b"e5", b"f1", b"a0", b"d0"]
+
+
+def test_higher_priorities_go_first_and_each_in_publish_order(store):
+    subscribed(store)
+    publish(store, MIXED)
+    assert store.reads.read_channel("t", "c") == empty_channel(
+        depth=7, message_count=7, client_count=1)
+    assert one_by_one(store, 7) == BY_PRIORITY
+    publish(store, MIXED)
+    assert bodies(take(store, 3)) == BY_PRIORITY[:3]
+    assert bodies(take(store, 10)) == BY_PRIORITY[3:]
+
+
+def test_an_id_carries_its_priority_and_still_names_its_part(store):
+    store.control.set_partitions("t", 3)
+    subscribed(store)
+    for _ in range(6):
+        publish(store, [(b"x", 7)])
+    records = [r for part in store.parts("t")
+               for r in store.redis.zrange(ChannelKeys.of(part, "c").urgent, 0, -1)]
+    assert len(records) == 6
+    assert {id_priority(record_id(r)) for r in records} == {7}
+    assert sorted({id_part(record_id(r)) for r in records}) == [0, 1, 2]
+    got = take(store, 10)
+    assert len(got) == 6
+    assert store.finish("t", "c", [("a", record_id(r)) for r in got]) == [codes.DONE] * 6
+
+
+def test_a_topic_without_priorities_stores_its_messages_as_before(store):
+    subscribed(store)
+    store.publish("t", [b"1", b"2"])
+    publish(store, [(b"3", 0)])
+    c = ChannelKeys.of("t", "c")
+    assert store.redis.exists(c.urgent) == 0
+    assert store.redis.hget(c.meta, "urgent") is None
+    assert [record_id(r)[:4] for r in store.redis.lrange(c.queue, 0, -1)] == [b"0000"] * 3
+
+
+def test_a_requeued_or_timed_out_message_goes_back_at_its_own_priority(store):
+    subscribed(store)
+    publish(store, [(b"low", 0), (b"high", 8)])
+    [high] = take(store, 1)
+    assert store.requeue("t", "c", [("a", record_id(high), 0)]) == [codes.DONE]
+    publish(store, [(b"later high", 8)])
+    assert bodies(take(store, 2)) == [b"high", b"later high"]
+    store.deliver("t", "c", [("b", 50, 1)])        # `low`, timing out
+    wait_past(store, now_ms(store) + 60)
+    store.scan("t", "c")
+    publish(store, [(b"mid", 4)])
+    got = take(store, 5)
+    assert bodies(got) == [b"mid", b"low"]
+    assert [record_id(r)[0:1] for r in got] == [b"4", b"0"]
+
+
+def test_a_deferred_message_enters_its_priority_when_due(store):
+    subscribed(store)
+    publish(store, [(b"due later", 6)], defer_ms=50)
+    publish(store, [(b"plain", 0)])
+    wait_past(store, now_ms(store) + 60)
+    assert store.scan("t", "c")[1] == 1
+    assert bodies(take(store, 5)) == [b"due later", b"plain"]
+
+
+def test_the_backlog_keeps_priorities_for_the_first_channel(store):
+    publish(store, MIXED)
+    store.publish("t", [b"h0"])
+    subscribed(store)
+    assert store.reads.read_channel("t", "c")["depth"] == 8
+    assert bodies(take(store, 20)) == [*BY_PRIORITY[:5], b"a0", b"d0", b"h0"]
+    assert store.redis.hget(TopicKeys.of("t").meta, "urgent_backlog") is None
+
+
+def test_a_paused_topics_backlog_keeps_priorities(store):
+    subscribed(store)
+    store.control.pause_topic("t", True)
+    publish(store, MIXED)
+    store.control.pause_topic("t", False)
+    assert bodies(take(store, 20)) == BY_PRIORITY
+
+
+def test_an_ordered_channel_keeps_each_keys_publish_order_whatever_the_priorities(store):
+    ordered(store)
+    store.ordering.set_order_rule("t", None)
+    bodies_ = [b"k1-a", b"k1-b", b"k2-a"]
+    store.dedup.publish_keyed("t", bodies_, None, 0, [b"k1", b"k1", b"k2"], [0, 9, 1])
+    first = take(store, 10)
+    assert bodies(first) == [b"k2-a", b"k1-a"]      # one per key; k2's priority 1 first
+    publish(store, [(b"plain", 0)])
+    store.finish("t", "c", [("a", record_id(first[1]))])     # k1-a: releases k1-b (9)
+    assert bodies(take(store, 10)) == [b"k1-b", b"plain"]
+
+
+def test_ttl_sweeps_urgent_messages_too(store):
+    subscribed(store)
+    store.expiry.set_ttl("t", "c", 50)
+    publish(store, [(b"old", 3), (b"old plain", 0)])
+    wait_past(store, now_ms(store) + 60)
+    publish(store, [(b"new", 3)])
+    assert store.expiry.expire_parts(["t"]) == 2
+    assert bodies(take(store, 5)) == [b"new"]
+
+
+def test_a_depth_limit_counts_urgent_messages_and_drops_priority_0_first(store):
+    subscribed(store)
+    store.limits.set_limit("t", "c", Limit(3, "drop-oldest"))
+    publish(store, [(b"p0-a", 0), (b"p5", 5), (b"p0-b", 0), (b"p1", 1), (b"p9", 9)])
+    assert store.reads.read_channel("t", "c")["depth"] == 3
+    assert bodies(take(store, 10)) == [b"p9", b"p5", b"p1"]
+
+
+def test_empty_drops_urgent_messages(store):
+    subscribed(store)
+    publish(store, MIXED)
+    store.control.empty_channel("t", "c")
+    assert store.reads.read_channel("t", "c")["depth"] == 0
+    assert store.redis.hget(ChannelKeys.of("t", "c").meta, "urgent") is None
+    assert take(store, 10) == []
+
+
+def test_msg_peek_and_delete_see_the_priority(store):
+    subscribed(store)
+    publish(store, MIXED)
+    assert [(m["body"], m["priority"], m["position"]) for m in queued(store, "t", "c", 3)] == [
+        (b"c9", 9, 1), (b"g9", 9, 2), (b"b5", 5, 3)]
+    ids = {m["body"]: m["id"].encode() for m in queued(store, "t", "c", 10)}
+    found = where(store, "t", "c", ids[b"e5"])
+    assert (found["state"], found["position"], found["priority"]) == ("queued", 4, 5)
+    assert where(store, "t", "c", ids[b"d0"])["position"] == 7
+    assert remove(store, "t", "c", "queued", ids[b"e5"], found["record"]) is True
+    assert bodies(take(store, 10)) == [b"c9", b"g9", b"b5", b"f1", b"a0", b"d0"]
+
+
+def test_replay_and_redrive_keep_each_messages_priority(store):
+    store.history.set_retention("t", 3_600_000, 0)
+    subscribed(store)
+    publish(store, MIXED)
+    take(store, 10)
+    store.control.empty_channel("t", "c")
+    result = run(store.redis, "replay", "t", "c", "--since", "1h")
+    assert result.stdout == "replayed 7 messages to t/c (0 skipped: in flight or deferred)\n"
+    assert bodies(take(store, 10)) == BY_PRIORITY
+
+
+def test_priorities_and_rules_parse(store):
+    assert [parse_priority(t) for t in "09"] == [0, 9]
+    for bad in ("", "10", "-1", "a", " 1"):
+        with pytest.raises(ValueError):
+            parse_priority(bad)
+    assert [priority_of(json.dumps(b).encode(), "p") for b in (
+        {"p": 3}, {"p": 12}, {"p": -2}, {"p": 2.0}, {"p": 2.5}, {"p": "3"}, {"p": True}, {},
+        [1])] == [3, 9, 0, 2, 0, 0, 0, 0, 0]
+    assert priority_of(b"not json", "p") == 0
+
+
+def test_below_layout_5_priorities_are_refused(store):
+    store.redis.set("relay:layout", 4)
+    with pytest.raises(PrioritiesRefused):
+        store.priorities.set_rule("t", "p")
+    result = run(store.redis, "priority", "t", "--json-field", "p")
+    assert result.exit_code == 1
+    assert "message priorities need data layout 5 in force" in result.output
