@@ -472,6 +472,7 @@ def test_readme_redis_cli_commands_agree_with_stats(redis_url, monkeypatch):
     store.publish("orders", [b"a", b"b", b"c", b"d", b"e"])
     store.publish("orders", [b"later"], defer_ms=60000)
     store.run(store.deliver_op("orders", "billing", [("b1:1", 60000, 2)], lots=True))
+    store.dedup.publish_keyed("orders", [b"urgent"], None, 0, None, [7])
     cli = str(Path(sys.executable).with_name("redis-cli"))     # .venv/bin/redis-cli
     counts = {}
     commands = readme_block("For a channel (here `orders/billing`), with `redis-cli` "
@@ -489,7 +490,8 @@ def test_readme_redis_cli_commands_agree_with_stats(redis_url, monkeypatch):
         "in flight: in lots, beyond one each")
     counts["in flight"] = members + lotted
     assert (members, lotted) == (1, 1)
+    counts["depth"] = counts.pop("depth: priority 0") + counts.pop("depth: priorities 1-9")
     assert counts == {"depth": channel["depth"], "in flight": channel["in_flight_count"],
                       "deferred": channel["deferred_count"]} == {
-        "depth": 3, "in flight": 2, "deferred": 1}
+        "depth": 4, "in flight": 2, "deferred": 1}
     store.redis.flushdb()

@@ -7,13 +7,15 @@ import json
 
 import pytest
 
-from relay.codec import record_id
+from relay.codec import FRAME_RESPONSE, record_id
 from relay.store import codes
 from relay.store.keys import ChannelKeys, TopicKeys, id_part, id_priority
 from relay.store.limits import Limit
 from relay.store.lookup import queued, remove, where
+from relay.store.connection import connect
 from relay.store.priorities import PrioritiesRefused, parse_priority, priority_of
 from tests.helpers.admin import run
+from tests.helpers.api import Api
 from tests.helpers.store import bodies, empty_channel, now_ms, ordered, subscribed, wait_past
 from tests.helpers.wait import wait_for
 from tests.helpers.wire import Wire
@@ -202,3 +204,42 @@ def test_below_layout_5_priorities_are_refused(store):
     result = run(store.redis, "priority", "t", "--json-field", "p")
     assert result.exit_code == 1
     assert "message priorities need data layout 5 in force" in result.output
+
+
+# -- a real broker ---------------------------------------------------------------
+
+@pytest.mark.integration
+def test_a_stock_consumer_at_rdy_1_gets_the_highest_priority_waiting(processes, redis_url):
+    """/mpub?priority= and a topic's rule for TCP PUB (set before the broker first reads
+    the topic), with a raw consumer at RDY 1 that finishes each: it never gets a message
+    while one of a higher priority waits, and each priority's come in publish order."""
+    admin = run(connect(redis_url), "priority", "t", "--json-field", "p")
+    assert admin.output == "t: priority rule json-field 'p'\n"
+    _, port = processes.broker()
+    api = Api(port, processes.http_ports[port])
+    assert api.request("POST", "/channel/create?topic=t&channel=c")[0] == 200
+    assert api.request("POST", "/pub?topic=t&priority=10", b"x")[:2] == (
+        400, b'{"message":"INVALID_PRIORITY"}')
+    sent = []
+    for priority in (3, 0, 9, 1, 9, 5, 0, 7):
+        batch = [b"%d-%d" % (priority, len(sent) + n) for n in range(5)]
+        assert api.request("POST", f"/mpub?topic=t&priority={priority}",
+                           b"\n".join(batch))[0] == 200
+        sent += [(priority, b) for b in batch]
+    wire = Wire(port)
+    for priority in (8, 2):
+        body = json.dumps({"p": priority}).encode()
+        assert wire.pub("t", body) == (FRAME_RESPONSE, b"OK")
+        sent.append((priority, body))
+    consumer = Wire(port)
+    consumer.identify()
+    assert consumer.sub("t", "c", rdy=1) == (FRAME_RESPONSE, b"OK")
+    got = []
+    for _ in sent:
+        message = consumer.message()
+        got.append((int(message[2][:1]), message[3]))
+        consumer.command(b"FIN " + message[2])
+    assert consumer.nothing()
+    assert got == sorted(sent, key=lambda s: -s[0])
+    consumer.close()
+    wire.close()

@@ -14,7 +14,7 @@ from relay.admin.text import show, table, utc
 from relay.broker import registry
 from relay.codec import go_quote
 from relay.store import Store, deadletter, guarded, lookup
-from relay.store.keys import PART_DIGITS, TopicKeys, id_part
+from relay.store.keys import PART_DIGITS, TopicKeys, id_part, id_priority
 
 ID = re.compile(r"[0-9a-f]{16}")
 STATES = {"queued": "queued", "in_flight": "in flight", "deferred": "deferred",
@@ -51,9 +51,10 @@ def msg(store, as_json, topic, msg_id, channel, delete):
         return drop(store, as_json, topic, channel, msg_id, places[channel])
     found = next((p for p in places.values() if "body" in p), {})
     data = {"topic": topic, "id": msg_id, "timestamp": found.get("timestamp"),
+            "priority": id_priority(msg_id.encode()),
             "body_base64": found.get("body") and base64.b64encode(found["body"]).decode(),
             "channels": [{"channel": c, **{k: v for k, v in p.items()
-                                           if k not in ("body", "record", "id")}}
+                                           if k not in ("body", "record", "id", "priority")}}
                          for c, p in places.items()]}
     show(data, as_json, msg_text(data, found.get("body")))
 
@@ -86,6 +87,8 @@ def place(store: Store, topic: str, channel: str, msg_id: str, clients: dict) ->
 
 def msg_text(data: dict, body: bytes | None) -> str:
     head = f"message {data['id']} of {data['topic']}"
+    if data["priority"]:
+        head += f", priority {data['priority']}"
     if body is not None:
         head += f", published {utc(data['timestamp'] // 1_000_000)}, body {escaped(body)}"
     keyed = any("key" in c for c in data["channels"])     # an ordered channel among them
@@ -154,9 +157,12 @@ def peek(store, as_json, topic, channel, limit, show_deferred, show_waiting):
         columns, place_of = ["part", "position"], (lambda m: [m["part"], m["position"]])
     if keyed and not show_waiting:
         rows = lookup.with_keys(store, topic, channel, rows)
-    text = table([[*place_of(m), *([m["key"]] if keyed else []), m["id"], m["attempts"],
+    ranked = any(m["priority"] for m in rows)     # a topic with priorities
+    text = table([[*place_of(m), *([m["key"]] if keyed else []), m["id"],
+                   *([m["priority"]] if ranked else []), m["attempts"],
                    utc(m["timestamp"] // 1_000_000), escaped(m["body"])] for m in rows],
-                 [*columns, *["key"] * keyed, "id", "attempts", "published", "body"])
+                 [*columns, *["key"] * keyed, "id", *["priority"] * ranked, "attempts",
+                  "published", "body"])
     data = [{k: v for k, v in m.items() if k != "body"}
             | {"body_base64": base64.b64encode(m["body"]).decode()} for m in rows]
     what = "waiting" if show_waiting else "deferred" if show_deferred else "queued"
