@@ -96,7 +96,7 @@ def test_at_maxmemory_publishing_is_refused_and_everything_else_goes_on(server):
     assert server.hget(f"relay:{{t}}:ch:new:consumers", "b1") is None
     assert Liveness(server, keys.SCANNERS, 5_000).rank("s1") == (0, 1)
     assert store.run(Op("versions", [nodes.SINGLE + nodes.NEWS],     # HSETNX of its field
-                        [TopicKeys.of("fresh").version])) == [b"0", None, None, None]
+                        [TopicKeys.of("fresh").version])) == [b"0", None, None, None, None]
     assert store.reads.seed_due(["t"]) == 0
 
     # deliveries, TOUCH, REQ (now and deferred), a timeout, FIN

@@ -150,7 +150,7 @@ def test_peek_shows_keys_and_the_messages_waiting_behind_them(keyed, backend):
     data = ok_json(backend, "peek", "t", "c", "--waiting", "-n", "1")
     assert data["waiting"] == [{
         "id": "0000000000000003", "timestamp": data["waiting"][0]["timestamp"],
-        "attempts": 0, "part": 0, "key": "a", "position": 1, "due_ms": None,
+        "attempts": 0, "priority": 0, "part": 0, "key": "a", "position": 1, "due_ms": None,
         "body_base64": "YTI="}]
     store.deliver("t", "c", [("b1:1", 60_000, 3)])
     store.finish("t", "c", [("b1:1", b"0000000000000002")])      # b: free

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from relay.codec import FRAME_RESPONSE, record_id
-from relay.store import codes
+from relay.codec import make_record, parse_record
+from relay.store import codes, deadletter
 from relay.store.keys import ChannelKeys, TopicKeys, id_part, id_priority
 from relay.store.limits import Limit
 from relay.store.lookup import queued, remove, where
@@ -25,6 +26,12 @@ def publish(store, pairs, topic="t", defer_ms=0):
     """Publish (body, priority) pairs in one call."""
     store.dedup.publish_keyed(topic, [b for b, _ in pairs], None, defer_ms, None,
                               [p for _, p in pairs])
+
+
+def store_record(message: bytes) -> bytes:
+    """The stored record of a delivered message (what a dead letter's envelope keeps)."""
+    ts, attempts, msg_id, body = parse_record(message)
+    return make_record(ts, attempts, msg_id, body)
 
 
 def take(store, count=100, topic="t", channel="c", owner="a"):
@@ -183,7 +190,17 @@ def test_replay_and_redrive_keep_each_messages_priority(store):
     store.control.empty_channel("t", "c")
     result = run(store.redis, "replay", "t", "c", "--since", "1h")
     assert result.stdout == "replayed 7 messages to t/c (0 skipped: in flight or deferred)\n"
-    assert bodies(take(store, 10)) == BY_PRIORITY
+    got = take(store, 10)
+    assert bodies(got) == BY_PRIORITY
+    store.finish("t", "c", [("a", record_id(r)) for r in got])
+    records = store.redis.zrange(ChannelKeys.of("t", "c").urgent, 0, -1)
+    assert records == []
+    publish(store, [(b"plain", 0)])
+    letters = [deadletter.envelope("t", "c", store_record(r)) for r in got[:2]]
+    assert [deadletter.read_envelope(b)["id"][:1] for b in letters] == ["9", "9"]
+    assert store.run(deadletter.redrive_op("t", "c", [store_record(r) for r in got[:2]],
+                                           store.node("t"))) == 2
+    assert bodies(take(store, 10)) == [b"c9", b"g9", b"plain"]
 
 
 def test_priorities_and_rules_parse(store):
@@ -243,3 +260,17 @@ def test_a_stock_consumer_at_rdy_1_gets_the_highest_priority_waiting(processes, 
     assert got == sorted(sent, key=lambda s: -s[0])
     consumer.close()
     wire.close()
+
+
+@pytest.mark.integration
+def test_a_broker_refuses_priorities_until_layout_5_is_in_force(processes, redis_url):
+    """Under layout 4 (a rolling upgrade from 0.5.0 not finished) a priority above 0 is
+    refused and nothing is published; priority=0 is a plain publish."""
+    connect(redis_url).set("relay:layout", 4)
+    _, port = processes.broker()
+    api = Api(port, processes.http_ports[port])
+    assert api.request("POST", "/pub?topic=t&priority=3", b"x")[:2] == (
+        400, b'{"message":"PRIORITIES_NEED_UPGRADE"}')
+    assert api.request("POST", "/mpub?topic=t&priority=0", b"x\ny")[:2] == (200, b"OK")
+    assert connect(redis_url).llen(TopicKeys.of("t").backlog) == 2
+    assert run(connect(redis_url), "pub", "t", "--priority", "3", input="z\n").exit_code == 1

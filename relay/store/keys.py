@@ -59,7 +59,9 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             the same three history_start_* (the oldest
                                             entry's), history_first_ms, history_last_ms
                                             (lib/history.lua); dedup_ms (absent: off;
-                                            relay/store/dedup.py)
+                                            relay/store/dedup.py); urgent_backlog (1: the
+                                            backlog holds messages of priority 1-9,
+                                            lib/append.lua)
     relay:{T}:history                 STREAM with retention on, a copy of every record
                                             published, an entry per publish call (per 64 KiB
                                             of it), id "<ms>-<count>": ms from its timestamp
@@ -111,7 +113,9 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             none; absent: all 0), which its name carries
                                             (part_names); order_key: the topic's rule for
                                             a message's order key (part 0's;
-                                            relay/store/ordering.py); never deleted
+                                            relay/store/ordering.py); priority_rule: its
+                                            JSON field for a message's priority (part
+                                            0's; relay/store/priorities.py); never deleted
     relay:{T}:ch:C:queue              LIST  ready records
     relay:{T}:ch:C:urgent             ZSET  ready records of priority 1-9 (data layout 5),
                                             scored -priority: within one, by publish
@@ -152,7 +156,9 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             how many; rate_per_s, rate_burst: its rate
                                             limit, on every part, rate_tat: its bucket,
                                             on part 0: tokens.lua; lotted: the messages in
-                                            flight in lots beyond one each)
+                                            flight in lots beyond one each; urgent: 1 once
+                                            it had a message of priority 1-9,
+                                            lib/queue.lua)
     relay:{T}:ch:C:consumers          HASH  broker id -> number of its subscribed clients
     relay:{T}:ch:C:dead               LIST  records past max attempts, or
                                             "<reason>:<record>" (expired, overflow:

@@ -146,7 +146,7 @@ class NsqdApi:
         except ValueError:
             raise HttpError(400, "INVALID_PRIORITY") from None
         if priority and not self.broker.prioritized:
-            raise HttpError(400, "PRIORITIES_NEED_LAYOUT_5")
+            raise HttpError(400, "PRIORITIES_NEED_UPGRADE")
         return priority
 
     def _defer(self, request) -> int:
