@@ -48,8 +48,10 @@ def one_by_one(store, n, topic="t", channel="c"):
     return out
 
 
-MIXED = [(b"a0", 0), (b"b5", 5), (b"c9", 9), (b"d0", 0), (b"e5", 5), (b"f1", 1), (b"g9", 9)]
-BY_PRIORITY = [b"c9", b"g9", b"b5", b"e5", b"f1", b"a0", b"d0"]
+# bodies that sort against their publish order, so that only publish order gives FIFO
+# bodies that sort against their publish order: only publish order gives FIFO
+MIXED = [(b"z0", 0), (b"y5", 5), (b"x9", 9), (b"w0", 0), (b"v5", 5), (b"u1", 1), (b"t9", 9)]
+BY_PRIORITY = [b"x9", b"t9", b"y5", b"v5", b"u1", b"z0", b"w0"]
 
 
 def test_higher_priorities_go_first_and_each_in_publish_order(store):
@@ -118,7 +120,7 @@ def test_the_backlog_keeps_priorities_for_the_first_channel(store):
     store.publish("t", [b"h0"])
     subscribed(store)
     assert store.reads.read_channel("t", "c")["depth"] == 8
-    assert bodies(take(store, 20)) == [*BY_PRIORITY[:5], b"a0", b"d0", b"h0"]
+    assert bodies(take(store, 20)) == [*BY_PRIORITY[:5], b"z0", b"w0", b"h0"]
     assert store.redis.hget(TopicKeys.of("t").meta, "urgent_backlog") is None
 
 
@@ -173,13 +175,13 @@ def test_msg_peek_and_delete_see_the_priority(store):
     subscribed(store)
     publish(store, MIXED)
     assert [(m["body"], m["priority"], m["position"]) for m in queued(store, "t", "c", 3)] == [
-        (b"c9", 9, 1), (b"g9", 9, 2), (b"b5", 5, 3)]
+        (b"x9", 9, 1), (b"t9", 9, 2), (b"y5", 5, 3)]
     ids = {m["body"]: m["id"].encode() for m in queued(store, "t", "c", 10)}
-    found = where(store, "t", "c", ids[b"e5"])
+    found = where(store, "t", "c", ids[b"v5"])
     assert (found["state"], found["position"], found["priority"]) == ("queued", 4, 5)
-    assert where(store, "t", "c", ids[b"d0"])["position"] == 7
-    assert remove(store, "t", "c", "queued", ids[b"e5"], found["record"]) is True
-    assert bodies(take(store, 10)) == [b"c9", b"g9", b"b5", b"f1", b"a0", b"d0"]
+    assert where(store, "t", "c", ids[b"w0"])["position"] == 7
+    assert remove(store, "t", "c", "queued", ids[b"v5"], found["record"]) is True
+    assert bodies(take(store, 10)) == [b"x9", b"t9", b"y5", b"u1", b"z0", b"w0"]
 
 
 def test_replay_and_redrive_keep_each_messages_priority(store):
@@ -200,7 +202,22 @@ def test_replay_and_redrive_keep_each_messages_priority(store):
     assert [deadletter.read_envelope(b)["id"][:1] for b in letters] == ["9", "9"]
     assert store.run(deadletter.redrive_op("t", "c", [store_record(r) for r in got[:2]],
                                            store.node("t"))) == 2
-    assert bodies(take(store, 10)) == [b"c9", b"g9", b"plain"]
+    assert bodies(take(store, 10)) == [b"x9", b"t9", b"plain"]
+
+
+def test_stats_shows_the_depth_by_priority(store):
+    subscribed(store)
+    subscribed(store, channel="plain")
+    store.unsubscribe_op  # noqa: B018 (both channels get every message)
+    publish(store, MIXED)
+    take(store, 2, channel="plain")
+    data = json.loads(run(store.redis, "stats", "t", "--json").stdout)
+    by = {c["channel_name"]: c["depth_by_priority"] for c in data["topics"][0]["channels"]}
+    assert by == {"c": {"9": 2, "5": 2, "1": 1, "0": 2}, "plain": {"5": 2, "1": 1, "0": 2}}
+    lines = run(store.redis, "stats", "t").stdout.splitlines()
+    assert lines[0].split()[-1] == "by_priority"
+    assert [line.split("  ")[-1].strip() for line in lines[2:4]] == [
+        "9:2 5:2 1:1 0:2", "5:2 1:1 0:2"]
 
 
 def test_priorities_and_rules_parse(store):

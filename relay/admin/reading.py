@@ -71,8 +71,13 @@ def stats_with_clients(store: Store, topic, channel, by_part: bool = False) -> d
     those of a broker killed with -9), so the table counts the clients it lists."""
     data = relay_stats.collect(store, topic, channel, by_part=by_part)
     clients = registry.live_clients(store.redis, registry.live_brokers(store.redis))
+    named = [(t["topic_name"], c["channel_name"]) for t in data["topics"] for c in t["channels"]]
+    urgent = iter(store.reads.urgent_depths(named))
     for t in data["topics"]:
         for c in t["channels"]:
+            above = next(urgent)
+            c["depth_by_priority"] = {**{str(p): n for p, n in above.items()},
+                                      "0": c["depth"] - sum(above.values())}
             c["clients"] = [client for client in clients
                             if (client["topic"], client["channel"]) ==
                             (t["topic_name"], c["channel_name"])]

@@ -12,6 +12,7 @@ STATS_COLUMNS = ["topic", "channel", "depth", "in_flight", "deferred", "messages
                  "paused"]
 ORDER_COLUMNS = ["ordered", "keys_out", "waiting"]     # when some channel is ordered
 RATE_COLUMNS = ["rate"]         # when some channel has a rate limit
+PRIORITY_COLUMNS = ["by_priority"]  # when some channel has messages of priority above 0
 RETAINED_COLUMNS = ["topic", "retention", "retained", "bytes", "oldest", "newest"]
 CLIENT_COLUMNS = ["broker", "channel", "client", "address", "user_agent", "ready",
                   "in_flight", "messages", "finished", "requeued", "connected"]
@@ -42,16 +43,19 @@ def stats_text(data: dict) -> str:
     """The stats table; read --partitions, each part's row names its master. With an
     ordered channel among them, each channel's mode, keys with a message out and messages
     waiting behind them too (ORDER_COLUMNS); with a rate-limited channel, each channel's
-    rate limit (RATE_COLUMNS)."""
+    rate limit (RATE_COLUMNS); with messages above priority 0, each channel's depth by
+    priority (PRIORITY_COLUMNS)."""
     rows, clients = [], []
     by_part = any("parts" in t for t in data["topics"])
     ordered = any(c.get("ordered") for t in data["topics"] for c in t["channels"])
     limited = any(c.get("rate_limit") for t in data["topics"] for c in t["channels"])
+    ranked = any(len(c.get("depth_by_priority", {})) > 1
+                 for t in data["topics"] for c in t["channels"])
     for t in data["topics"]:
         for label, row in [(t["topic_name"], t)] + _part_rows(t):
             rows.append([label, "", row["depth"], "", row["deferred_count"],
                          row["message_count"], *[""] * 7, row["paused"],
-                         *[""] * (len(ORDER_COLUMNS) * ordered + limited),
+                         *[""] * (len(ORDER_COLUMNS) * ordered + limited + ranked),
                          *([row.get("master", "")] if by_part else [])])
         for c in t["channels"]:
             for label, row in [(c["channel_name"], c)] + _part_rows(c):
@@ -64,15 +68,22 @@ def stats_text(data: dict) -> str:
                                if ordered else []),
                              *([rate_text(c["rate_limit"]) if c["rate_limit"] else ""]
                                if limited else []),
+                             *([priority_text(c["depth_by_priority"]) if row is c else ""]
+                               if ranked else []),
                              *([row.get("master", "")] if by_part else [])])
             clients += c["clients"]
     if not rows:
         return "no topics"
     text = table(rows, STATS_COLUMNS + ORDER_COLUMNS * ordered + RATE_COLUMNS * limited
-                 + ["master"] * by_part)
+                 + PRIORITY_COLUMNS * ranked + ["master"] * by_part)
     if any("retention" in t for t in data["topics"]):
         text += "\n\n" + retained_table(data["topics"])
     return text + "\n\n" + clients_table(clients) if clients else text
+
+
+def priority_text(depths: dict) -> str:
+    """A channel's depth by priority, highest first: "9:3 5:2 0:10"."""
+    return " ".join(f"{p}:{n}" for p, n in depths.items() if n)
 
 
 def rate_text(per_s: float) -> str:

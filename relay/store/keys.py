@@ -118,10 +118,11 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             0's; relay/store/priorities.py); never deleted
     relay:{T}:ch:C:queue              LIST  ready records
     relay:{T}:ch:C:urgent             ZSET  ready records of priority 1-9 (data layout 5),
-                                            scored -priority: within one, by publish
-                                            time (the record's first bytes); the
-                                            channel meta's `urgent` says it may hold
-                                            some (lib/queue.lua)
+                                            scored count - priority * 2^48 (count: the
+                                            id's last 12 digits), so the highest
+                                            priority first and each in publish order;
+                                            the channel meta's `urgent` says it may
+                                            hold some (lib/queue.lua)
     relay:{T}:ch:C:inflight           ZSET  "<id> <owner>" -> deadline (ms), or (data
                                             layout 4) "<lot> <owner>" for the messages one
                                             delivery handed one consumer (lib/inflight.lua)
@@ -198,6 +199,7 @@ PART_MARK = "/"
 PART_DIGITS = 4         # of the 16 in a message id: its priority's, then 3 of the part
 PRIORITY_SHIFT = 12     # of those 4 digits' value: the priority is the top one
 PART_MASK = 0xfff
+PRIORITY_SPAN = 1 << 48     # of urgent scores: an id's count (12 hex digits) is below it
 BROKERS = f"{PREFIX}:brokers"
 LAYOUT = f"{PREFIX}:layout"
 PROCESSES = f"{PREFIX}:processes"
@@ -287,6 +289,12 @@ def id_part(msg_id: bytes) -> int:
 def id_priority(msg_id: bytes) -> int:
     """A message's priority (0-9), its id's first digit (data layout 5)."""
     return int(msg_id[:1], 16)
+
+
+def priority_scores(priority: int) -> tuple[int, int]:
+    """The scores of a priority's messages in an urgent ZSET (scripts/lib/queue.lua's
+    urgent_score: count - priority * 2^48): min, max."""
+    return -priority * PRIORITY_SPAN, (1 - priority) * PRIORITY_SPAN - 1
 
 
 def topic_prefix(topic: str) -> str:

@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 from relay.codec import parse_record, record_id
 from relay.store import Op, Store, deadletter, guarded
 from relay.store.inflight import expand, is_lot, member_id, member_owner
-from relay.store.keys import ChannelKeys, TopicKeys, id_part, id_priority
+from relay.store.keys import ChannelKeys, TopicKeys, id_part, id_priority, priority_scores
 from relay.store.ordering import ORDERED_FIELD, WAITING_FIELD, Waiting
 
 SCAN_CHUNK = 10_000
@@ -81,10 +81,11 @@ def _queued(store: Store, c: ChannelKeys, msg_id: bytes) -> tuple[int, bytes | N
         position, record = _scan(store, c.queue, msg_id)
         return (position + guarded(store.redis.zcard, c.urgent), record) if record \
             else (0, None)
-    ahead = guarded(store.redis.zcount, c.urgent, -9, f"({-priority}")
+    low, high = priority_scores(priority)
+    ahead = guarded(store.redis.zcount, c.urgent, "-inf", f"({low}")
     start = 0
     while records := guarded(lambda: store.redis.zrangebyscore(
-            c.urgent, -priority, -priority, start=start, num=SCAN_CHUNK)):
+            c.urgent, low, high, start=start, num=SCAN_CHUNK)):
         for i, record in enumerate(records):
             if record_id(record) == msg_id:
                 return ahead + start + i + 1, record

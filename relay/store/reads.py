@@ -9,11 +9,12 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import redis
 
+from relay.codec import MAX_PRIORITY
 from relay.store import keys, nodes, resp
 from relay.store.base import Confirmed
 from relay.store.causes import REFUSALS, cause
 from relay.store.data_path import DataPath, Service
-from relay.store.keys import ChannelKeys, TopicKeys
+from relay.store.keys import ChannelKeys, TopicKeys, priority_scores
 from relay.store.replies import DueView, summed
 from relay.store.runner import Op, guarded
 
@@ -354,6 +355,32 @@ class Reads(Service):
         def take(rows: Iterator, parts: list[str], channel: str) -> list[dict]:
             return [_channel_figures(*next(rows)) for _ in parts]
         return self._batched(channels, send, take, width=CHANNEL_READS)
+
+    def urgent_depths(self, channels: Sequence[tuple[str, str]]) -> list[dict[int, int]]:
+        """The messages of each priority 1-9 ready in each (topic, channel), over its
+        parts (lib/queue.lua): {priority: count} of those above 0. A ZCARD per part, and
+        the ZCOUNTs only of channels that have some."""
+        c_parts = [[ChannelKeys.of(part, channel) for part in self.store.parts(topic)]
+                   for topic, channel in channels]
+        pipe = self.redis.pipeline(transaction=False)
+        for keys_ in c_parts:
+            for c in keys_:
+                pipe.zcard(c.urgent)
+        cards = iter(guarded(pipe.execute))
+        some = [sum(next(cards) for _ in keys_) > 0 for keys_ in c_parts]
+        for keys_, has in zip(c_parts, some):
+            for c in keys_ if has else ():
+                for priority in range(1, MAX_PRIORITY + 1):
+                    pipe.zcount(c.urgent, *priority_scores(priority))
+        counts = iter(guarded(pipe.execute))
+        out = []
+        for keys_, has in zip(c_parts, some):
+            found: dict[int, int] = {}
+            for _ in keys_ if has else ():
+                for priority in range(1, MAX_PRIORITY + 1):
+                    found[priority] = found.get(priority, 0) + next(counts)
+            out.append({p: n for p, n in sorted(found.items(), reverse=True) if n})
+        return out
 
     def queued_records(self, topic: str, channel: str, chunk: int):
         """The channel's ready messages (its urgent ones, then its queue's), `chunk`

@@ -1,4 +1,4 @@
--- include: fanout.lua, time.lua, record.lua, deadletter.lua, node.lua, order.lua
+-- include: fanout.lua, time.lua, record.lua, queue.lua, deadletter.lua, node.lua, order.lua
 -- expire: the scanner's sweep of expired messages that nobody consumes. From the head
 -- of the queue of each of a part's channels with a TTL (ttl_ms in its meta: ttl.lua),
 -- the records published before now - TTL go as deliver.lua sends them when it pops
@@ -43,7 +43,8 @@ local function sources(c, urgent)
     if urgent then
       out[#out + 1] = {
         read = function(want)
-          return redis.call('ZRANGEBYSCORE', zset, -priority, -priority, 'LIMIT', 0, want)
+          local min, max = priority_scores(priority)
+          return redis.call('ZRANGEBYSCORE', zset, min, max, 'LIMIT', 0, want)
         end,
         cut = function(records, n) redis.call('ZREM', zset, unpack(records, 1, n)) end}
     end

@@ -1,4 +1,4 @@
--- include: fanout.lua, chunked.lua, deadletter.lua, node.lua
+-- include: fanout.lua, chunked.lua, record.lua, queue.lua, deadletter.lua, node.lua
 -- limit.lua provides channel_limits(), full_channel() and overflow(): the depth limits
 -- of a topic's channels (relay-admin limit), which publish.lua reads only when its topic
 -- meta counts a limited channel (`limited_channels`), so an unlimited topic pays nothing.
@@ -51,7 +51,8 @@ local function drop_oldest(c, over, dead)
   local left, urgent = over - from_queue, channel_key(c, 'urgent')
   for priority = 1, 9 do
     if left == 0 then break end
-    local records = redis.call('ZRANGEBYSCORE', urgent, -priority, -priority, 'LIMIT', 0, left)
+    local min, max = priority_scores(priority)
+    local records = redis.call('ZRANGEBYSCORE', urgent, min, max, 'LIMIT', 0, left)
     if #records > 0 then
       call_chunked('ZREM', urgent, records)
       if dead then

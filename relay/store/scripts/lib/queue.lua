@@ -3,15 +3,32 @@
 --
 -- A channel's ready messages (q: {queue =, urgent =, meta =}, its keys) are its queue,
 -- a LIST, and for messages of priority 1-9 (data layout 5: the first digit of the id,
--- lib/record.lua) its urgent ZSET, scored -priority: ZPOPMIN takes the highest
--- priority first and, within one, the oldest published (a record starts with its
--- publish timestamp), so a requeued urgent message goes back to its place. The meta's
+-- lib/record.lua) its urgent ZSET, scored by urgent_score(): ZPOPMIN takes the highest
+-- priority first and, within one, the first published (a part's ids count up, and a
+-- channel's keys are one part's), so a requeued urgent message goes back to its place.
+-- The meta's
 -- field `urgent` (set with the first urgent record, never cleared but by an empty)
 -- makes deliver calls look at the ZSET; a channel that never had one pays nothing.
 --
 -- A record in flight does not count its delivery yet (deliver.lua leaves it as queued;
 -- the broker adds it to what it sends), so whatever takes a message out of flight
 -- without a FIN writes it in.
+
+-- A score per priority: the count an id ends with is below 2^48 (12 hex digits), so
+-- count - priority * SPAN orders by priority, then count, exactly in a double.
+local PRIORITY_SPAN = 281474976710656     -- 2^48
+
+-- (as text: Redis would write a Lua number of more than 14 digits rounded)
+local function urgent_score(record, priority)
+  local count = tonumber(string.sub(record, -13, -2), 16)
+  return string.format('%.0f', count - priority * PRIORITY_SPAN)
+end
+
+-- The scores of priority p's messages: min, max for ZRANGEBYSCORE and ZCOUNT.
+local function priority_scores(p)
+  return string.format('%.0f', -p * PRIORITY_SPAN),
+         string.format('%.0f', (1 - p) * PRIORITY_SPAN - 1)
+end
 
 -- enqueue(): records made ready go to the tail of the queue (to its head with `front`,
 -- the first given ending up last: records popped and given back in reverse), or by
@@ -29,7 +46,8 @@ local function enqueue(q, records, front)
         if priority == 0 then
           plain[#plain + 1] = records[j]
         else
-          urgent[#urgent + 1], urgent[#urgent + 2] = -priority, records[j]
+          local n = #urgent
+          urgent[n + 1], urgent[n + 2] = urgent_score(records[j], priority), records[j]
         end
       end
       break
