@@ -106,6 +106,16 @@ def test_a_requeued_or_timed_out_message_goes_back_at_its_own_priority(store):
     assert [record_id(r)[0:1] for r in got] == [b"4", b"0"]
 
 
+def test_a_dead_brokers_messages_and_a_lot_go_back_at_their_priorities(store):
+    subscribed(store, broker="dead")
+    publish(store, [(b"low", 0), (b"high-a", 6), (b"high-b", 6)])
+    got = store.run(store.deliver_op("t", "c", [("dead:1", 60_000, 3)], lots=True))
+    assert got.lotted
+    assert store.run(store.reap_op("t", "c", "dead")) == (0, 3)
+    publish(store, [(b"later", 6)])
+    assert bodies(take(store, 10)) == [b"high-a", b"high-b", b"later", b"low"]
+
+
 def test_a_deferred_message_enters_its_priority_when_due(store):
     subscribed(store)
     publish(store, [(b"due later", 6)], defer_ms=50)

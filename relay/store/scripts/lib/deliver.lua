@@ -70,8 +70,8 @@ local function deliver_channel(c, max_attempts, args, first, last, taken, lots)
   -- up to `want` ready records: the urgent ones first, highest priority first
   local function take(want)
     if not urgent then return redis.call('LPOP', c.queue, want) end
-    local got, records = redis.call('ZPOPMIN', c.urgent, want), {}
-    for i = 1, #got, 2 do records[#records + 1] = got[i] end
+    local records = redis.call('ZRANGE', c.urgent, 0, want - 1)    -- no scores to write
+    if #records > 0 then redis.call('ZREMRANGEBYRANK', c.urgent, 0, #records - 1) end
     if #records < want then
       for _, r in ipairs(redis.call('LPOP', c.queue, want - #records) or {}) do
         records[#records + 1] = r

@@ -18,16 +18,14 @@
 -- count - priority * SPAN orders by priority, then count, exactly in a double.
 local PRIORITY_SPAN = 281474976710656     -- 2^48
 
--- (as text: Redis would write a Lua number of more than 14 digits rounded)
+-- (a number: redis.call writes it exactly, where Lua's own tostring would round it)
 local function urgent_score(record, priority)
-  local count = tonumber(string.sub(record, -13, -2), 16)
-  return string.format('%.0f', count - priority * PRIORITY_SPAN)
+  return tonumber(string.sub(record, -13, -2), 16) - priority * PRIORITY_SPAN
 end
 
 -- The scores of priority p's messages: min, max for ZRANGEBYSCORE and ZCOUNT.
 local function priority_scores(p)
-  return string.format('%.0f', -p * PRIORITY_SPAN),
-         string.format('%.0f', (1 - p) * PRIORITY_SPAN - 1)
+  return -p * PRIORITY_SPAN, (1 - p) * PRIORITY_SPAN - 1
 end
 
 -- enqueue(): records made ready go to the tail of the queue (to its head with `front`,
