@@ -230,6 +230,21 @@ def test_stats_shows_the_depth_by_priority(store):
         "9:2 5:2 1:1 0:2", "5:2 1:1 0:2"]
 
 
+def test_relay_admin_pub_and_the_topic_rule_give_priorities(store):
+    subscribed(store)
+    assert run(store.redis, "pub", "t", "--priority", "7", input="a\nb\n").stdout == \
+        "published 2 messages to t\n"
+    assert run(store.redis, "priority", "t", "--json-field", "p").stdout == \
+        "t: priority rule json-field 'p'\n"
+    assert run(store.redis, "pub", "t", input='{"p": 3}\nplain\n').exit_code == 0
+    got = take(store, 10)
+    assert [(b, int(record_id(r)[:1])) for r, b in zip(got, bodies(got))] == [
+        (b"a", 7), (b"b", 7), (b'{"p": 3}', 3), (b"plain", 0)]
+    assert json.loads(run(store.redis, "priority", "t", "--off", "--json").stdout) == {
+        "topic": "t", "priority_rule": None}
+    assert run(store.redis, "priority", "t", "--json-field", "p", "--off").exit_code == 2
+
+
 def test_priorities_and_rules_parse(store):
     assert [parse_priority(t) for t in "09"] == [0, 9]
     for bad in ("", "10", "-1", "a", " 1"):

@@ -18,9 +18,10 @@
 -- count - priority * SPAN orders by priority, then count, exactly in a double.
 local PRIORITY_SPAN = 281474976710656     -- 2^48
 
--- (a number: redis.call writes it exactly, where Lua's own tostring would round it)
-local function urgent_score(record, priority)
-  return tonumber(string.sub(record, -13, -2), 16) - priority * PRIORITY_SPAN
+-- (a number: redis.call writes it exactly, where Lua's own tostring would round it);
+-- `count` if the caller knows it, else read from the record's id
+local function urgent_score(record, priority, count)
+  return (count or tonumber(string.sub(record, -13, -2), 16)) - priority * PRIORITY_SPAN
 end
 
 -- The scores of priority p's messages: min, max for ZRANGEBYSCORE and ZCOUNT.
@@ -31,8 +32,9 @@ end
 -- enqueue(): records made ready go to the tail of the queue (to its head with `front`,
 -- the first given ending up last: records popped and given back in reverse), or by
 -- priority into the urgent ZSET. Returns true if the channel had nothing ready before
--- them, as far as one reply shows (a broker waits for the wake-up then).
-local function enqueue(q, records, front)
+-- them, as far as one reply shows (a broker waits for the wake-up then). `counts`: the
+-- count each record's id ends with, where the caller has them (a publish).
+local function enqueue(q, records, front, counts)
   if #records == 0 then return false end
   local plain, urgent = records, nil
   for i, r in ipairs(records) do
@@ -45,7 +47,8 @@ local function enqueue(q, records, front)
           plain[#plain + 1] = records[j]
         else
           local n = #urgent
-          urgent[n + 1], urgent[n + 2] = urgent_score(records[j], priority), records[j]
+          urgent[n + 1] = urgent_score(records[j], priority, counts and counts[j])
+          urgent[n + 2] = records[j]
         end
       end
       break
