@@ -34,6 +34,15 @@ def store_record(message: bytes) -> bytes:
     return make_record(ts, attempts, msg_id, body)
 
 
+def counted(store, topic="t", channel="c") -> dict:
+    """The urgent counts of a channel, checked against its lists' lengths."""
+    c = ChannelKeys.of(topic, channel)
+    counts = {int(p): int(n) for p, n in store.redis.hgetall(c.urgent).items()}
+    lengths = {p: store.redis.llen(c.urgent_list(p)) for p in range(1, 10)}
+    assert counts == {p: n for p, n in lengths.items() if n}
+    return counts
+
+
 def take(store, count=100, topic="t", channel="c", owner="a"):
     return store.deliver(topic, channel, [(owner, 60_000, count)])[0]
 
@@ -59,6 +68,7 @@ def test_higher_priorities_go_first_and_each_in_publish_order(store):
     publish(store, MIXED)
     assert store.reads.read_channel("t", "c") == empty_channel(
         depth=7, message_count=7, client_count=1)
+    assert counted(store) == {9: 2, 5: 2, 1: 1}
     assert one_by_one(store, 7) == BY_PRIORITY
     publish(store, MIXED)
     assert bodies(take(store, 3)) == BY_PRIORITY[:3]
@@ -71,7 +81,7 @@ def test_an_id_carries_its_priority_and_still_names_its_part(store):
     for _ in range(6):
         publish(store, [(b"x", 7)])
     records = [r for part in store.parts("t")
-               for r in store.redis.zrange(ChannelKeys.of(part, "c").urgent, 0, -1)]
+               for r in store.redis.lrange(ChannelKeys.of(part, "c").urgent_list(7), 0, -1)]
     assert len(records) == 6
     assert {id_priority(record_id(r)) for r in records} == {7}
     assert sorted({id_part(record_id(r)) for r in records}) == [0, 1, 2]
@@ -162,6 +172,7 @@ def test_ttl_sweeps_urgent_messages_too(store):
     publish(store, [(b"new", 3)])
     assert store.expiry.expire_parts(["t"]) == 2
     assert bodies(take(store, 5)) == [b"new"]
+    assert counted(store) == {}
 
 
 def test_a_depth_limit_counts_urgent_messages_and_drops_priority_0_first(store):
@@ -169,7 +180,10 @@ def test_a_depth_limit_counts_urgent_messages_and_drops_priority_0_first(store):
     store.limits.set_limit("t", "c", Limit(3, "drop-oldest"))
     publish(store, [(b"p0-a", 0), (b"p5", 5), (b"p0-b", 0), (b"p1", 1), (b"p9", 9)])
     assert store.reads.read_channel("t", "c")["depth"] == 3
-    assert bodies(take(store, 10)) == [b"p9", b"p5", b"p1"]
+    assert counted(store) == {9: 1, 5: 1, 1: 1}
+    publish(store, [(b"p2", 2)])
+    assert counted(store) == {9: 1, 5: 1, 2: 1}
+    assert bodies(take(store, 10)) == [b"p9", b"p5", b"p2"]
 
 
 def test_empty_drops_urgent_messages(store):
@@ -191,6 +205,7 @@ def test_msg_peek_and_delete_see_the_priority(store):
     assert (found["state"], found["position"], found["priority"]) == ("queued", 4, 5)
     assert where(store, "t", "c", ids[b"w0"])["position"] == 7
     assert remove(store, "t", "c", "queued", ids[b"v5"], found["record"]) is True
+    assert counted(store) == {9: 2, 5: 1, 1: 1}
     assert bodies(take(store, 10)) == [b"x9", b"t9", b"y5", b"u1", b"z0", b"w0"]
 
 
@@ -205,8 +220,7 @@ def test_replay_and_redrive_keep_each_messages_priority(store):
     got = take(store, 10)
     assert bodies(got) == BY_PRIORITY
     store.finish("t", "c", [("a", record_id(r)) for r in got])
-    records = store.redis.zrange(ChannelKeys.of("t", "c").urgent, 0, -1)
-    assert records == []
+    assert store.redis.exists(ChannelKeys.of("t", "c").urgent) == 0
     publish(store, [(b"plain", 0)])
     letters = [deadletter.envelope("t", "c", store_record(r)) for r in got[:2]]
     assert [deadletter.read_envelope(b)["id"][:1] for b in letters] == ["9", "9"]

@@ -515,7 +515,8 @@ def test_ephemeral_channel_deleted_when_last_consumer_leaves(store):
     store.redis.hset(c.gate, "key", mid(2))     # as an ordered channel has them
     store.redis.hset(c.key_of, mid(2), "key")
     store.redis.zadd(c.waiting, {b"key " + mid(3) + b" 0 record": 0})
-    store.redis.zadd(c.urgent, {b"an urgent record": -1})
+    store.redis.hset(c.urgent, "4", 1)      # as a channel with an urgent message has it
+    store.redis.rpush(c.urgent_list(4), b"an urgent record")
     assert all(store.redis.exists(k) for k in c.all())
     assert due_score(store, "t", ch) is not None
 
@@ -524,7 +525,7 @@ def test_ephemeral_channel_deleted_when_last_consumer_leaves(store):
     assert store.reads.channel_names("t") == ["c#ephemeral", "keep"]
     assert store.run(store.unsubscribe_op("t", ch, "b2", True, False, incarnation(store, "t", ch))) == 1
 
-    assert [k for k in c.all() if store.redis.exists(k)] == []
+    assert [k for k in [*c.all(), c.urgent_list(4)] if store.redis.exists(k)] == []
     assert store.reads.channel_names("t") == ["keep"]
     assert due_score(store, "t", ch) is None
     assert store.reads.read_channel("t", ch) == empty_channel()

@@ -21,6 +21,7 @@ result from the calls' results.
 import functools
 from typing import Any, Callable, NamedTuple, Sequence
 
+from relay.codec import MAX_PRIORITY
 from relay.store.keys import MESSAGE_SUFFIXES, ChannelKeys, hash_tag
 from relay.store.replies import Published, Stepped
 from relay.store.runner import MAX_CALL_ARGS, Continued, Op, identity
@@ -81,8 +82,10 @@ def channel_keys(part: str, channels: Sequence[str]) -> list[str]:
 
 
 def trash_keys(prefix: str, channels: int) -> list[str]:
-    """drop.lua's trash keys: as many as there may be keys to detach."""
-    return [f"{prefix}{i}" for i in range(1, 4 + len(MESSAGE_SUFFIXES) * channels)]
+    """drop.lua's trash keys: as many as there may be keys to detach (a channel's urgent
+    lists among them, lib/queue.lua)."""
+    return [f"{prefix}{i}" for i in range(1, 4 + (len(MESSAGE_SUFFIXES) + MAX_PRIORITY)
+                                          * channels)]
 
 
 def fanout_op(script: str, fan: FanOut, head_keys: Sequence[str], args: Sequence[Any],

@@ -117,12 +117,13 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             JSON field for a message's priority (part
                                             0's; relay/store/priorities.py); never deleted
     relay:{T}:ch:C:queue              LIST  ready records
-    relay:{T}:ch:C:urgent             ZSET  ready records of priority 1-9 (data layout 5),
-                                            scored count - priority * 2^48 (count: the
-                                            id's last 12 digits), so the highest
-                                            priority first and each in publish order;
-                                            the channel meta's `urgent` says it may
-                                            hold some (lib/queue.lua)
+    relay:{T}:ch:C:urgent             HASH  priority (1-9) -> how many ready records of
+                                            that priority wait in its list, a field only
+                                            while some do (data layout 5; the channel
+                                            meta's `urgent` says it may have some:
+                                            lib/queue.lua)
+    relay:{T}:ch:C:urgent:P           LIST  ready records of priority P (1-9), delivered
+                                            before the queue's, the highest P first
     relay:{T}:ch:C:inflight           ZSET  "<id> <owner>" -> deadline (ms), or (data
                                             layout 4) "<lot> <owner>" for the messages one
                                             delivery handed one consumer (lib/inflight.lua)
@@ -199,7 +200,6 @@ PART_MARK = "/"
 PART_DIGITS = 4         # of the 16 in a message id: its priority's, then 3 of the part
 PRIORITY_SHIFT = 12     # of those 4 digits' value: the priority is the top one
 PART_MASK = 0xfff
-PRIORITY_SPAN = 1 << 48     # of urgent scores: an id's count (12 hex digits) is below it
 BROKERS = f"{PREFIX}:brokers"
 LAYOUT = f"{PREFIX}:layout"
 PROCESSES = f"{PREFIX}:processes"
@@ -291,11 +291,6 @@ def id_priority(msg_id: bytes) -> int:
     return int(msg_id[:1], 16)
 
 
-def priority_scores(priority: int) -> tuple[int, int]:
-    """The scores of a priority's messages in an urgent ZSET (scripts/lib/queue.lua's
-    urgent_score: count - priority * 2^48): min, max."""
-    return -priority * PRIORITY_SPAN, (1 - priority) * PRIORITY_SPAN - 1
-
 
 def topic_prefix(topic: str) -> str:
     return f"{PREFIX}:{{{topic}}}:"
@@ -374,6 +369,10 @@ class ChannelKeys:
         """Cached: the broker builds keys for every FIN."""
         p = channel_prefix(topic) + channel + ":"
         return cls(topic, channel, *(p + s for s in CHANNEL_SUFFIXES))
+
+    def urgent_list(self, priority: int) -> str:
+        """The ready records of one priority 1-9 (scripts/lib/queue.lua)."""
+        return f"{self.urgent}:{priority}"
 
     def spark(self, consumer: str, part: str) -> str:
         """A Spark query's progress, strays or one batch's claims (relay/spark/batches.py)."""

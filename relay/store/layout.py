@@ -13,9 +13,10 @@ upgrade (README: Upgrading; docs/processes.md).
        channel goes in flight as a lot, one member and one record field for all its
        messages (scripts/lib/inflight.lua; relay 0.5.0).
     5  since issue 60 part 2: a message id's first digit is its priority (0-9), and a
-       channel's messages of priority 1-9 wait ready in its urgent ZSET beside its queue
-       (scripts/lib/queue.lua; relay 0.6.0). An earlier release would take the digit
-       for part of the part's number and not deliver from the ZSET.
+       channel's messages of priority 1-9 wait ready in a list per priority beside its
+       queue, counted in its urgent hash (scripts/lib/queue.lua; relay 0.6.0). An
+       earlier release would take the digit for part of the part's number and not
+       deliver from those lists.
 
 `relay:layout` holds the layout in force, the one every process writes. A broker,
 scanner, jobs worker or console reads it once Redis answers (`establish`) and refuses to

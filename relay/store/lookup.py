@@ -14,10 +14,10 @@ message out, from key_of; of one waiting, from where it waits (ordering.Waiting)
 from itertools import islice
 from typing import Callable, Iterable
 
-from relay.codec import parse_record, record_id
+from relay.codec import MAX_PRIORITY, parse_record, record_id
 from relay.store import Op, Store, deadletter, guarded
 from relay.store.inflight import expand, is_lot, member_id, member_owner
-from relay.store.keys import ChannelKeys, TopicKeys, id_part, id_priority, priority_scores
+from relay.store.keys import ChannelKeys, TopicKeys, id_part, id_priority
 from relay.store.ordering import ORDERED_FIELD, WAITING_FIELD, Waiting
 
 SCAN_CHUNK = 10_000
@@ -74,23 +74,13 @@ def where(store: Store, topic: str, channel: str, msg_id: bytes,
 
 def _queued(store: Store, c: ChannelKeys, msg_id: bytes) -> tuple[int, bytes | None]:
     """(position from 1 at the head of what goes out next, record) of msg_id ready: in
-    the urgent ZSET for a priority above 0 (a read of its priority's), else in the queue
-    behind all the urgent ones (lib/queue.lua); (0, None) if it is not."""
+    its priority's list, behind the messages of higher priorities, or for priority 0 in
+    the queue behind all the urgent ones (lib/queue.lua); (0, None) if it is not."""
     priority = id_priority(msg_id)
-    if priority == 0:
-        position, record = _scan(store, c.queue, msg_id)
-        return (position + guarded(store.redis.zcard, c.urgent), record) if record \
-            else (0, None)
-    low, high = priority_scores(priority)
-    ahead = guarded(store.redis.zcount, c.urgent, "-inf", f"({low}")
-    start = 0
-    while records := guarded(lambda: store.redis.zrangebyscore(
-            c.urgent, low, high, start=start, num=SCAN_CHUNK)):
-        for i, record in enumerate(records):
-            if record_id(record) == msg_id:
-                return ahead + start + i + 1, record
-        start += SCAN_CHUNK
-    return 0, None
+    ahead = sum(int(n) for p, n in guarded(store.redis.hgetall, c.urgent).items()
+                if int(p) > priority)
+    position, record = _scan(store, c.urgent_list(priority) if priority else c.queue, msg_id)
+    return (ahead + position, record) if record else (0, None)
 
 
 def _waiting(store: Store, c: ChannelKeys, msg_id: bytes) -> dict | None:
@@ -170,9 +160,10 @@ def queued(store: Store, topic: str, channel: str, limit: int) -> list[dict]:
     out = []
     for index, part in enumerate(store.parts(topic)):
         c = ChannelKeys.of(part, channel)
-        records = guarded(store.redis.zrange, c.urgent, 0, limit - 1)
-        if len(records) < limit:
-            records += guarded(store.redis.lrange, c.queue, 0, limit - len(records) - 1)
+        records: list[bytes] = []
+        for name in [c.urgent_list(p) for p in range(MAX_PRIORITY, 0, -1)] + [c.queue]:
+            if len(records) < limit:
+                records += guarded(store.redis.lrange, name, 0, limit - len(records) - 1)
         out += [message(r) | {"part": index, "position": i + 1} for i, r in enumerate(records)]
     return out[:limit]
 

@@ -1,11 +1,11 @@
 """Message priorities (issue 60 part 2, data layout 5). A message's priority, 0-9 with
 the higher delivered first, is its id's first digit (keys.id_priority), so it stays
 with the message wherever it goes: in flight, deferred, requeued, dead-lettered,
-retained for replay. A channel's ready messages of priority 1-9 wait in its urgent ZSET
-beside its queue, where every deliver call takes them first, the highest first and,
-within one priority, the oldest published first; priority 0 is the queue of any
-channel, so a topic without priorities stores and moves its messages as before
-(scripts/lib/queue.lua).
+retained for replay. A channel's ready messages of priority 1-9 wait in a list per
+priority beside its queue, counted in its urgent hash: every deliver call takes them
+first, the highest first and each list from its head (FIFO, a REQ to the back, as the
+queue); priority 0 is the queue of any channel, so a topic without priorities stores
+and moves its messages as before (scripts/lib/queue.lua).
 
 A message gets its priority from its publisher (/pub?priority=, /mpub?priority=,
 relay-admin pub --priority), or else from its topic's rule: a JSON field of the body

@@ -14,7 +14,7 @@ from relay.store import keys, nodes, resp
 from relay.store.base import Confirmed
 from relay.store.causes import REFUSALS, cause
 from relay.store.data_path import DataPath, Service
-from relay.store.keys import ChannelKeys, TopicKeys, priority_scores
+from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.replies import DueView, summed
 from relay.store.runner import Op, guarded
 
@@ -358,39 +358,32 @@ class Reads(Service):
 
     def urgent_depths(self, channels: Sequence[tuple[str, str]]) -> list[dict[int, int]]:
         """The messages of each priority 1-9 ready in each (topic, channel), over its
-        parts (lib/queue.lua): {priority: count} of those above 0. A ZCARD per part, and
-        the ZCOUNTs only of channels that have some."""
+        parts (lib/queue.lua): {priority: count}, highest first."""
         c_parts = [[ChannelKeys.of(part, channel) for part in self.store.parts(topic)]
                    for topic, channel in channels]
         pipe = self.redis.pipeline(transaction=False)
         for keys_ in c_parts:
             for c in keys_:
-                pipe.zcard(c.urgent)
-        cards = iter(guarded(pipe.execute))
-        some = [sum(next(cards) for _ in keys_) > 0 for keys_ in c_parts]
-        for keys_, has in zip(c_parts, some):
-            for c in keys_ if has else ():
-                for priority in range(1, MAX_PRIORITY + 1):
-                    pipe.zcount(c.urgent, *priority_scores(priority))
+                pipe.hgetall(c.urgent)
         counts = iter(guarded(pipe.execute))
         out = []
-        for keys_, has in zip(c_parts, some):
+        for keys_ in c_parts:
             found: dict[int, int] = {}
-            for _ in keys_ if has else ():
-                for priority in range(1, MAX_PRIORITY + 1):
-                    found[priority] = found.get(priority, 0) + next(counts)
-            out.append({p: n for p, n in sorted(found.items(), reverse=True) if n})
+            for _ in keys_:
+                for priority, n in next(counts).items():
+                    found[int(priority)] = found.get(int(priority), 0) + int(n)
+            out.append(dict(sorted(found.items(), reverse=True)))
         return out
 
     def queued_records(self, topic: str, channel: str, chunk: int):
-        """The channel's ready messages (its urgent ones, then its queue's), `chunk`
-        records at a time, without taking them."""
+        """The channel's ready messages (its urgent ones, highest priority first, then its
+        queue's), `chunk` records at a time, without taking them."""
         for part in self.store.parts(topic):
             c = ChannelKeys.of(part, channel)
-            for read in (self.redis.zrange, self.redis.lrange):
+            lists = [c.urgent_list(p) for p in range(MAX_PRIORITY, 0, -1)] + [c.queue]
+            for name in lists:
                 start = 0
-                while records := guarded(read, c.urgent if read == self.redis.zrange else c.queue,
-                                         start, start + chunk - 1):
+                while records := guarded(self.redis.lrange, name, start, start + chunk - 1):
                     yield records
                     start += chunk
 
@@ -412,7 +405,7 @@ def channel_reads(part: str, channel: str) -> Packed:
     c = ChannelKeys.of(part, channel)
     commands = (("LLEN", c.queue), ("ZCARD", c.waiting), ("HLEN", c.gate),
                 ("ZCARD", c.inflight), ("ZCARD", c.deferred), ("HGETALL", c.meta),
-                ("HVALS", c.consumers), ("ZCARD", c.urgent))
+                ("HVALS", c.consumers), ("HVALS", c.urgent))
     return Packed(commands, resp.pack(commands))
 
 
@@ -439,7 +432,7 @@ def pairs(reply: Any) -> dict:
 
 
 def _channel_figures(queued: int, waiting: int, keys_out: int, inflight: int, deferred: int,
-                     meta: Any, consumers: list, urgent: int) -> dict:
+                     meta: Any, consumers: list, urgent: list) -> dict:
     """A channel part's figures from its LLEN, ZCARDs, HLEN of the order gate, meta and
     consumers' counts: the depth counts the messages of priority 1-9 (lib/queue.lua) and
     the messages of an ordered channel waiting behind
@@ -449,7 +442,7 @@ def _channel_figures(queued: int, waiting: int, keys_out: int, inflight: int, de
     meta = pairs(meta)
     waiting += int(meta.get(b"order_waiting", 0))      # numbered in msgs (lib/order.lua)
     inflight += int(meta.get(b"lotted", 0))            # in lots beyond one each (lib/inflight.lua)
-    return {"depth": queued + urgent + waiting, "in_flight_count": inflight, "deferred_count": deferred,
+    return {"depth": queued + sum(map(int, urgent)) + waiting, "in_flight_count": inflight, "deferred_count": deferred,
             "message_count": int(meta.get(b"message_count", 0)),
             "requeue_count": int(meta.get(b"requeue_count", 0)),
             "timeout_count": int(meta.get(b"timeout_count", 0)),

@@ -1,4 +1,4 @@
--- include: fanout.lua, news.lua, order.lua
+-- include: fanout.lua, news.lua, queue.lua, order.lua
 -- drop: empty or delete a channel, or a whole topic (nsqd's Channel.Empty,
 -- Channel.Delete, Topic.Empty, Topic.Delete). The keys holding the dropped messages
 -- are renamed to trash keys, O(1) each, so this one call is the cut: what the target
@@ -39,14 +39,16 @@ end
 -- trash counts them (WAITING_FIELD), as the jobs worker reports what it frees.
 local function drop_channel(c)
   local waiting = redis.call('HGET', channel_key(c, 'meta'), 'order_waiting')
-  for _, suffix in ipairs({'queue', 'inflight', 'deferred', 'msgs', 'gate', 'key_of', 'waiting',
-                           'urgent'}) do
+  for _, suffix in ipairs({'queue', 'inflight', 'deferred', 'msgs', 'gate', 'key_of', 'waiting'}) do
     local kept = #trash
     detach(channel_key(c, suffix))
     if suffix == 'msgs' and waiting and #trash > kept then
       redis.call('HSET', trash[#trash], WAITING_FIELD, waiting)
     end
   end
+  local urgent = channel_key(c, 'urgent')     -- lib/queue.lua: its lists go, its counts
+  for _, level in ipairs(urgent_levels(urgent)) do detach(urgent_list(urgent, level[1])) end
+  redis.call('UNLINK', urgent)
   if not delete then
     -- lib/inflight.lua, lib/queue.lua
     redis.call('HDEL', channel_key(c, 'meta'), 'order_waiting', 'lotted', 'urgent')

@@ -10,7 +10,7 @@
 -- queue is in publish order but for the messages requeued to its tail, so the sweep
 -- stops at the first live record: an expired one behind it goes when it is delivered.
 -- A channel's urgent messages (lib/queue.lua) are swept the same way, each priority's
--- from its oldest.
+-- list from its head.
 -- On an ordered channel what goes releases its order key (lib/order.lua).
 --
 -- KEYS[1] topic meta   KEYS[2] topic channels   KEYS[3] topic due index   KEYS[4] topic
@@ -30,24 +30,20 @@ if stale then return stale end
 local now = now_ms()
 local total, more = 0, 0
 
--- The ready records of channel c in the order they go out, as sources: the queue, and
--- if its meta says it may hold some (lib/queue.lua), each priority of its urgent ZSET,
--- oldest first; read(want) gives a source's first records, cut(records, n) takes its
--- first n of them out.
+-- The ready records of channel c as sources: the queue, and if its meta says it may
+-- hold some, the list of each priority with messages waiting (lib/queue.lua); read(want)
+-- gives a source's first records, cut(n) takes its first n out.
 local function sources(c, urgent)
-  local queue = channel_key(c, 'queue')
-  local out = {{read = function(want) return redis.call('LRANGE', queue, 0, want - 1) end,
-                cut = function(_, n) redis.call('LTRIM', queue, n, -1) end}}
-  local zset = channel_key(c, 'urgent')
-  for priority = 9, 1, -1 do
-    if urgent then
-      out[#out + 1] = {
-        read = function(want)
-          local min, max = priority_scores(priority)
-          return redis.call('ZRANGEBYSCORE', zset, min, max, 'LIMIT', 0, want)
-        end,
-        cut = function(records, n) redis.call('ZREM', zset, unpack(records, 1, n)) end}
-    end
+  local function list_source(list, p)
+    return {read = function(want) return redis.call('LRANGE', list, 0, want - 1) end,
+            cut = function(n)
+              redis.call('LTRIM', list, n, -1)
+              if p then urgent_taken(channel_key(c, 'urgent'), p, n) end
+            end}
+  end
+  local out = {list_source(channel_key(c, 'queue'))}
+  for _, level in ipairs(urgent and urgent_levels(channel_key(c, 'urgent')) or {}) do
+    out[#out + 1] = list_source(urgent_list(channel_key(c, 'urgent'), level[1]), level[1])
   end
   return out
 end
@@ -74,7 +70,7 @@ local function expire_head(c, o, source, most, oldest_live, attempts, dead_lette
       end
     end
     if #dead > 0 then redis.call('RPUSH', channel_key(c, 'dead'), unpack(dead)) end
-    if n > 0 then source.cut(records, n) end
+    if n > 0 then source.cut(n) end
     local released = order_release(o, left)
     -- a live record, or the source's end (but for the messages the expired ones released)
     if n < #records or (n < want and released == 0) then return expired, spent, false end

@@ -27,7 +27,8 @@ end
 redis.call('HDEL', consumers, dead_broker)
 local gone = drop_if_unused({channels = channels, topic_meta = topic_meta,
                              due_index = due_index, consumers = consumers,
-                             channel_meta = channel_meta, others = channel_keys},
+                             channel_meta = channel_meta, urgent = KEYS[15],
+                             others = channel_keys},
                             channel, channel_ephemeral, topic_ephemeral)
 if gone ~= CODE.KEPT then
   return {gone, 0}

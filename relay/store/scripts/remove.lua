@@ -1,4 +1,4 @@
--- include: record.lua, order.lua
+-- include: record.lua, queue.lua, order.lua
 -- remove: relay-admin msg --delete. Takes one message out of a channel where it waits:
 -- a queued record dropped (LREM of that exact record, the first from the head), a
 -- deferred message cancelled (out of the deferred ZSET, its record out of the msgs
@@ -10,7 +10,7 @@
 --
 -- KEYS[1] queue   KEYS[2] deferred   KEYS[3] msgs   KEYS[4] channel meta   KEYS[5] gate
 -- KEYS[6] key_of   KEYS[7] waiting   KEYS[8] topic due index   KEYS[9] topic version
--- KEYS[10] urgent (a queued record of priority 1-9 is there: lib/queue.lua)
+-- KEYS[10] urgent (a queued record of priority 1-9 is in its list: lib/queue.lua)
 -- ARGV[1] "queued", "deferred" or "waiting"   ARGV[2] the queued record, the deferred id
 -- or the waiting one's ZSET member or "<order key> <seq>" (relay/store/ordering.py's
 -- Waiting.element)   ARGV[3] channel name   ARGV[4] wake pub/sub channel
@@ -24,8 +24,10 @@ local state, target, channel, wake, node = ARGV[1], ARGV[2], ARGV[3], ARGV[4], A
 
 local removed, id = 0, nil
 if state == 'queued' then
-  if record_priority(target) > 0 then
-    removed = redis.call('ZREM', KEYS[10], target)
+  local priority = record_priority(target)
+  if priority > 0 then
+    removed = redis.call('LREM', urgent_list(KEYS[10], priority), 1, target)
+    urgent_taken(KEYS[10], priority, removed)
   else
     removed = redis.call('LREM', queue, 1, target)
   end

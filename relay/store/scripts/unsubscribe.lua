@@ -23,5 +23,5 @@ if redis.call('HINCRBY', consumers, broker, -1) <= 0 then
   redis.call('HDEL', consumers, broker)
 end
 return drop_if_unused({channels = channels, topic_meta = topic_meta, due_index = due_index,
-                       consumers = consumers, channel_meta = channel_meta,
+                       consumers = consumers, channel_meta = channel_meta, urgent = KEYS[15],
                        others = channel_keys}, channel, channel_ephemeral, topic_ephemeral)

@@ -93,7 +93,7 @@ local function append(p, first, bodies, timestamp, part, order_keys, priorities)
       local _, out = going_out(p, c, ids, records, order_keys)
       if priorities then
         enqueue({queue = channel_key(c, 'queue'), urgent = channel_key(c, 'urgent'),
-                 meta = channel_key(c, 'meta')}, out, false, out == records and counts)
+                 meta = channel_key(c, 'meta')}, out)
       else
         call_chunked('RPUSH', channel_key(c, 'queue'), out)
       end

@@ -16,8 +16,8 @@
 --
 -- c: the channel's gate (lib/order.lua's order_gate(): what is finished, dead-lettered
 -- or expired releases its order key) with its other keys inflight =, meta = and dead =
--- (the dead-letter outbox); c.urgent its messages of priority 1-9, which go first
--- (lib/queue.lua). The meta hash: a paused channel delivers nothing; its
+-- (the dead-letter outbox); c.urgent the counts of its messages of priority 1-9,
+-- which go first (lib/queue.lua). The meta hash: a paused channel delivers nothing; its
 -- max_attempts field overrides `max_attempts` (0: unlimited); ttl_ms,
 -- dead_letter_topic: above. args[first..last]: groups of 4: owner, timeout ms, count,
 -- most bytes (0: any).
@@ -70,8 +70,7 @@ local function deliver_channel(c, max_attempts, args, first, last, taken, lots)
   -- up to `want` ready records: the urgent ones first, highest priority first
   local function take(want)
     if not urgent then return redis.call('LPOP', c.queue, want) end
-    local records = redis.call('ZRANGE', c.urgent, 0, want - 1)    -- no scores to write
-    if #records > 0 then redis.call('ZREMRANGEBYRANK', c.urgent, 0, #records - 1) end
+    local records = take_urgent(c, want)
     if #records < want then
       for _, r in ipairs(redis.call('LPOP', c.queue, want - #records) or {}) do
         records[#records + 1] = r

@@ -5,7 +5,7 @@
 -- A channel's meta holds `max_depth` (the limit as set), `part_max_depth` (this part's
 -- share of it: the limit holds per part) and `overflow` (reject, drop-oldest or
 -- dead-letter). The depth is what waits to be delivered, as nsqd's depth (in flight
--- and deferred messages are not counted): the queue's length and its urgent ZSET's
+-- and deferred messages are not counted): the queue's length and its urgent counts
 -- (lib/queue.lua). Overflow takes the oldest of priority 0 first, then of 1, and so on.
 local MOVE_STEP = 1000   -- records dead-lettered per LRANGE
 
@@ -19,7 +19,7 @@ local function channel_limits(channels)
       limits[#limits + 1] = {c = c, depth = tonumber(got[1]), overflow = got[2],
                              shown = got[3],
                              queued = redis.call('LLEN', channel_key(c, 'queue'))
-                                 + redis.call('ZCARD', channel_key(c, 'urgent'))}
+                                 + urgent_count(channel_key(c, 'urgent'))}
     end
   end
   return limits
@@ -37,30 +37,29 @@ local function full_channel(limits, n, topic)
   return nil
 end
 
--- Channel c's `over` oldest ready records of the lowest priorities out, to its outbox
--- with `dead`: the queue's first, then each priority's of the urgent ZSET from 1 up.
-local function drop_oldest(c, over, dead)
-  local queue, outbox = channel_key(c, 'queue'), channel_key(c, 'dead')
-  local from_queue = math.min(over, redis.call('LLEN', queue))
-  for from = 0, dead and from_queue - 1 or -1, MOVE_STEP do
-    local records = redis.call('LRANGE', queue, from, math.min(from + MOVE_STEP, from_queue) - 1)
+-- The first `count` records of `list` out, to channel c's outbox with `dead`.
+local function drop_head(c, list, count, dead)
+  for from = 0, dead and count - 1 or -1, MOVE_STEP do
+    local records = redis.call('LRANGE', list, from, math.min(from + MOVE_STEP, count) - 1)
     for i, record in ipairs(records) do records[i] = dead_entry('overflow', record) end
-    call_chunked('RPUSH', outbox, records)
+    call_chunked('RPUSH', channel_key(c, 'dead'), records)
   end
-  if from_queue > 0 then redis.call('LTRIM', queue, from_queue, -1) end
-  local left, urgent = over - from_queue, channel_key(c, 'urgent')
-  for priority = 1, 9 do
+  if count > 0 then redis.call('LTRIM', list, count, -1) end
+end
+
+-- Channel c's `over` oldest ready records of the lowest priorities out, to its outbox
+-- with `dead`: the queue's first, then each priority's list from 1 up.
+local function drop_oldest(c, over, dead)
+  local queue, urgent = channel_key(c, 'queue'), channel_key(c, 'urgent')
+  local left = over - math.min(over, redis.call('LLEN', queue))
+  drop_head(c, queue, over - left, dead)
+  local levels = urgent_levels(urgent)
+  for i = #levels, 1, -1 do
     if left == 0 then break end
-    local min, max = priority_scores(priority)
-    local records = redis.call('ZRANGEBYSCORE', urgent, min, max, 'LIMIT', 0, left)
-    if #records > 0 then
-      call_chunked('ZREM', urgent, records)
-      if dead then
-        for i, record in ipairs(records) do records[i] = dead_entry('overflow', record) end
-        call_chunked('RPUSH', outbox, records)
-      end
-      left = left - #records
-    end
+    local n = math.min(left, levels[i][2])
+    drop_head(c, urgent_list(urgent, levels[i][1]), n, dead)
+    urgent_taken(urgent, levels[i][1], n)
+    left = left - n
   end
 end
 

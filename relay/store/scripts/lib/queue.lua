@@ -1,42 +1,74 @@
 -- include: chunked.lua, record.lua
--- queue.lua provides enqueue(), back_to_queue() and count_delivery().
+-- queue.lua provides enqueue(), back_to_queue() and count_delivery(), and for the
+-- messages of priority 1-9 urgent_list(), urgent_levels(), urgent_count(),
+-- urgent_taken() and take_urgent().
 --
 -- A channel's ready messages (q: {queue =, urgent =, meta =}, its keys) are its queue,
 -- a LIST, and for messages of priority 1-9 (data layout 5: the first digit of the id,
--- lib/record.lua) its urgent ZSET, scored by urgent_score(): ZPOPMIN takes the highest
--- priority first and, within one, the first published (a part's ids count up, and a
--- channel's keys are one part's), so a requeued urgent message goes back to its place.
--- The meta's
--- field `urgent` (set with the first urgent record, never cleared but by an empty)
--- makes deliver calls look at the ZSET; a channel that never had one pays nothing.
+-- lib/record.lua) one LIST per priority, `<urgent>:<p>` (named after the declared
+-- urgent key, so in its slot), each FIFO as the queue is. The urgent key is a HASH of
+-- priority -> how many wait in its list, a field only while some do: a deliver call
+-- reads it to know which lists to pop, highest first, and a depth is the queue's
+-- length plus its values. Every write to an urgent list counts in it, in the same
+-- call. The meta's field `urgent` (set with the first urgent record, never cleared but
+-- by an empty) makes deliver calls look at the hash; a channel that never had one pays
+-- nothing.
 --
 -- A record in flight does not count its delivery yet (deliver.lua leaves it as queued;
 -- the broker adds it to what it sends), so whatever takes a message out of flight
 -- without a FIN writes it in.
 
--- A score per priority: the count an id ends with is below 2^48 (12 hex digits), so
--- count - priority * SPAN orders by priority, then count, exactly in a double.
-local PRIORITY_SPAN = 281474976710656     -- 2^48
-
--- (a number: redis.call writes it exactly, where Lua's own tostring would round it);
--- `count` if the caller knows it, else read from the record's id
-local function urgent_score(record, priority, count)
-  return (count or tonumber(string.sub(record, -13, -2), 16)) - priority * PRIORITY_SPAN
+local function urgent_list(urgent, p)
+  return urgent .. ':' .. p
 end
 
--- The scores of priority p's messages: min, max for ZRANGEBYSCORE and ZCOUNT.
-local function priority_scores(p)
-  return -p * PRIORITY_SPAN, (1 - p) * PRIORITY_SPAN - 1
+-- The priorities with messages waiting, {priority, count}, highest first.
+local function urgent_levels(urgent)
+  local got, levels = redis.call('HGETALL', urgent), {}
+  for i = 1, #got, 2 do levels[#levels + 1] = {tonumber(got[i]), tonumber(got[i + 1])} end
+  table.sort(levels, function(a, b) return a[1] > b[1] end)
+  return levels
 end
 
--- enqueue(): records made ready go to the tail of the queue (to its head with `front`,
--- the first given ending up last: records popped and given back in reverse), or by
--- priority into the urgent ZSET. Returns true if the channel had nothing ready before
--- them, as far as one reply shows (a broker waits for the wake-up then). `counts`: the
--- count each record's id ends with, where the caller has them (a publish).
-local function enqueue(q, records, front, counts)
+-- How many urgent records wait.
+local function urgent_count(urgent)
+  local n = 0
+  for _, count in ipairs(redis.call('HVALS', urgent)) do n = n + tonumber(count) end
+  return n
+end
+
+-- n records of priority p left their list: its count goes down (the field, at 0)
+local function urgent_taken(urgent, p, n)
+  if n > 0 and redis.call('HINCRBY', urgent, p, -n) <= 0 then
+    redis.call('HDEL', urgent, p)
+  end
+end
+
+-- Up to `want` urgent records of channel c, the highest priority first, each from the
+-- head of its list. A list found shorter than its count loses the count.
+local function take_urgent(c, want)
+  local records = {}
+  for _, level in ipairs(urgent_levels(c.urgent)) do
+    local asked = want - #records
+    local got = redis.call('LPOP', urgent_list(c.urgent, level[1]), asked) or {}
+    for _, r in ipairs(got) do records[#records + 1] = r end
+    if #got < math.min(asked, level[2]) then
+      redis.call('HDEL', c.urgent, level[1])
+    else
+      urgent_taken(c.urgent, level[1], #got)
+    end
+    if #records >= want then break end
+  end
+  return records
+end
+
+-- enqueue(): records made ready go to the tail of the queue, or of their priority's
+-- list (to the head with `front`, the first given ending up last: records popped and
+-- given back in reverse). Returns true if the channel had nothing ready before them,
+-- as far as one reply shows (a broker waits for the wake-up then).
+local function enqueue(q, records, front)
   if #records == 0 then return false end
-  local plain, urgent = records, nil
+  local plain, urgent = records, nil      -- urgent: priority -> its records
   for i, r in ipairs(records) do
     if record_priority(r) ~= 0 then
       plain, urgent = {}, {}
@@ -46,23 +78,25 @@ local function enqueue(q, records, front, counts)
         if priority == 0 then
           plain[#plain + 1] = records[j]
         else
-          local n = #urgent
-          urgent[n + 1] = urgent_score(records[j], priority, counts and counts[j])
-          urgent[n + 2] = records[j]
+          urgent[priority] = urgent[priority] or {}
+          table.insert(urgent[priority], records[j])
         end
       end
       break
     end
   end
   local fresh = false
+  if urgent then
+    fresh = redis.call('EXISTS', q.urgent) == 0
+    for priority, list in pairs(urgent) do
+      call_chunked(front and 'LPUSH' or 'RPUSH', urgent_list(q.urgent, priority), list)
+      redis.call('HINCRBY', q.urgent, priority, #list)
+    end
+    redis.call('HSET', q.meta, 'urgent', 1)
+  end
   if #plain > 0 then
     local length = call_chunked(front and 'LPUSH' or 'RPUSH', q.queue, plain)
-    fresh = length[#length] == #plain
-  end
-  if urgent then
-    call_chunked('ZADD', q.urgent, urgent)
-    redis.call('HSET', q.meta, 'urgent', 1)
-    fresh = fresh or redis.call('ZCARD', q.urgent) * 2 == #urgent
+    fresh = (fresh or not urgent) and length[#length] == #plain
   end
   return fresh
 end
