@@ -15,7 +15,7 @@
 -- (counts first, first + 1, ...) and retains them; `order_keys` (nil: none; else an
 -- order key or false per body) pass an ordered channel's gate (lib/order.lua);
 -- `priorities` (nil: all 0; else 0-9 per body) go in the ids, and those above 0 into
--- each channel's urgent ZSET (lib/queue.lua), or with no channel into the backlog with
+-- each channel's urgent lists (lib/queue.lua), or with no channel into the backlog with
 -- the others, its topic meta's `urgent_backlog` set (subscribe.lua); appended(p, n, bytes, wake, node) does what follows n more:
 -- the counters, the overflow of drop-oldest and dead-letter channels, the wake-up and
 -- the history's trim.
