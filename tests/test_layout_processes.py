@@ -51,7 +51,7 @@ def test_a_process_refuses_to_start_on_a_layout_it_cannot_read(client, processes
     proc = processes._start(command, arguments(command))
     assert proc.wait(30) == 2
     assert log_of(processes, command).splitlines() == [f"relay: {REFUSAL}"]
-    assert client.get(keys.LAYOUT) == b"5"
+    assert client.get(keys.LAYOUT) == b"6"
     assert Deployment.read(client).processes == []
 
 

@@ -172,16 +172,18 @@ def fill_over_tcp(port: int) -> list[bytes]:
 
 
 def refusal_once_full(publish, acknowledged: list) -> tuple:
-    """`publish(body)`'s refusal, with a fresh body each try: a full Redis can free a few
-    KB between two calls (its cron shrinks clients' buffers), and then one is taken; a
-    body taken counts as acknowledged. publish returns (taken, reply)."""
-    for _ in range(100):
+    """`publish(body)`'s refusal, with a fresh body each try: a full Redis can free
+    memory between two calls (its cron shrinks clients' buffers: a query buffer that
+    held a big MPUB of the fill frees up to that much), and then some are taken; a body
+    taken counts as acknowledged. publish returns (taken, reply). Taking more than the
+    headroom the server was given means it is not full."""
+    for _ in range(HEADROOM // BODY):
         fresh = body(len(acknowledged))
         taken, reply = publish(fresh)
         if not taken:
             return reply
         acknowledged.append(fresh)
-    raise AssertionError("100 publishes taken: the server is not full")
+    raise AssertionError("publishes of the headroom's bytes taken: the server is not full")
 
 
 def test_a_full_redis_refuses_publishes_with_the_cause_drains_and_takes_again(full_stack):

@@ -72,7 +72,10 @@ def test_higher_priorities_go_first_and_each_in_publish_order(store):
     assert one_by_one(store, 7) == BY_PRIORITY
     publish(store, MIXED)
     assert bodies(take(store, 3)) == BY_PRIORITY[:3]
+    assert counted(store) == {5: 1, 1: 1}
+    assert store.reads.read_channel("t", "c")["depth"] == 4
     assert bodies(take(store, 10)) == BY_PRIORITY[3:]
+    assert counted(store) == {}
 
 
 def test_an_id_carries_its_priority_and_still_names_its_part(store):
