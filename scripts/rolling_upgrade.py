@@ -22,7 +22,9 @@ on and is read at the end too. The report says how each ordered channel keeps it
 waiting messages and how many came before an earlier one of their key. A fourth channel,
 `backlog`, unordered, takes every message and is read at the end, under the new layout:
 the report says how many of the acknowledged messages it missed and the most lots
-(layout 4, scripts/lib/inflight.lua) seen in flight at once while it drained.
+(layout 4, scripts/lib/inflight.lua) seen in flight at once while it drained. Last, on a
+topic of its own, a message of priority 9 (layout 5) published behind 20 plain ones:
+the report gives the first message a consumer at RDY 1 got.
 """
 
 import argparse
@@ -36,6 +38,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from http.client import HTTPConnection
 
 from relay import embedded
 from relay.store import Store
@@ -46,6 +49,7 @@ from relay.store.ordering import SEQS_FIELD
 from scripts.chaos import (HELD, HERE, IDENTIFY_UNBUFFERED, LIVE, TOPIC, Tally, consumers,
                            create_channel, delivery, drain, produce, redis_conf, settle,
                            stop_in_turn)
+from scripts.loadgen import Conn, mpub_command
 from scripts.chaos_redis import SingleRedis, kill9
 from scripts.compare import checked_out
 
@@ -54,6 +58,7 @@ from scripts.compare import checked_out
 PREVIOUS = "1f5a0e79f5f0ae1783e51f27bae8703b5486af15"
 AFTER = "after"     # the channel made ordered once the new layout is in force
 BACKLOG = "backlog"     # an unordered channel read once the new layout is in force
+PRIORITY_TOPIC = "prio"     # a message of priority 9 published once layout 5 is in force
 RELAY_ADMIN = os.path.join(os.path.dirname(sys.executable), "relay-admin")
 
 
@@ -232,6 +237,36 @@ def watch_lots(deployment: Deployment, stop: threading.Event, seen: list) -> thr
     return thread
 
 
+def priority_first(deployment: Deployment) -> dict:
+    """Once layout 5 is in force: on a topic of its own, 20 plain messages, then one
+    published with priority 9 over HTTP (refused before layout 5), then a consumer at
+    RDY 1: the body and id of the first message it gets, which must be that one."""
+    host, port = deployment.host, deployment.broker_ports[0]
+    made = Conn(host, port)
+    made.sock.sendall(f"SUB {PRIORITY_TOPIC} c\n".encode())
+    made.expect_ok()
+    made.sock.sendall(mpub_command(PRIORITY_TOPIC.encode(), [b"plain"] * 20))
+    made.expect_ok()
+    made.sock.close()
+    http = HTTPConnection(host, deployment.http_ports[port], timeout=10)
+    http.request("POST", f"/pub?topic={PRIORITY_TOPIC}&priority=9", b"urgent")
+    status = http.getresponse().status
+    http.close()
+    consumer = Conn(host, port)
+    consumer.sock.settimeout(10)
+    consumer.sock.sendall(f"SUB {PRIORITY_TOPIC} c\nRDY 1\n".encode())
+    consumer.expect_ok()
+    first = next(data for kind, data in iter_frames(consumer) if kind == 2)
+    consumer.sock.close()
+    return {"status": status, "first": first[26:].decode(), "id": first[10:26].decode()}
+
+
+def iter_frames(conn: Conn):
+    """The frames of a connection, one recv after another."""
+    while True:
+        yield from conn.frames()
+
+
 def drain_after(deployment: Deployment, timeout: float) -> None:
     """Until the channels read after the upgrade hold nothing."""
     store = Store(connect(deployment.redis.url))
@@ -285,6 +320,7 @@ def run(args) -> dict:
             drain(tally, args.drain_timeout)
             settle(deployment, args.drain_timeout)
             drain_after(deployment, args.drain_timeout)
+            prioritized = priority_first(deployment)
             stop_consumers.set()
             for t in reading:
                 t.join(5)
@@ -301,6 +337,7 @@ def run(args) -> dict:
                                 for channel, got in ((HELD, tally), (AFTER, after))},
                     "backlog": {"lost": len(tally.acked - set(backlog.received[BACKLOG])),
                                 "most_lots_in_flight": lots[0]},
+                    "priority": prioritized,
                     "tracebacks": deployment.tracebacks(),
                     "seconds": round(time.monotonic() - started, 1)}
         finally:

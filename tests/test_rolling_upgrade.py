@@ -76,6 +76,9 @@ def test_a_rolling_upgrade_under_load_loses_nothing(kill):
     # under layout 5 the backlog drained through lots, and missed nothing
     assert report["backlog"]["lost"] == 0
     assert report["backlog"]["most_lots_in_flight"] > 0
+    # under layout 5 a message of priority 9 overtakes 20 plain ones
+    assert (report["priority"]["status"], report["priority"]["first"],
+            report["priority"]["id"][0]) == (200, "urgent", "9")
     # a producer waits no longer than a broker's replacement (its port unserved) and a retry
     longest_replacement = max(s.get("unserved_s", 0) for s in report["steps"])
     assert report["longest_publish_wait_ms"] < (longest_replacement + 2) * 1000
