@@ -7,6 +7,7 @@ import shutil
 import tempfile
 
 import fakeredis
+import gevent
 import pytest
 
 from relay import embedded
@@ -38,6 +39,15 @@ def pytest_generate_tests(metafunc):
         module = metafunc.module.__name__.rpartition(".")[2]
         both = module in CLUSTER_MODULES or metafunc.definition.get_closest_marker("cluster")
         metafunc.parametrize("deployment", ["redis", "cluster"] if both else ["redis"])
+
+
+@pytest.fixture(autouse=True)
+def hub_time():
+    """The hub's clock read anew before each test. libev starts a timer from the time its
+    loop last ran, which in a test process can be many tests ago: a `joinall(timeout=10)`
+    then ran out at once, 12 s stale, with its greenlets half done (test_commit under
+    load)."""
+    gevent.get_hub().loop.update_now()
 
 
 @pytest.fixture
