@@ -176,59 +176,66 @@ end
 -- gap (a waiting message deleted: remove.lua) costs an HGET per entry missing.
 local function order_release(o, ids)
   if #ids == 0 or redis.call('EXISTS', o.key_of) == 0 then return 0 end
-  local left, order_keys = {}, {}
-  for n, key in ipairs(hmget_chunked(o.key_of, ids)) do
-    if key then left[#left + 1], order_keys[#order_keys + 1] = ids[n], key end
+  local left, order_keys, n = {}, {}, 0
+  for i, key in ipairs(hmget_chunked(o.key_of, ids)) do
+    if key then n = n + 1; left[n], order_keys[n] = ids[i], key end
   end
-  if #left == 0 then return 0 end
+  if n == 0 then return 0 end
   call_chunked('HDEL', o.key_of, left)
   local now, sorted = now_ms(), nil
   local gone, gate, key_of, ready, later, earliest, listed = {}, {}, {}, {}, {}, nil, 0
   local members = {}
-  local wkeys, wfirst, wnext, fields = {}, {}, {}, {}    -- the keys numbered, with entries
+  -- the keys numbered, with entries: their first seq (as written) and next seq
+  local wkeys, wfirst, wnext, fields, w = {}, {}, {}, {}, 0
+  local g, r = 0, 0     -- the lengths of gate (and key_of), ready
   for i, value in ipairs(hmget_chunked(o.gate, order_keys)) do
     local key = order_keys[i]
-    local _, first, next
-    if value then _, first, next = split_gate(value) end
-    if first then
-      local n = #wkeys + 1
-      wkeys[n], wfirst[n], wnext[n], fields[n] = key, first, next, key .. ' ' .. first
+    if value and #value > 16 then
+      local space = string.find(value, ' ', 19, true)
+      local first = string.sub(value, 18, space - 1)
+      w = w + 1
+      wkeys[w], wfirst[w], wnext[w], fields[w] = key, first, string.sub(value, space + 1),
+                                                 key .. ' ' .. first
     else
       if sorted == nil then sorted = redis.call('EXISTS', o.waiting) == 1 end
       local nxt = sorted and next_waiting(o, key)
       if nxt then
         members[#members + 1] = nxt[4]
-        gate[#gate + 1], gate[#gate + 2] = key, nxt[1]
-        key_of[#key_of + 1], key_of[#key_of + 2] = nxt[1], key
+        gate[g + 1], gate[g + 2] = key, nxt[1]
+        key_of[g + 1], key_of[g + 2] = nxt[1], key
+        g = g + 2
         if nxt[2] > now then
           later[#later + 1] = {nxt[1], nxt[3], nxt[2]}
         else
-          ready[#ready + 1] = nxt[3]
+          r = r + 1
+          ready[r] = nxt[3]
         end
       else
         gone[#gone + 1] = key
       end
     end
   end
-  if #wkeys > 0 then
+  if w > 0 then
     local entries = hmget_chunked(o.msgs, fields)
-    for n = 1, #wkeys do
-      local first, last = wfirst[n] + 1, tonumber(wnext[n])
-      while not entries[n] and first < last do     -- a gap
-        fields[#fields + 1] = wkeys[n] .. ' ' .. first
-        entries[n] = redis.call('HGET', o.msgs, fields[#fields])
+    for m = 1, w do
+      local first, last = tonumber(wfirst[m]) + 1, tonumber(wnext[m])
+      while not entries[m] and first < last do     -- a gap
+        fields[#fields + 1] = wkeys[m] .. ' ' .. first
+        entries[m] = redis.call('HGET', o.msgs, fields[#fields])
         first = first + 1
       end
-      local entry, key = entries[n], wkeys[n]
+      local entry, key = entries[m], wkeys[m]
       if entry then
         local id, due, record = split_entry(entry)
         listed = listed + 1
-        gate[#gate + 1], gate[#gate + 2] = key, gate_value(id, first, wnext[n])
-        key_of[#key_of + 1], key_of[#key_of + 2] = id, key
+        gate[g + 1], gate[g + 2] = key, first < last and id .. ' ' .. first .. ' ' .. wnext[m] or id
+        key_of[g + 1], key_of[g + 2] = id, key
+        g = g + 2
         if due > now then
           later[#later + 1] = {id, record, due}
         else
-          ready[#ready + 1] = record
+          r = r + 1
+          ready[r] = record
         end
       else
         gone[#gone + 1] = key
@@ -237,7 +244,7 @@ local function order_release(o, ids)
     call_chunked('HDEL', o.msgs, fields)
   end
   if #gone > 0 then call_chunked('HDEL', o.gate, gone) end
-  if #gate == 0 then return 0 end
+  if g == 0 then return 0 end
   if listed > 0 then redis.call('HINCRBY', o.meta, 'order_waiting', -listed) end
   if #members > 0 then call_chunked('ZREM', o.waiting, members) end
   call_chunked('HSET', o.gate, gate)
