@@ -79,7 +79,7 @@ def profile(url: str, batches: int, size: int, lots: bool = False,
                                             lots=lots)) for _ in range(batches)]
     marks.append(cpu(client))
     for reply in delivered:
-        named = inflight.items([record_id(r) for r in reply[0]], reply.lotted)
+        named = inflight.items([record_id(r) for r in reply[0]], reply.lot(0))
         store.finish("profile", "c", [(owner, item) for item in named])
     marks.append(cpu(client))
     per_message = [round((b - a) * 1e6 / messages, 2) for a, b in zip(marks, marks[1:])]

@@ -14,7 +14,7 @@ from tests.helpers.admin import run
 
 HOST = socket.gethostname()
 WIDTH = max(len(HOST), len("host"))
-NEWER = ("relay 0.6.0 reads data layout 2, 3, 4, 5; this Redis holds data layout 6: run a "
+NEWER = ("relay 0.6.1 reads data layout 2, 3, 4, 5; this Redis holds data layout 6: run a "
          "release that reads layout 6 (`relay-admin upgrade status` lists the live ones)")
 
 
@@ -42,10 +42,10 @@ def test_a_redis_of_the_previous_release_gets_layout_2(backend):
 
 @pytest.mark.parametrize("value, message", [
     (b"6", NEWER),
-    (b"1", "relay 0.6.0 reads data layout 2, 3, 4, 5; this Redis holds data layout 1 (before issue 35 "
+    (b"1", "relay 0.6.1 reads data layout 2, 3, 4, 5; this Redis holds data layout 1 (before issue 35 "
            "(2026-11-25), with a leases hash beside each in-flight set): serve it with relay "
            "0.1.0 until none of layout 1 is left (that release reads both), then start "
-           "0.6.0")])
+           "0.6.1")])
 def test_a_layout_this_release_cannot_read_is_refused_in_one_line(backend, value, message):
     backend.set(keys.LAYOUT, value)
     with pytest.raises(LayoutRefused) as refused:
@@ -62,10 +62,10 @@ def test_a_redis_still_holding_layout_1_is_refused_and_keeps_no_layout(backend):
     with pytest.raises(LayoutRefused) as refused:
         layout.establish(backend)
     assert str(refused.value) == (
-        "relay 0.6.0 reads data layout 2, 3, 4, 5; this Redis holds data layout 1 (before issue 35 "
+        "relay 0.6.1 reads data layout 2, 3, 4, 5; this Redis holds data layout 1 (before issue 35 "
         "(2026-11-25), with a leases hash beside each in-flight set): relay:{t}:ch:c:leases "
         "(1 message in flight of layout 1): serve it with relay 0.1.0 until none of layout "
-        "1 is left (that release reads both), then start 0.6.0")
+        "1 is left (that release reads both), then start 0.6.1")
     assert backend.get(keys.LAYOUT) is None
 
 
@@ -81,7 +81,7 @@ def test_a_heartbeat_registers_the_process_and_reads_the_layout_again(backend):
     presence = Presence(backend, "scanner", "new-1", 2)
     assert presence.heartbeat() is None
     [process] = layout.Deployment.read(backend).processes
-    assert process == layout.Process("scanner", "new-1", "0.6.0", (2, 3, 4, 5), 2, HOST)
+    assert process == layout.Process("scanner", "new-1", "0.6.1", (2, 3, 4, 5), 2, HOST)
     backend.set(keys.LAYOUT, 6)
     assert str(presence.heartbeat()) == NEWER
     pipe = backend.pipeline(transaction=False)
@@ -99,10 +99,10 @@ def test_upgrade_status_lists_each_release_and_what_blocks_the_next_layout(backe
     assert result.exit_code == 0, result.output
     assert result.output.splitlines() == [
         "data layout in force: 2 (of relay 0.1.0 and 0.2.0)",
-        "relay 0.6.0 reads 2,3,4,5 and writes 2,3,4,5",
+        "relay 0.6.1 reads 2,3,4,5 and writes 2,3,4,5",
         "",
         f"kind     process  {'host':{WIDTH}}  release           reads    writes",
-        f"broker   new-b    {HOST:{WIDTH}}  0.6.0             2,3,4,5  2",
+        f"broker   new-b    {HOST:{WIDTH}}  0.6.1             2,3,4,5  2",
         f"broker   old-b    {'-':{WIDTH}}  0.1.0 or earlier  2        -",
         f"scanner  old-s    {'-':{WIDTH}}  0.1.0 or earlier  2        -",
         "",
@@ -113,7 +113,7 @@ def test_upgrade_status_lists_each_release_and_what_blocks_the_next_layout(backe
         2, [2, 3, 4, 5], [2, 3, 4, 5], {"layout": 5, "blocked_by": ["old-b", "old-s"]})
     assert [(p["kind"], p["id"], p["release"], p["reads"], p["writes"])
             for p in data["processes"]] == [
-        ("broker", "new-b", "0.6.0", [2, 3, 4, 5], 2),
+        ("broker", "new-b", "0.6.1", [2, 3, 4, 5], 2),
         ("broker", "old-b", "0.1.0 or earlier", [2], None),
         ("scanner", "old-s", "0.1.0 or earlier", [2], None)]
 
@@ -138,7 +138,7 @@ def test_a_newer_layout_waits_for_every_process_that_does_not_read_it(backend):
         "next layout: 5, ready: `relay-admin upgrade finish`")
     finished = run(backend, "upgrade", "finish")
     assert (finished.exit_code, finished.output) == (
-        0, "data layout 5 is in force; relay 0.6.0 writes no newer one\n")
+        0, "data layout 5 is in force; relay 0.6.1 writes no newer one\n")
     assert backend.get(keys.LAYOUT) == b"5"
     assert run(backend, "upgrade", "status").output.splitlines()[-1] == (
-        "next layout: none (relay 0.6.0 writes none newer)")
+        "next layout: none (relay 0.6.1 writes none newer)")

@@ -15,7 +15,7 @@ from scripts.rolling_upgrade import PREVIOUS
 
 pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
 
-OLD, NEW = "0.5.0", "0.6.0"     # the previous release (PREVIOUS) and this one
+OLD, NEW = "0.5.0", "0.6.1"     # the previous release (PREVIOUS) and this one
 
 
 def upgrade(*args: str) -> dict:
@@ -65,7 +65,7 @@ def test_a_rolling_upgrade_under_load_loses_nothing(kill):
          {"broker " + NEW: 2, "jobs " + NEW: 1, "scanner " + NEW: 1}),
         ("upgrade finish", 5, {"broker " + NEW: 2, "jobs " + NEW: 1, "scanner " + NEW: 1})]
     assert report["finish"] == {
-        "returncode": 0, "output": "data layout 5 is in force; relay 0.6.0 writes no newer one"}
+        "returncode": 0, "output": "data layout 5 is in force; relay 0.6.1 writes no newer one"}
     # the ordered channels, made under layouts 4 and 5, wait numbered in msgs and each
     # delivered every producer's messages in order
     ordered = report["ordered"]

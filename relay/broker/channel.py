@@ -255,8 +255,8 @@ class Channel:
         self.emptied(batches.empties, part.index)
         part.ordered = batches.ordered
         self.broker.metrics.delivered += delivered
-        for (client, _, _), records in zip(share, batches):
-            give_back, sampled_out = client.accept(records, batches.lotted)
+        for group, ((client, _, _), records) in enumerate(zip(share, batches)):
+            give_back, sampled_out = client.accept(records, batches.lot(group))
             if client.in_flight:
                 self.broker.holding.add(client)
             if give_back:

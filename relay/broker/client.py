@@ -167,11 +167,11 @@ class Client:
         what it holds (its next delivery is bounded by this in Redis, deliver.lua)."""
         return max(0, MAX_UNSENT_BYTES - self._unsent)
 
-    def accept(self, records: list, lotted: bool = False) -> tuple[list, list]:
-        """Take delivered records (`lotted`: as Delivered.lotted says of their group):
+    def accept(self, records: list, lot: bytes = b"") -> tuple[list, list]:
+        """Take delivered records (`lot`: the lot they went in flight as, Delivered.lot):
         returns (items to give back, items sampled out to finish)."""
         ids = [codec.record_id(r) for r in records]
-        items = inflight.items(ids, lotted)
+        items = inflight.items(ids, lot)
         if self.state != SUBSCRIBED or self.closed:
             return items, []
         now = time.monotonic()

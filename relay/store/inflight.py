@@ -3,7 +3,8 @@ in flight is the member "<id> <owner>" of its channel's inflight ZSET, scored by
 deadline, and its record in the msgs hash; since data layout 4 what one deliver call
 handed one client may be a lot: one member "<lot> <owner>", the records in the msgs field
 <lot> and a done flag per message in <lot>+. A broker names a message of a lot by its
-item (lot_item) in FIN, REQ and TOUCH.
+item (lot_item) in FIN, REQ and TOUCH; the lot's name comes with the deliver reply
+(Delivered.lot).
 """
 
 from typing import Any
@@ -38,12 +39,6 @@ def is_lot(member: bytes) -> bool:
     return member[MSG_ID_LENGTH - 1] > ord("f")
 
 
-def lot_name(first_id: bytes) -> bytes:
-    """The lot whose first message is `first_id`: its last hex digit moved to g-v."""
-    last = first_id[MSG_ID_LENGTH - 1]
-    return first_id[:MSG_ID_LENGTH - 1] + bytes([last + (55 if last < 58 else 16)])
-
-
 # each index of a lot (from 0) in two characters from "0" (lib/inflight.lua's lot_index)
 INDEXES = tuple(bytes([48 + i // 64, 48 + i % 64]) for i in range(LOT_MAX))
 
@@ -53,12 +48,11 @@ def lot_item(msg_id: bytes, lot: bytes, index: int) -> bytes:
     return msg_id + lot + INDEXES[index]
 
 
-def items(ids: list[bytes], lotted: bool) -> list[bytes]:
+def items(ids: list[bytes], lot: bytes) -> list[bytes]:
     """How FIN, REQ and TOUCH name the messages `ids` of one group of a deliver reply
-    (Delivered.lotted: its groups of 2 to LOT_MAX went in flight as lots)."""
-    if not lotted or not 1 < len(ids) <= LOT_MAX:
+    that went in flight as `lot` (Delivered.lot; b"": one by one)."""
+    if not lot:
         return ids
-    lot = lot_name(ids[0])
     return [msg_id + lot + index for msg_id, index in zip(ids, INDEXES)]
 
 

@@ -115,7 +115,9 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             a message's order key (part 0's;
                                             relay/store/ordering.py); priority_rule: its
                                             JSON field for a message's priority (part
-                                            0's; relay/store/priorities.py); never deleted
+                                            0's; relay/store/priorities.py); lots: the
+                                            last number a lot of the part's channels
+                                            took (lib/inflight.lua); never deleted
     relay:{T}:ch:C:queue              LIST  ready records
     relay:{T}:ch:C:urgent             HASH  priority (1-9) -> how many ready records of
                                             that priority wait in its list, a field only

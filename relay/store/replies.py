@@ -93,15 +93,16 @@ class Delivered(list):
     empties when they were popped (`empties`), the codes of the FINs folded into
     the call (`finished`, as finish_op's), whether the queue has more (`more`),
     whether the channel is ordered (`ordered`) and whether it has a rate limit
-    (`limited`: a call that took nothing from it first got nothing), and whether each
-    group of 2 to LOT_MAX records went in flight as a lot (`lotted`: lib/inflight.lua)."""
+    (`limited`: a call that took nothing from it first got nothing), and the name of the
+    lot each group went in flight as (`lots`: lib/inflight.lua; b"" for a group of one
+    by one; empty if no group went as a lot, `lotted` false)."""
 
     empties: int = 0
     finished: list = []
     more: bool = False
     ordered: bool = False
     limited: bool = False
-    lotted: bool = False
+    lots: list = []
 
     @classmethod
     def parse(cls, reply: list[Any]) -> "Delivered":
@@ -111,8 +112,16 @@ class Delivered(list):
         delivered.more = bool(reply[-4])
         delivered.ordered = bool(reply[-3])
         delivered.limited = bool(reply[-2])
-        delivered.lotted = bool(reply[-1])
+        delivered.lots = reply[-1]
         return delivered
+
+    @property
+    def lotted(self) -> bool:
+        return bool(self.lots)
+
+    def lot(self, group: int) -> bytes:
+        """The name of the lot group `group` went in flight as, b"" if none."""
+        return self.lots[group] if self.lots else b""
 
     @classmethod
     def parse_many(cls, reply: list[Any]) -> "list[Delivered]":

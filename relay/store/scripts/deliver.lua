@@ -19,7 +19,8 @@
 -- Returns one list of records per group, in ARGV order, then the channel's count of
 -- empties, then the finish codes (finish.lua's), one per pair, then 1 if the queue
 -- still has messages, else 0, then 1 if the channel is ordered, else 0, then 1 if it has a
--- rate limit, else 0, then 1 if groups went in flight as lots, else 0.
+-- rate limit, else 0, then each group's lot name if groups went in flight as lots ('' for
+-- a group not in one), else an empty list.
 local queue, inflight, msgs, due_index = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local meta, dead, deferred, gate = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local key_of, waiting, urgent, version = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
@@ -37,7 +38,7 @@ local c = order_gate(queue, deferred, msgs, meta, gate, key_of, waiting, urgent,
                      version, channel, wake, node)
 c.inflight, c.dead, c.hold_wake = inflight, dead, true   -- c.meta: order_gate's
 local finished = finish_pairs(c, ARGV, FIRST_PAIR, first_group - 1, c)
-local out, empties, more, ordered, limited, lotted = deliver_channel(
+local out, empties, more, ordered, limited, lot_names = deliver_channel(
     c, max_attempts, ARGV, first_group, last_group, taken, lots)
 if c.woken and more == 1 then announce(version, wake, channel, node) end
 out[#out + 1] = empties
@@ -45,5 +46,5 @@ out[#out + 1] = finished
 out[#out + 1] = more
 out[#out + 1] = ordered
 out[#out + 1] = limited
-out[#out + 1] = lotted
+out[#out + 1] = lot_names
 return out

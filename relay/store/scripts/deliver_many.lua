@@ -12,7 +12,7 @@
 -- deliver.lua's
 -- Returns per channel what deliver.lua returns with no FINs folded in: one list of
 -- records per group, the count of empties, {} (no finish codes), 1 if more else 0, 1 if
--- ordered else 0, 1 if rate-limited else 0, 1 if lots else 0.
+-- ordered else 0, 1 if rate-limited else 0, the groups' lot names (deliver.lua).
 local due_index, version = KEYS[1], KEYS[2]
 local FIRST_CHANNEL_KEY, KEYS_PER_CHANNEL = 3, 10
 local max_attempts, lots, wake, node = ARGV[1], ARGV[2] == '1', ARGV[3], ARGV[4]
@@ -29,14 +29,14 @@ for key = FIRST_CHANNEL_KEY, #KEYS, KEYS_PER_CHANNEL do
   c.inflight, c.dead = inflight, dead
   local first = a + 3
   local last = first + 4 * group_count - 1
-  local records, empties, more, ordered, limited, lotted = deliver_channel(
+  local records, empties, more, ordered, limited, lot_names = deliver_channel(
       c, max_attempts, ARGV, first, last, taken, lots)
   records[#records + 1] = empties
   records[#records + 1] = {}
   records[#records + 1] = more
   records[#records + 1] = ordered
   records[#records + 1] = limited
-  records[#records + 1] = lotted
+  records[#records + 1] = lot_names
   out[#out + 1] = records
   a = last + 1
 end

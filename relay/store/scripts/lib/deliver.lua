@@ -29,9 +29,11 @@
 -- has messages, else 0 (the broker then waits for a wake-up), 1 if the channel is
 -- ordered, else 0 (the broker then folds a FIN into the deliver call that may take the
 -- message it releases: relay/broker/settling.py), and 1 if it has a rate limit, else 0
--- (the broker then takes from it before each call: relay/broker/channel.py), and 1 if
--- `lots` (data layout 4 in force) put each group of 2 to LOT_MAX records in flight as a
--- lot (lib/inflight.lua), which an ordered channel never does, else 0.
+-- (the broker then takes from it before each call: relay/broker/channel.py), and where
+-- `lots` (data layout 4 in force) put groups of 2 to LOT_MAX records in flight as lots
+-- (lib/inflight.lua), which an ordered channel never does, each group's lot name ('' for
+-- one not in a lot), else an empty list.
+-- c.version: the topic part's version hash, which numbers the lots (lot_named).
 
 -- the channel's controls in one read: what every call needs, read where it is kept
 local function deliver_channel(c, max_attempts, args, first, last, taken, lots)
@@ -119,12 +121,19 @@ local function deliver_channel(c, max_attempts, args, first, last, taken, lots)
   -- every group's records go in flight with one HSET and one ZADD
   local earliest = nil
   local msgs, inflight, n, lotted = {}, {}, 0, 0
+  local names, numbered = {}, nil     -- each group's lot ('' none); the last lot number
   for g = first, last, 4 do
     local deadline = now + tonumber(args[g + 1])
     local owner = args[g]
     local records = pop(tonumber(args[g + 2]), tonumber(args[g + 3]))
+    local lot = ''
     if lots and #records > 1 and #records <= LOT_MAX then
-      local lot = lot_name(record_id(records[1]))
+      if not numbered then    -- a number for each group, taken once
+        local groups = (last - first + 1) / 4
+        numbered = redis.call('HINCRBY', c.version, 'lots', groups) - groups
+      end
+      numbered = numbered + 1
+      lot = lot_named(numbered)
       lot_fields(msgs, lot, records)
       inflight[n + 1], inflight[n + 2] = deadline, lot .. ' ' .. owner
       n, lotted = n + 2, lotted + #records - 1
@@ -138,6 +147,7 @@ local function deliver_channel(c, max_attempts, args, first, last, taken, lots)
     end
     if #records > 0 and (not earliest or deadline < earliest) then earliest = deadline end
     out[#out + 1] = records
+    names[#out] = lot
   end
   if n > 0 then
     call_chunked('HSET', c.msgs, msgs)
@@ -160,5 +170,5 @@ local function deliver_channel(c, max_attempts, args, first, last, taken, lots)
     due_lower(c.node, c.due_index, c.channel, earliest)
   end
   order_release(c, left)
-  return out, empties, more(), ordered, limited, lots and 1 or 0
+  return out, empties, more(), ordered, limited, numbered and names or {}
 end

@@ -9,8 +9,10 @@
 -- Since data layout 4, what one deliver call hands one client of an unordered channel
 -- (2 to LOT_MAX messages) goes in flight as a lot: one member "<lot> <owner>", one field
 -- <lot> of the msgs hash (the records' lengths, a newline, the records) and one field
--- <lot>+ of a '0' per message, '1' once finished. The lot's name is its first id with the
--- last hex digit moved to g-v: no id, and no "<key> <seq>" field of lib/order.lua.
+-- <lot>+ of a '0' per message, '1' once finished. The lot's name (lot_named) is a number
+-- of its topic part's, counted in the version hash's field `lots`: no id, and no
+-- "<key> <seq>" field of lib/order.lua; since relay 0.6.1 (before: its first id with the
+-- last hex digit moved to g-v, which a lot of that message delivered again reused).
 -- The broker names such a message by its item: id, lot, index in two characters from
 -- '0' (LOT_ITEM long). Only a FIN keeps the lot (finish.lua); a REQ, a TOUCH, a timeout
 -- or a leaving owner first turns it back into one member and one record per message it
@@ -79,10 +81,13 @@ local function release(k, ids, members, keep)
   end
 end
 
--- The name of the lot whose first message is `id`.
-local function lot_name(id)
-  local last = string.byte(id, ID_LENGTH)
-  return string.sub(id, 1, ID_LENGTH - 1) .. string.char(last + (last < 58 and 55 or 16))
+-- The name of lot number `n` of its topic part: 'x', n in 14 hex digits, 'g'. Numbers
+-- are never used again, so an item a client was given for a lot since turned back into
+-- messages names no lot it holds later (a name taken from the lot's first id named the
+-- next lot that message went out first in alike: a FIN of the old item marked the new
+-- lot's message at that index).
+local function lot_named(n)
+  return string.format('x%014xg', n)
 end
 
 -- Whether an in-flight member (or its first ID_LENGTH characters) names a lot.
