@@ -57,16 +57,28 @@ def test_a_delivery_of_several_goes_in_flight_as_one_member_and_one_record(store
     assert items == [lot_item(mid(n), b"x00000000000001g", n - 1) for n in (1, 2, 3)]
 
 
-def test_one_message_and_an_ordered_channel_go_in_flight_one_by_one(store):
+def test_one_message_goes_in_flight_by_itself(store):
     subscribed(store)
     store.publish("t", [b"1"])
     got, _ = deliver(store, [("a", 60_000, 5)])
-    assert members(store) == [mid(1) + b" a"]
+    assert (got.lots, members(store)) == ([], [mid(1) + b" a"])
+
+
+def test_an_ordered_channel_delivers_by_lot_and_each_fin_releases_its_key(store):
+    """Since 0.6.1 (issue 59): one message of each free key in a lot; the FIN of one, by
+    its item, lets its key's next one go, and the other key's waits."""
     ordered(store, channel="o")
-    store.publish("t", [b"2", b"3"])
-    got, _ = deliver(store, [("a", 60_000, 5)], channel="o")
-    assert (got.lotted, bodies(got[0])) == (False, [b"2", b"3"])
-    assert members(store, channel="o") == [mid(2) + b" a", mid(3) + b" a"]
+    store.dedup.publish_keyed("t", [b"a1", b"b1", b"a2", b"b2"], None, 0,
+                              [b"a", b"b", b"a", b"b"])
+    got, ((a1, b1),) = deliver(store, [("a", 60_000, 5)], channel="o")
+    assert (bodies(got[0]), got.lotted) == ([b"a1", b"b1"], True)
+    assert members(store, channel="o") == [got.lot(0) + b" a"]
+    assert store.finish("t", "o", [("a", b1)]) == [codes.DONE]
+    got, _ = deliver(store, [("b", 60_000, 5)], channel="o")
+    assert bodies(got[0]) == [b"b2"]
+    assert store.finish("t", "o", [("a", a1)]) == [codes.DONE]
+    got, _ = deliver(store, [("b", 60_000, 5)], channel="o")
+    assert bodies(got[0]) == [b"a2"]
 
 
 def test_fin_marks_each_message_and_the_last_takes_the_lot_away(store):

@@ -237,7 +237,8 @@ class DataPath(Core):
         already (0: no limit; the channel's own setting wins) go to its dead-letter outbox
         instead. A channel with a rate limit delivers only if the counts were `taken`
         from it first (tokens_op). With `lots` (data layout 4 in force), a group of 2 or
-        more records of an unordered channel goes in flight as a lot, whose messages
+        more records goes in flight as a lot (on an ordered channel too, since 0.6.1),
+        whose messages
         FIN, REQ and TOUCH name by their lot items (inflight.lot_item)."""
         c = ChannelKeys.of(part, channel)
         args = [channel, max_attempts, 0]

@@ -31,8 +31,8 @@
 -- message it releases: relay/broker/settling.py), and 1 if it has a rate limit, else 0
 -- (the broker then takes from it before each call: relay/broker/channel.py), and where
 -- `lots` (data layout 4 in force) put groups of 2 to LOT_MAX records in flight as lots
--- (lib/inflight.lua), which an ordered channel never does, each group's lot name ('' for
--- one not in a lot), else an empty list.
+-- (lib/inflight.lua), each group's lot name ('' for one not in a lot), else an empty
+-- list.
 -- c.version: the topic part's version hash, which numbers the lots (lot_named).
 
 -- the channel's controls in one read: what every call needs, read where it is kept
@@ -51,9 +51,8 @@ local function deliver_channel(c, max_attempts, args, first, last, taken, lots)
   end
   if meta[2] or (limited == 1 and not taken) then
     for g = first, last, 4 do out[#out + 1] = {} end
-    return out, empties, meta[2] and 0 or more(), ordered, limited, 0
+    return out, empties, meta[2] and 0 or more(), ordered, limited, {}
   end
-  lots = lots and ordered == 0
 
   local now = now_ms()
   max_attempts = tonumber(meta[3] or max_attempts)

@@ -6,8 +6,8 @@
 -- from two, and who holds a message is checked by its member alone. Delivery makes no
 -- new long string per message: each costs Lua's string table more than a write
 -- (BENCHMARKS.md).
--- Since data layout 4, what one deliver call hands one client of an unordered channel
--- (2 to LOT_MAX messages) goes in flight as a lot: one member "<lot> <owner>", one field
+-- Since data layout 4, what one deliver call hands one client (2 to LOT_MAX messages;
+-- of an ordered channel too since relay 0.6.1) goes in flight as a lot: one member "<lot> <owner>", one field
 -- <lot> of the msgs hash (the records' lengths, a newline, the records) and one field
 -- <lot>+ of a '0' per message, '1' once finished. The lot's name (lot_named) is a number
 -- of its topic part's, counted in the version hash's field `lots`: no id, and no
