@@ -18,7 +18,8 @@ consumers at RDY 100 do: each deliver call of 4 groups of 100 finishes the messa
 call before delivered (the FINs folded in, as a broker's group commit folds them), on a
 channel ordered (its keys one message out at a time) and on the same channel unordered,
 alternately, `--rounds` times: {"ordered_us": [...], "unordered_us": [...], "commands":
-{variant: {name: µs per message}}} (the last round's).
+{variant: {name: µs per message}}} (the last round's); with `--lots`, as a broker does
+under data layout 4, in lots whose FINs name their items.
 
 `--strings` instead times a script that builds 2,500 strings of PREFIX bytes, a 16-hex id
 and a 200 B body, for prefixes of 0-23 bytes: Lua 5.1 hashes a long string by a sample
@@ -90,9 +91,10 @@ def profile(url: str, batches: int, size: int, lots: bool = False,
             "finish_us": per_message[2], "commands": commands}
 
 
-def drain(url: str, messages: int, keys: int, ordered: bool) -> tuple[float, dict]:
+def drain(url: str, messages: int, keys: int, ordered: bool,
+          lots: bool = False) -> tuple[float, dict]:
     """Server CPU µs per message draining `messages` over `keys` order keys, and the
-    commands inside (µs per message)."""
+    commands inside (µs per message); with `lots` in lots, FINs naming their items."""
     client = redis.Redis.from_url(url)
     client.flushdb()
     store = Store(client)
@@ -107,11 +109,13 @@ def drain(url: str, messages: int, keys: int, ordered: bool) -> tuple[float, dic
     client.config_resetstat()
     before, got, held = cpu(client), 0, []
     while got < messages:
-        deliver = store.deliver_op("drain", "c", [(o, 600_000, BATCH) for o in owners])
+        deliver = store.deliver_op("drain", "c", [(o, 600_000, BATCH) for o in owners],
+                                   lots=lots)
         if held:
             deliver = finishing_first(deliver, store.finish_op("drain", "c", held))
         reply = store.run(deliver)
-        held = [(o, record_id(r)) for o, records in zip(owners, reply) for r in records]
+        held = [(o, item) for n, (o, records) in enumerate(zip(owners, reply))
+                for item in inflight.items([record_id(r) for r in records], reply.lot(n))]
         got += len(held)
     store.finish("drain", "c", held)
     used = (cpu(client) - before) * 1e6 / messages
@@ -121,11 +125,12 @@ def drain(url: str, messages: int, keys: int, ordered: bool) -> tuple[float, dic
     return round(used, 2), commands
 
 
-def drains(url: str, messages: int, keys: int, rounds: int) -> dict:
+def drains(url: str, messages: int, keys: int, rounds: int, lots: bool = False) -> dict:
     out: dict = {"ordered_us": [], "unordered_us": [], "commands": {}}
     for _ in range(rounds):
         for variant in ("ordered", "unordered"):
-            used, out["commands"][variant] = drain(url, messages, keys, variant == "ordered")
+            used, out["commands"][variant] = drain(url, messages, keys, variant == "ordered",
+                                                   lots)
             out[f"{variant}_us"].append(used)
     return out
 
@@ -144,7 +149,8 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     if args.drain:
-        result = drains(args.redis_url, args.batches * BATCH, args.drain, args.rounds)
+        result = drains(args.redis_url, args.batches * BATCH, args.drain, args.rounds,
+                        args.lots)
     elif args.strings:
         result = strings(args.redis_url)
     else:
