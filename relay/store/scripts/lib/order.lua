@@ -54,6 +54,16 @@ local function gate_value(id, first, next)
   return id
 end
 
+-- The seq after `seq` (as written), most often with no number formatted: a release
+-- makes one per message, and Lua 5.1 formats a number by sprintf.
+local DIGIT_AFTER = {[48] = '1', [49] = '2', [50] = '3', [51] = '4', [52] = '5', [53] = '6',
+                     [54] = '7', [55] = '8', [56] = '9'}
+local function seq_after(seq)
+  local digit = DIGIT_AFTER[string.byte(seq, -1)]
+  if digit then return string.sub(seq, 1, -2) .. digit end
+  return tostring(tonumber(seq) + 1)
+end
+
 -- An entry's id, due ms and record.
 local function split_entry(entry)
   if string.byte(entry, 1) >= 128 then return record_id(entry), 0, entry end
@@ -218,17 +228,21 @@ local function order_release(o, ids)
   if w > 0 then
     local entries = hmget_chunked(o.msgs, fields)
     for m = 1, w do
-      local first, last = tonumber(wfirst[m]) + 1, tonumber(wnext[m])
-      while not entries[m] and first < last do     -- a gap
-        fields[#fields + 1] = wkeys[m] .. ' ' .. first
-        entries[m] = redis.call('HGET', o.msgs, fields[#fields])
-        first = first + 1
+      -- the key's entry, and the seq after it: its new first, or its next if none is left
+      local entry, key, last, after = entries[m], wkeys[m], wnext[m], seq_after(wfirst[m])
+      if not entry then     -- a gap: the entries after, one by one
+        local first, stop = tonumber(after), tonumber(last)
+        while not entry and first < stop do
+          fields[#fields + 1] = key .. ' ' .. first
+          entry = redis.call('HGET', o.msgs, fields[#fields])
+          first = first + 1
+        end
+        after = tostring(first)
       end
-      local entry, key = entries[m], wkeys[m]
       if entry then
         local id, due, record = split_entry(entry)
         listed = listed + 1
-        gate[g + 1], gate[g + 2] = key, first < last and id .. ' ' .. first .. ' ' .. wnext[m] or id
+        gate[g + 1], gate[g + 2] = key, after ~= last and id .. ' ' .. after .. ' ' .. last or id
         key_of[g + 1], key_of[g + 2] = id, key
         g = g + 2
         if due > now then
