@@ -890,6 +890,40 @@ def test_paused_topic_keeps_messages_until_unpaused(store):
     assert [r[26:] for r in store.deliver("t", "c", [("b1:1", 60000, 5)])[0]] == [b"a", b"b"]
 
 
+def test_an_unpause_moves_a_backlog_in_steps_and_a_pause_between_them_stops_it(store):
+    """50 channels make a step 200 records (pause_topic.lua): a backlog of 450 takes
+    three calls, none holding Redis for the whole of it."""
+    channels = [f"c{i:03}" for i in range(50)]
+    for channel in channels:
+        store.subscribe("t", channel, "b1")
+    store.control.pause_topic("t", True)
+    for start in range(0, 450, 150):
+        store.publish("t", [b"%d" % i for i in range(start, start + 150)])
+    store.publish("t", [b"due"], defer_ms=60_000)
+    t = keys.TopicKeys.of("t")
+
+    def step(mode):
+        return store.run(store.fanout_op(
+            "pause_topic", "t", [t.meta, t.channels, t.backlog, t.backlog_deferred, t.due,
+                                 t.version], [mode, t.wake, store.node("t")]))
+
+    assert step("0") == codes.MORE
+    assert store.reads.read_topic("t")["paused"] is True
+    assert (store.reads.read_topic("t")["depth"], store.reads.read_topic("t")["deferred_count"]) == (250, 0)
+    store.publish("t", [b"late"])
+    store.control.pause_topic("t", True)
+    assert step("step") == codes.DONE
+    assert store.reads.read_topic("t")["depth"] == 251
+    store.control.pause_topic("t", False)
+    assert store.reads.read_topic("t")["paused"] is False
+    assert store.reads.read_topic("t")["depth"] == 0
+    for channel in ("c000", "c049"):
+        c = store.reads.read_channel("t", channel)
+        assert (c["depth"], c["deferred_count"], c["message_count"]) == (451, 1, 452)
+        got = store.deliver("t", channel, [("b1:1", 60_000, 500)])[0]
+        assert [r[26:] for r in got] == [b"%d" % i for i in range(450)] + [b"late"]
+
+
 def test_deliver_says_whether_the_queue_has_more(store):
     subscribed(store, "t", "c")
     store.publish("t", [b"1", b"2"])

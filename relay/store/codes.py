@@ -10,6 +10,7 @@ import re
 # FIN, REQ and TOUCH, per (owner, id) item (lib/inflight.lua); TOUCH answers the new
 # deadline where FIN and REQ answer DONE
 DONE = 1                # also what a control script answers when it did what it was asked
+MORE = 2                # a control script did a step of what it was asked: call it again
 NOT_IN_FLIGHT = 0       # not in flight, or settled earlier in the same call
 NOT_OWNER = -1          # in flight for another client
 

@@ -98,12 +98,15 @@ class Control(Service):
         return self.store.subscribe(topic, channel, "")
 
     def pause_topic(self, topic: str, paused: bool, parts: list | None = None) -> None:
+        """Pause or unpause each part; an unpause moves the backlog in calls of a
+        bounded size (pause_topic.lua), as many as it takes."""
         for part in parts or self.store.parts(topic):
-            t = TopicKeys.of(part)
-            self.store.run(self.store.fanout_op("pause_topic", part,
-                                     [t.meta, t.channels, t.backlog, t.backlog_deferred, t.due,
-                                      t.version],
-                                     ["1" if paused else "0", t.wake, self.store.node(part)]))
+            t, mode = TopicKeys.of(part), "1" if paused else "0"
+            while self.store.run(self.store.fanout_op(
+                    "pause_topic", part,
+                    [t.meta, t.channels, t.backlog, t.backlog_deferred, t.due, t.version],
+                    [mode, t.wake, self.store.node(part)])) == codes.MORE:
+                mode = "step"
 
     def pause_channel(self, topic: str, channel: str, paused: bool) -> None:
         for part in self.store.parts(topic):
