@@ -25,10 +25,17 @@ under data layout 4, in lots whose FINs name their items.
 and a 200 B body, for prefixes of 0-23 bytes: Lua 5.1 hashes a long string by a sample
 of its bytes, so whether ids that differ only in their low digits collide depends on
 where they sit (BENCHMARKS.md).
+
+`--elements` instead times, from Lua (os.clock), each command an ordered release is made
+of, per element of a variadic call of 400, on a hash of 100,000 fields of 150 B (as the
+drain's msgs hash) and one of 1,000 short values (as its gate and key_of), and two Lua
+string operations: {"us_per_element": {name: median µs over --rounds}}. A design's floor
+is the elements it moves per message times these.
 """
 
 import argparse
 import json
+import statistics
 import time
 
 import redis
@@ -46,6 +53,50 @@ local body, made = string.rep('x', 200), {}
 for i = 1, n do made[i] = prefix .. string.format('%016x', i) .. body end
 return #made
 """
+
+
+ELEMENTS = """
+local n, took = tonumber(ARGV[1]), {}
+local fields, keys, pairs_, records = {}, {}, {}, nil
+for i = 1, n do
+  keys[i] = 'k' .. ((i * 7) % 1000)
+  fields[i] = keys[i] .. ' ' .. (i % 100)
+  pairs_[2 * i - 1], pairs_[2 * i] = keys[i], '0123456789abcdef 6 9'
+end
+local function timed(name, fn)
+  local start = os.clock()
+  fn()
+  took[#took + 1], took[#took + 2] = name, tostring((os.clock() - start) * 1e6 / n)
+end
+timed('HMGET msgs', function() records = redis.call('HMGET', 'msgs', unpack(fields)) end)
+timed('HMGET gate', function() redis.call('HMGET', 'gate', unpack(keys)) end)
+timed('HSET gate', function() redis.call('HSET', 'gate', unpack(pairs_)) end)
+timed('RPUSH queue', function() redis.call('RPUSH', 'queue', unpack(records)) end)
+timed('LPOP queue', function() redis.call('LPOP', 'queue', n) end)
+timed('HDEL msgs', function() redis.call('HDEL', 'msgs', unpack(fields)) end)
+timed('string.sub', function() for i = 1, n do local _ = string.sub(records[i], -17, -2) end end)
+timed('concat', function() for i = 1, n do local _ = keys[i] .. ' ' .. keys[i] end end)
+return took
+"""
+
+
+def elements(url: str, rounds: int) -> dict:
+    """µs per element of each command of a release, as Lua calls them (ELEMENTS)."""
+    client = redis.Redis.from_url(url)
+    taken: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        client.flushdb()
+        pipe = client.pipeline()
+        for start in range(0, 100_000, 5000):
+            pipe.hset("msgs", mapping={f"k{i % 1000} {i // 1000}": b"\x80" + b"x" * 149
+                                       for i in range(start, start + 5000)})
+        pipe.hset("gate", mapping={f"k{i}": "0123456789abcdef 5 9" for i in range(1000)})
+        pipe.execute()
+        reply = client.eval(ELEMENTS, 0, 400)
+        for name, value in zip(reply[::2], reply[1::2]):
+            taken.setdefault(name.decode(), []).append(float(value))
+    return {"us_per_element": {name: round(statistics.median(values), 3)
+                               for name, values in taken.items()}}
 
 
 def strings(url: str) -> dict:
@@ -141,6 +192,7 @@ if __name__ == "__main__":
     parser.add_argument("--batches", type=int, default=1500)
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--strings", action="store_true")
+    parser.add_argument("--elements", action="store_true")
     parser.add_argument("--per-call", type=int, default=BATCH,
                         help="messages per publish, deliver and finish call")
     parser.add_argument("--lots", action="store_true",
@@ -151,6 +203,8 @@ if __name__ == "__main__":
     if args.drain:
         result = drains(args.redis_url, args.batches * BATCH, args.drain, args.rounds,
                         args.lots)
+    elif args.elements:
+        result = elements(args.redis_url, args.rounds)
     elif args.strings:
         result = strings(args.redis_url)
     else:
