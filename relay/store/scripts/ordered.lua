@@ -68,6 +68,7 @@ if seqs then
       local key = fields[i]
       local id, first, next = split_gate(fields[i + 1])
       if first then
+        first = tonumber(first)
         local last = math.min(tonumber(next), first + most - released)  -- past the last sent
         local names = {}
         for seq = first, last - 1 do names[#names + 1] = key .. ' ' .. seq end

@@ -39,13 +39,12 @@ end
 -- keys.WAITING_FIELD): no id or "<order key> <seq>" starts with a space.
 local WAITING_FIELD = ' waiting'
 
--- A gate value's id out, and if messages wait its first seq (a number) and next seq (as
--- written): an id is 16 characters.
+-- A gate value's id out, and if messages wait its first and next seq (as written): an
+-- id is 16 characters.
 local function split_gate(value)
   if #value == 16 then return value end
   local space = string.find(value, ' ', 19, true)
-  return string.sub(value, 1, 16), tonumber(string.sub(value, 18, space - 1)),
-         string.sub(value, space + 1)
+  return string.sub(value, 1, 16), string.sub(value, 18, space - 1), string.sub(value, space + 1)
 end
 
 -- The gate value of key with `id` out and the entries [first, next) behind it.
@@ -90,7 +89,7 @@ local function insert_by_id(o, gate, by_key)
   local values = {}
   for key, added in pairs(by_key) do
     local g = gate[key]
-    local first, next = g[2] or 1, tonumber(g[3] or 1)
+    local first, next = tonumber(g[2] or 1), tonumber(g[3] or 1)
     local fields, all = {}, {}
     for seq = first, next - 1 do fields[#fields + 1] = key .. ' ' .. seq end
     if #fields > 0 then
@@ -137,9 +136,10 @@ local function order_admit(o, ids, records, order_keys, due, seqs, by_id)
       table.insert(by_key[key], {id, prefix .. records[i]})
       listed = listed + 1
     elseif g and seqs then
-      local next = tonumber(g[3] or 1)
-      g[2], g[3] = g[2] or 1, next + 1
-      entries[#entries + 1], entries[#entries + 2] = key .. ' ' .. next, prefix .. records[i]
+      local next = g[3] or '1'
+      g[2], g[3] = g[2] or '1', seq_after(next)
+      entries[#entries + 1] = key .. ' ' .. next
+      entries[#entries + 1] = due > 0 and prefix .. records[i] or records[i]
       if not grown[key] then grown[key], grown[#grown + 1] = true, key end
       listed = listed + 1
     elseif g then
@@ -154,9 +154,9 @@ local function order_admit(o, ids, records, order_keys, due, seqs, by_id)
       free_ids[#free_ids + 1], free_records[#free_records + 1] = id, records[i]
     end
   end
-  for _, key in ipairs(grown) do
+  for _, key in ipairs(grown) do     -- each with entries [first, next) now
     local g = gate[key]
-    out[#out + 1], out[#out + 2] = key, gate_value(g[1], g[2], g[3])
+    out[#out + 1], out[#out + 2] = key, g[1] .. ' ' .. g[2] .. ' ' .. g[3]
   end
   if #out > 0 then call_chunked('HSET', o.gate, out) end
   if #key_of > 0 then call_chunked('HSET', o.key_of, key_of) end
