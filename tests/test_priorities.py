@@ -147,6 +147,29 @@ def test_the_backlog_keeps_priorities_for_the_first_channel(store):
     assert store.redis.hget(TopicKeys.of("t").meta, "urgent_backlog") is None
 
 
+def test_a_first_channel_takes_a_big_backlog_with_priorities_in_steps(store):
+    """Over 10,000 records to sort into lists go over in steps (subscribe.lua), not in
+    the SUB's call; a SUB meanwhile learns that steps are under way."""
+    for start in range(0, 10_200, 1_000):
+        publish(store, [(b"%05d" % i, 5 if i % 1000 == 999 else 0)
+                        for i in range(start, min(start + 1_000, 10_200))])
+    t = TopicKeys.of("t")
+    [joined] = store.run_many([store.subscribe_op("t", "c", "b1")])
+    assert (joined.created, joined.hand_over) == (True, True)
+    assert store.redis.hget(t.meta, "paused") == b"unpausing"
+    assert store.reads.read_channel("t", "c")["depth"] == 0
+    [again] = store.run_many([store.subscribe_op("t", "c", "b2")])
+    assert (again.created, again.hand_over) == (False, True)
+    publish(store, [(b"late", 0)])
+    store.hand_over("t")
+    assert store.redis.hget(t.meta, "paused") is None
+    assert store.redis.hget(t.meta, "urgent_backlog") is None
+    assert store.reads.read_channel("t", "c")["depth"] == 10_201
+    got = bodies(take(store, 10_201))
+    assert got[:10] == [b"%05d" % i for i in range(999, 10_200, 1000)]
+    assert got[10:] == [b"%05d" % i for i in range(10_200) if i % 1000 != 999] + [b"late"]
+
+
 def test_a_paused_topics_backlog_keeps_priorities(store):
     subscribed(store)
     store.control.pause_topic("t", True)
@@ -319,6 +342,33 @@ def test_a_stock_consumer_at_rdy_1_gets_the_highest_priority_waiting(processes, 
     assert got == sorted(sent, key=lambda s: -s[0])
     consumer.close()
     wire.close()
+
+
+@pytest.mark.integration
+def test_a_sub_to_a_topic_with_a_big_backlog_with_priorities_gets_it_all_by_steps(
+        processes, redis_url):
+    """The first channel's backlog of 11,000, too big to sort into lists in the SUB's
+    call: the broker runs the steps (subscribe.lua, Broker._hand_over) and the consumer
+    gets every message, the urgent ones first."""
+    _, port = processes.broker()
+    api = Api(port, processes.http_ports[port])
+    for start in range(0, 11_000, 1_000):
+        assert api.request("POST", "/mpub?topic=t", b"\n".join(
+            b"%05d" % i for i in range(start, start + 999)))[0] == 200
+        assert api.request("POST", "/mpub?topic=t&priority=5", b"%05d" % (start + 999))[0] == 200
+    consumer = Wire(port)
+    consumer.identify()
+    assert consumer.sub("t", "c", rdy=2500) == (FRAME_RESPONSE, b"OK")
+    got = []
+    while len(got) < 11_000:
+        message = consumer.message()
+        got.append(message[3])
+        consumer.command(b"FIN " + message[2])
+    assert consumer.nothing()
+    assert got[:11] == [b"%05d" % i for i in range(999, 11_000, 1000)]
+    assert got[11:] == [b"%05d" % i for i in range(11_000) if i % 1000 != 999]
+    assert connect(redis_url).hget(TopicKeys.of("t").meta, "paused") is None
+    consumer.close()
 
 
 @pytest.mark.integration

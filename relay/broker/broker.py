@@ -114,6 +114,7 @@ class Broker:
         self._wakeups: list[gevent.Greenlet] = []
         self.max_clients = 0
         self._last_refusal_log = float("-inf")
+        self._handing_over: set[str] = set()    # parts whose backlog goes over from here
         self.stopping = False
         self.unreleased = 0         # in-flight messages a stop could not requeue
         self.unreleased_error: str | None = None
@@ -351,7 +352,23 @@ class Broker:
                  for part in parts]
         joined = [call.get() for call in calls]
         self.store.learn_channel_count(split_part(parts[0])[0], joined[0].channels)
+        for part, part_joined in zip(parts, joined):
+            if part_joined.hand_over and part not in self._handing_over:
+                self._handing_over.add(part)
+                gevent.spawn(self._hand_over, part)
         return joined
+
+    def _hand_over(self, part: str) -> None:
+        """The steps of a backlog going to the topic's first channel (subscribe.lua), or
+        of an unpause whose runner died, from here, beside the clients: the consumers
+        get what each step moves."""
+        try:
+            self.store.hand_over(part)
+        except StoreError as e:
+            log.warning("%s: the backlog's steps stopped (%s); the next SUB or an unpause "
+                        "goes on with them", part, e)
+        finally:
+            self._handing_over.discard(part)
 
     def grow(self, channel: Channel) -> None:
         """The channel's topic has more partitions than it has parts: its consumers join

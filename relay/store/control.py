@@ -101,12 +101,9 @@ class Control(Service):
         """Pause or unpause each part; an unpause moves the backlog in calls of a
         bounded size (pause_topic.lua), as many as it takes."""
         for part in parts or self.store.parts(topic):
-            t, mode = TopicKeys.of(part), "1" if paused else "0"
-            while self.store.run(self.store.fanout_op(
-                    "pause_topic", part,
-                    [t.meta, t.channels, t.backlog, t.backlog_deferred, t.due, t.version],
-                    [mode, t.wake, self.store.node(part)])) == codes.MORE:
-                mode = "step"
+            op = self.store.pause_topic_op(part, "1" if paused else "0")
+            if self.store.run(op) == codes.MORE:
+                self.store.hand_over(part)
 
     def pause_channel(self, topic: str, channel: str, paused: bool) -> None:
         for part in self.store.parts(topic):

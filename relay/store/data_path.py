@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 
 from relay.codec import is_ephemeral, stored_timestamp
 from relay.errors import StoreError
-from relay.store import keys
+from relay.store import codes, keys
 from relay.store.base import Core
 from relay.store.keys import ChannelKeys, TopicKeys, id_part, split_part
 from relay.store.replies import Delivered, Published, Stepped, Subscribed, Tokens
@@ -207,13 +207,37 @@ class DataPath(Core):
 
     def subscribe(self, topic: str, channel: str, broker_id: str) -> bool:
         """SUB on every part: True if the channel is new."""
-        joined = self.run_many([self.subscribe_op(part, channel, broker_id)
-                                for part in self.parts(topic)])
+        joined = self.join_parts(topic, channel, broker_id)
+        self.learn_channel_count(topic, joined[0].channels)
+        return joined[0].created
+
+    def join_parts(self, topic: str, channel: str, broker_id: str) -> list[Subscribed]:
+        """subscribe.lua on every part, each one's Subscribed; a backlog the first
+        channel takes in steps has gone over when it returns."""
+        parts = self.parts(topic)
+        joined = self.run_many([self.subscribe_op(part, channel, broker_id) for part in parts])
         for reply in joined:
             if isinstance(reply, Exception):
                 raise reply
-        self.learn_channel_count(topic, joined[0].channels)
-        return joined[0].created
+        for part, reply in zip(parts, joined):
+            if reply.hand_over:
+                self.hand_over(part)
+        return joined
+
+    def pause_topic_op(self, part: str, mode: str) -> Op:
+        """pause_topic.lua on one part: mode 1 pauses, 0 unpauses (CODE.MORE: not all
+        of the backlog moved yet), `step` moves the next step of an unpause under way."""
+        t = TopicKeys.of(part)
+        return self.fanout_op("pause_topic", part,
+                              [t.meta, t.channels, t.backlog, t.backlog_deferred, t.due,
+                               t.version], [mode, t.wake, self.node(part)])
+
+    def hand_over(self, part: str) -> None:
+        """The steps of an unpause under way, or of a first channel's backlog
+        (subscribe.lua), until none is left: each moves a bounded part of the backlog,
+        so other clients wait for no more than one step."""
+        while self.run(self.pause_topic_op(part, "step")) == codes.MORE:
+            pass
 
     def unsubscribe_op(self, topic: str, channel: str, broker_id: str,
                        channel_ephemeral: bool, topic_ephemeral: bool, incarnation: int) -> Op:

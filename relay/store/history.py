@@ -335,11 +335,7 @@ class History(Service):
         `from_ms` on, if given): subscribe.lua on each part gives the cut (its last
         message not in the backlog), and the replay puts what is retained up to it
         before what was published since. None if the channel exists already."""
-        joined = self.store.run_many([self.store.subscribe_op(part, channel, "")
-                                for part in self.store.parts(topic)])
-        for reply in joined:
-            if isinstance(reply, Exception):
-                raise reply
+        joined = self.store.join_parts(topic, channel, "")
         if not joined[0].created:
             return None
         cuts = [j.cut for j in joined]

@@ -73,18 +73,21 @@ class Stepped(NamedTuple):
 class Subscribed(NamedTuple):
     """subscribe.lua's reply: whether the channel is new, what a broker compares
     to see it deleted (a new incarnation each time it is created) or emptied, the
-    cut a channel created from the beginning replays the history up to, and how many
-    channels the part has now."""
+    cut a channel created from the beginning replays the history up to, how many
+    channels the part has now, and whether the part's backlog is to go over in steps
+    (`hand_over`: Store.hand_over runs them)."""
 
     created: bool
     incarnation: int
     empties: int
     cut: int = 0
     channels: int = 0
+    hand_over: bool = False
 
     @classmethod
     def parse(cls, reply: list[Any]) -> "Subscribed":
-        return cls(bool(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]))
+        return cls(bool(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]),
+                   bool(reply[5]))
 
 
 class Delivered(list):

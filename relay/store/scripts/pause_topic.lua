@@ -5,9 +5,9 @@
 -- An unpause moves the backlog a step at a time, from its head: a call holds Redis for
 -- no more than STEP records times the channels, whatever the backlog's size (a whole
 -- backlog read by one call held every client for seconds, and its copy in Lua memory).
--- Until the last step the topic stays paused, its flag UNPAUSING, so what is published
--- meanwhile goes behind the rest; each step wakes the brokers, whose consumers start on
--- what moved. A pause between two steps stops the unpause there.
+-- Until the last step the topic stays paused, its flag UNPAUSING (lib/backlog.lua), so
+-- what is published meanwhile goes behind the rest; each step wakes the brokers, whose
+-- consumers start on what moved. A pause between two steps stops the unpause there.
 --
 -- KEYS[1] topic meta   KEYS[2] topic channels   KEYS[3] backlog   KEYS[4] backlog deferred
 -- KEYS[5] topic due index   KEYS[6] topic version (news.lua), then the channels' keys
@@ -21,7 +21,6 @@ local topic_meta, channels, backlog, backlog_deferred = KEYS[1], KEYS[2], KEYS[3
 local due_index, version = KEYS[5], KEYS[6]
 local mode, wake, node = ARGV[ARG0 + 1], ARGV[ARG0 + 2], ARGV[ARG0 + 3]
 local STEP = 10000          -- records moved per call, over all channels
-local UNPAUSING = 'unpausing'
 
 if mode == '1' then
   redis.call('HSET', topic_meta, 'paused', 1)

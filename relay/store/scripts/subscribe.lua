@@ -1,7 +1,12 @@
 -- include: backlog.lua, staged.lua, chunked.lua, record.lua, queue.lua
 -- subscribe: create the channel if needed and count one more consumer on this broker
 -- (none when the broker id is empty: /channel/create).
--- The first channel of a topic takes over the topic backlog, deferred part included.
+-- The first channel of a topic takes over the topic backlog, deferred part included:
+-- in this call if that is cheap (the backlog renamed as its queue, or up to HAND_OVER
+-- records moved one by one), else in steps as an unpause moves one (pause_topic.lua),
+-- so that no call holds Redis for a backlog of any size: the topic is marked UNPAUSING
+-- (lib/backlog.lua) and the reply says so; the caller runs the steps (Store.hand_over),
+-- and so does a broker whose SUB finds the topic marked (its steps' runner died).
 --
 -- KEYS[1] topic channels   KEYS[2] backlog   KEYS[3] backlog deferred
 -- KEYS[4] channel queue    KEYS[5] channel deferred   KEYS[6] channel msgs
@@ -14,7 +19,8 @@
 -- ARGV[1] channel name (also its member in the due index)   ARGV[2] broker id
 -- ARGV[3] the node keys' prefix (lib/node.lua)
 -- Returns {1 if the channel was created else 0, its incarnation, its empties, the cut,
--- the number of channels (a publish to many goes wide: lib/wide.lua)}:
+-- the number of channels (a publish to many goes wide: lib/wide.lua), 1 if the topic's
+-- backlog is to go over in steps (UNPAUSING) else 0}:
 -- the cut is the count of the last message published before this call that is not in
 -- the backlog (a channel created from the beginning replays the history up to it; the
 -- ids a staged publish reserved but has not published yet come after it: its steps
@@ -50,26 +56,32 @@ end
 if backlog_head then
   cut = math.min(cut, tonumber(string.sub(record_id(backlog_head), 5), 16) - 1)
 end
+local paused = redis.call('HGET', topic_meta, 'paused')
 local reply = {created, tonumber(incarnation),
                tonumber(redis.call('HGET', channel_meta, 'empties') or '0'), cut,
-               redis.call('SCARD', channels)}
-if created == 0 or redis.call('SCARD', channels) > 1
-    or redis.call('HEXISTS', topic_meta, 'paused') == 1 then
+               redis.call('SCARD', channels), paused == UNPAUSING and 1 or 0}
+if created == 0 or redis.call('SCARD', channels) > 1 or paused then
   return reply
 end
 
+local HAND_OVER = 10000     -- records moved in this call at most
 local n = redis.call('LLEN', backlog)
+local urgent_backlog = redis.call('HEXISTS', topic_meta, 'urgent_backlog') == 1
+if n > 0 and not urgent_backlog and redis.call('EXISTS', queue) == 0 then
+  redis.call('RENAME', backlog, queue)    -- the queue of a new channel: an O(1) move
+  redis.call('HINCRBY', channel_meta, 'message_count', n)
+  n = 0
+end
+if n + redis.call('ZCARD', backlog_deferred) > HAND_OVER then
+  redis.call('HSET', topic_meta, 'paused', UNPAUSING)
+  reply[6] = 1
+  return reply
+end
 if n > 0 then
-  -- the queue of a channel created just now is normally absent: an O(1) move
-  if redis.call('HDEL', topic_meta, 'urgent_backlog') == 1 then
-    enqueue({queue = queue, urgent = KEYS[14], meta = channel_meta},
-            redis.call('LRANGE', backlog, 0, -1))
-    redis.call('DEL', backlog)
-  elseif redis.call('EXISTS', queue) == 0 then
-    redis.call('RENAME', backlog, queue)
-  else
-    while redis.call('LMOVE', backlog, queue, 'LEFT', 'RIGHT') do end
-  end
+  enqueue({queue = queue, urgent = KEYS[14], meta = channel_meta},
+          redis.call('LRANGE', backlog, 0, -1))
+  redis.call('DEL', backlog)
+  redis.call('HDEL', topic_meta, 'urgent_backlog')
   redis.call('HINCRBY', channel_meta, 'message_count', n)
 end
 

@@ -5,6 +5,9 @@
 -- and the channel's entry in the topic's due index (and the node's, node.lua) is
 -- lowered to match.
 -- `deferred` is {record, due ms, ...}, as ZRANGE WITHSCORES gives the backlog.
+-- UNPAUSING: the topic meta's `paused` while its backlog goes to its channels in steps
+-- (pause_topic.lua): still paused to publishes, which go behind it.
+local UNPAUSING = 'unpausing'
 local function hand_over_deferred(deferred, msgs, channel_deferred, due_index, channel, node)
   for i = 1, #deferred, 2 do
     local record, due = deferred[i], deferred[i + 1]
