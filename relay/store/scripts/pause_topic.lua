@@ -35,7 +35,7 @@ if N_CHANNELS == 0 then
   redis.call('HDEL', topic_meta, 'paused')
   return CODE.DONE
 end
-local step = math.max(100, math.floor(STEP / N_CHANNELS))
+local step = math.max(1, math.floor(STEP / N_CHANNELS))
 local records = redis.call('LRANGE', backlog, 0, step - 1)
 local deferred = redis.call('ZRANGE', backlog_deferred, 0, step - 1, 'WITHSCORES')
 for c = 1, N_CHANNELS do
