@@ -61,7 +61,9 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
                                             (lib/history.lua); dedup_ms (absent: off;
                                             relay/store/dedup.py); urgent_backlog (1: the
                                             backlog holds messages of priority 1-9,
-                                            lib/append.lua)
+                                            lib/append.lua); paused (1, or unpausing while
+                                            its backlog goes to its channels in steps:
+                                            pause_topic.lua)
     relay:{T}:history                 STREAM with retention on, a copy of every record
                                             published, an entry per publish call (per 64 KiB
                                             of it), id "<ms>-<count>": ms from its timestamp
