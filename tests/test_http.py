@@ -8,6 +8,8 @@ import struct
 
 import pytest
 
+from relay.store import Store, codes
+from relay.store.connection import connect
 from tests.helpers.api import Api
 from tests.helpers.pynsq import run_pynsq_client
 from tests.helpers.servers import wake_listeners
@@ -321,6 +323,32 @@ def test_topic_pause_holds_fan_out_for_a_real_consumer(api):
     assert api.json("POST", "/topic/pause?topic=nope") == (404, {"message": "TOPIC_NOT_FOUND"})
     assert api.json("POST", "/topic/pause") == (400, {"message": "MISSING_ARG_TOPIC"})
     wire.close()
+
+
+def test_an_unpause_cut_short_is_finished_by_the_next_sub(processes, redis_url):
+    """An unpause whose caller died after its first step (pause_topic.lua) leaves the
+    topic `unpausing` with the rest of its backlog; a consumer's SUB finds it so and
+    its broker runs the steps left: the consumer gets all 25,000, in publish order."""
+    store = Store(connect(redis_url))
+    store.subscribe("t", "c", "")
+    store.control.pause_topic("t", True)
+    for start in range(0, 25_000, 1_000):
+        store.publish("t", [b"%05d" % i for i in range(start, start + 1_000)])
+    assert store.run(store.pause_topic_op("t", "0")) == codes.MORE
+    assert store.reads.read_channel("t", "c")["depth"] == 10_000
+    _, port = processes.broker()
+    consumer = Wire(port)
+    consumer.identify()
+    assert consumer.sub("t", "c", rdy=2500) == (FRAME_RESPONSE, b"OK")
+    got = []
+    while len(got) < 25_000:
+        message = consumer.message()
+        got.append(message[3])
+        consumer.command(b"FIN " + message[2])
+    assert consumer.nothing()
+    assert got == [b"%05d" % i for i in range(25_000)]
+    assert store.reads.read_topic("t")["paused"] is False
+    consumer.close()
 
 
 def test_lookup_endpoints_list_live_brokers(processes):
