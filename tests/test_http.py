@@ -340,11 +340,7 @@ def test_an_unpause_cut_short_is_finished_by_the_next_sub(processes, redis_url):
     consumer = Wire(port)
     consumer.identify()
     assert consumer.sub("t", "c", rdy=2500) == (FRAME_RESPONSE, b"OK")
-    got = []
-    while len(got) < 25_000:
-        message = consumer.message()
-        got.append(message[3])
-        consumer.command(b"FIN " + message[2])
+    got = consumer.finish_next(25_000)
     assert consumer.nothing()
     assert got == [b"%05d" % i for i in range(25_000)]
     assert store.reads.read_topic("t")["paused"] is False

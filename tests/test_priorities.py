@@ -359,11 +359,7 @@ def test_a_sub_to_a_topic_with_a_big_backlog_with_priorities_gets_it_all_by_step
     consumer = Wire(port)
     consumer.identify()
     assert consumer.sub("t", "c", rdy=2500) == (FRAME_RESPONSE, b"OK")
-    got = []
-    while len(got) < 11_000:
-        message = consumer.message()
-        got.append(message[3])
-        consumer.command(b"FIN " + message[2])
+    got = consumer.finish_next(11_000)
     assert consumer.nothing()
     assert got[:11] == [b"%05d" % i for i in range(999, 11_000, 1000)]
     assert got[11:] == [b"%05d" % i for i in range(11_000) if i % 1000 != 999]

@@ -70,6 +70,15 @@ class Wire:
         assert frame_type == FRAME_MESSAGE, (frame_type, data)
         return parse_record(data)
 
+    def finish_next(self, n: int) -> list[bytes]:
+        """The bodies of the next n message frames, each finished as it comes."""
+        bodies = []
+        for _ in range(n):
+            message = self.message()
+            bodies.append(message[3])
+            self.command(b"FIN " + message[2])
+        return bodies
+
     def identify(self, **fields):
         self.command("IDENTIFY", json.dumps(fields).encode())
         return self.frame()
