@@ -683,7 +683,7 @@ def test_an_id_requeued_twice_in_one_call_goes_back_once(store, second_delay):
 
 def test_includes_are_resolved_recursively_each_once():
     """finish.lua names lib/finish.lua, which names chunked.lua, inflight.lua (which
-    names chunked.lua too and record.lua) and order.lua (which names time.lua, news.lua,
+    names chunked.lua too, record.lua and decimal.lua) and order.lua (which names time.lua, news.lua,
     which names node.lua, record.lua and queue.lua); deliver.lua names finish.lua and chunked.lua, and gets each once, in an
     order where every file comes after what it uses."""
     folder = resources.files("relay.store") / "scripts"
@@ -691,10 +691,10 @@ def test_includes_are_resolved_recursively_each_once():
     assert own.startswith(b"-- include: finish.lua\n")
     raw = {name: (folder / "lib" / name).read_bytes() for name in (
         "chunked.lua", "inflight.lua", "time.lua", "node.lua", "news.lua", "order.lua",
-        "finish.lua", "record.lua", "queue.lua")}
+        "finish.lua", "record.lua", "queue.lua", "decimal.lua")}
     assert runner.with_includes(folder / "lib", own, set()) == b"".join(raw[n] for n in (
-        "chunked.lua", "record.lua", "inflight.lua", "time.lua", "node.lua", "news.lua",
-        "queue.lua", "order.lua", "finish.lua")) + own
+        "chunked.lua", "record.lua", "decimal.lua", "inflight.lua", "time.lua", "node.lua",
+        "news.lua", "queue.lua", "order.lua", "finish.lua")) + own
     deliver = runner.with_includes(folder / "lib", (folder / "deliver.lua").read_bytes(), set())
     for lib in ("time.lua", "chunked.lua", "record.lua", "inflight.lua", "finish.lua"):
         assert deliver.count(raw[lib]) == 1, lib

@@ -1,4 +1,4 @@
--- include: record.lua
+-- include: record.lua, decimal.lua
 -- history.lua provides a part's history (keys.py: relay:{T}:history), the copy of every
 -- message published while the topic's retention is on, in publish order:
 -- history_state() reads it from the topic meta's fields, retain() adds a call's
@@ -51,7 +51,6 @@ local function retain(key, state, timestamp, records, counts)
   local cap = ENTRY_BYTES
   if state.bytes > 0 then cap = math.min(cap, math.floor(state.bytes / 8)) end
   local lengths, size, from, added = {}, 0, 1, 0
-  local decimal = {}    -- a length's text, made once (equal lengths are common)
   local function add(to)
     redis.call('XADD', key, string.format('%d-%d', ms, counts[from]),
                'l', table.concat(lengths, ' ', from, to), 'e', state.entries,
@@ -62,11 +61,7 @@ local function retain(key, state, timestamp, records, counts)
   end
   for i, record in ipairs(records) do
     local length = #record
-    lengths[i] = decimal[length]
-    if not lengths[i] then
-      lengths[i] = tostring(length)
-      decimal[length] = lengths[i]
-    end
+    lengths[i] = decimal(length)
     if i > from and size + length > cap then
       add(i - 1)
       from, size = i, 0

@@ -1,4 +1,4 @@
--- include: chunked.lua, record.lua
+-- include: chunked.lua, record.lua, decimal.lua
 -- inflight.lua provides the in-flight layout. A message in flight is the member
 -- "<id> <owner>" of its channel's inflight ZSET (score: its deadline, ms), and its record
 -- as it was queued in the msgs hash, as is a deferred one's (its attempts count the
@@ -108,7 +108,7 @@ end
 -- The msgs fields of a lot of `records` (2 to LOT_MAX), appended to `fields`.
 local function lot_fields(fields, lot, records)
   local lengths = {}
-  for i, r in ipairs(records) do lengths[i] = #r end
+  for i, r in ipairs(records) do lengths[i] = decimal(#r) end
   local n = #fields
   fields[n + 1], fields[n + 2] = lot, table.concat(lengths, ' ') .. '\n' .. table.concat(records)
   fields[n + 3], fields[n + 4] = lot .. '+', string.rep('0', #records)
