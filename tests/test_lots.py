@@ -108,6 +108,39 @@ def test_many_fins_of_a_big_lot_in_one_call(store):
     assert (members(store), in_flight_count(store)) == ([], 0)
 
 
+def test_a_whole_lot_of_the_most_messages_finishes_in_one_call(store):
+    """A lot of LOT_MAX messages, their FINs in one call as one lot run (its indexes
+    read in pieces: Lua's stack), ten of them twice."""
+    subscribed(store)
+    store.publish("t", [b"%d" % n for n in range(inflight.LOT_MAX)])
+    _, (items,) = deliver(store, [("a", 60_000, inflight.LOT_MAX)])
+    fins = [("a", i) for i in items[:3000] + items[2990:]]
+    assert len(inflight.fin_args(fins)) == 2
+    assert store.finish("t", "c", fins) == \
+        [codes.DONE] * 3000 + [codes.NOT_IN_FLIGHT] * 10 + [codes.DONE] * 1096
+    assert (members(store), in_flight_count(store)) == ([], 0)
+
+
+def test_fins_of_a_lot_go_as_runs_and_each_message_gets_its_code(store):
+    """A lot's items that follow each other for one owner are one argument; another
+    owner's, an id's, and the lot's again after them, runs of their own. The lot's
+    owner finishes its messages; the other owner's FIN of one is refused as nsqd
+    refuses a FIN of a message not in flight for it."""
+    subscribed(store)
+    store.publish("t", [b"1", b"2", b"3", b"4"])
+    _, (items,) = deliver(store, [("a", 60_000, 3)])
+    _, ((alone,),) = deliver(store, [("b", 60_000, 1)])
+    fins = [("a", items[0]), ("a", items[1]), ("b", items[2]), ("b", alone),
+            ("a", items[2]), ("a", items[0])]
+    lot = items[0][16:32]
+    assert inflight.fin_args(fins) == [
+        "a", lot + b"00" + b"01" + items[0][:16] + items[1][:16], "b", lot + b"02" + items[2][:16],
+        "b", alone, "a", lot + b"02" + b"00" + items[2][:16] + items[0][:16]]
+    assert store.finish("t", "c", fins) == [codes.DONE, codes.DONE, codes.NOT_IN_FLIGHT,
+                                            codes.DONE, codes.DONE, codes.NOT_IN_FLIGHT]
+    assert (members(store), in_flight_count(store)) == ([], 0)
+
+
 def test_req_of_one_turns_the_lot_back_into_messages(store):
     _, items = lot_of_three(store)
     deadline = store.redis.zscore(ChannelKeys.of("t", "c").inflight, members(store)[0])

@@ -22,6 +22,7 @@ import functools
 from typing import Any, Callable, NamedTuple, Sequence
 
 from relay.codec import MAX_PRIORITY
+from relay.store.inflight import fin_count
 from relay.store.keys import MESSAGE_SUFFIXES, ChannelKeys, hash_tag
 from relay.store.replies import Published, Stepped
 from relay.store.runner import MAX_CALL_ARGS, Continued, Op, identity
@@ -198,6 +199,19 @@ class Items(Batcher):
         return out
 
 
+class Finishes(Items):
+    """FINs: a code per message, and an argument may name a run of a lot's messages
+    (inflight.fin_args)."""
+
+    def split(self, value: Any, ops: list[Op]) -> list:
+        out, start = [], 0
+        for op in ops:
+            stop = start + fin_count(op.args[self.shared + 1::2])
+            out.append(value[start:stop])
+            start = stop
+        return out
+
+
 class Publish(Batcher):
     """Small publishes to one part, with the same delay, keyed-ness and ordered-ness, as
     one publish.lua call of their groups, built with the channel list known now."""
@@ -267,7 +281,7 @@ class Batchers:
     def __init__(self, store: Any) -> None:
         self.default = Batcher(store)
         self.by_script: dict[str, Batcher] = {
-            "finish": Items(store, FINISH_HEAD, 2), "requeue": Items(store, 3, 3),
+            "finish": Finishes(store, FINISH_HEAD, 2), "requeue": Items(store, 3, 3),
             "touch": Items(store, 0, 3), "publish": Publish(store), "stage": Stage(store),
             "publish_commit": Commit(store), "publish_step": Step(store)}
         self.staged = {script: self.by_script[script]

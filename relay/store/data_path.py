@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 
 from relay.codec import is_ephemeral, stored_timestamp
 from relay.errors import StoreError
-from relay.store import codes, keys
+from relay.store import codes, inflight, keys
 from relay.store.base import Core
 from relay.store.keys import ChannelKeys, TopicKeys, id_part, split_part
 from relay.store.replies import Delivered, Published, Stepped, Subscribed, Tokens
@@ -342,14 +342,15 @@ class DataPath(Core):
         return got, limited
 
     def finish_op(self, part: str, channel: str, pairs: Sequence[tuple]) -> Op:
-        """FIN each (owner, id) of one part: per pair 1 done, 0 not in flight, -1 owned
-        by another."""
+        """FIN each (owner, id or lot item) of one part, a lot's items that follow each
+        other as one argument (inflight.fin_args): per pair 1 done, 0 not in flight, -1
+        owned by another."""
         t, c = TopicKeys.of(part), ChannelKeys.of(part, channel)
         return items_merging(Op("finish",
                                 [c.inflight, c.msgs, c.deferred, c.queue, c.gate,
                                  c.key_of, c.waiting, c.meta, c.urgent, t.due, t.version],
                                 [channel, t.wake, self.node(part),
-                                 *(x for p in pairs for x in p)]), FINISH_HEAD)
+                                 *inflight.fin_args(pairs)]), FINISH_HEAD)
 
     def finish(self, topic: str, channel: str, pairs: Sequence[tuple]) -> list:
         return self._by_part(self.finish_op, topic, channel, pairs)

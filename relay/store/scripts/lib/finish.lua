@@ -1,56 +1,62 @@
 -- include: chunked.lua, inflight.lua, order.lua
--- finish.lua provides finish_pairs(): FIN of the (owner, id) pairs args[first..last],
--- for any number of owners: one ZMSCORE of their members, then one variadic ZREM and
--- HDEL for all that took. A pair may name a lot item (lib/inflight.lua) instead of an
--- id: its lot, if still held, gets its flag marked (one ZSCORE, HGET and HSET a lot),
--- else it finishes by its id. finish.lua runs it alone; deliver.lua first, for the FINs
--- the group commit folds into a deliver call of the same channel.
+-- finish.lua provides finish_pairs(): FIN of the (owner, x) pairs args[first..last], for
+-- any number of owners, where x is an id, or a run of messages of one lot (lot_run:
+-- relay/store/inflight.py's fin_args, one pair for what took two per message): the
+-- lot's name, each message's index in 2 characters, then their ids. Ids: one ZMSCORE of
+-- their members, then one variadic ZREM and HDEL for all that took. A lot still held
+-- gets its messages' flags marked (one ZSCORE, HGET and HSET a lot), else each message
+-- finishes by its id. finish.lua runs it alone; deliver.lua first, for the FINs the
+-- group commit folds into a deliver call of the same channel.
 -- k: {inflight =, msgs =, deferred =, meta =} keys; o: the channel's order gate
 -- (lib/order.lua's order_gate()), which the messages finished release.
--- Returns per pair: CODE.DONE finished, CODE.NOT_IN_FLIGHT not in flight (or finished
--- earlier in this call), CODE.NOT_OWNER in flight for another client.
+-- Returns per message, in order: CODE.DONE finished, CODE.NOT_IN_FLIGHT not in flight
+-- (or finished earlier in this call), CODE.NOT_OWNER in flight for another client.
 
--- A lot's FINs: its done string with `items` (their lot items) marked, the count newly
--- marked, and per item CODE.DONE or CODE.NOT_IN_FLIGHT (finished before). A few marks
--- are set one by one, many in one rebuild of the string.
-local function marked(done, items, codes)
-  local count = 0
-  if #items * 8 < #done then
-    for n, item in ipairs(items) do
-      local i = lot_index(item)
-      if string.byte(done, i) == NOT_DONE then
-        done = string.sub(done, 1, i - 1) .. '1' .. string.sub(done, i + 1)
-        count, codes[n] = count + 1, CODE.DONE
-      else
-        codes[n] = CODE.NOT_IN_FLIGHT
+-- The messages of a lot run x: their count, and the position of their ids in x.
+local function run_size(x)
+  local count = (#x - ID_LENGTH) / LOT_RUN_ITEM
+  return count, ID_LENGTH + 2 * count + 1
+end
+
+-- The id of message j (from 1) of a lot run whose ids start at `ids`.
+local function run_id(x, ids, j)
+  local at = ids + (j - 1) * ID_LENGTH
+  return string.sub(x, at, at + ID_LENGTH - 1)
+end
+
+-- FIN of the runs of one lot (l: {owner =, runs =, at = each run's first position}) in
+-- its done string: `out` gets each message's code. Returns the done string and the
+-- count newly marked. A run's indexes are read STRING_BYTES at a time (Lua's stack).
+local STRING_BYTES = 4000
+local function marked(done, l, out)
+  local flags, count = {string.byte(done, 1, -1)}, 0
+  for r, x in ipairs(l.runs) do
+    local p, stop = l.at[r], ID_LENGTH + 2 * run_size(x)
+    for from = ID_LENGTH + 1, stop, STRING_BYTES do
+      local b = {string.byte(x, from, math.min(from + STRING_BYTES - 1, stop))}
+      for j = 1, #b, 2 do
+        local i = (b[j] - 48) * 64 + b[j + 1] - 47
+        if flags[i] == NOT_DONE then
+          flags[i], count, out[p] = DONE, count + 1, CODE.DONE
+        else
+          out[p] = CODE.NOT_IN_FLIGHT
+        end
+        p = p + 1
       end
-    end
-    return done, count
-  end
-  local flags = {string.byte(done, 1, -1)}
-  for n, item in ipairs(items) do
-    local i = lot_index(item)
-    if flags[i] == NOT_DONE then
-      flags[i], count, codes[n] = DONE, count + 1, CODE.DONE
-    else
-      codes[n] = CODE.NOT_IN_FLIGHT
     end
   end
   return string.char(unpack(flags)), count
 end
 
--- FIN of the lot items of `lots` (lot -> {owner =, items =, at =}) whose lot its owner
--- holds: marked done, the lot gone once all are; `out` gets their codes. Returns the
--- items of lots not held (turned back into members by a REQ, TOUCH or timeout): those
--- finish by id.
+-- FIN of the runs of `lots` (lot -> {owner =, runs =, at =}) whose lot its owner holds:
+-- marked done, the lot gone once all are; `out` gets their codes. Returns the lots not
+-- held (turned back into members by a REQ, TOUCH or timeout): those finish by id.
 local function finish_lots(k, lots, out)
   local rest, lotted, gone, emptied = {}, 0, {}, {}
   for lot, l in pairs(lots) do
     local member = lot .. ' ' .. l.owner
     if redis.call('ZSCORE', k.inflight, member) then
-      local codes = {}
-      local done, count = marked(redis.call('HGET', k.msgs, lot .. '+'), l.items, codes)
-      for n, at in ipairs(l.at) do out[at] = codes[n] end
+      local done, count = marked(redis.call('HGET', k.msgs, lot .. '+'), l, out)
       if string.find(done, '0', 1, true) then
         redis.call('HSET', k.msgs, lot .. '+', done)
         lotted = lotted - count
@@ -59,7 +65,7 @@ local function finish_lots(k, lots, out)
         lotted = lotted - count + 1
       end
     else
-      for n, at in ipairs(l.at) do rest[#rest + 1] = {at, l.owner, l.items[n]} end
+      rest[#rest + 1] = l
     end
   end
   if #gone > 0 then
@@ -72,7 +78,18 @@ local function finish_lots(k, lots, out)
   return rest
 end
 
--- finish_pairs(): FIN of the (owner, id or lot item) pairs args[first..last].
+-- Each message of lot runs `l` as a pair (owner, id) of `plain`, its position in `at`.
+local function by_id(l, plain, at)
+  for r, x in ipairs(l.runs) do
+    local count, ids = run_size(x)
+    for j = 1, count do
+      plain[#plain + 1], plain[#plain + 2] = l.owner, run_id(x, ids, j)
+      at[#at + 1] = l.at[r] + j - 1
+    end
+  end
+end
+
+-- finish_pairs(): FIN of the (owner, id or lot run) pairs args[first..last].
 local function finish_pairs(k, args, first, last, o)
   local out = {}
   if last < first then
@@ -81,35 +98,38 @@ local function finish_pairs(k, args, first, last, o)
   local plain, at, lots, lot_done = {}, {}, {}, {}
   local n = 0
   for i = first, last, 2 do
-    n = n + 1
     local x = args[i + 1]
-    if #x == LOT_ITEM then
-      local lot = string.sub(x, ID_LENGTH + 1, 2 * ID_LENGTH)
+    if #x > ID_LENGTH then
+      local lot = string.sub(x, 1, ID_LENGTH)
       local l = lots[lot]
       if not l then
-        l = {owner = args[i], items = {}, at = {}}
+        l = {owner = args[i], runs = {}, at = {}}
         lots[lot] = l
       end
       if l.owner == args[i] then
-        l.items[#l.items + 1], l.at[#l.items + 1] = x, n
+        local r = #l.runs + 1
+        l.runs[r], l.at[r] = x, n + 1
       else
-        plain[#plain + 1], plain[#plain + 2] = args[i], string.sub(x, 1, ID_LENGTH)
-        at[#at + 1] = n
+        by_id({owner = args[i], runs = {x}, at = {n + 1}}, plain, at)
       end
+      n = n + run_size(x)
     else
+      n = n + 1
       plain[#plain + 1], plain[#plain + 2], at[#at + 1] = args[i], x, n
     end
   end
   if next(lots) then
-    for _, item in ipairs(finish_lots(k, lots, out)) do
-      plain[#plain + 1], plain[#plain + 2] = item[2], string.sub(item[3], 1, ID_LENGTH)
-      at[#at + 1] = item[1]
+    for _, l in ipairs(finish_lots(k, lots, out)) do
+      by_id(l, plain, at)
     end
     if redis.call('EXISTS', o.key_of) == 1 then
       for _, l in pairs(lots) do
-        for j, item in ipairs(l.items) do
-          if out[l.at[j]] == CODE.DONE then
-            lot_done[#lot_done + 1] = string.sub(item, 1, ID_LENGTH)
+        for r, x in ipairs(l.runs) do
+          local count, ids = run_size(x)
+          for j = 1, count do
+            if out[l.at[r] + j - 1] == CODE.DONE then
+              lot_done[#lot_done + 1] = run_id(x, ids, j)
+            end
           end
         end
       end

@@ -14,13 +14,15 @@
 -- "<key> <seq>" field of lib/order.lua; since relay 0.6.1 (before: its first id with the
 -- last hex digit moved to g-v, which a lot of that message delivered again reused).
 -- The broker names such a message by its item: id, lot, index in two characters from
--- '0' (LOT_ITEM long). Only a FIN keeps the lot (finish.lua); a REQ, a TOUCH, a timeout
+-- '0' (LOT_ITEM long); a FIN of several of a lot's, by one lot run of them (LOT_RUN_ITEM
+-- a message: lib/finish.lua). Only a FIN keeps the lot (finish.lua); a REQ, a TOUCH, a timeout
 -- or a leaving owner first turns it back into one member and one record per message it
 -- still holds (explode). The channel meta's `lotted` counts what lots hold beyond one
 -- message each, so in flight = ZCARD + lotted.
 -- CODE: the codes scripts answer with (relay/store/codes.py), first in every script.
 local ID_LENGTH = 16
 local LOT_MAX, LOT_ITEM = 4096, 34
+local LOT_RUN_ITEM = 2 + ID_LENGTH   -- a message of a lot run (lib/finish.lua): index, id
 local DONE, NOT_DONE = 49, 48   -- '1', '0'
 
 local function in_flight_member(id, owner)
