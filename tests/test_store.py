@@ -616,6 +616,23 @@ def test_lua_record_layout_is_relay_codecs(store):
         make_record(0x0102030405060708, 0, b"00000000000000ff", b"x")]
 
 
+def test_lua_message_ids_of_a_run_of_counts_are_each_counts_id(store):
+    """message_ids makes a count's id from a head per 16 counts and priority: across
+    the 16s and a carry of many digits, with and without priorities, each is the id of
+    its count (priority digit, part in 3, count in 12)."""
+    script = lua_lib("record.lua") + b"""
+        local priorities = ARGV[4] ~= '' and {} or nil
+        for i = 1, #ARGV[4] do priorities[i] = tonumber(string.sub(ARGV[4], i, i)) end
+        return message_ids(tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), priorities)
+        """
+    first = 0xffffffff - 20
+    levels = [0, 5, 0, 9, 9, 1] * 7
+    assert store.redis.eval(script, 0, 0x2a, first, 40, "") == [
+        b"002a%012x" % count for count in range(first, first + 40)]
+    assert store.redis.eval(script, 0, 7, first, 40, "".join(map(str, levels))) == [
+        b"%x007%012x" % (level, first + i) for i, level in enumerate(levels[:40])]
+
+
 def test_the_library_defines_each_lib_file_once_before_its_functions():
     """Every lib file is in the library once, after what it names (news.lua names
     node.lua), before the functions; each script is a function named with the library's

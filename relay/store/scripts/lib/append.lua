@@ -71,10 +71,10 @@ end
 -- The bodies queued (or deferred) in every channel, else the backlog, and retained;
 -- returns their bytes.
 local function append(p, first, bodies, timestamp, part, order_keys, priorities)
-  local ids, records, counts, bytes = {}, {}, {}, 0
+  local ids = message_ids(part, first, #bodies, priorities)
+  local records, counts, bytes = {}, {}, 0
   for i, body in ipairs(bodies) do
     local count = first + i - 1
-    ids[i] = message_id(part, count, priorities and priorities[i])
     records[i] = new_record(timestamp, ids[i], body, count)
     counts[i] = count
     bytes = bytes + #body

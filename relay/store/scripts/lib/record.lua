@@ -28,6 +28,28 @@ local function message_id(part, count, priority)
   return string.format('%x%03x%012x', priority or 0, part, count)
 end
 
+-- The ids of counts first, first + 1, ... (priorities: nil, else each one's), as
+-- message_id makes them with one string made per id: Lua 5.1 formats a number by
+-- sprintf (0.3-0.5 µs of a published message), so an id is the text of its count but
+-- the last hex digit, made once per 16 counts and priority, and that digit.
+local HEX_DIGIT = {'0', '1', '2', '3', '4', '5', '6', '7', '8', '9', 'a', 'b', 'c', 'd',
+                   'e', 'f'}
+local function message_ids(part, first, n, priorities)
+  local ids, heads = {}, {}
+  for i = 1, n do
+    local count, priority = first + i - 1, priorities and priorities[i] or 0
+    local low = count % 16
+    if low == 0 then heads = {} end
+    local head = heads[priority]
+    if not head then
+      head = string.format('%x%03x%011x', priority, part, (count - low) / 16)
+      heads[priority] = head
+    end
+    ids[i] = head .. HEX_DIGIT[low + 1]
+  end
+  return ids
+end
+
 -- A stored record's priority (0-9), its id's first digit.
 local function record_priority(record)
   return string.byte(record, -17) - 48
