@@ -7,7 +7,6 @@ item (lot_item) in FIN, REQ and TOUCH; the lot's name comes with the deliver rep
 (Delivered.lot).
 """
 
-import itertools
 from typing import Any, Sequence
 
 from relay.codec import MSG_ID_LENGTH, record_id
@@ -66,15 +65,21 @@ def fin_args(pairs: Sequence[tuple]) -> list:
     each index, then each id), where they took a pair each. Redis reads an argument and
     Lua splits a string for each (lib/finish.lua): 1 µs of a message's FIN."""
     out: list = []
-    runs = itertools.groupby(pairs, lambda p: (p[0], p[1][MSG_ID_LENGTH:2 * MSG_ID_LENGTH], True)
-                             if len(p[1]) == LOT_ITEM else (*p, False))
-    for (owner, lot, is_run), run in runs:
-        xs = [x for _, x in run]
-        if not is_run:
-            out += (a for x in xs for a in (owner, x))
-            continue
-        out += (owner, lot + b"".join([x[2 * MSG_ID_LENGTH:] for x in xs])
-                + b"".join([x[:MSG_ID_LENGTH] for x in xs]))
+    run_owner, run_lot, indexes, ids = None, b"", [], []
+    for owner, x in pairs:
+        lot = x[MSG_ID_LENGTH:2 * MSG_ID_LENGTH] if len(x) == LOT_ITEM else None
+        if lot != run_lot or owner != run_owner:
+            if ids:
+                out += (run_owner, run_lot + b"".join(indexes) + b"".join(ids))
+                indexes, ids = [], []
+            run_owner, run_lot = owner, lot
+        if lot is None:
+            out += (owner, x)
+        else:
+            indexes.append(x[2 * MSG_ID_LENGTH:])
+            ids.append(x[:MSG_ID_LENGTH])
+    if ids:
+        out += (run_owner, run_lot + b"".join(indexes) + b"".join(ids))
     return out
 
 
