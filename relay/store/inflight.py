@@ -65,15 +65,17 @@ def fin_args(pairs: Sequence[tuple]) -> list:
     each index, then each id), where they took a pair each. Redis reads an argument and
     Lua splits a string for each (lib/finish.lua): 1 µs of a message's FIN."""
     out: list = []
-    run_owner, run_lot, indexes, ids = None, b"", [], []
+    run_owner, run_lot = None, b""     # b"": not a lot's
+    indexes: list[bytes] = []
+    ids: list[bytes] = []
     for owner, x in pairs:
-        lot = x[MSG_ID_LENGTH:2 * MSG_ID_LENGTH] if len(x) == LOT_ITEM else None
+        lot = x[MSG_ID_LENGTH:2 * MSG_ID_LENGTH] if len(x) == LOT_ITEM else b""
         if lot != run_lot or owner != run_owner:
             if ids:
                 out += (run_owner, run_lot + b"".join(indexes) + b"".join(ids))
                 indexes, ids = [], []
             run_owner, run_lot = owner, lot
-        if lot is None:
+        if not lot:
             out += (owner, x)
         else:
             indexes.append(x[2 * MSG_ID_LENGTH:])
