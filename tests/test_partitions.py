@@ -18,7 +18,7 @@ from redis.crc import key_slot
 
 from relay import embedded
 from relay.codec import parse_record
-from relay.store import Store, keys
+from relay.store import Store, codes, keys
 from relay.store.connection import connect, is_cluster
 from relay.store.control import PartitionsRefused
 from relay.store.keys import ChannelKeys, TopicKeys
@@ -130,6 +130,28 @@ def test_new_parts_get_the_channels_their_settings_and_the_pause(store):
     assert store.reads.read_channel("t", "c1")["depth"] == 3
     assert store.reads.read_channel("t", "c2") == {**store.reads.read_channel("t", "c2"), "depth": 3,
                                              "paused": True}
+
+
+def test_parts_added_while_an_unpause_goes_in_steps_start_unpaused(store):
+    """A topic whose backlog goes to its channels in steps (pause_topic.lua: 50 channels
+    make a step 200 records) is being unpaused: parts added meanwhile do not copy its
+    pause. They did, for good: what was published to them waited until someone
+    unpaused the topic again."""
+    channels = [f"c{i:03}" for i in range(50)]
+    for channel in channels:
+        store.subscribe("t", channel, "b1")
+    store.control.pause_topic("t", True)
+    store.publish("t", [b"%d" % i for i in range(450)])
+    assert store.run(store.pause_topic_op("t", "0")) == codes.MORE
+    assert store.control.set_partitions("t", 2) == 1
+    new = store.parts("t")[1]
+    assert store.reads.read_topic(new, parts=[new])["paused"] is False
+    store.hand_over("t")
+    for n in range(4):
+        store.publish("t", [b"late%d" % n])
+    assert [store.reads.read_topic(part, parts=[part])["paused"]
+            for part in store.parts("t")] == [False, False]
+    assert [c["depth"] for c in store.reads.read_channel_parts("t", "c049")] == [452, 2]
 
 
 def test_the_default_applies_to_new_topics_only(backend):

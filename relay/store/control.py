@@ -70,7 +70,10 @@ class Control(Service):
             for part in parts:
                 if value is not None:
                     guarded(self.redis.hset, TopicKeys.of(part).meta, name, value)
-        paused = self.reads.read_topic(topic, parts=[topic])["paused"]
+        # paused for good, not an unpause under way (pause_topic.lua's steps): the new
+        # parts have no backlog to hand over, and their pause would stay
+        paused = guarded(self.redis.hget, TopicKeys.of(topic).meta, "paused") not in (
+            None, keys.UNPAUSING)
         for channel in self.reads.channel_names(topic):
             settings = {k: v for k, v in guarded(
                 self.redis.hgetall, ChannelKeys.of(topic, channel).meta).items()

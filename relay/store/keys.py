@@ -201,6 +201,9 @@ TOPICS = f"{PREFIX}:topics"
 SCANNERS = f"{PREFIX}:scanners"
 PARTITIONS = f"{PREFIX}:partitions"
 PART_MARK = "/"
+# the topic meta's `paused` while an unpause hands its backlog over in steps
+# (lib/backlog.lua's UNPAUSING)
+UNPAUSING = b"unpausing"
 PART_DIGITS = 4         # of the 16 in a message id: its priority's, then 3 of the part
 PRIORITY_SHIFT = 12     # of those 4 digits' value: the priority is the top one
 PART_MASK = 0xfff
