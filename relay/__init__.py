@@ -6,4 +6,4 @@ import os
 # rq reads this when it is imported: relay's modules import it after this line.
 os.environ.setdefault("RQ_KEY_PREFIX", "{rq}")
 
-__version__ = "0.6.1"
+__version__ = "0.6.2"

@@ -40,8 +40,10 @@ import time
 from collections import Counter
 from http.client import HTTPConnection
 
+import redis
+
 from relay import embedded
-from relay.store import Store
+from relay.store import Store, runner
 from relay.store.connection import connect
 from relay.store.inflight import is_lot
 from relay.store.keys import ChannelKeys
@@ -197,11 +199,14 @@ def upgrade(deployment: Deployment, args, steps: list) -> dict:
     unblocked = time.monotonic() + 30    # a killed broker's registration expires in 15 s
     while status(deployment)["next"]["blocked_by"] and time.monotonic() < unblocked:
         time.sleep(0.5)
+    loaded = runner.libraries(redis.Redis.from_url(deployment.redis.url))
     finished = admin(deployment, "upgrade", "finish")
     step("upgrade finish")
     admin(deployment, "order", TOPIC, AFTER)     # made ordered, so gated from its first
     return {"returncode": finished.returncode,
-            "output": (finished.stdout + finished.stderr).strip()}
+            "output": (finished.stdout + finished.stderr).strip(),
+            "libraries": {"before": loaded, "after": runner.libraries(
+                redis.Redis.from_url(deployment.redis.url))}}
 
 
 def in_order(received: Counter) -> dict:

@@ -8,13 +8,13 @@ import time
 
 import pytest
 
-from relay.store import keys, layout
+from relay.store import keys, layout, runner
 from relay.store.layout import LayoutRefused, Presence
 from tests.helpers.admin import run
 
 HOST = socket.gethostname()
 WIDTH = max(len(HOST), len("host"))
-NEWER = ("relay 0.6.1 reads data layout 2, 3, 4, 5; this Redis holds data layout 6: run a "
+NEWER = ("relay 0.6.2 reads data layout 2, 3, 4, 5; this Redis holds data layout 6: run a "
          "release that reads layout 6 (`relay-admin upgrade status` lists the live ones)")
 
 
@@ -42,10 +42,10 @@ def test_a_redis_of_the_previous_release_gets_layout_2(backend):
 
 @pytest.mark.parametrize("value, message", [
     (b"6", NEWER),
-    (b"1", "relay 0.6.1 reads data layout 2, 3, 4, 5; this Redis holds data layout 1 (before issue 35 "
+    (b"1", "relay 0.6.2 reads data layout 2, 3, 4, 5; this Redis holds data layout 1 (before issue 35 "
            "(2026-11-25), with a leases hash beside each in-flight set): serve it with relay "
            "0.1.0 until none of layout 1 is left (that release reads both), then start "
-           "0.6.1")])
+           "0.6.2")])
 def test_a_layout_this_release_cannot_read_is_refused_in_one_line(backend, value, message):
     backend.set(keys.LAYOUT, value)
     with pytest.raises(LayoutRefused) as refused:
@@ -62,10 +62,10 @@ def test_a_redis_still_holding_layout_1_is_refused_and_keeps_no_layout(backend):
     with pytest.raises(LayoutRefused) as refused:
         layout.establish(backend)
     assert str(refused.value) == (
-        "relay 0.6.1 reads data layout 2, 3, 4, 5; this Redis holds data layout 1 (before issue 35 "
+        "relay 0.6.2 reads data layout 2, 3, 4, 5; this Redis holds data layout 1 (before issue 35 "
         "(2026-11-25), with a leases hash beside each in-flight set): relay:{t}:ch:c:leases "
         "(1 message in flight of layout 1): serve it with relay 0.1.0 until none of layout "
-        "1 is left (that release reads both), then start 0.6.1")
+        "1 is left (that release reads both), then start 0.6.2")
     assert backend.get(keys.LAYOUT) is None
 
 
@@ -81,7 +81,8 @@ def test_a_heartbeat_registers_the_process_and_reads_the_layout_again(backend):
     presence = Presence(backend, "scanner", "new-1", 2)
     assert presence.heartbeat() is None
     [process] = layout.Deployment.read(backend).processes
-    assert process == layout.Process("scanner", "new-1", "0.6.1", (2, 3, 4, 5), 2, HOST)
+    assert process == layout.Process("scanner", "new-1", "0.6.2", (2, 3, 4, 5), 2, HOST,
+                                     " ".join(layout.own_libraries(backend)))
     backend.set(keys.LAYOUT, 6)
     assert str(presence.heartbeat()) == NEWER
     pipe = backend.pipeline(transaction=False)
@@ -99,10 +100,10 @@ def test_upgrade_status_lists_each_release_and_what_blocks_the_next_layout(backe
     assert result.exit_code == 0, result.output
     assert result.output.splitlines() == [
         "data layout in force: 2 (of relay 0.1.0 and 0.2.0)",
-        "relay 0.6.1 reads 2,3,4,5 and writes 2,3,4,5",
+        "relay 0.6.2 reads 2,3,4,5 and writes 2,3,4,5",
         "",
         f"kind     process  {'host':{WIDTH}}  release           reads    writes",
-        f"broker   new-b    {HOST:{WIDTH}}  0.6.1             2,3,4,5  2",
+        f"broker   new-b    {HOST:{WIDTH}}  0.6.2             2,3,4,5  2",
         f"broker   old-b    {'-':{WIDTH}}  0.1.0 or earlier  2        -",
         f"scanner  old-s    {'-':{WIDTH}}  0.1.0 or earlier  2        -",
         "",
@@ -113,7 +114,7 @@ def test_upgrade_status_lists_each_release_and_what_blocks_the_next_layout(backe
         2, [2, 3, 4, 5], [2, 3, 4, 5], {"layout": 5, "blocked_by": ["old-b", "old-s"]})
     assert [(p["kind"], p["id"], p["release"], p["reads"], p["writes"])
             for p in data["processes"]] == [
-        ("broker", "new-b", "0.6.1", [2, 3, 4, 5], 2),
+        ("broker", "new-b", "0.6.2", [2, 3, 4, 5], 2),
         ("broker", "old-b", "0.1.0 or earlier", [2], None),
         ("scanner", "old-s", "0.1.0 or earlier", [2], None)]
 
@@ -138,7 +139,36 @@ def test_a_newer_layout_waits_for_every_process_that_does_not_read_it(backend):
         "next layout: 5, ready: `relay-admin upgrade finish`")
     finished = run(backend, "upgrade", "finish")
     assert (finished.exit_code, finished.output) == (
-        0, "data layout 5 is in force; relay 0.6.1 writes no newer one\n")
+        0, "data layout 5 is in force; relay 0.6.2 writes no newer one\n")
     assert backend.get(keys.LAYOUT) == b"5"
     assert run(backend, "upgrade", "status").output.splitlines()[-1] == (
-        "next layout: none (relay 0.6.1 writes none newer)")
+        "next layout: none (relay 0.6.2 writes none newer)")
+
+
+def test_finish_deletes_the_function_libraries_no_live_process_uses(backend):
+    """Each release loads its own library (about 0.5 MB of Redis). `upgrade finish` deletes
+    those no live process says it uses, on every master; while a process of a release
+    that does not say is live, it deletes none."""
+    layout.establish(backend)
+    for name in ("relay_0123456789ab", "relay_aaaaaaaaaaaa"):
+        for server in runner.masters(backend):
+            server.function_load(f"#!lua name={name}\nredis.register_function("
+                                 f"'x_{name[6:]}', function() return 1 end)")
+    live = Presence(backend, "broker", "live-b", 5)
+    live.library = "relay_aaaaaaaaaaaa"     # a live broker of another release of 0.6.2 on
+    live.heartbeat()
+    Presence(backend, "scanner", "silent-s", 5).heartbeat()
+    backend.hset(keys.process_key("silent-s"), "release", "0.6.1")    # as 0.6.1 registers
+    backend.hdel(keys.process_key("silent-s"), "library")
+    kept = run(backend, "upgrade", "finish")
+    assert (kept.exit_code, kept.output) == (0, (
+        "data layout 5 is in force; relay 0.6.2 writes no newer one\n"
+        "function libraries kept: 1 scanner of 0.6.1 live, of a release that does not say "
+        "which it uses\n"))
+    backend.delete(keys.process_key("silent-s"))
+    finished = run(backend, "upgrade", "finish", "--json")
+    assert (finished.exit_code, json.loads(finished.output)) == (
+        0, {"layout": 5, "libraries_deleted": ["relay_0123456789ab"]})
+    for server in runner.masters(backend):
+        assert runner.libraries(server) == sorted(layout.own_libraries(backend)
+                                                  + ["relay_aaaaaaaaaaaa"])

@@ -17,7 +17,7 @@ from tests.helpers.wire import Wire
 
 pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
 
-REFUSAL = ("relay 0.6.1 reads data layout 2, 3, 4, 5; this Redis holds data layout 6: run a "
+REFUSAL = ("relay 0.6.2 reads data layout 2, 3, 4, 5; this Redis holds data layout 6: run a "
            "release that reads layout 6 (`relay-admin upgrade status` lists the live ones)")
 
 
@@ -62,8 +62,8 @@ def test_processes_that_find_a_layout_they_cannot_read_stop_without_touching_dat
     broker, port = processes.broker()
     running = {"broker": broker, "scanner": processes.scanner(), "jobs": processes.jobs()}
     releases = lambda: sorted((p.kind, p.release) for p in Deployment.read(client).processes)  # noqa: E731,E501
-    assert wait_for(lambda: releases() == [("broker", "0.6.1"), ("jobs", "0.6.1"),
-                                           ("scanner", "0.6.1")], timeout=15)
+    assert wait_for(lambda: releases() == [("broker", "0.6.2"), ("jobs", "0.6.2"),
+                                           ("scanner", "0.6.2")], timeout=15)
     consumer = Wire(port)
     consumer.identify()
     consumer.sub("t", "c", rdy=1)

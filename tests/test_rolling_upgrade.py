@@ -10,12 +10,13 @@ import sys
 
 import pytest
 
+from relay.store import runner
 from scripts.compare import ROOT
 from scripts.rolling_upgrade import PREVIOUS
 
 pytestmark = pytest.mark.integration     # real processes: -m "not integration" leaves it out
 
-OLD, NEW = "0.5.0", "0.6.1"     # the previous release (PREVIOUS) and this one
+OLD, NEW = "0.5.0", "0.6.2"     # the previous release (PREVIOUS) and this one
 
 
 def upgrade(*args: str) -> dict:
@@ -64,8 +65,14 @@ def test_a_rolling_upgrade_under_load_loses_nothing(kill):
         ("broker 2 " + ("killed -9 and replaced" if kill else "replaced"), 4,
          {"broker " + NEW: 2, "jobs " + NEW: 1, "scanner " + NEW: 1}),
         ("upgrade finish", 5, {"broker " + NEW: 2, "jobs " + NEW: 1, "scanner " + NEW: 1})]
+    # the previous release's function library, which no live process uses then, is gone
+    libraries = report["finish"].pop("libraries")
+    own = runner.load_library().name
+    old = [name for name in libraries["before"] if name != own]
+    assert (len(old), libraries["after"]) == (1, [own])
     assert report["finish"] == {
-        "returncode": 0, "output": "data layout 5 is in force; relay 0.6.1 writes no newer one"}
+        "returncode": 0, "output": "data layout 5 is in force; relay 0.6.2 writes no newer one"
+                                   f"\nfunction libraries of no live process deleted: {old[0]}"}
     # the ordered channels, made under layouts 4 and 5, wait numbered in msgs and each
     # delivered every producer's messages in order
     ordered = report["ordered"]

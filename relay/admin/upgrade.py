@@ -34,13 +34,20 @@ def status(store, as_json):
 @redis_options(any_layout=True)
 def finish(store, as_json):
     """Put in force the newest layout this release writes, once every live process reads
-    it; until then each process writes the layout in force."""
+    it; until then each process writes the layout in force. Then delete the function
+    libraries of releases no live process runs."""
     in_force, blockers = layout.finish(store.redis)
     if blockers:
         fail(f"layout {layout.Deployment.read(store.redis).next_layout()} not put in "
              f"force: {_counted(blockers)} still live; replace them, then run this again")
-    show({"layout": in_force}, as_json,
-         f"data layout {in_force} is in force; relay {layout.RELEASE} writes no newer one")
+    deleted, silent = layout.prune_libraries(store.redis)
+    lines = [f"data layout {in_force} is in force; relay {layout.RELEASE} writes no newer one"]
+    if deleted:
+        lines.append(f"function libraries of no live process deleted: {', '.join(deleted)}")
+    if silent:
+        lines.append(f"function libraries kept: {_counted(silent)} live, of a release that "
+                     "does not say which it uses")
+    show({"layout": in_force, "libraries_deleted": deleted}, as_json, "\n".join(lines))
 
 
 def _status_text(deployment: layout.Deployment, target: int | None,

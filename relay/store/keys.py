@@ -35,7 +35,8 @@ grows (a part dropped would strand its messages) and outlives a deleted topic.
     relay:processes                   ZSET  process id -> expiry (ms) of its registration:
                                             brokers, scanners and jobs (from release 0.2.0)
     relay:process:ID                  HASH  kind, release, layouts read and written,
-                                            host, pid (TTL; relay/store/layout.py)
+                                            host, pid, library (its function library's
+                                            name, from 0.6.2) (TTL; relay/store/layout.py)
     relay:partitions                  SET   the parts beyond the first of partitioned
                                             topics ("T/1", "T/2", ...), for the scanners
     relay:due                         ZSET  "<part> <channel>" -> that channel's score in

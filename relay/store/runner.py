@@ -181,6 +181,23 @@ def with_includes(lib: "Traversable", source: bytes, included: set[str]) -> byte
     return first + source
 
 
+def masters(client: RedisClient) -> list:
+    """The server, or a client of each master of a cluster: where libraries live."""
+    if is_cluster(client):
+        return [client.get_redis_connection(node) for node in client.get_primaries()]
+    return [client]
+
+
+def libraries(server: Any) -> list[str]:
+    """The names of relay's function libraries loaded on one server, each release's."""
+    names = []
+    for library in server.function_list(library=LIBRARY_PREFIX + "*"):
+        fields = library if isinstance(library, dict) else \
+            dict(zip(library[::2], library[1::2]))     # RESP2: name, value, ...
+        names.append(fields[b"library_name"].decode())
+    return sorted(names)
+
+
 def install(client: RedisClient, library: Library) -> None:
     """FUNCTION LOAD of the library on the server, or on each master of a cluster, where
     it is not loaded yet. Its name holds its code's hash, so a library of that name is
@@ -188,9 +205,7 @@ def install(client: RedisClient, library: Library) -> None:
     every Store a process or a relay-admin command makes, and at maxmemory Redis
     refuses any FUNCTION LOAD (relay-admin could not empty a channel there). On a
     server without functions, the one line that says which server relay needs."""
-    servers = [client.get_redis_connection(node) for node in client.get_primaries()] \
-        if is_cluster(client) else [client]
-    for server in servers:
+    for server in masters(client):
         try:
             if not server.function_list(library=library.name):
                 server.function_load(library.code)
