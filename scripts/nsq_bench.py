@@ -247,7 +247,9 @@ def current_table(summary: dict, ceiling: dict, args) -> str:
     """The table --write puts at the top of BENCHMARKS.md."""
     revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True).stdout.strip()
-    command = (f".venv/bin/python -m scripts.nsq_bench --runs {args.runs} "
+    left_out = [w for w in WORKLOADS if w not in args.workloads]
+    chosen = f"--workloads {' '.join(args.workloads)} " if left_out else ""
+    command = (f".venv/bin/python -m scripts.nsq_bench {chosen}--runs {args.runs} "
                f"--seconds {args.seconds:g} --write {args.write}")
     lines = [CURRENT_BEGIN, "", "## Now: relay beside nsqd v1.3.0", "",
              f"`{command}`, on {revision}, {datetime.date.today().isoformat()}: "
@@ -255,7 +257,8 @@ def current_table(summary: dict, ceiling: dict, args) -> str:
              f"Medians of {args.runs} alternating rounds of {args.seconds:g} s, each on a "
              f"fresh broker (relay: one broker, a scanner, the embedded {server_version()} "
              "with conf/redis.conf); µs/msg is CPU time per message, which holds on any "
-             "host.", "",
+             "host." + (f" Not measured in this run: {', '.join(left_out)}." if left_out
+                        else ""), "",
              "| workload (nsq's clients) | relay msgs/s | nsqd msgs/s | relay / nsqd "
              "| relay broker µs/msg | nsqd µs/msg | relay Redis µs/msg |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
