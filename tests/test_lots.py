@@ -109,15 +109,19 @@ def test_many_fins_of_a_big_lot_in_one_call(store):
 
 
 def test_a_whole_lot_of_the_most_messages_finishes_in_one_call(store):
-    """A lot of LOT_MAX messages, their FINs in one call as one lot run (its indexes
-    read in pieces: Lua's stack), ten of them twice."""
+    """A lot of LOT_MAX messages: FINs of a few marked one by one (one twice), then the
+    others' in one call as one lot run (its indexes read in pieces: Lua's stack), ten of
+    them twice."""
     subscribed(store)
     store.publish("t", [b"%d" % n for n in range(inflight.LOT_MAX)])
     _, (items,) = deliver(store, [("a", 60_000, inflight.LOT_MAX)])
+    assert store.finish("t", "c", [("a", items[5]), ("a", items[9]), ("a", items[5])]) == \
+        [codes.DONE, codes.DONE, codes.NOT_IN_FLIGHT]
     fins = [("a", i) for i in items[:3000] + items[2990:]]
     assert len(inflight.fin_args(fins)) == 2
     assert store.finish("t", "c", fins) == \
-        [codes.DONE] * 3000 + [codes.NOT_IN_FLIGHT] * 10 + [codes.DONE] * 1096
+        [codes.DONE] * 5 + [codes.NOT_IN_FLIGHT] + [codes.DONE] * 3 + [codes.NOT_IN_FLIGHT] \
+        + [codes.DONE] * 2990 + [codes.NOT_IN_FLIGHT] * 10 + [codes.DONE] * 1096
     assert (members(store), in_flight_count(store)) == ([], 0)
 
 

@@ -26,23 +26,40 @@ end
 
 -- FIN of the runs of one lot (l: {owner =, runs =, at = each run's first position}) in
 -- its done string: `out` gets each message's code. Returns the done string and the
--- count newly marked. A run's indexes are read STRING_BYTES at a time (Lua's stack).
+-- count newly marked. A run's indexes are read STRING_BYTES at a time (Lua's stack); a
+-- few marks are set one by one, many in one rebuild of the string (a lot may hold
+-- thousands, and a FIN call one of them).
 local STRING_BYTES = 4000
 local function marked(done, l, out)
-  local flags, count = {string.byte(done, 1, -1)}, 0
+  local indexes, at, k = {}, {}, 0
   for r, x in ipairs(l.runs) do
     local p, stop = l.at[r], ID_LENGTH + 2 * run_size(x)
     for from = ID_LENGTH + 1, stop, STRING_BYTES do
       local b = {string.byte(x, from, math.min(from + STRING_BYTES - 1, stop))}
       for j = 1, #b, 2 do
-        local i = (b[j] - 48) * 64 + b[j + 1] - 47
-        if flags[i] == NOT_DONE then
-          flags[i], count, out[p] = DONE, count + 1, CODE.DONE
-        else
-          out[p] = CODE.NOT_IN_FLIGHT
-        end
-        p = p + 1
+        k = k + 1
+        indexes[k], at[k], p = (b[j] - 48) * 64 + b[j + 1] - 47, p, p + 1
       end
+    end
+  end
+  local count = 0
+  if k * 8 < #done then
+    for n, i in ipairs(indexes) do
+      if string.byte(done, i) == NOT_DONE then
+        done = string.sub(done, 1, i - 1) .. '1' .. string.sub(done, i + 1)
+        count, out[at[n]] = count + 1, CODE.DONE
+      else
+        out[at[n]] = CODE.NOT_IN_FLIGHT
+      end
+    end
+    return done, count
+  end
+  local flags = {string.byte(done, 1, -1)}
+  for n, i in ipairs(indexes) do
+    if flags[i] == NOT_DONE then
+      flags[i], count, out[at[n]] = DONE, count + 1, CODE.DONE
+    else
+      out[at[n]] = CODE.NOT_IN_FLIGHT
     end
   end
   return string.char(unpack(flags)), count
