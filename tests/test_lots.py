@@ -14,6 +14,7 @@ from relay.store import codes
 from relay.store import inflight
 from relay.store.inflight import is_lot, lot_item
 from relay.store.batchers import finishing_first
+from relay.store.commit import GroupCommit
 from relay.store.keys import ChannelKeys, TopicKeys
 from relay.store.lookup import where
 from relay.store.connection import connect
@@ -143,6 +144,24 @@ def test_fins_of_a_lot_go_as_runs_and_each_message_gets_its_code(store):
     assert store.finish("t", "c", fins) == [codes.DONE, codes.DONE, codes.NOT_IN_FLIGHT,
                                             codes.DONE, codes.DONE, codes.NOT_IN_FLIGHT]
     assert (members(store), in_flight_count(store)) == ([], 0)
+
+
+def test_fins_merged_into_one_call_each_get_their_own_codes(store):
+    """Two finish calls of one channel in a broker's pipeline go as one call (the group
+    commit merges them: batchers.py); a lot run is one argument pair but a code per
+    message, so each call gets its own."""
+    subscribed(store)
+    store.publish("t", [b"%d" % n for n in range(5)])
+    _, (items,) = deliver(store, [("a", 60_000, 5)])
+    commit = GroupCommit(store)
+    try:
+        first = commit.submit(store.finish_op("t", "c", [("a", i) for i in items[:3]]))
+        second = commit.submit(store.finish_op("t", "c", [("a", items[3]), ("a", items[0])]))
+        assert (first.get(timeout=5), second.get(timeout=5)) == (
+            [codes.DONE] * 3, [codes.DONE, codes.NOT_IN_FLIGHT])
+    finally:
+        commit.stop()
+    assert in_flight_count(store) == 1
 
 
 def test_req_of_one_turns_the_lot_back_into_messages(store):
