@@ -39,7 +39,7 @@ def is_lot(member: bytes) -> bool:
     return member[MSG_ID_LENGTH - 1] > ord("f")
 
 
-# each index of a lot (from 0) in two characters from "0" (lib/inflight.lua's lot_index)
+# each index of a lot (from 0) in two characters from "0" (read by lib/finish.lua's marked)
 INDEXES = tuple(bytes([48 + i // 64, 48 + i % 64]) for i in range(LOT_MAX))
 
 

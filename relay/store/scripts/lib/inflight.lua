@@ -101,12 +101,6 @@ local function member_owner(member)
   return string.sub(member, ID_LENGTH + 2)
 end
 
--- A lot item's index in its lot (from 1).
-local function lot_index(item)
-  local high, low = string.byte(item, 2 * ID_LENGTH + 1, 2 * ID_LENGTH + 2)
-  return (high - 48) * 64 + low - 47
-end
-
 -- The msgs fields of a lot of `records` (2 to LOT_MAX), appended to `fields`.
 local function lot_fields(fields, lot, records)
   local lengths = {}
